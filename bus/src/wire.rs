@@ -1,0 +1,29 @@
+//! Bodies of control-plane replies (GetMetadata), serde JSON.
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Metadata {
+    pub shard_count: u16,
+    pub streams: Vec<StreamInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StreamInfo {
+    pub stream_id: u32,
+    pub name: String,
+    pub topics: Vec<TopicInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TopicInfo {
+    pub topic_id: u16,
+    pub name: String,
+    pub partitions: Vec<PartitionInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PartitionInfo {
+    pub partition_id: u16,
+    pub owner_shard: u16,
+    /// Next offset to be assigned (messages in the partition).
+    pub next_offset: u64,
+}

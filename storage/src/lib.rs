@@ -1,0 +1,14 @@
+//! Durable storage: partition segment logs (append through io_uring, offset index, torn-tail
+//! recovery, fsync policies with group commit) and the durable file replace with a verified
+//! trailer used for metadata (later: superblock, WAL, snapshots).
+//!
+//! `storage` never touches sockets and never depends on `bus`.
+
+pub mod durable;
+pub mod entry;
+pub mod limits;
+pub mod log;
+
+pub use durable::{DurableError, durable_replace, read_verified};
+pub use entry::{ENTRY_HEADER_SIZE, EntryHeader};
+pub use log::{FsyncPolicy, LogConfig, LogError, PartitionLog, RecoveryReport};

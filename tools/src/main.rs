@@ -1,0 +1,2 @@
+//! The `shardline` binary.
+fn main() {}
