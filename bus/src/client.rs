@@ -20,7 +20,10 @@ pub struct SendAck {
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("cannot connect to {addr}: {source}")]
-    Connect { addr: std::net::SocketAddr, source: std::io::Error },
+    Connect {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Frame(#[from] FrameError),
     #[error("server error {code:?} ({}): {message}", *code as u32)]
@@ -84,7 +87,14 @@ impl Client {
 }
 
 /// Helper for callers: the messages at or above `offset` in a poll reply body.
-pub fn messages_from(body: &[u8], offset: u64) -> Result<Vec<crate::batch::MessageView<'_>>, crate::batch::BatchError> {
+pub fn messages_from(
+    body: &[u8],
+    offset: u64,
+) -> Result<Vec<crate::batch::MessageView<'_>>, crate::batch::BatchError> {
     let batches = BatchView::parse_many(body)?;
-    Ok(batches.into_iter().flat_map(|b| b.messages()).filter(|m| m.offset >= offset).collect())
+    Ok(batches
+        .into_iter()
+        .flat_map(|b| b.messages())
+        .filter(|m| m.offset >= offset)
+        .collect())
 }

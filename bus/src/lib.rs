@@ -10,9 +10,13 @@ pub mod frame;
 pub mod header;
 pub mod limits;
 pub mod namespace;
+pub mod reply;
 pub mod wire;
 
-pub use batch::{BATCH_HEADER_SIZE, BatchBuilder, BatchError, BatchHeader, BatchView, MESSAGE_HEADER_SIZE, MessageHeader, MessageView};
+pub use batch::{
+    BATCH_HEADER_SIZE, BatchBuilder, BatchError, BatchHeader, BatchView, MESSAGE_HEADER_SIZE,
+    MessageHeader, MessageView,
+};
 pub use client::{Client, ClientError, SendAck};
 pub use command::{Command, ErrorCode, Operation};
 pub use frame::{Frame, FrameError, encode_frame, read_frame};

@@ -7,7 +7,9 @@ pub struct Namespace(pub u64);
 
 impl Namespace {
     pub fn new(stream_id: u32, topic_id: u16, partition_id: u16) -> Namespace {
-        Namespace((u64::from(stream_id) << 32) | (u64::from(topic_id) << 16) | u64::from(partition_id))
+        Namespace(
+            (u64::from(stream_id) << 32) | (u64::from(topic_id) << 16) | u64::from(partition_id),
+        )
     }
     pub fn stream_id(self) -> u32 {
         (self.0 >> 32) as u32
@@ -22,6 +24,12 @@ impl Namespace {
 
 impl std::fmt::Display for Namespace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}/{}", self.stream_id(), self.topic_id(), self.partition_id())
+        write!(
+            f,
+            "{}/{}/{}",
+            self.stream_id(),
+            self.topic_id(),
+            self.partition_id()
+        )
     }
 }

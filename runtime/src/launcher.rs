@@ -27,7 +27,23 @@ pub struct ShardContext<F> {
     // plus private ready-barrier state
 }
 
+/// The ready barrier, separable from the context (see `ShardContext::into_parts`).
+#[derive(Debug)]
+pub struct ReadyBarrier {}
+
+impl ReadyBarrier {
+    /// Reports this shard ready and waits (asynchronously) until every shard did.
+    pub async fn wait(self) {
+        todo!()
+    }
+}
+
 impl<F: Send + 'static> ShardContext<F> {
+    /// Splits the context so the endpoint can move into shard state while the loop keeps the pump.
+    pub fn into_parts(self) -> (MeshEndpoint<F>, Pump<F>, ReadyBarrier) {
+        todo!()
+    }
+
     /// Reports this shard ready and waits (asynchronously, without blocking the reactor) until every
     /// shard has reported ready. Listeners open only after this returns.
     ///

@@ -10,7 +10,7 @@ pub mod mesh;
 pub mod probe;
 pub mod topology;
 
-pub use launcher::{LaunchConfig, LaunchError, ShardContext, ShardSet, StopHandle};
+pub use launcher::{LaunchConfig, LaunchError, ReadyBarrier, ShardContext, ShardSet, StopHandle};
 pub use mesh::{Envelope, MeshEndpoint, MeshSendError, MeshStats, Pump, PumpEvent, ShardId, mesh};
 pub use probe::{IoDriver, IoUringUnavailable, probe_io_uring};
 pub use topology::{CpuList, ShardCountArg, Topology, TopologyConfig, TopologyError};

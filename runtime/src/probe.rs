@@ -21,7 +21,9 @@ impl FromStr for IoDriver {
 /// io_uring cannot be used here; Display names the cause (seccomp EPERM, RLIMIT_MEMLOCK ENOMEM,
 /// ENOSYS / io_uring_disabled, old kernel) and suggests `--io-driver poll`.
 #[derive(Debug, thiserror::Error)]
-#[error("io_uring is unavailable: {cause} (errno {errno}); start with --io-driver poll to use the polling driver")]
+#[error(
+    "io_uring is unavailable: {cause} (errno {errno}); start with --io-driver poll to use the polling driver"
+)]
 pub struct IoUringUnavailable {
     pub cause: String,
     pub errno: i32,

@@ -72,11 +72,19 @@ pub enum TopologyError {
     #[error("invalid --shards value {value:?}: {rule}")]
     ShardCount { value: String, rule: String },
     #[error("--cpus {value}: CPU {cpu} is not in the allowed set {allowed} (affinity mask)")]
-    CpuNotAllowed { value: String, cpu: usize, allowed: String },
+    CpuNotAllowed {
+        value: String,
+        cpu: usize,
+        allowed: String,
+    },
     #[error(
         "--shards {requested}: more shards than allowed cores ({allowed_count}: {allowed}); pass --no-pin to overprovision"
     )]
-    TooManyShards { requested: usize, allowed_count: usize, allowed: String },
+    TooManyShards {
+        requested: usize,
+        allowed_count: usize,
+        allowed: String,
+    },
     #[error("cannot read the process affinity mask: {0}")]
     Affinity(std::io::Error),
 }

@@ -1,2 +1,18 @@
 //! The server: metadata state machine on shard 0, data-plane partitions on their owner shards, the
 //! shard event loop, connection handling and bootstrap. Only this crate knows streams and topics.
+//!
+//! It never performs blocking I/O on a shard thread and never holds a `RefCell` borrow across an
+//! `.await`.
+
+pub mod config;
+pub mod connection;
+pub mod frame;
+pub mod limits;
+pub mod metadata;
+pub mod namespace;
+pub mod server;
+pub mod shard;
+
+pub use config::{ConfigError, ServerConfig};
+pub use namespace::shard_for;
+pub use server::{RunningServer, ServerError};

@@ -6,7 +6,11 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum DurableError {
     #[error("{path}: {op} failed: {source}")]
-    Io { path: PathBuf, op: &'static str, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        source: std::io::Error,
+    },
     #[error("{path}: corrupt: {reason}")]
     Corrupt { path: PathBuf, reason: String },
 }

@@ -41,9 +41,17 @@ pub struct RecoveryReport {
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
     #[error("{path}: {op} failed: {source}")]
-    Io { path: PathBuf, op: &'static str, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        source: std::io::Error,
+    },
     #[error("{path}: corrupt entry at byte {position}: {reason}")]
-    Corrupt { path: PathBuf, position: u64, reason: String },
+    Corrupt {
+        path: PathBuf,
+        position: u64,
+        reason: String,
+    },
     #[error("invalid entry: {0}")]
     InvalidEntry(String),
     #[error("log is closed")]
@@ -60,7 +68,10 @@ impl PartitionLog {
     ///
     /// # Errors
     /// I/O errors and interior corruption (naming file and position).
-    pub async fn open(dir: &Path, config: LogConfig) -> Result<(PartitionLog, RecoveryReport), LogError> {
+    pub async fn open(
+        dir: &Path,
+        config: LogConfig,
+    ) -> Result<(PartitionLog, RecoveryReport), LogError> {
         todo!("{dir:?}{config:?}")
     }
 
@@ -80,12 +91,22 @@ impl PartitionLog {
 
     /// Whole entries starting with the one containing `offset`, at most `max_count` messages
     /// (at least one entry if any) and about `max_bytes`. Only acknowledged entries are visible.
-    pub async fn read(&self, offset: u64, max_count: u32, max_bytes: usize) -> Result<Vec<u8>, LogError> {
+    pub async fn read(
+        &self,
+        offset: u64,
+        max_count: u32,
+        max_bytes: usize,
+    ) -> Result<Vec<u8>, LogError> {
         todo!("{offset}{max_count}{max_bytes}")
     }
 
     /// Fsyncs everything written so far.
     pub async fn sync(&self) -> Result<(), LogError> {
+        todo!()
+    }
+
+    /// Drains queued appends, fsyncs, stops the writer (graceful shutdown). Errors are logged.
+    pub async fn close(&self) {
         todo!()
     }
 

@@ -1,0 +1,153 @@
+//! Server configuration and its validation. Every rejection names the key, the value and the rule
+//! (DESIGN section 11). Never reads the environment or flags itself: `tools` does that.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use runtime::{IoDriver, TopologyConfig};
+use storage::FsyncPolicy;
+
+/// Smallest accepted `max_message_size`: a header plus a batch of one small message must fit.
+pub const MESSAGE_SIZE_MIN: u32 = 1024;
+/// Largest accepted `max_message_size`: one batch becomes one storage entry.
+pub const MESSAGE_SIZE_MAX: u32 = storage::limits::ENTRY_SIZE_MAX;
+/// Smallest segment size (bytes); tests roll segments with small values.
+pub const SEGMENT_SIZE_MIN: u64 = 4096;
+
+const _: () = assert!(MESSAGE_SIZE_MIN as usize > bus::HEADER_SIZE + bus::BATCH_HEADER_SIZE);
+const _: () = assert!(MESSAGE_SIZE_MAX >= bus::limits::MESSAGE_SIZE_MAX_DEFAULT);
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub topology: TopologyConfig,
+    pub io_driver: IoDriver,
+    /// Frames per shard inbox (and per reply lane).
+    pub inbox_capacity: usize,
+    /// Client listener; port 0 picks a free port shared by every shard.
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub fsync: FsyncPolicy,
+    /// Largest message (header + body) accepted or sent, bytes.
+    pub max_message_size: u32,
+    /// Partition segment size before rolling, bytes.
+    pub segment_size_max: u64,
+}
+
+impl ServerConfig {
+    /// A configuration with defaults for everything but the data directory.
+    pub fn new(data_dir: PathBuf) -> ServerConfig {
+        ServerConfig {
+            topology: TopologyConfig {
+                shards: runtime::ShardCountArg::All,
+                cpus: None,
+                pin: true,
+            },
+            io_driver: IoDriver::IoUring,
+            inbox_capacity: runtime::limits::INBOX_CAPACITY_DEFAULT,
+            listen: SocketAddr::from(([127, 0, 0, 1], 8090)),
+            data_dir,
+            fsync: FsyncPolicy::Always,
+            max_message_size: bus::limits::MESSAGE_SIZE_MAX_DEFAULT,
+            segment_size_max: storage::limits::SEGMENT_SIZE_MAX_DEFAULT,
+        }
+    }
+
+    /// Checks every value against its rule.
+    ///
+    /// # Errors
+    /// `ConfigError::Invalid` naming the key, the value and the rule.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &'static str, value: String, rule: String| ConfigError::Invalid {
+            key,
+            value,
+            rule,
+        };
+        if !(MESSAGE_SIZE_MIN..=MESSAGE_SIZE_MAX).contains(&self.max_message_size) {
+            return Err(invalid(
+                "max_message_size",
+                self.max_message_size.to_string(),
+                format!(
+                    "must be between {MESSAGE_SIZE_MIN} and {MESSAGE_SIZE_MAX} bytes (the 256-byte header plus at least one batch must fit)"
+                ),
+            ));
+        }
+        if !(1..=runtime::limits::INBOX_CAPACITY_MAX).contains(&self.inbox_capacity) {
+            return Err(invalid(
+                "inbox_capacity",
+                self.inbox_capacity.to_string(),
+                format!(
+                    "must be between 1 and {}",
+                    runtime::limits::INBOX_CAPACITY_MAX
+                ),
+            ));
+        }
+        if self.segment_size_max < SEGMENT_SIZE_MIN {
+            return Err(invalid(
+                "segment_size_max",
+                self.segment_size_max.to_string(),
+                format!("must be at least {SEGMENT_SIZE_MIN} bytes"),
+            ));
+        }
+        if let runtime::ShardCountArg::Count(0) = self.topology.shards {
+            return Err(invalid(
+                "shards",
+                "0".to_owned(),
+                "shard count must be at least 1".to_owned(),
+            ));
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(invalid(
+                "data_dir",
+                String::new(),
+                "must name a directory".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid {key} {value:?}: {rule}")]
+    Invalid {
+        key: &'static str,
+        value: String,
+        rule: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_message_size_below_minimum_names_key_value_rule() {
+        let mut config = ServerConfig::new(PathBuf::from("/tmp/x"));
+        config.max_message_size = 100;
+        let message = config.validate().unwrap_err().to_string();
+        assert!(
+            message.starts_with("invalid max_message_size \"100\": must be between 1024"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn inbox_capacity_zero_rejected() {
+        let mut config = ServerConfig::new(PathBuf::from("/tmp/x"));
+        config.inbox_capacity = 0;
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("inbox_capacity \"0\"")
+        );
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        ServerConfig::new(PathBuf::from("/tmp/x"))
+            .validate()
+            .unwrap();
+    }
+}

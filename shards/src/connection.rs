@@ -1,0 +1,195 @@
+//! One client connection on the shard that accepted it: read a frame, route it (locally, to the
+//! owner shard, or to shard 0 for metadata), write the reply. A malformed frame closes this
+//! connection only, with the reason logged.
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+use bus::{Command, ErrorCode, Frame, Namespace, Operation};
+use compio::io::AsyncWriteExt;
+use compio::net::TcpStream;
+use runtime::ShardId;
+
+use crate::frame::{ShardReply, ShardRequest};
+use crate::metadata::MetadataOp;
+use crate::shard::Shard;
+use crate::shard_for;
+
+/// Serves one connection until the peer closes it, sends a malformed frame, or the task is
+/// cancelled at shutdown.
+pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: SocketAddr) {
+    let max_message_size = shard.config.max_message_size;
+    loop {
+        let frame = match bus::read_frame(&mut stream, max_message_size).await {
+            Ok(frame) => frame,
+            Err(bus::FrameError::Closed) => {
+                tracing::debug!(shard = shard.id.0, %peer, "connection closed by peer");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(shard = shard.id.0, %peer, reason = %e, "closing connection: malformed frame");
+                return;
+            }
+        };
+        if frame.header.command != Command::Request as u8 {
+            tracing::warn!(
+                shard = shard.id.0, %peer, command = frame.header.command,
+                "closing connection: clients may only send requests"
+            );
+            return;
+        }
+        let reply = handle_request(&shard, &frame).await;
+        let compio::BufResult(result, _) = stream.write_all(reply).await;
+        if let Err(e) = result {
+            tracing::debug!(shard = shard.id.0, %peer, error = %e, "closing connection: write failed");
+            return;
+        }
+    }
+}
+
+fn name_from(body: &[u8]) -> Result<String, ShardReply> {
+    String::from_utf8(body.to_vec())
+        .map_err(|_| ShardReply::error(ErrorCode::InvalidArgument, "name is not valid UTF-8"))
+}
+
+/// Routes one validated request and returns the encoded reply frame.
+async fn handle_request(shard: &Rc<Shard>, frame: &Frame) -> Vec<u8> {
+    let header = &frame.header;
+    let Some(operation) = Operation::from_u8(header.operation) else {
+        // read_frame rejects unknown operations; reaching this is a bus bug.
+        return bus::reply::error_reply(header, ErrorCode::Internal, "unknown operation");
+    };
+    let namespace = Namespace(header.namespace);
+    let reply = match operation {
+        Operation::Ping => return encode_ok(header, &[], 0, 0),
+        Operation::CreateStream => match name_from(&frame.body) {
+            Ok(name) => {
+                metadata(
+                    shard,
+                    MetadataOp::CreateStream {
+                        stream_id: namespace.stream_id(),
+                        name,
+                    },
+                )
+                .await
+            }
+            Err(reply) => reply,
+        },
+        Operation::DeleteStream => {
+            metadata(
+                shard,
+                MetadataOp::DeleteStream {
+                    stream_id: namespace.stream_id(),
+                },
+            )
+            .await
+        }
+        Operation::CreateTopic => match name_from(&frame.body) {
+            Ok(name) => {
+                let op = MetadataOp::CreateTopic {
+                    stream_id: namespace.stream_id(),
+                    topic_id: namespace.topic_id(),
+                    name,
+                    partition_count: header.count,
+                };
+                metadata(shard, op).await
+            }
+            Err(reply) => reply,
+        },
+        Operation::DeleteTopic => {
+            let op = MetadataOp::DeleteTopic {
+                stream_id: namespace.stream_id(),
+                topic_id: namespace.topic_id(),
+            };
+            metadata(shard, op).await
+        }
+        Operation::GetMetadata => return get_metadata(shard, header).await,
+        Operation::SendMessages => {
+            if !shard.partition_exists(namespace) {
+                ShardReply::error(
+                    ErrorCode::PartitionNotFound,
+                    format!("partition {namespace} does not exist"),
+                )
+            } else if let Err(e) = bus::BatchView::parse(&frame.body) {
+                ShardReply::error(ErrorCode::InvalidBatch, e.to_string())
+            } else {
+                let owner = shard_for(namespace, shard.shard_count);
+                shard
+                    .call(
+                        owner,
+                        ShardRequest::Send {
+                            namespace,
+                            batch: frame.body.clone(),
+                        },
+                    )
+                    .await
+            }
+        }
+        Operation::PollMessages => {
+            if !shard.partition_exists(namespace) {
+                ShardReply::error(
+                    ErrorCode::PartitionNotFound,
+                    format!("partition {namespace} does not exist"),
+                )
+            } else if header.count == 0 {
+                ShardReply::error(
+                    ErrorCode::InvalidArgument,
+                    "poll max count must be at least 1",
+                )
+            } else {
+                let owner = shard_for(namespace, shard.shard_count);
+                let request = ShardRequest::Poll {
+                    namespace,
+                    offset: header.offset,
+                    max_count: header.count,
+                };
+                shard.call(owner, request).await
+            }
+        }
+    };
+    match reply {
+        ShardReply::Sent {
+            base_offset,
+            message_count,
+        } => encode_ok(header, &[], base_offset, message_count),
+        ShardReply::Polled {
+            batches,
+            message_count,
+        } => encode_ok(header, &batches, header.offset, message_count),
+        ShardReply::MetadataDone => encode_ok(header, &[], 0, 0),
+        ShardReply::Error { code, message } => bus::reply::error_reply(header, code, &message),
+        ShardReply::Offsets(_) => {
+            bus::reply::error_reply(header, ErrorCode::Internal, "unexpected reply")
+        }
+    }
+}
+
+async fn metadata(shard: &Rc<Shard>, op: MetadataOp) -> ShardReply {
+    shard.call(ShardId(0), ShardRequest::Metadata(op)).await
+}
+
+async fn get_metadata(shard: &Rc<Shard>, header: &bus::Header) -> Vec<u8> {
+    let mut offsets = ahash::AHashMap::new();
+    for target in 0..shard.shard_count {
+        match shard
+            .call(ShardId(target), ShardRequest::PartitionOffsets)
+            .await
+        {
+            ShardReply::Offsets(list) => offsets.extend(list),
+            ShardReply::Error { code, message } => {
+                return bus::reply::error_reply(header, code, &message);
+            }
+            _ => return bus::reply::error_reply(header, ErrorCode::Internal, "unexpected reply"),
+        }
+    }
+    let metadata = shard.metadata_wire(|namespace| offsets.get(&namespace).copied().unwrap_or(0));
+    let body = serde_json::to_vec(&metadata).expect("metadata serializes: plain data");
+    encode_ok(header, &body, 0, 0)
+}
+
+fn encode_ok(request: &bus::Header, body: &[u8], offset: u64, count: u32) -> Vec<u8> {
+    let mut header = bus::reply::reply_header(request);
+    header.offset = offset;
+    header.count = count;
+    bus::encode_frame(&mut header, body)
+}

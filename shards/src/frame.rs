@@ -1,0 +1,70 @@
+//! `ShardFrame`: everything one shard sends another over the mesh. Owned data only (frames cross
+//! threads); never a reference into shard state.
+
+use bus::{ErrorCode, Namespace};
+
+use crate::metadata::{MetadataOp, MetadataState};
+
+#[derive(Debug)]
+pub enum ShardFrame {
+    /// Shard 0 -> every other shard at startup: the recovered metadata.
+    Bootstrap(Box<MetadataState>),
+    /// A request for the target shard (owner of a partition, or shard 0 for metadata). The reply
+    /// goes back to the envelope's `from` on its reply lane.
+    Request {
+        request_id: u64,
+        request: ShardRequest,
+    },
+    /// The answer to a `Request`, on the reply lane.
+    Reply { request_id: u64, reply: ShardReply },
+    /// Shard 0 -> every other shard: apply this committed op, in op order.
+    MetadataApply { op_number: u64, op: MetadataOp },
+    /// Every other shard -> shard 0, on the reply lane: the op is applied here.
+    MetadataApplied { op_number: u64 },
+}
+
+#[derive(Debug)]
+pub enum ShardRequest {
+    /// Append a validated batch (full batch bytes) to the owned partition.
+    Send {
+        namespace: Namespace,
+        batch: Vec<u8>,
+    },
+    /// Read from the owned partition.
+    Poll {
+        namespace: Namespace,
+        offset: u64,
+        max_count: u32,
+    },
+    /// Order and apply a metadata change (shard 0 only).
+    Metadata(MetadataOp),
+    /// Next offsets of every partition this shard owns (for GetMetadata).
+    PartitionOffsets,
+}
+
+#[derive(Debug)]
+pub enum ShardReply {
+    Sent {
+        base_offset: u64,
+        message_count: u32,
+    },
+    Polled {
+        batches: Vec<u8>,
+        message_count: u32,
+    },
+    MetadataDone,
+    Offsets(Vec<(Namespace, u64)>),
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
+}
+
+impl ShardReply {
+    pub fn error(code: ErrorCode, message: impl Into<String>) -> ShardReply {
+        ShardReply::Error {
+            code,
+            message: message.into(),
+        }
+    }
+}

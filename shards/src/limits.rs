@@ -1,0 +1,23 @@
+//! Every bound of the shards crate, with why it has its value.
+
+use std::time::Duration;
+
+/// Name of the metadata file under the data directory (durable replace + XXH3-64 trailer).
+pub const METADATA_FILE_NAME: &str = "metadata.json";
+/// Folder of partition logs under the data directory.
+pub const PARTITIONS_DIR_NAME: &str = "partitions";
+/// Largest poll reply payload (bytes) before `max_message_size` clamps it further: bounds the
+/// memory one poll can pin on the owner shard.
+pub const POLL_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// Metadata requests waiting on shard 0 before new ones are answered `Busy`.
+pub const METADATA_QUEUE_MAX: usize = 1024;
+/// How long a shard waits before retrying a mesh send that must not be dropped (metadata
+/// broadcast, replies to forwarded requests); the receiver drains its inbox every pump turn.
+pub const MESH_RETRY_SLEEP: Duration = Duration::from_micros(200);
+/// Retries of such a send before the shard gives up and reports the peer as stuck (50k * 200 µs
+/// = 10 s: far beyond any healthy drain time).
+pub const MESH_RETRY_MAX: u32 = 50_000;
+/// Grace given to connections with a request in flight when the server stops.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// Listen backlog of each shard's SO_REUSEPORT socket.
+pub const LISTEN_BACKLOG: i32 = 1024;

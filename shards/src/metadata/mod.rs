@@ -1,0 +1,445 @@
+//! The metadata state machine: streams, topics and their partitions. Shard 0 owns the authoritative
+//! copy and orders every change (op numbers); every shard applies the same ops to its read-only
+//! copy. Pure: no I/O here (persistence is in `store`).
+
+pub mod store;
+
+use std::collections::BTreeMap;
+
+use bus::{ErrorCode, Namespace};
+
+/// Version of the persisted metadata payload.
+pub const METADATA_VERSION: u32 = 1;
+
+/// Every stream, topic and partition. Serialized whole into `metadata.json`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MetadataState {
+    pub version: u32,
+    /// Op number of the last applied change (0 = none).
+    pub op: u64,
+    pub streams: BTreeMap<u32, StreamState>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StreamState {
+    pub name: String,
+    pub topics: BTreeMap<u16, TopicState>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TopicState {
+    pub name: String,
+    /// Partitions are numbered 0..partition_count.
+    pub partition_count: u32,
+}
+
+/// One metadata change, as ordered by shard 0.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum MetadataOp {
+    CreateStream {
+        stream_id: u32,
+        name: String,
+    },
+    DeleteStream {
+        stream_id: u32,
+    },
+    CreateTopic {
+        stream_id: u32,
+        topic_id: u16,
+        name: String,
+        partition_count: u32,
+    },
+    DeleteTopic {
+        stream_id: u32,
+        topic_id: u16,
+    },
+}
+
+/// A change the state machine refuses; becomes the client's error reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+fn reject(code: ErrorCode, message: String) -> Rejection {
+    Rejection { code, message }
+}
+
+fn validate_name(kind: &str, name: &str) -> Result<(), Rejection> {
+    if name.is_empty() || name.len() > bus::limits::NAME_LEN_MAX {
+        return Err(reject(
+            ErrorCode::InvalidArgument,
+            format!(
+                "{kind} name must be 1 to {} bytes, got {}",
+                bus::limits::NAME_LEN_MAX,
+                name.len()
+            ),
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(reject(
+            ErrorCode::InvalidArgument,
+            format!("{kind} name {name:?} contains control characters"),
+        ));
+    }
+    Ok(())
+}
+
+impl MetadataState {
+    pub fn new() -> MetadataState {
+        MetadataState {
+            version: METADATA_VERSION,
+            op: 0,
+            streams: BTreeMap::new(),
+        }
+    }
+
+    /// Checks `op` against the current state without changing it.
+    ///
+    /// # Errors
+    /// A `Rejection` with the stable error code the client gets.
+    pub fn validate(&self, op: &MetadataOp) -> Result<(), Rejection> {
+        match op {
+            MetadataOp::CreateStream { stream_id, name } => {
+                if *stream_id == 0 {
+                    return Err(reject(
+                        ErrorCode::InvalidArgument,
+                        "stream id 0 is reserved; use 1 or above".into(),
+                    ));
+                }
+                validate_name("stream", name)?;
+                if self.streams.contains_key(stream_id) {
+                    return Err(reject(
+                        ErrorCode::StreamAlreadyExists,
+                        format!("stream {stream_id} already exists"),
+                    ));
+                }
+                if let Some((id, _)) = self.streams.iter().find(|(_, s)| s.name == *name) {
+                    return Err(reject(
+                        ErrorCode::StreamAlreadyExists,
+                        format!("a stream named {name:?} already exists (id {id})"),
+                    ));
+                }
+                Ok(())
+            }
+            MetadataOp::DeleteStream { stream_id } => self.stream(*stream_id).map(|_| ()),
+            MetadataOp::CreateTopic {
+                stream_id,
+                topic_id,
+                name,
+                partition_count,
+            } => {
+                let stream = self.stream(*stream_id)?;
+                if *topic_id == 0 {
+                    return Err(reject(
+                        ErrorCode::InvalidArgument,
+                        "topic id 0 is reserved; use 1 or above".into(),
+                    ));
+                }
+                validate_name("topic", name)?;
+                if !(1..=bus::limits::PARTITION_COUNT_MAX).contains(partition_count) {
+                    return Err(reject(
+                        ErrorCode::InvalidArgument,
+                        format!(
+                            "partition count must be between 1 and {}, got {partition_count}",
+                            bus::limits::PARTITION_COUNT_MAX
+                        ),
+                    ));
+                }
+                if stream.topics.contains_key(topic_id) {
+                    return Err(reject(
+                        ErrorCode::TopicAlreadyExists,
+                        format!("topic {topic_id} already exists in stream {stream_id}"),
+                    ));
+                }
+                if stream.topics.values().any(|t| t.name == *name) {
+                    return Err(reject(
+                        ErrorCode::TopicAlreadyExists,
+                        format!("a topic named {name:?} already exists in stream {stream_id}"),
+                    ));
+                }
+                Ok(())
+            }
+            MetadataOp::DeleteTopic {
+                stream_id,
+                topic_id,
+            } => {
+                let stream = self.stream(*stream_id)?;
+                if !stream.topics.contains_key(topic_id) {
+                    return Err(reject(
+                        ErrorCode::TopicNotFound,
+                        format!("topic {topic_id} does not exist in stream {stream_id}"),
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn stream(&self, stream_id: u32) -> Result<&StreamState, Rejection> {
+        self.streams.get(&stream_id).ok_or_else(|| {
+            reject(
+                ErrorCode::StreamNotFound,
+                format!("stream {stream_id} does not exist"),
+            )
+        })
+    }
+
+    /// Applies a validated op and records `op_number`.
+    ///
+    /// # Panics
+    /// If `op` does not validate, or `op_number` is not the next op: both are bugs in the caller,
+    /// which validates on shard 0 before ordering.
+    pub fn apply(&mut self, op_number: u64, op: &MetadataOp) {
+        assert_eq!(
+            op_number,
+            self.op + 1,
+            "metadata ops must be applied in op order"
+        );
+        if let Err(rejection) = self.validate(op) {
+            panic!(
+                "applying an invalid metadata op {op:?}: {}",
+                rejection.message
+            );
+        }
+        match op {
+            MetadataOp::CreateStream { stream_id, name } => {
+                self.streams.insert(
+                    *stream_id,
+                    StreamState {
+                        name: name.clone(),
+                        topics: BTreeMap::new(),
+                    },
+                );
+            }
+            MetadataOp::DeleteStream { stream_id } => {
+                self.streams.remove(stream_id);
+            }
+            MetadataOp::CreateTopic {
+                stream_id,
+                topic_id,
+                name,
+                partition_count,
+            } => {
+                let stream = self.streams.get_mut(stream_id).expect("validated above");
+                stream.topics.insert(
+                    *topic_id,
+                    TopicState {
+                        name: name.clone(),
+                        partition_count: *partition_count,
+                    },
+                );
+            }
+            MetadataOp::DeleteTopic {
+                stream_id,
+                topic_id,
+            } => {
+                let stream = self.streams.get_mut(stream_id).expect("validated above");
+                stream.topics.remove(topic_id);
+            }
+        }
+        self.op = op_number;
+    }
+
+    /// True when the namespace names an existing partition.
+    pub fn partition_exists(&self, namespace: Namespace) -> bool {
+        self.streams
+            .get(&namespace.stream_id())
+            .and_then(|s| s.topics.get(&namespace.topic_id()))
+            .is_some_and(|t| u32::from(namespace.partition_id()) < t.partition_count)
+    }
+
+    /// Every partition of every topic, in id order.
+    pub fn namespaces(&self) -> Vec<Namespace> {
+        let mut namespaces = Vec::new();
+        for (stream_id, stream) in &self.streams {
+            for (topic_id, topic) in &stream.topics {
+                for partition_id in 0..topic.partition_count {
+                    namespaces.push(Namespace::new(*stream_id, *topic_id, partition_id as u16));
+                }
+            }
+        }
+        namespaces
+    }
+
+    /// The partitions an op creates or removes (empty for other ops).
+    pub fn namespaces_of(&self, op: &MetadataOp) -> Vec<Namespace> {
+        match op {
+            MetadataOp::CreateTopic {
+                stream_id,
+                topic_id,
+                partition_count,
+                ..
+            } => (0..*partition_count)
+                .map(|p| Namespace::new(*stream_id, *topic_id, p as u16))
+                .collect(),
+            MetadataOp::DeleteTopic {
+                stream_id,
+                topic_id,
+            } => self
+                .streams
+                .get(stream_id)
+                .and_then(|s| s.topics.get(topic_id))
+                .map(|t| {
+                    (0..t.partition_count)
+                        .map(|p| Namespace::new(*stream_id, *topic_id, p as u16))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            MetadataOp::DeleteStream { stream_id } => self
+                .streams
+                .get(stream_id)
+                .map(|s| {
+                    s.topics
+                        .iter()
+                        .flat_map(|(topic_id, t)| {
+                            (0..t.partition_count)
+                                .map(move |p| Namespace::new(*stream_id, *topic_id, p as u16))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            MetadataOp::CreateStream { .. } => Vec::new(),
+        }
+    }
+
+    /// The wire view for GetMetadata; `next_offset` looks up each partition's next offset.
+    pub fn to_wire(
+        &self,
+        shard_count: u16,
+        next_offset: impl Fn(Namespace) -> u64,
+    ) -> bus::Metadata {
+        bus::Metadata {
+            shard_count,
+            streams: self
+                .streams
+                .iter()
+                .map(|(stream_id, stream)| bus::StreamInfo {
+                    stream_id: *stream_id,
+                    name: stream.name.clone(),
+                    topics: stream
+                        .topics
+                        .iter()
+                        .map(|(topic_id, topic)| bus::TopicInfo {
+                            topic_id: *topic_id,
+                            name: topic.name.clone(),
+                            partitions: (0..topic.partition_count)
+                                .map(|p| {
+                                    let namespace = Namespace::new(*stream_id, *topic_id, p as u16);
+                                    bus::PartitionInfo {
+                                        partition_id: p as u16,
+                                        owner_shard: crate::shard_for(namespace, shard_count).0,
+                                        next_offset: next_offset(namespace),
+                                    }
+                                })
+                                .collect(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn create_stream(id: u32, name: &str) -> MetadataOp {
+        MetadataOp::CreateStream {
+            stream_id: id,
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn create_and_delete_round_trip() {
+        let mut state = MetadataState::new();
+        state.apply(1, &create_stream(1, "orders"));
+        let topic = MetadataOp::CreateTopic {
+            stream_id: 1,
+            topic_id: 2,
+            name: "t".into(),
+            partition_count: 3,
+        };
+        state.apply(2, &topic);
+        assert!(state.partition_exists(Namespace::new(1, 2, 2)));
+        assert!(!state.partition_exists(Namespace::new(1, 2, 3)));
+        assert_eq!(state.namespaces().len(), 3);
+        assert_eq!(
+            state
+                .namespaces_of(&MetadataOp::DeleteStream { stream_id: 1 })
+                .len(),
+            3
+        );
+        state.apply(
+            3,
+            &MetadataOp::DeleteTopic {
+                stream_id: 1,
+                topic_id: 2,
+            },
+        );
+        assert!(state.namespaces().is_empty());
+        assert_eq!(state.op, 3);
+    }
+
+    #[test]
+    fn rejections_carry_stable_codes() {
+        let mut state = MetadataState::new();
+        state.apply(1, &create_stream(1, "orders"));
+        assert_eq!(
+            state.validate(&create_stream(1, "x")).unwrap_err().code,
+            ErrorCode::StreamAlreadyExists
+        );
+        assert_eq!(
+            state
+                .validate(&create_stream(2, "orders"))
+                .unwrap_err()
+                .code,
+            ErrorCode::StreamAlreadyExists
+        );
+        assert_eq!(
+            state.validate(&create_stream(0, "x")).unwrap_err().code,
+            ErrorCode::InvalidArgument
+        );
+        assert_eq!(
+            state.validate(&create_stream(3, "")).unwrap_err().code,
+            ErrorCode::InvalidArgument
+        );
+        let no_stream = MetadataOp::CreateTopic {
+            stream_id: 9,
+            topic_id: 1,
+            name: "t".into(),
+            partition_count: 1,
+        };
+        assert_eq!(
+            state.validate(&no_stream).unwrap_err().code,
+            ErrorCode::StreamNotFound
+        );
+        let zero = MetadataOp::CreateTopic {
+            stream_id: 1,
+            topic_id: 1,
+            name: "t".into(),
+            partition_count: 0,
+        };
+        assert_eq!(
+            state.validate(&zero).unwrap_err().code,
+            ErrorCode::InvalidArgument
+        );
+        let missing = MetadataOp::DeleteTopic {
+            stream_id: 1,
+            topic_id: 1,
+        };
+        assert_eq!(
+            state.validate(&missing).unwrap_err().code,
+            ErrorCode::TopicNotFound
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "op order")]
+    fn out_of_order_apply_is_a_bug() {
+        MetadataState::new().apply(2, &create_stream(1, "a"));
+    }
+}

@@ -1,0 +1,571 @@
+//! One shard: its metadata copy, the partitions it owns, the pending replies of requests it
+//! forwarded, and the event loop that pumps the mesh. Shard 0 also orders metadata changes.
+//!
+//! Never holds a `RefCell` borrow across an `.await`, never blocks the reactor, never drops a
+//! client request silently: a full inbox becomes a `Busy` reply.
+
+use std::cell::{Cell, RefCell};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use ahash::AHashMap;
+use bus::{ErrorCode, Namespace};
+use crossfire::oneshot::{TxOneshot, oneshot};
+use runtime::{Envelope, MeshEndpoint, MeshSendError, ShardId};
+use storage::{LogConfig, PartitionLog};
+
+use crate::config::ServerConfig;
+use crate::frame::{ShardFrame, ShardReply, ShardRequest};
+use crate::limits::{
+    MESH_RETRY_MAX, MESH_RETRY_SLEEP, METADATA_QUEUE_MAX, PARTITIONS_DIR_NAME, POLL_BYTES_MAX,
+};
+use crate::metadata::{MetadataOp, MetadataState, store};
+use crate::shard_for;
+
+type MetadataQueueItem = (MetadataOp, TxOneshot<ShardReply>);
+type MetadataQueue = (
+    crossfire::MAsyncTx<crossfire::mpsc::Array<MetadataQueueItem>>,
+    crossfire::AsyncRx<crossfire::mpsc::Array<MetadataQueueItem>>,
+);
+
+/// Shard 0's outstanding metadata broadcast: acks still missing before the client is answered.
+struct MetadataAck {
+    op_number: u64,
+    remaining: u16,
+    done: TxOneshot<()>,
+}
+
+/// Per-shard state, shared by the tasks of this shard through `Rc`.
+pub struct Shard {
+    pub id: ShardId,
+    pub shard_count: u16,
+    pub config: Arc<ServerConfig>,
+    endpoint: MeshEndpoint<ShardFrame>,
+    metadata: RefCell<MetadataState>,
+    partitions: RefCell<AHashMap<Namespace, Rc<PartitionLog>>>,
+    pending: RefCell<AHashMap<u64, TxOneshot<ShardReply>>>,
+    request_id_next: Cell<u64>,
+    /// Shard 0 only: metadata requests in arrival order, served one at a time.
+    metadata_queue: Option<MetadataQueue>,
+    metadata_ack: RefCell<Option<MetadataAck>>,
+}
+
+impl std::fmt::Debug for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shard")
+            .field("id", &self.id)
+            .field("shard_count", &self.shard_count)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Directory of one partition's log.
+pub fn partition_dir(data_dir: &std::path::Path, namespace: Namespace) -> PathBuf {
+    data_dir
+        .join(PARTITIONS_DIR_NAME)
+        .join(namespace.stream_id().to_string())
+        .join(namespace.topic_id().to_string())
+        .join(namespace.partition_id().to_string())
+}
+
+/// Sum of message counts over concatenated batch headers (bounds-checked; stops at damage).
+fn message_count_of(batches: &[u8]) -> u32 {
+    let mut position = 0usize;
+    let mut count = 0u32;
+    while position + bus::BATCH_HEADER_SIZE <= batches.len() {
+        let header: bus::BatchHeader =
+            bytemuck::pod_read_unaligned(&batches[position..position + bus::BATCH_HEADER_SIZE]);
+        count = count.saturating_add(header.message_count);
+        position += bus::BATCH_HEADER_SIZE + header.length as usize;
+    }
+    count
+}
+
+impl Shard {
+    pub fn new(
+        id: ShardId,
+        shard_count: u16,
+        config: Arc<ServerConfig>,
+        endpoint: MeshEndpoint<ShardFrame>,
+        metadata: MetadataState,
+    ) -> Shard {
+        let metadata_queue = (id == ShardId(0))
+            .then(|| crossfire::mpsc::bounded_async::<MetadataQueueItem>(METADATA_QUEUE_MAX));
+        Shard {
+            id,
+            shard_count,
+            config,
+            endpoint,
+            metadata: RefCell::new(metadata),
+            partitions: RefCell::new(AHashMap::new()),
+            pending: RefCell::new(AHashMap::new()),
+            request_id_next: Cell::new(1),
+            metadata_queue,
+            metadata_ack: RefCell::new(None),
+        }
+    }
+
+    fn log_config(&self) -> LogConfig {
+        LogConfig {
+            fsync: self.config.fsync,
+            segment_size_max: self.config.segment_size_max,
+        }
+    }
+
+    pub fn owns(&self, namespace: Namespace) -> bool {
+        shard_for(namespace, self.shard_count) == self.id
+    }
+
+    pub fn partition_exists(&self, namespace: Namespace) -> bool {
+        self.metadata.borrow().partition_exists(namespace)
+    }
+
+    /// Opens every partition this shard owns according to its metadata copy.
+    pub async fn open_owned_partitions(&self) -> Result<(), String> {
+        let owned: Vec<Namespace> = self
+            .metadata
+            .borrow()
+            .namespaces()
+            .into_iter()
+            .filter(|n| self.owns(*n))
+            .collect();
+        for namespace in owned {
+            let dir = partition_dir(&self.config.data_dir, namespace);
+            let (log, report) = PartitionLog::open(&dir, self.log_config())
+                .await
+                .map_err(|e| format!("partition {namespace}: {e}"))?;
+            if report.truncated_bytes > 0 {
+                tracing::warn!(
+                    shard = self.id.0, %namespace, truncated_bytes = report.truncated_bytes,
+                    "partition had a torn tail; truncated to the last complete entry"
+                );
+            }
+            tracing::debug!(shard = self.id.0, %namespace, next_offset = report.next_offset, "partition open");
+            self.partitions.borrow_mut().insert(namespace, Rc::new(log));
+        }
+        Ok(())
+    }
+
+    /// Sends `frame` on the inbox (or reply lane) of `target`, retrying while it is full: for
+    /// frames that must not be dropped (metadata broadcast, replies to forwarded requests).
+    async fn send_reliably(
+        &self,
+        target: ShardId,
+        mut frame: ShardFrame,
+        reply_lane: bool,
+    ) -> Result<(), String> {
+        for _ in 0..MESH_RETRY_MAX {
+            let result = if reply_lane {
+                self.endpoint.try_send_reply(target, frame)
+            } else {
+                self.endpoint.try_send(target, frame)
+            };
+            match result {
+                Ok(()) => return Ok(()),
+                Err(MeshSendError::Full(returned)) => {
+                    frame = returned;
+                    compio::time::sleep(MESH_RETRY_SLEEP).await;
+                }
+                Err(MeshSendError::Disconnected(_)) => {
+                    return Err(format!("shard {} has stopped", target.0));
+                }
+            }
+        }
+        Err(format!(
+            "shard {} did not drain its inbox within the retry budget",
+            target.0
+        ))
+    }
+
+    /// Runs `request` on `target` (locally when it is this shard) and returns its reply. A full
+    /// target inbox answers `Busy` and applies nothing.
+    ///
+    /// # Cancel safety
+    /// Cancel safe for the caller: a reply arriving after cancellation is dropped.
+    pub async fn call(self: &Rc<Self>, target: ShardId, request: ShardRequest) -> ShardReply {
+        if target == self.id {
+            return self.execute(request).await;
+        }
+        let request_id = self.request_id_next.get();
+        self.request_id_next.set(request_id + 1);
+        let (reply_tx, reply_rx) = oneshot();
+        self.pending.borrow_mut().insert(request_id, reply_tx);
+        match self.endpoint.try_send(
+            target,
+            ShardFrame::Request {
+                request_id,
+                request,
+            },
+        ) {
+            Ok(()) => {}
+            Err(MeshSendError::Full(_)) => {
+                self.pending.borrow_mut().remove(&request_id);
+                return ShardReply::error(
+                    ErrorCode::Busy,
+                    format!(
+                        "inbox of shard {} is full; nothing was applied, retry",
+                        target.0
+                    ),
+                );
+            }
+            Err(MeshSendError::Disconnected(_)) => {
+                self.pending.borrow_mut().remove(&request_id);
+                return ShardReply::error(
+                    ErrorCode::ShuttingDown,
+                    format!("shard {} has stopped", target.0),
+                );
+            }
+        }
+        match reply_rx.await {
+            Ok(reply) => reply,
+            Err(_) => ShardReply::error(
+                ErrorCode::ShuttingDown,
+                format!("shard {} stopped before answering", target.0),
+            ),
+        }
+    }
+
+    /// Executes a request on this shard (the owner, or shard 0 for metadata).
+    pub async fn execute(self: &Rc<Self>, request: ShardRequest) -> ShardReply {
+        match request {
+            ShardRequest::Send { namespace, batch } => {
+                let Some(log) = self.partitions.borrow().get(&namespace).cloned() else {
+                    return ShardReply::error(
+                        ErrorCode::PartitionNotFound,
+                        format!("partition {namespace} does not exist"),
+                    );
+                };
+                let header: bus::BatchHeader =
+                    bytemuck::pod_read_unaligned(&batch[..bus::BATCH_HEADER_SIZE]);
+                match log.append(batch).await {
+                    Ok(base_offset) => ShardReply::Sent {
+                        base_offset,
+                        message_count: header.message_count,
+                    },
+                    Err(e) => {
+                        tracing::error!(shard = self.id.0, %namespace, error = %e, "append failed");
+                        ShardReply::error(
+                            ErrorCode::StorageFailure,
+                            format!("append to {namespace} failed: {e}"),
+                        )
+                    }
+                }
+            }
+            ShardRequest::Poll {
+                namespace,
+                offset,
+                max_count,
+            } => {
+                let Some(log) = self.partitions.borrow().get(&namespace).cloned() else {
+                    return ShardReply::error(
+                        ErrorCode::PartitionNotFound,
+                        format!("partition {namespace} does not exist"),
+                    );
+                };
+                let bytes_max =
+                    POLL_BYTES_MAX.min(self.config.max_message_size as usize - bus::HEADER_SIZE);
+                match log.read(offset, max_count, bytes_max).await {
+                    Ok(batches) => {
+                        let message_count = message_count_of(&batches);
+                        ShardReply::Polled {
+                            batches,
+                            message_count,
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(shard = self.id.0, %namespace, error = %e, "read failed");
+                        ShardReply::error(
+                            ErrorCode::StorageFailure,
+                            format!("read of {namespace} failed: {e}"),
+                        )
+                    }
+                }
+            }
+            ShardRequest::Metadata(op) => {
+                let Some((queue_tx, _)) = &self.metadata_queue else {
+                    return ShardReply::error(
+                        ErrorCode::Internal,
+                        "metadata request routed to a shard other than 0",
+                    );
+                };
+                let (reply_tx, reply_rx) = oneshot();
+                if queue_tx.try_send((op, reply_tx)).is_err() {
+                    return ShardReply::error(
+                        ErrorCode::Busy,
+                        "metadata queue on shard 0 is full; retry",
+                    );
+                }
+                reply_rx.await.unwrap_or_else(|_| {
+                    ShardReply::error(ErrorCode::ShuttingDown, "shard 0 is stopping")
+                })
+            }
+            ShardRequest::PartitionOffsets => ShardReply::Offsets(
+                self.partitions
+                    .borrow()
+                    .iter()
+                    .map(|(namespace, log)| (*namespace, log.next_offset()))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// Shard 0: serves metadata requests one at a time, in arrival order. Runs until the queue
+    /// closes (never, while the shard lives: the task is cancelled at shutdown).
+    pub async fn metadata_task(self: Rc<Self>) {
+        let Some((_, queue_rx)) = &self.metadata_queue else {
+            return;
+        };
+        while let Ok((op, reply_tx)) = queue_rx.recv().await {
+            let reply = self.commit_metadata(op).await;
+            reply_tx.send(reply);
+        }
+    }
+
+    /// Shard 0: validate, persist (durable replace), apply locally, broadcast to every shard and
+    /// wait until each applied it (DESIGN section 4: the reply comes after every shard applied).
+    async fn commit_metadata(self: &Rc<Self>, op: MetadataOp) -> ShardReply {
+        let (op_number, next_state) = {
+            let metadata = self.metadata.borrow();
+            if let Err(rejection) = metadata.validate(&op) {
+                return ShardReply::Error {
+                    code: rejection.code,
+                    message: rejection.message,
+                };
+            }
+            let mut next_state = metadata.clone();
+            next_state.apply(metadata.op + 1, &op);
+            (metadata.op + 1, next_state)
+        };
+        if let Err(e) = store::save(&self.config.data_dir, &next_state).await {
+            tracing::error!(error = %e, ?op, "metadata persist failed; change not applied");
+            return ShardReply::error(
+                ErrorCode::StorageFailure,
+                format!("metadata not persisted: {e}"),
+            );
+        }
+        self.apply_metadata(op_number, &op).await;
+        if self.shard_count > 1 {
+            let (done_tx, done_rx) = oneshot();
+            *self.metadata_ack.borrow_mut() = Some(MetadataAck {
+                op_number,
+                remaining: self.shard_count - 1,
+                done: done_tx,
+            });
+            for target in 1..self.shard_count {
+                let frame = ShardFrame::MetadataApply {
+                    op_number,
+                    op: op.clone(),
+                };
+                if let Err(e) = self.send_reliably(ShardId(target), frame, false).await {
+                    return ShardReply::error(
+                        ErrorCode::ShuttingDown,
+                        format!("metadata broadcast failed: {e}"),
+                    );
+                }
+            }
+            if done_rx.await.is_err() {
+                return ShardReply::error(
+                    ErrorCode::ShuttingDown,
+                    "shard 0 stopped during metadata broadcast",
+                );
+            }
+        }
+        if let MetadataOp::DeleteStream { stream_id } | MetadataOp::DeleteTopic { stream_id, .. } =
+            &op
+        {
+            let mut dir = self
+                .config
+                .data_dir
+                .join(PARTITIONS_DIR_NAME)
+                .join(stream_id.to_string());
+            if let MetadataOp::DeleteTopic { topic_id, .. } = &op {
+                dir = dir.join(topic_id.to_string());
+            }
+            remove_dir_all(dir).await;
+        }
+        tracing::info!(op_number, ?op, "metadata committed");
+        ShardReply::MetadataDone
+    }
+
+    /// Applies a committed op to this shard's copy and opens or closes the partitions it owns.
+    pub async fn apply_metadata(&self, op_number: u64, op: &MetadataOp) {
+        let namespaces: Vec<Namespace> = {
+            let mut metadata = self.metadata.borrow_mut();
+            let namespaces = metadata.namespaces_of(op);
+            metadata.apply(op_number, op);
+            namespaces.into_iter().filter(|n| self.owns(*n)).collect()
+        };
+        match op {
+            MetadataOp::CreateTopic { .. } => {
+                for namespace in namespaces {
+                    let dir = partition_dir(&self.config.data_dir, namespace);
+                    // A leftover directory belongs to a deleted topic whose removal a crash cut
+                    // short: metadata is authoritative, so its data must not reappear.
+                    if std::fs::metadata(&dir).is_ok() {
+                        tracing::warn!(shard = self.id.0, %namespace, path = %dir.display(), "removing leftover partition data of a deleted topic");
+                        remove_dir_all(dir.clone()).await;
+                    }
+                    match PartitionLog::open(&dir, self.log_config()).await {
+                        Ok((log, _)) => {
+                            self.partitions.borrow_mut().insert(namespace, Rc::new(log));
+                        }
+                        Err(e) => {
+                            tracing::error!(shard = self.id.0, %namespace, error = %e, "cannot create partition log");
+                        }
+                    }
+                }
+            }
+            MetadataOp::DeleteTopic { .. } | MetadataOp::DeleteStream { .. } => {
+                for namespace in namespaces {
+                    let log = self.partitions.borrow_mut().remove(&namespace);
+                    if let Some(log) = log {
+                        log.close().await;
+                    }
+                    remove_dir_all(partition_dir(&self.config.data_dir, namespace)).await;
+                }
+            }
+            MetadataOp::CreateStream { .. } => {}
+        }
+    }
+
+    /// Handles one envelope from the inbox. Requests run as tasks; metadata applies run inline so
+    /// they stay in op order.
+    pub async fn on_inbox(self: &Rc<Self>, envelope: Envelope<ShardFrame>) {
+        let from = envelope.from;
+        match envelope.frame {
+            ShardFrame::Request {
+                request_id,
+                request,
+            } => {
+                let shard = Rc::clone(self);
+                compio::runtime::spawn(async move {
+                    let reply = shard.execute(request).await;
+                    if let Err(e) = shard.send_reliably(from, ShardFrame::Reply { request_id, reply }, true).await {
+                        tracing::warn!(shard = shard.id.0, to = from.0, error = %e, "reply to a forwarded request dropped");
+                    }
+                })
+                .detach();
+            }
+            ShardFrame::MetadataApply { op_number, op } => {
+                self.apply_metadata(op_number, &op).await;
+                if let Err(e) = self
+                    .send_reliably(from, ShardFrame::MetadataApplied { op_number }, true)
+                    .await
+                {
+                    tracing::warn!(shard = self.id.0, error = %e, "metadata ack to shard 0 dropped");
+                }
+            }
+            other => {
+                tracing::error!(shard = self.id.0, from = from.0, frame = ?other, "unexpected frame on the inbox; dropped");
+            }
+        }
+    }
+
+    /// Handles one envelope from the reply lane.
+    pub fn on_reply(&self, envelope: Envelope<ShardFrame>) {
+        match envelope.frame {
+            ShardFrame::Reply { request_id, reply } => {
+                // A missing entry means the requesting connection went away: drop the reply.
+                if let Some(reply_tx) = self.pending.borrow_mut().remove(&request_id) {
+                    reply_tx.send(reply);
+                }
+            }
+            ShardFrame::MetadataApplied { op_number } => {
+                let mut ack = self.metadata_ack.borrow_mut();
+                let finished = match ack.as_mut() {
+                    Some(pending) if pending.op_number == op_number => {
+                        pending.remaining -= 1;
+                        pending.remaining == 0
+                    }
+                    _ => {
+                        tracing::error!(
+                            op_number,
+                            "metadata ack for an op that is not outstanding"
+                        );
+                        false
+                    }
+                };
+                if finished && let Some(done) = ack.take() {
+                    done.done.send(());
+                }
+            }
+            other => {
+                tracing::error!(shard = self.id.0, frame = ?other, "unexpected frame on the reply lane; dropped");
+            }
+        }
+    }
+
+    /// The GetMetadata view of this shard's metadata copy.
+    pub fn metadata_wire(&self, next_offset: impl Fn(Namespace) -> u64) -> bus::Metadata {
+        self.metadata
+            .borrow()
+            .to_wire(self.shard_count, next_offset)
+    }
+
+    /// Every partition log of this shard (for ticks and shutdown).
+    pub fn logs(&self) -> Vec<Rc<PartitionLog>> {
+        self.partitions.borrow().values().cloned().collect()
+    }
+}
+
+async fn remove_dir_all(dir: PathBuf) {
+    let shown = dir.display().to_string();
+    let result = compio::runtime::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    })
+    .await;
+    match result {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(path = %shown, error = %e, "cannot remove directory"),
+        Err(_) => tracing::warn!(path = %shown, "directory removal task failed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stored entry is served to pollers as a wire batch: the two headers must be one layout.
+    #[test]
+    fn storage_entry_header_is_the_wire_batch_header() {
+        assert_eq!(storage::ENTRY_HEADER_SIZE, bus::BATCH_HEADER_SIZE);
+        let entry = storage::EntryHeader {
+            base_offset: 1,
+            base_timestamp_us: 2,
+            message_count: 3,
+            length: 4,
+            checksum: 5,
+        };
+        let batch: bus::BatchHeader = bytemuck::pod_read_unaligned(bytemuck::bytes_of(&entry));
+        assert_eq!(
+            (
+                batch.base_offset,
+                batch.base_timestamp_us,
+                batch.message_count,
+                batch.length,
+                batch.checksum
+            ),
+            (1, 2, 3, 4, 5)
+        );
+    }
+
+    #[test]
+    fn message_count_of_walks_headers() {
+        let mut bytes = Vec::new();
+        for count in [2u32, 5] {
+            let header = bus::BatchHeader {
+                base_offset: 0,
+                base_timestamp_us: 0,
+                message_count: count,
+                length: 3,
+                checksum: 0,
+            };
+            bytes.extend_from_slice(bytemuck::bytes_of(&header));
+            bytes.extend_from_slice(&[0, 0, 0]);
+        }
+        assert_eq!(message_count_of(&bytes), 7);
+        assert_eq!(message_count_of(&bytes[..10]), 0);
+    }
+}
