@@ -1,0 +1,85 @@
+//! `shardline serve`: flags (with `SHARDLINE_*` environment equivalents) to `ServerConfig`, start,
+//! print `listening on ADDR` on stdout once every shard listens, run until SIGINT/SIGTERM.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use runtime::{CpuList, IoDriver, ShardCountArg, TopologyConfig};
+use shards::{RunningServer, ServerConfig};
+use storage::FsyncPolicy;
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Number of shards (one pinned thread each), or `all` for one per allowed CPU.
+    #[arg(long, env = "SHARDLINE_SHARDS", default_value = "all", value_name = "N|all")]
+    pub shards: ShardCountArg,
+    /// Exact CPUs to pin shards to, e.g. `0-3,8`; each must be in the process affinity mask.
+    #[arg(long, env = "SHARDLINE_CPUS", value_name = "LIST")]
+    pub cpus: Option<CpuList>,
+    /// Do not pin shards to cores (allows more shards than cores, for shared hosts).
+    #[arg(long, env = "SHARDLINE_NO_PIN")]
+    pub no_pin: bool,
+    /// Client listen address; every shard accepts on it (SO_REUSEPORT). Port 0 picks a free port.
+    #[arg(long, env = "SHARDLINE_LISTEN", default_value = "127.0.0.1:8090")]
+    pub listen: SocketAddr,
+    /// Directory for metadata and partition logs (created if missing).
+    #[arg(long, env = "SHARDLINE_DATA_DIR", default_value = "./shardline-data")]
+    pub data_dir: PathBuf,
+    /// When appends are acknowledged: `always` (after fsync, batches share fsyncs), `interval=MS`
+    /// (after the write; fsync every MS), `never` (page cache only).
+    #[arg(long, env = "SHARDLINE_FSYNC", default_value = "always", value_name = "always|interval=MS|never")]
+    pub fsync: FsyncPolicy,
+    /// Largest message accepted, header included (bytes, 1024..=67108864).
+    #[arg(long, env = "SHARDLINE_MAX_MESSAGE_SIZE", default_value_t = bus::limits::MESSAGE_SIZE_MAX_DEFAULT)]
+    pub max_message_size: u32,
+    /// Frames each shard inbox holds before senders get `Busy` (1..=1048576).
+    #[arg(long, env = "SHARDLINE_INBOX_CAPACITY", default_value_t = runtime::limits::INBOX_CAPACITY_DEFAULT)]
+    pub inbox_capacity: usize,
+    /// I/O driver of every shard: `io-uring`, or `poll` where io_uring is blocked (seccomp,
+    /// memlock limits, old kernels).
+    #[arg(long, env = "SHARDLINE_IO_DRIVER", default_value = "io-uring")]
+    pub io_driver: IoDriver,
+    /// Segment file size before a partition log rolls to a new segment (bytes, >= 4096).
+    #[arg(long, env = "SHARDLINE_SEGMENT_SIZE", default_value_t = storage::limits::SEGMENT_SIZE_MAX_DEFAULT)]
+    pub segment_size: u64,
+}
+
+impl ServeArgs {
+    pub fn to_config(&self) -> ServerConfig {
+        let mut config = ServerConfig::new(self.data_dir.clone());
+        config.topology = TopologyConfig { shards: self.shards, cpus: self.cpus.clone(), pin: !self.no_pin };
+        config.io_driver = self.io_driver;
+        config.inbox_capacity = self.inbox_capacity;
+        config.listen = self.listen;
+        config.fsync = self.fsync;
+        config.max_message_size = self.max_message_size;
+        config.segment_size_max = self.segment_size;
+        config
+    }
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let config = args.to_config();
+    tracing::info!(
+        data_dir = %config.data_dir.display(), fsync = ?config.fsync, io_driver = ?config.io_driver,
+        "starting"
+    );
+    let server = RunningServer::start(config)?;
+    server.stop_on_signals().context("cannot install SIGINT/SIGTERM handlers")?;
+    let cores: Vec<String> = server
+        .topology
+        .shard_cores
+        .iter()
+        .map(|core| core.map_or_else(|| "unpinned".to_owned(), |c| c.to_string()))
+        .collect();
+    tracing::info!(shards = server.shard_count, cores = %cores.join(","), "ready");
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "listening on {}", server.local_addr)?;
+    stdout.flush()?;
+    drop(stdout);
+    server.join()?;
+    tracing::info!("shut down cleanly");
+    Ok(())
+}
