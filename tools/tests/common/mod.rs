@@ -1,0 +1,128 @@
+//! Test support: start the real `shardline serve` binary on 127.0.0.1 with a temporary data
+//! directory, read its `listening on` line, stop it with SIGTERM or SIGKILL.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_shardline");
+
+/// The shared corpus beside the repository (`../shared/data`).
+pub fn shared_data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data").join(name)
+}
+
+pub struct Server {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub stderr_log: PathBuf,
+}
+
+impl Server {
+    /// Starts `shardline serve --listen 127.0.0.1:0 --data-dir DIR` plus `extra` args; panics with
+    /// the server's stderr if it does not report listening within 60 s.
+    pub fn start(data_dir: &Path, extra: &[&str]) -> Server {
+        Self::start_with(Command::new(BIN), data_dir, extra)
+    }
+
+    pub fn start_with(mut command: Command, data_dir: &Path, extra: &[&str]) -> Server {
+        let stderr_log = data_dir.with_extension(format!("stderr.{}.log", std::process::id()));
+        let stderr_file = std::fs::OpenOptions::new().create(true).append(true).open(&stderr_log).unwrap();
+        let mut child = command
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr_file)
+            .spawn()
+            .expect("spawn shardline serve");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(line)) = lines.next() {
+                let _ = tx.send(line);
+            }
+            for _ in lines {}
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("server did not start; stderr:\n{}", std::fs::read_to_string(&stderr_log).unwrap_or_default());
+            }
+        };
+        let addr = line
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first stdout line {line:?}"))
+            .parse()
+            .unwrap();
+        Server { child, addr, stderr_log }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGTERM, then waits; returns the exit status code.
+    pub fn stop(mut self) -> Option<i32> {
+        unsafe_kill(self.child.id(), libc::SIGTERM);
+        let status = self.child.wait().unwrap();
+        status.code()
+    }
+
+    /// SIGKILL (kill -9), then waits.
+    pub fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn unsafe_kill(pid: u32, signal: i32) {
+    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+    let rc = unsafe { libc::kill(pid as i32, signal) };
+    assert_eq!(rc, 0, "kill({pid}, {signal}) failed");
+}
+
+/// Runs an async block on a fresh compio runtime.
+pub fn block_on<T>(future: impl Future<Output = T>) -> T {
+    compio::runtime::Runtime::new().unwrap().block_on(future)
+}
+
+/// Reads every message of a partition from offset 0: (offset, id, payload).
+pub async fn read_all(client: &mut bus::Client, namespace: bus::Namespace) -> Vec<(u64, u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut offset = 0;
+    loop {
+        let body = client.poll_messages(namespace, offset, 1000).await.unwrap();
+        let messages = bus::client::messages_from(&body, offset).unwrap();
+        if messages.is_empty() {
+            return out;
+        }
+        for message in messages {
+            assert!(message.verify(), "checksum of message at offset {} in {namespace}", message.offset);
+            assert_eq!(message.offset, offset, "gap or duplicate in {namespace}");
+            out.push((message.offset, message.id, message.payload.to_vec()));
+            offset += 1;
+        }
+    }
+}
