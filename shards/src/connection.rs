@@ -38,7 +38,7 @@ pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: Soc
             );
             return;
         }
-        let reply = handle_request(&shard, &frame).await;
+        let reply = handle_request(&shard, frame).await;
         let compio::BufResult(result, _) = stream.write_all(reply).await;
         if let Err(e) = result {
             tracing::debug!(shard = shard.id.0, %peer, error = %e, "closing connection: write failed");
@@ -53,8 +53,9 @@ fn name_from(body: &[u8]) -> Result<String, ShardReply> {
 }
 
 /// Routes one validated request and returns the encoded reply frame.
-async fn handle_request(shard: &Rc<Shard>, frame: &Frame) -> Vec<u8> {
-    let header = &frame.header;
+async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> Vec<u8> {
+    let Frame { header, body } = frame;
+    let header = &header;
     let Some(operation) = Operation::from_u8(header.operation) else {
         // read_frame rejects unknown operations; reaching this is a bus bug.
         return bus::reply::error_reply(header, ErrorCode::Internal, "unknown operation");
@@ -62,7 +63,7 @@ async fn handle_request(shard: &Rc<Shard>, frame: &Frame) -> Vec<u8> {
     let namespace = Namespace(header.namespace);
     let reply = match operation {
         Operation::Ping => return encode_ok(header, &[], 0, 0),
-        Operation::CreateStream => match name_from(&frame.body) {
+        Operation::CreateStream => match name_from(&body) {
             Ok(name) => {
                 metadata(
                     shard,
@@ -84,7 +85,7 @@ async fn handle_request(shard: &Rc<Shard>, frame: &Frame) -> Vec<u8> {
             )
             .await
         }
-        Operation::CreateTopic => match name_from(&frame.body) {
+        Operation::CreateTopic => match name_from(&body) {
             Ok(name) => {
                 let op = MetadataOp::CreateTopic {
                     stream_id: namespace.stream_id(),
@@ -110,7 +111,7 @@ async fn handle_request(shard: &Rc<Shard>, frame: &Frame) -> Vec<u8> {
                     ErrorCode::PartitionNotFound,
                     format!("partition {namespace} does not exist"),
                 )
-            } else if let Err(e) = bus::BatchView::parse(&frame.body) {
+            } else if let Err(e) = bus::BatchView::parse(&body) {
                 ShardReply::error(ErrorCode::InvalidBatch, e.to_string())
             } else {
                 let owner = shard_for(namespace, shard.shard_count);
@@ -119,7 +120,7 @@ async fn handle_request(shard: &Rc<Shard>, frame: &Frame) -> Vec<u8> {
                         owner,
                         ShardRequest::Send {
                             namespace,
-                            batch: frame.body.clone(),
+                            batch: body,
                         },
                     )
                     .await
