@@ -1,11 +1,23 @@
-//! Message batches: the SendMessages body and the PollMessages reply body, byte-identical to the
+//! Message batches: the `SendMessages` body and the `PollMessages` reply body, byte-identical to the
 //! storage entry (a test in `shards` checks the two layouts agree).
 //!
 //! Batch: `BatchHeader` (32 bytes) then `message_count` messages, each `MessageHeader` (32 bytes)
-//! then payload. BatchHeader: base_offset u64, base_timestamp_us u64, message_count u32,
-//! length u32 (bytes after the batch header), checksum u64 (XXH3-64 of those bytes).
-//! MessageHeader: length u32 (payload bytes), offset_delta u32, timestamp_delta_us u32,
-//! reserved u32, id u64, checksum u64 (XXH3-64 of the payload).
+//! then payload. All integers little-endian.
+//!
+//! `BatchHeader`: 0 `base_offset` u64, 8 `base_timestamp_us` u64, 16 `message_count` u32,
+//! 20 `length` u32 (bytes after the batch header), 24 `checksum` u64 (XXH3-64 of those bytes).
+//!
+//! `MessageHeader`: 0 `length` u32 (payload bytes), 4 `offset_delta` u32 (= index in the batch),
+//! 8 `timestamp_delta_us` u32, 12 `reserved` u32, 16 `id` u64, 24 `checksum` u64 (XXH3-64 of the
+//! payload).
+//!
+//! A message's offset is `base_offset + offset_delta` and its timestamp
+//! `base_timestamp_us + timestamp_delta_us`. `base_offset` is assigned by the owner shard after
+//! validation and is not covered by the checksum.
+//!
+//! Parsing never panics and never reads out of bounds, whatever the bytes.
+
+use crate::limits::BATCH_MESSAGE_COUNT_MAX;
 
 pub const BATCH_HEADER_SIZE: usize = 32;
 pub const MESSAGE_HEADER_SIZE: usize = 32;
@@ -34,23 +46,99 @@ pub struct MessageHeader {
 const _: () = assert!(std::mem::size_of::<BatchHeader>() == BATCH_HEADER_SIZE);
 const _: () = assert!(std::mem::size_of::<MessageHeader>() == MESSAGE_HEADER_SIZE);
 
-/// Builds one batch (base_offset 0: the owner shard assigns it).
-#[derive(Debug, Default)]
-pub struct BatchBuilder {}
+/// XXH3-64, the checksum of payloads and of a batch's message section.
+fn checksum64(bytes: &[u8]) -> u64 {
+    twox_hash::XxHash3_64::oneshot(bytes)
+}
+
+/// Builds one batch (`base_offset` 0: the owner shard assigns it).
+///
+/// Bytes are written in place as messages are pushed, so `finish` only fills the batch header.
+#[derive(Debug)]
+pub struct BatchBuilder {
+    /// Batch header placeholder (32 zero bytes) followed by the messages pushed so far.
+    bytes: Vec<u8>,
+    message_count: u32,
+    base_timestamp_us: u64,
+}
+
+impl Default for BatchBuilder {
+    fn default() -> BatchBuilder {
+        BatchBuilder::with_capacity(0, 0)
+    }
+}
 
 impl BatchBuilder {
+    /// An empty builder with room for `message_count` messages totalling `payload_bytes` bytes
+    /// of payload (a hint: pushing more grows the buffer).
     pub fn with_capacity(message_count: usize, payload_bytes: usize) -> BatchBuilder {
-        todo!("{message_count}{payload_bytes}")
+        let capacity = message_count
+            .saturating_mul(MESSAGE_HEADER_SIZE)
+            .saturating_add(payload_bytes)
+            .saturating_add(BATCH_HEADER_SIZE);
+        let mut bytes = Vec::with_capacity(capacity);
+        bytes.resize(BATCH_HEADER_SIZE, 0);
+        BatchBuilder {
+            bytes,
+            message_count: 0,
+            base_timestamp_us: 0,
+        }
     }
+
+    /// Appends one message. The first message's `timestamp_us` becomes the batch's
+    /// base timestamp; a later timestamp is stored as a u32 delta from it, so a timestamp below
+    /// the base is stored as the base and one more than `u32::MAX` µs (~71 minutes) above it
+    /// is clamped to that.
+    ///
+    /// # Panics
+    /// If the batch already holds `BATCH_MESSAGE_COUNT_MAX` messages, or the message section
+    /// would exceed `u32::MAX` bytes: a caller bug, since such a batch could never be sent.
     pub fn push(&mut self, id: u64, timestamp_us: u64, payload: &[u8]) {
-        todo!("{id}{timestamp_us}{}", payload.len())
+        assert!(
+            self.message_count < BATCH_MESSAGE_COUNT_MAX,
+            "batch is full"
+        );
+        let section_bytes =
+            self.bytes.len() - BATCH_HEADER_SIZE + MESSAGE_HEADER_SIZE + payload.len();
+        assert!(
+            u32::try_from(section_bytes).is_ok(),
+            "batch exceeds u32::MAX bytes"
+        );
+        if self.message_count == 0 {
+            self.base_timestamp_us = timestamp_us;
+        }
+        let timestamp_delta_us = timestamp_us.saturating_sub(self.base_timestamp_us);
+        let header = MessageHeader {
+            length: payload.len() as u32,
+            offset_delta: self.message_count,
+            timestamp_delta_us: u32::try_from(timestamp_delta_us).unwrap_or(u32::MAX),
+            reserved: 0,
+            id,
+            checksum: checksum64(payload),
+        };
+        self.bytes.extend_from_slice(bytemuck::bytes_of(&header));
+        self.bytes.extend_from_slice(payload);
+        self.message_count += 1;
     }
+
+    /// Messages pushed so far.
     pub fn message_count(&self) -> u32 {
-        todo!()
+        self.message_count
     }
+
     /// Finishes the batch (writes header length and checksum) and returns its bytes.
-    pub fn finish(self) -> Vec<u8> {
-        todo!()
+    /// A builder with no message yields a batch that `BatchView::parse` rejects as `Empty`.
+    pub fn finish(mut self) -> Vec<u8> {
+        let section = &self.bytes[BATCH_HEADER_SIZE..];
+        let header = BatchHeader {
+            base_offset: 0,
+            base_timestamp_us: self.base_timestamp_us,
+            message_count: self.message_count,
+            length: section.len() as u32,
+            checksum: checksum64(section),
+        };
+        self.bytes[..BATCH_HEADER_SIZE].copy_from_slice(bytemuck::bytes_of(&header));
+        self.bytes
     }
 }
 
@@ -75,7 +163,7 @@ pub struct MessageView<'a> {
 impl MessageView<'_> {
     /// XXH3-64 of the payload equals the stored checksum.
     pub fn verify(&self) -> bool {
-        todo!()
+        checksum64(self.payload) == self.checksum
     }
 }
 
@@ -95,24 +183,478 @@ pub enum BatchError {
     Empty,
     #[error("batch holds {count} messages, above the limit {max}")]
     TooManyMessages { count: u32, max: u32 },
+    #[error("message {index} has offset_delta {offset_delta}, expected its index")]
+    OffsetDelta { index: u32, offset_delta: u32 },
+}
+
+/// Splits the next message off a message section: its header and payload, and the rest.
+/// `None` if the header or the payload runs past the end.
+fn split_message(section: &[u8]) -> Option<(MessageHeader, &[u8], &[u8])> {
+    let header_bytes = section.get(..MESSAGE_HEADER_SIZE)?;
+    let header: MessageHeader = bytemuck::pod_read_unaligned(header_bytes);
+    let rest = &section[MESSAGE_HEADER_SIZE..];
+    let payload_len = header.length as usize;
+    let payload = rest.get(..payload_len)?;
+    Some((header, payload, &rest[payload_len..]))
 }
 
 impl<'a> BatchView<'a> {
     /// Validates the header, the checksum of the message section and the message framing.
     /// `bytes` must be exactly one batch.
+    ///
+    /// # Errors
+    /// Checked in this order, the first failure wins:
+    /// - `TooShort`: fewer than 32 bytes.
+    /// - `LengthMismatch`: `length` differs from the bytes after the header.
+    /// - `Empty`: `message_count` is 0.
+    /// - `TooManyMessages`: `message_count` > `BATCH_MESSAGE_COUNT_MAX`.
+    /// - `Checksum`: XXH3-64 of the message section differs from `checksum`.
+    /// - `MessageOverrun { index }`: message `index`'s header or payload runs past the end.
+    /// - `OffsetDelta`: a message's `offset_delta` is not its index.
+    /// - `CountMismatch`: the section holds another number of messages than declared.
+    ///
+    /// Per-message checksums are not checked here (the batch checksum covers them);
+    /// `MessageView::verify` checks one payload.
     pub fn parse(bytes: &'a [u8]) -> Result<BatchView<'a>, BatchError> {
-        todo!("{}", bytes.len())
+        let Some(header_bytes) = bytes.get(..BATCH_HEADER_SIZE) else {
+            return Err(BatchError::TooShort { len: bytes.len() });
+        };
+        let header: BatchHeader = bytemuck::pod_read_unaligned(header_bytes);
+        let section = &bytes[BATCH_HEADER_SIZE..];
+        if header.length as usize != section.len() {
+            return Err(BatchError::LengthMismatch {
+                length: header.length,
+                actual: section.len(),
+            });
+        }
+        if header.message_count == 0 {
+            return Err(BatchError::Empty);
+        }
+        if header.message_count > BATCH_MESSAGE_COUNT_MAX {
+            return Err(BatchError::TooManyMessages {
+                count: header.message_count,
+                max: BATCH_MESSAGE_COUNT_MAX,
+            });
+        }
+        if checksum64(section) != header.checksum {
+            return Err(BatchError::Checksum);
+        }
+        // Walks the whole section: bounded, since every message takes at least 32 bytes.
+        let mut rest = section;
+        let mut found: u32 = 0;
+        while !rest.is_empty() {
+            let Some((message, _payload, next)) = split_message(rest) else {
+                return Err(BatchError::MessageOverrun { index: found });
+            };
+            if message.offset_delta != found {
+                return Err(BatchError::OffsetDelta {
+                    index: found,
+                    offset_delta: message.offset_delta,
+                });
+            }
+            found += 1;
+            rest = next;
+        }
+        if found != header.message_count {
+            return Err(BatchError::CountMismatch {
+                declared: header.message_count,
+                found,
+            });
+        }
+        Ok(BatchView { header, bytes })
     }
+
     /// Splits a buffer of concatenated batches (a poll reply) and validates each.
+    /// An empty buffer is no batch (`Ok` of an empty list).
+    ///
+    /// # Errors
+    /// The first batch's error from `parse`; a batch whose `length` runs past the end of `bytes`
+    /// is `LengthMismatch` (`actual` = bytes left after its header), trailing bytes shorter than
+    /// a batch header are `TooShort`.
     pub fn parse_many(bytes: &'a [u8]) -> Result<Vec<BatchView<'a>>, BatchError> {
-        todo!("{}", bytes.len())
+        let mut batches = Vec::new();
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let Some(header_bytes) = rest.get(..BATCH_HEADER_SIZE) else {
+                return Err(BatchError::TooShort { len: rest.len() });
+            };
+            let header: BatchHeader = bytemuck::pod_read_unaligned(header_bytes);
+            let batch_len = BATCH_HEADER_SIZE + header.length as usize;
+            let Some(batch) = rest.get(..batch_len) else {
+                return Err(BatchError::LengthMismatch {
+                    length: header.length,
+                    actual: rest.len() - BATCH_HEADER_SIZE,
+                });
+            };
+            batches.push(BatchView::parse(batch)?);
+            rest = &rest[batch_len..];
+        }
+        Ok(batches)
     }
+
+    /// The messages in order, with absolute offsets and timestamps. Stops early, without
+    /// panicking, if `bytes` was not validated by `parse` and is malformed.
     pub fn messages(&self) -> impl Iterator<Item = MessageView<'a>> + use<'a> {
-        std::iter::empty()
+        let header = self.header;
+        let mut rest = self.bytes.get(BATCH_HEADER_SIZE..).unwrap_or_default();
+        let mut remaining_count = header.message_count;
+        std::iter::from_fn(move || {
+            if remaining_count == 0 {
+                return None;
+            }
+            let (message, payload, next) = split_message(rest)?;
+            rest = next;
+            remaining_count -= 1;
+            Some(MessageView {
+                offset: header
+                    .base_offset
+                    .saturating_add(u64::from(message.offset_delta)),
+                timestamp_us: header
+                    .base_timestamp_us
+                    .saturating_add(u64::from(message.timestamp_delta_us)),
+                id: message.id,
+                checksum: message.checksum,
+                payload,
+            })
+        })
+    }
+
+    /// Offset of the last message (`base_offset + message_count - 1`).
+    pub fn last_offset(&self) -> u64 {
+        self.header
+            .base_offset
+            .saturating_add(u64::from(self.header.message_count.saturating_sub(1)))
     }
 }
 
-/// Rewrites base_offset in place in a batch's bytes (not covered by the checksum).
+/// Rewrites `base_offset` in place in a batch's bytes (not covered by the checksum).
+///
+/// # Panics
+/// If `batch` is shorter than a batch header (a caller bug: the batch was parsed before).
 pub fn set_base_offset(batch: &mut [u8], base_offset: u64) {
-    todo!("{}{base_offset}", batch.len())
+    assert!(
+        batch.len() >= BATCH_HEADER_SIZE,
+        "not a batch: {} bytes",
+        batch.len()
+    );
+    batch[..8].copy_from_slice(&base_offset.to_le_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn build(messages: &[(u64, u64, &[u8])]) -> Vec<u8> {
+        let mut builder = BatchBuilder::default();
+        for &(id, timestamp_us, payload) in messages {
+            builder.push(id, timestamp_us, payload);
+        }
+        builder.finish()
+    }
+
+    /// Rewrites the batch checksum after a test edited the message section.
+    fn reseal(batch: &mut [u8]) {
+        let checksum = checksum64(&batch[BATCH_HEADER_SIZE..]);
+        batch[24..32].copy_from_slice(&checksum.to_le_bytes());
+    }
+
+    #[test]
+    fn layout_offsets() {
+        use std::mem::offset_of;
+        assert_eq!(offset_of!(BatchHeader, base_offset), 0);
+        assert_eq!(offset_of!(BatchHeader, base_timestamp_us), 8);
+        assert_eq!(offset_of!(BatchHeader, message_count), 16);
+        assert_eq!(offset_of!(BatchHeader, length), 20);
+        assert_eq!(offset_of!(BatchHeader, checksum), 24);
+        assert_eq!(offset_of!(MessageHeader, length), 0);
+        assert_eq!(offset_of!(MessageHeader, offset_delta), 4);
+        assert_eq!(offset_of!(MessageHeader, timestamp_delta_us), 8);
+        assert_eq!(offset_of!(MessageHeader, reserved), 12);
+        assert_eq!(offset_of!(MessageHeader, id), 16);
+        assert_eq!(offset_of!(MessageHeader, checksum), 24);
+    }
+
+    #[test]
+    fn builder_writes_exact_bytes() {
+        let batch = build(&[(7, 1_000, b"ab"), (8, 1_250, b"")]);
+        assert_eq!(batch.len(), 32 + 32 + 2 + 32);
+        let header: BatchHeader = bytemuck::pod_read_unaligned(&batch[..32]);
+        assert_eq!(
+            header,
+            BatchHeader {
+                base_offset: 0,
+                base_timestamp_us: 1_000,
+                message_count: 2,
+                length: 66,
+                checksum: twox_hash::XxHash3_64::oneshot(&batch[32..]),
+            }
+        );
+        let first: MessageHeader = bytemuck::pod_read_unaligned(&batch[32..64]);
+        assert_eq!(
+            first,
+            MessageHeader {
+                length: 2,
+                offset_delta: 0,
+                timestamp_delta_us: 0,
+                reserved: 0,
+                id: 7,
+                checksum: twox_hash::XxHash3_64::oneshot(b"ab"),
+            }
+        );
+        assert_eq!(&batch[64..66], b"ab");
+        let second: MessageHeader = bytemuck::pod_read_unaligned(&batch[66..98]);
+        assert_eq!(
+            (
+                second.length,
+                second.offset_delta,
+                second.timestamp_delta_us,
+                second.id
+            ),
+            (0, 1, 250, 8)
+        );
+    }
+
+    #[test]
+    fn timestamps_before_base_and_far_after_are_clamped() {
+        let batch = build(&[
+            (1, 10_000, b"x"),
+            (2, 5, b"y"),
+            (3, 10_000 + (1 << 33), b"z"),
+        ]);
+        let view = BatchView::parse(&batch).unwrap();
+        let timestamps: Vec<u64> = view.messages().map(|m| m.timestamp_us).collect();
+        assert_eq!(
+            timestamps,
+            vec![10_000, 10_000, 10_000 + u64::from(u32::MAX)]
+        );
+    }
+
+    #[test]
+    fn parse_and_messages_with_base_offset() {
+        let mut batch = build(&[(1, 100, b"one"), (2, 101, b"two"), (3, 103, b"three")]);
+        set_base_offset(&mut batch, 40);
+        let view = BatchView::parse(&batch).unwrap();
+        assert_eq!(view.header.base_offset, 40);
+        assert_eq!(view.last_offset(), 42);
+        let messages: Vec<_> = view.messages().collect();
+        assert_eq!(messages.len(), 3);
+        let summary: Vec<(u64, u64, u64, &[u8])> = messages
+            .iter()
+            .map(|m| (m.offset, m.timestamp_us, m.id, m.payload))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (40, 100, 1, &b"one"[..]),
+                (41, 101, 2, &b"two"[..]),
+                (42, 103, 3, &b"three"[..])
+            ]
+        );
+        assert!(messages.iter().all(MessageView::verify));
+        let mut corrupt = messages[0];
+        corrupt.payload = b"oNe";
+        assert!(!corrupt.verify());
+    }
+
+    #[test]
+    fn parse_errors_each_variant() {
+        let good = build(&[(1, 1, b"abc"), (2, 2, b"de")]);
+        assert_eq!(
+            BatchView::parse(&good[..31]).unwrap_err(),
+            BatchError::TooShort { len: 31 }
+        );
+        assert_eq!(
+            BatchView::parse(&good[..good.len() - 1]).unwrap_err(),
+            BatchError::LengthMismatch {
+                length: 69,
+                actual: 68
+            }
+        );
+        assert_eq!(
+            BatchView::parse(&build(&[])).unwrap_err(),
+            BatchError::Empty
+        );
+
+        let mut too_many = good.clone();
+        too_many[16..20].copy_from_slice(&(BATCH_MESSAGE_COUNT_MAX + 1).to_le_bytes());
+        assert_eq!(
+            BatchView::parse(&too_many).unwrap_err(),
+            BatchError::TooManyMessages {
+                count: BATCH_MESSAGE_COUNT_MAX + 1,
+                max: BATCH_MESSAGE_COUNT_MAX
+            }
+        );
+
+        let mut flipped = good.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        assert_eq!(
+            BatchView::parse(&flipped).unwrap_err(),
+            BatchError::Checksum
+        );
+
+        let mut declared_three = good.clone();
+        declared_three[16..20].copy_from_slice(&3u32.to_le_bytes());
+        assert_eq!(
+            BatchView::parse(&declared_three).unwrap_err(),
+            BatchError::CountMismatch {
+                declared: 3,
+                found: 2
+            }
+        );
+
+        let mut overrun = good.clone();
+        overrun[32 + 35..32 + 39].copy_from_slice(&1000u32.to_le_bytes()); // message 1 length
+        reseal(&mut overrun);
+        assert_eq!(
+            BatchView::parse(&overrun).unwrap_err(),
+            BatchError::MessageOverrun { index: 1 }
+        );
+
+        let mut bad_delta = good.clone();
+        bad_delta[32 + 35 + 4..32 + 35 + 8].copy_from_slice(&5u32.to_le_bytes());
+        reseal(&mut bad_delta);
+        assert_eq!(
+            BatchView::parse(&bad_delta).unwrap_err(),
+            BatchError::OffsetDelta {
+                index: 1,
+                offset_delta: 5
+            }
+        );
+    }
+
+    #[test]
+    fn parse_many_walks_concatenated_batches() {
+        let mut first = build(&[(1, 1, b"a"), (2, 1, b"b")]);
+        set_base_offset(&mut first, 10);
+        let mut second = build(&[(3, 5, b"ccc")]);
+        set_base_offset(&mut second, 12);
+        let mut both = first.clone();
+        both.extend_from_slice(&second);
+        let views = BatchView::parse_many(&both).unwrap();
+        assert_eq!(views.len(), 2);
+        let offsets: Vec<u64> = views
+            .iter()
+            .flat_map(BatchView::messages)
+            .map(|m| m.offset)
+            .collect();
+        assert_eq!(offsets, vec![10, 11, 12]);
+        assert_eq!(views[1].bytes, &second[..]);
+
+        assert!(BatchView::parse_many(&[]).unwrap().is_empty());
+        assert_eq!(
+            BatchView::parse_many(&both[..both.len() - 1]).unwrap_err(),
+            BatchError::LengthMismatch {
+                length: 35,
+                actual: 34
+            }
+        );
+        let mut trailing = both.clone();
+        trailing.extend_from_slice(&[0; 5]);
+        assert_eq!(
+            BatchView::parse_many(&trailing).unwrap_err(),
+            BatchError::TooShort { len: 5 }
+        );
+
+        let polled = crate::client::messages_from(&both, 11).unwrap();
+        let ids: Vec<u64> = polled.iter().map(|m| m.id).collect();
+        assert_eq!(ids, vec![2, 3]);
+    }
+
+    #[test]
+    fn messages_of_an_unvalidated_view_stop_without_panicking() {
+        let batch = build(&[(1, 1, b"abc")]);
+        let mut header: BatchHeader = bytemuck::pod_read_unaligned(&batch[..32]);
+        header.message_count = 5;
+        let view = BatchView {
+            header,
+            bytes: &batch[..40],
+        };
+        assert_eq!(view.messages().count(), 0);
+        let view = BatchView {
+            header,
+            bytes: &batch,
+        };
+        assert_eq!(view.messages().count(), 1);
+        let view = BatchView {
+            header,
+            bytes: &batch[..3],
+        };
+        assert_eq!(view.messages().count(), 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "not a batch")]
+    fn set_base_offset_on_a_short_buffer_is_a_bug() {
+        set_base_offset(&mut [0; 31], 1);
+    }
+
+    fn arbitrary_messages() -> impl Strategy<Value = Vec<(u64, u64, Vec<u8>)>> {
+        proptest::collection::vec(
+            (
+                any::<u64>(),
+                0u64..1_000_000,
+                proptest::collection::vec(any::<u8>(), 0..64),
+            ),
+            1..20,
+        )
+    }
+
+    proptest! {
+        #![proptest_config(crate::test_support::proptest_config())]
+
+        #[test]
+        fn parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = BatchView::parse(&bytes).map(|view| view.messages().count());
+            let _ = BatchView::parse_many(&bytes);
+        }
+
+        /// Random message sections behind a header whose length and checksum are right reach
+        /// the framing checks; they must never panic either.
+        #[test]
+        fn resealed_random_sections_never_panic(
+            section in proptest::collection::vec(any::<u8>(), 0..512),
+            message_count in 0u32..8,
+        ) {
+            let header = BatchHeader {
+                base_offset: 0,
+                base_timestamp_us: 0,
+                message_count,
+                length: section.len() as u32,
+                checksum: checksum64(&section),
+            };
+            let mut bytes = bytemuck::bytes_of(&header).to_vec();
+            bytes.extend_from_slice(&section);
+            if let Ok(view) = BatchView::parse(&bytes) {
+                prop_assert_eq!(view.messages().count(), message_count as usize);
+            }
+            let _ = BatchView::parse_many(&bytes);
+        }
+
+        #[test]
+        fn builder_round_trips(messages in arbitrary_messages(), base_offset in 0u64..1 << 40) {
+            let mut builder = BatchBuilder::with_capacity(messages.len(), 0);
+            for (id, timestamp_us, payload) in &messages {
+                builder.push(*id, *timestamp_us, payload);
+            }
+            prop_assert_eq!(builder.message_count() as usize, messages.len());
+            let mut batch = builder.finish();
+            set_base_offset(&mut batch, base_offset);
+            let view = BatchView::parse(&batch).unwrap();
+            prop_assert_eq!(view.header.message_count as usize, messages.len());
+            let base_timestamp_us = messages[0].1;
+            let parsed: Vec<_> = view.messages().collect();
+            prop_assert_eq!(parsed.len(), messages.len());
+            for (index, (message, (id, timestamp_us, payload))) in parsed.iter().zip(&messages).enumerate() {
+                prop_assert_eq!(message.offset, base_offset + index as u64);
+                prop_assert_eq!(message.id, *id);
+                prop_assert_eq!(message.payload, &payload[..]);
+                prop_assert_eq!(message.timestamp_us, (*timestamp_us).max(base_timestamp_us));
+                prop_assert!(message.verify());
+            }
+            let mut twice = batch.clone();
+            twice.extend_from_slice(&batch);
+            prop_assert_eq!(BatchView::parse_many(&twice).unwrap().len(), 2);
+        }
+    }
 }

@@ -1,6 +1,16 @@
 //! Framing over a byte stream: read and validate `[header][body]`, encode with checksums.
+//!
+//! A frame is read header first; the header is validated (checksum, size, version, command,
+//! operation) before one body byte is read or allocated, so a hostile `size` costs nothing. The
+//! body is read into uninitialized capacity (no zero-fill) and checked against `checksum_body`.
+//! This module must never hand out a frame whose checksums did not match, and never allocate more
+//! than `max_message_size` for one frame.
 
-use crate::header::Header;
+use compio::BufResult;
+use compio::buf::{IntoInner, IoBuf};
+use compio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::header::{HEADER_SIZE, Header};
 
 /// One validated message.
 #[derive(Debug)]
@@ -34,21 +44,202 @@ pub enum FrameError {
     Io(#[from] std::io::Error),
 }
 
-/// Reads one frame; `body_buffer` is reused (owned-buffer I/O).
+/// Reads `length` bytes into a fresh buffer without zero-filling it first.
+///
+/// Returns the buffer; on an error its `len()` is the count of bytes that did arrive.
+async fn read_exactly<R: AsyncRead + ?Sized>(
+    reader: &mut R,
+    length: usize,
+) -> BufResult<(), Vec<u8>> {
+    // `read_exact` fills `buf_capacity()` of what it is given; a `Slice` bounded at `length`
+    // pins that to exactly `length` even if the allocator rounded the capacity up. Each read
+    // sets the Vec's length to the bytes received so far (compio `SetLen`).
+    let BufResult(result, slice) = reader
+        .read_exact(Vec::with_capacity(length).slice(..length))
+        .await;
+    BufResult(result, slice.into_inner())
+}
+
+/// Reads one frame and validates it.
+///
+/// Reads exactly 256 header bytes, validates them with `Header::validate_prefix` (so an
+/// oversized `size` is rejected before any body allocation), reads `size - 256` body bytes, and
+/// checks `checksum_body`.
 ///
 /// # Errors
-/// Any `FrameError`; `Closed` only for a clean EOF before the first header byte.
+/// - `Closed`: clean EOF before the first header byte.
+/// - `Truncated { received, expected }`: EOF inside the frame; both count whole-frame bytes
+///   (header included), `expected` is 256 while the header is incomplete, else `size`.
+/// - any error of `Header::validate_prefix` (`HeaderChecksum`, `SizeTooSmall`, `SizeTooLarge`,
+///   `ProtocolVersion`, `UnknownCommand`, `UnknownOperation`).
+/// - `BodyChecksum`: the body does not match `checksum_body`.
+/// - `Io`: the socket failed.
 ///
 /// # Cancel safety
 /// Not cancel safe: a dropped read loses partial bytes; the connection must then be closed.
-pub async fn read_frame<R: compio::io::AsyncRead>(
+pub async fn read_frame<R: AsyncRead + ?Sized>(
     reader: &mut R,
     max_message_size: u32,
 ) -> Result<Frame, FrameError> {
-    todo!("{}{max_message_size}", std::mem::size_of_val(reader))
+    let BufResult(result, header_bytes) = read_exactly(reader, HEADER_SIZE).await;
+    if let Err(error) = result {
+        return Err(match error.kind() {
+            std::io::ErrorKind::UnexpectedEof if header_bytes.is_empty() => FrameError::Closed,
+            std::io::ErrorKind::UnexpectedEof => FrameError::Truncated {
+                received: header_bytes.len(),
+                expected: HEADER_SIZE,
+            },
+            _ => FrameError::Io(error),
+        });
+    }
+    assert_eq!(header_bytes.len(), HEADER_SIZE);
+    let header: Header = bytemuck::pod_read_unaligned(&header_bytes);
+    header.validate_prefix(max_message_size)?;
+
+    let body_size = header.body_size();
+    let body = if body_size == 0 {
+        Vec::new()
+    } else {
+        let BufResult(result, body) = read_exactly(reader, body_size).await;
+        if let Err(error) = result {
+            return Err(match error.kind() {
+                std::io::ErrorKind::UnexpectedEof => FrameError::Truncated {
+                    received: HEADER_SIZE + body.len(),
+                    expected: header.size as usize,
+                },
+                _ => FrameError::Io(error),
+            });
+        }
+        body
+    };
+    assert_eq!(body.len(), body_size);
+    if !header.valid_checksum_body(&body) {
+        return Err(FrameError::BodyChecksum);
+    }
+    Ok(Frame { header, body })
+}
+
+/// Writes all of `bytes` (normally one or more encoded frames) and flushes.
+///
+/// Returns the buffer for reuse, as compio's owned-buffer I/O does.
+///
+/// # Errors
+/// The `std::io::Error` of the failed write (`WriteZero` if the peer stopped accepting bytes);
+/// how much was written is then unknown and the connection must be closed.
+///
+/// # Cancel safety
+/// Not cancel safe: a dropped write may have sent part of the frame; close the connection.
+pub async fn write_frame<W: AsyncWrite + ?Sized, B: IoBuf>(
+    writer: &mut W,
+    bytes: B,
+) -> BufResult<(), B> {
+    let BufResult(result, bytes) = writer.write_all(bytes).await;
+    if let Err(error) = result {
+        return BufResult(Err(error), bytes);
+    }
+    BufResult(writer.flush().await, bytes)
 }
 
 /// Sets `size`, `checksum_body` and `checksum` in `header` and returns header+body bytes.
+///
+/// # Panics
+/// If the message would exceed `u32::MAX` bytes (see `Header::set_checksums`).
 pub fn encode_frame(header: &mut Header, body: &[u8]) -> Vec<u8> {
-    todo!("{header:?}{}", body.len())
+    header.set_checksums(body);
+    let mut bytes = Vec::with_capacity(HEADER_SIZE + body.len());
+    bytes.extend_from_slice(bytemuck::bytes_of(header));
+    bytes.extend_from_slice(body);
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::{Command, Operation};
+    use proptest::prelude::*;
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+
+    /// Drives a future over an in-memory reader, which never waits.
+    fn poll_once<F: Future>(future: F) -> F::Output {
+        match pin!(future).poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(output) => output,
+            Poll::Pending => panic!("an in-memory read must not be pending"),
+        }
+    }
+
+    fn read_bytes(bytes: &[u8], max: u32) -> Result<Frame, FrameError> {
+        let mut reader = bytes;
+        poll_once(read_frame(&mut reader, max))
+    }
+
+    #[test]
+    fn body_is_read_into_exact_capacity() {
+        let body: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
+        let bytes = encode_frame(
+            &mut Header::new(Command::Request, Operation::SendMessages),
+            &body,
+        );
+        let frame = read_bytes(&bytes, u32::MAX).unwrap();
+        assert_eq!(frame.body, body);
+        assert_eq!(frame.body.capacity(), body.len());
+    }
+
+    #[test]
+    fn io_errors_other_than_eof_are_io() {
+        struct Failing;
+        impl AsyncRead for Failing {
+            async fn read<B: compio::buf::IoBufMut>(&mut self, buf: B) -> BufResult<usize, B> {
+                BufResult(Err(std::io::ErrorKind::ConnectionReset.into()), buf)
+            }
+        }
+        let result = poll_once(read_frame(&mut Failing, u32::MAX));
+        assert!(
+            matches!(&result, Err(FrameError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset),
+            "{result:?}"
+        );
+    }
+
+    proptest! {
+        #![proptest_config(crate::test_support::proptest_config())]
+
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..1024)) {
+            let _ = read_bytes(&bytes, 1024);
+        }
+
+        #[test]
+        fn encoded_frames_round_trip(
+            operation in 1u8..=8,
+            command in 1u8..=2,
+            request in any::<u64>(),
+            namespace in any::<u64>(),
+            offset in any::<u64>(),
+            count in any::<u32>(),
+            body in proptest::collection::vec(any::<u8>(), 0..600),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let command = Command::from_u8(command).unwrap();
+            let mut header = Header::new(command, Operation::from_u8(operation).unwrap());
+            header.request = request;
+            header.namespace = namespace;
+            header.offset = offset;
+            header.count = count;
+            let bytes = encode_frame(&mut header, &body);
+            let frame = read_bytes(&bytes, u32::MAX).unwrap();
+            prop_assert_eq!(frame.header, header);
+            prop_assert_eq!(&frame.body, &body);
+
+            // Any strict prefix is Closed (empty) or Truncated with the exact counts.
+            let cut = cut.index(bytes.len());
+            match read_bytes(&bytes[..cut], u32::MAX) {
+                Err(FrameError::Closed) => prop_assert_eq!(cut, 0),
+                Err(FrameError::Truncated { received, expected }) => {
+                    prop_assert_eq!(received, cut);
+                    prop_assert_eq!(expected, if cut < HEADER_SIZE { HEADER_SIZE } else { bytes.len() });
+                }
+                other => prop_assert!(false, "prefix of {} bytes: {:?}", cut, other),
+            }
+        }
+    }
 }

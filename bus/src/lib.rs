@@ -3,6 +3,10 @@
 //!
 //! `bus` never touches files and never depends on `storage`.
 
+// Headers and batches are cast with bytemuck in native byte order; the wire is little-endian.
+#[cfg(not(target_endian = "little"))]
+compile_error!("bus casts little-endian wire structs in native order: big-endian is unsupported");
+
 pub mod batch;
 pub mod client;
 pub mod command;
@@ -19,7 +23,30 @@ pub use batch::{
 };
 pub use client::{Client, ClientError, SendAck};
 pub use command::{Command, ErrorCode, Operation};
-pub use frame::{Frame, FrameError, encode_frame, read_frame};
+pub use frame::{Frame, FrameError, encode_frame, read_frame, write_frame};
 pub use header::{HEADER_SIZE, Header, PROTOCOL_VERSION};
 pub use namespace::Namespace;
+pub use reply::{error_reply, reply_header};
 pub use wire::{Metadata, PartitionInfo, StreamInfo, TopicInfo};
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use proptest::test_runner::{Config, RngSeed};
+
+    /// Seed of every property test unless `PROPTEST_RNG_SEED` overrides it.
+    const PROPTEST_SEED: u64 = 0x05ee_db05;
+
+    /// Proptest config with a fixed, printed seed: a failure reproduces on every run.
+    pub(crate) fn proptest_config() -> Config {
+        let mut config = Config::default();
+        if matches!(config.rng_seed, RngSeed::Random) {
+            config.rng_seed = RngSeed::Fixed(PROPTEST_SEED);
+        }
+        config.failure_persistence = None;
+        eprintln!(
+            "proptest seed: {:?} (override with PROPTEST_RNG_SEED)",
+            config.rng_seed
+        );
+        config
+    }
+}

@@ -1,11 +1,14 @@
-//! Bodies of control-plane replies (GetMetadata), serde JSON.
+//! Bodies of control-plane replies (`GetMetadata`), serde JSON. Field names are wire format:
+//! rename none without a protocol version bump.
 
+/// The `GetMetadata` reply body: every stream, topic and partition, with its owner shard.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Metadata {
     pub shard_count: u16,
     pub streams: Vec<StreamInfo>,
 }
 
+/// One stream and its topics.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StreamInfo {
     pub stream_id: u32,
@@ -13,6 +16,7 @@ pub struct StreamInfo {
     pub topics: Vec<TopicInfo>,
 }
 
+/// One topic and its partitions.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TopicInfo {
     pub topic_id: u16,
@@ -20,6 +24,7 @@ pub struct TopicInfo {
     pub partitions: Vec<PartitionInfo>,
 }
 
+/// One partition and the shard that owns its log.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PartitionInfo {
     pub partition_id: u16,

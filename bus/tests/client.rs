@@ -1,0 +1,437 @@
+//! `Client` against a tiny fake server written here: it accepts one connection, records every
+//! request frame, and answers with what each test scripts (a reply, an error, garbage, or a
+//! close). Asserts what the client sends on the wire and how it maps each answer.
+
+use std::net::SocketAddr;
+
+use bus::client::messages_from;
+use bus::{
+    BatchBuilder, Client, ClientError, Command, ErrorCode, Frame, FrameError, Header, Metadata,
+    Namespace, Operation, PartitionInfo, StreamInfo, TopicInfo, encode_frame, error_reply,
+    read_frame, reply_header, write_frame,
+};
+use compio::net::TcpListener;
+use compio::runtime::JoinHandle;
+
+fn run<F: Future>(future: F) -> F::Output {
+    compio::runtime::Runtime::new()
+        .expect("compio runtime")
+        .block_on(future)
+}
+
+/// What the fake server does with one request: `Some(bytes)` to write back, `None` to close.
+type Script = Box<dyn FnMut(&Frame) -> Option<Vec<u8>>>;
+
+/// Serves one connection with `script`; the task returns the request frames it received.
+async fn fake_server(mut script: Script) -> (SocketAddr, JoinHandle<Vec<Frame>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = compio::runtime::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut received = Vec::new();
+        loop {
+            let frame = match read_frame(&mut stream, bus::limits::MESSAGE_SIZE_MAX_DEFAULT).await {
+                Ok(frame) => frame,
+                // A client that closes with reply bytes unread resets the connection.
+                Err(FrameError::Closed | FrameError::Io(_)) => break,
+                Err(error) => panic!("fake server read: {error}"),
+            };
+            let answer = script(&frame);
+            received.push(frame);
+            match answer {
+                Some(bytes) => write_frame(&mut stream, bytes).await.0.unwrap(),
+                None => break,
+            }
+        }
+        received
+    });
+    (addr, task)
+}
+
+/// An empty success reply.
+fn ok(request: &Frame) -> Vec<u8> {
+    encode_frame(&mut reply_header(&request.header), b"")
+}
+
+/// A script that answers every request with `ok`.
+fn always_ok() -> Script {
+    Box::new(|request| Some(ok(request)))
+}
+
+#[test]
+fn ping_sends_numbered_requests_and_accepts_pong() {
+    run(async {
+        let (addr, server) = fake_server(always_ok()).await;
+        let mut client = Client::connect(addr).await.unwrap();
+        client.ping().await.unwrap();
+        client.ping().await.unwrap();
+        let client_id = client.client_id();
+        assert_ne!(client_id, 0);
+        drop(client);
+        let received = server.await.unwrap();
+        assert_eq!(received.len(), 2);
+        for (index, frame) in received.iter().enumerate() {
+            assert_eq!(frame.header.command, Command::Request as u8);
+            assert_eq!(frame.header.operation, Operation::Ping as u8);
+            assert_eq!(frame.header.request, index as u64 + 1);
+            assert_eq!(frame.header.client, client_id);
+            assert_eq!(frame.header.size, 256);
+            assert!(frame.body.is_empty());
+        }
+    });
+}
+
+#[test]
+fn client_ids_differ_between_connections() {
+    run(async {
+        let (addr_a, server_a) = fake_server(always_ok()).await;
+        let (addr_b, server_b) = fake_server(always_ok()).await;
+        let client_a = Client::connect(addr_a).await.unwrap();
+        let client_b = Client::connect(addr_b).await.unwrap();
+        assert_ne!(client_a.client_id(), client_b.client_id());
+        drop((client_a, client_b));
+        assert!(server_a.await.unwrap().is_empty());
+        assert!(server_b.await.unwrap().is_empty());
+    });
+}
+
+#[test]
+fn error_reply_maps_to_server_error_and_connection_stays_usable() {
+    run(async {
+        let mut first = true;
+        let script: Script = Box::new(move |request| {
+            if std::mem::take(&mut first) {
+                Some(error_reply(
+                    &request.header,
+                    ErrorCode::Busy,
+                    "shard 3 inbox full",
+                ))
+            } else {
+                Some(ok(request))
+            }
+        });
+        let (addr, server) = fake_server(script).await;
+        let mut client = Client::connect(addr).await.unwrap();
+        let error = client.ping().await.unwrap_err();
+        assert!(
+            matches!(&error, ClientError::Server { code: ErrorCode::Busy, message } if message == "shard 3 inbox full"),
+            "{error:?}"
+        );
+        assert!(error.is_retryable());
+        assert_eq!(
+            error.to_string(),
+            "server error Busy (1): shard 3 inbox full"
+        );
+        client.ping().await.unwrap();
+        drop(client);
+        assert_eq!(server.await.unwrap().len(), 2);
+    });
+}
+
+#[test]
+fn control_operations_put_ids_in_namespace_and_names_in_body() {
+    run(async {
+        let metadata = Metadata {
+            shard_count: 2,
+            streams: vec![StreamInfo {
+                stream_id: 7,
+                name: "orders".into(),
+                topics: vec![TopicInfo {
+                    topic_id: 1,
+                    name: "eu".into(),
+                    partitions: vec![PartitionInfo {
+                        partition_id: 0,
+                        owner_shard: 1,
+                        next_offset: 9,
+                    }],
+                }],
+            }],
+        };
+        let metadata_json = serde_json::to_vec(&metadata).unwrap();
+        let script: Script = Box::new(move |request| {
+            if request.header.operation == Operation::GetMetadata as u8 {
+                Some(encode_frame(
+                    &mut reply_header(&request.header),
+                    &metadata_json,
+                ))
+            } else {
+                Some(ok(request))
+            }
+        });
+        let (addr, server) = fake_server(script).await;
+        let mut client = Client::connect(addr).await.unwrap();
+        client.create_stream(7, "orders").await.unwrap();
+        client.create_topic(7, 1, "eu", 16).await.unwrap();
+        client.delete_topic(7, 1).await.unwrap();
+        client.delete_stream(7).await.unwrap();
+        assert_eq!(client.get_metadata().await.unwrap(), metadata);
+        drop(client);
+
+        let received = server.await.unwrap();
+        let summary: Vec<(u8, Namespace, u32, &[u8])> = received
+            .iter()
+            .map(|f| {
+                (
+                    f.header.operation,
+                    Namespace(f.header.namespace),
+                    f.header.count,
+                    &f.body[..],
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (
+                    Operation::CreateStream as u8,
+                    Namespace::new(7, 0, 0),
+                    0,
+                    &b"orders"[..]
+                ),
+                (
+                    Operation::CreateTopic as u8,
+                    Namespace::new(7, 1, 0),
+                    16,
+                    &b"eu"[..]
+                ),
+                (
+                    Operation::DeleteTopic as u8,
+                    Namespace::new(7, 1, 0),
+                    0,
+                    &b""[..]
+                ),
+                (
+                    Operation::DeleteStream as u8,
+                    Namespace::new(7, 0, 0),
+                    0,
+                    &b""[..]
+                ),
+                (Operation::GetMetadata as u8, Namespace(0), 0, &b""[..]),
+            ]
+        );
+    });
+}
+
+#[test]
+fn send_and_poll_messages() {
+    run(async {
+        let mut builder = BatchBuilder::default();
+        builder.push(1, 1_000, b"alpha");
+        builder.push(2, 1_001, b"beta");
+        builder.push(3, 1_002, b"gamma");
+        let batch = builder.finish();
+        let mut stored = batch.clone();
+        bus::batch::set_base_offset(&mut stored, 100);
+
+        let script: Script = Box::new(move |request| {
+            let mut header = reply_header(&request.header);
+            if request.header.operation == Operation::SendMessages as u8 {
+                header.offset = 100;
+                header.count = 3;
+                Some(encode_frame(&mut header, b""))
+            } else {
+                Some(encode_frame(&mut header, &stored))
+            }
+        });
+        let (addr, server) = fake_server(script).await;
+        let mut client = Client::connect(addr).await.unwrap();
+        let namespace = Namespace::new(7, 1, 3);
+        let ack = client
+            .send_messages(namespace, batch.clone())
+            .await
+            .unwrap();
+        assert_eq!(
+            ack,
+            bus::SendAck {
+                base_offset: 100,
+                message_count: 3
+            }
+        );
+        let body = client.poll_messages(namespace, 101, 50).await.unwrap();
+        let messages = messages_from(&body, 101).unwrap();
+        let got: Vec<(u64, u64, &[u8])> = messages
+            .iter()
+            .map(|m| (m.offset, m.id, m.payload))
+            .collect();
+        assert_eq!(got, vec![(101, 2, &b"beta"[..]), (102, 3, &b"gamma"[..])]);
+        drop(client);
+
+        let received = server.await.unwrap();
+        assert_eq!(received[0].header.namespace, namespace.0);
+        assert_eq!(received[0].body, batch);
+        assert_eq!(received[1].header.operation, Operation::PollMessages as u8);
+        assert_eq!(received[1].header.namespace, namespace.0);
+        assert_eq!(
+            (received[1].header.offset, received[1].header.count),
+            (101, 50)
+        );
+    });
+}
+
+#[test]
+fn reply_to_another_request_is_a_protocol_error_and_breaks_the_connection() {
+    run(async {
+        let script: Script = Box::new(|request| {
+            let mut header = reply_header(&request.header);
+            header.request += 1;
+            Some(encode_frame(&mut header, b""))
+        });
+        let (addr, server) = fake_server(script).await;
+        let mut client = Client::connect(addr).await.unwrap();
+        let error = client.ping().await.unwrap_err();
+        assert!(
+            matches!(&error, ClientError::Protocol(text) if text.contains("request 2")),
+            "{error:?}"
+        );
+        assert!(matches!(client.ping().await, Err(ClientError::Broken)));
+        drop(client);
+        assert_eq!(server.await.unwrap().len(), 1);
+    });
+}
+
+#[test]
+fn reply_with_wrong_operation_or_command_or_unknown_code_is_protocol() {
+    run(async {
+        let mut count = 0;
+        let script: Script = Box::new(move |request| {
+            count += 1;
+            let mut header = reply_header(&request.header);
+            match count {
+                1 => header.error_code = 999,
+                2 => header.operation = Operation::GetMetadata as u8,
+                _ => unreachable!("the connection is broken after the second request"),
+            }
+            Some(encode_frame(&mut header, b""))
+        });
+        let (addr, server) = fake_server(script).await;
+        let mut client = Client::connect(addr).await.unwrap();
+        let error = client.ping().await.unwrap_err();
+        assert!(
+            matches!(&error, ClientError::Protocol(t) if t == "unknown error code 999"),
+            "{error:?}"
+        );
+        let error = client.ping().await.unwrap_err();
+        assert!(
+            matches!(&error, ClientError::Protocol(t) if t.contains("operation 6")),
+            "{error:?}"
+        );
+        drop(client);
+        assert_eq!(server.await.unwrap().len(), 2);
+    });
+
+    run(async {
+        let script: Script = Box::new(|request| {
+            let mut header = request.header;
+            header.command = Command::Request as u8;
+            Some(encode_frame(&mut header, b""))
+        });
+        let (addr, server) = fake_server(script).await;
+        let mut client = Client::connect(addr).await.unwrap();
+        let error = client.ping().await.unwrap_err();
+        assert!(
+            matches!(&error, ClientError::Protocol(t) if t.contains("got command 1")),
+            "{error:?}"
+        );
+        drop(client);
+        server.await.unwrap();
+    });
+}
+
+#[test]
+fn server_closing_mid_request_is_closed_then_broken() {
+    run(async {
+        let (addr, server) = fake_server(Box::new(|_| None)).await;
+        let mut client = Client::connect(addr).await.unwrap();
+        let error = client.ping().await.unwrap_err();
+        assert!(
+            matches!(error, ClientError::Frame(FrameError::Closed)),
+            "{error:?}"
+        );
+        assert!(matches!(client.ping().await, Err(ClientError::Broken)));
+        assert_eq!(server.await.unwrap().len(), 1);
+    });
+}
+
+#[test]
+fn oversized_request_is_refused_before_sending_and_oversized_reply_rejected() {
+    run(async {
+        let script: Script =
+            Box::new(|request| Some(encode_frame(&mut reply_header(&request.header), &[0; 1000])));
+        let (addr, server) = fake_server(script).await;
+        let mut client = Client::connect(addr)
+            .await
+            .unwrap()
+            .with_max_message_size(300);
+        assert_eq!(client.max_message_size(), 300);
+        let error = client
+            .send_messages(Namespace::new(1, 1, 0), vec![0; 100])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                error,
+                ClientError::Frame(FrameError::SizeTooLarge {
+                    size: 356,
+                    max: 300
+                })
+            ),
+            "{error:?}"
+        );
+        let error = client.ping().await.unwrap_err();
+        assert!(
+            matches!(
+                error,
+                ClientError::Frame(FrameError::SizeTooLarge {
+                    size: 1256,
+                    max: 300
+                })
+            ),
+            "{error:?}"
+        );
+        drop(client);
+        let received = server.await.unwrap();
+        assert_eq!(received.len(), 1, "the oversized request must not be sent");
+        assert_eq!(received[0].header.operation, Operation::Ping as u8);
+    });
+}
+
+#[test]
+fn raw_request_fills_identity_and_keeps_other_fields() {
+    run(async {
+        let (addr, server) = fake_server(always_ok()).await;
+        let mut client = Client::connect(addr).await.unwrap();
+        let mut header = Header::new(Command::Request, Operation::PollMessages);
+        header.offset = 5;
+        header.view = 77;
+        let reply = client.request(header, b"raw").await.unwrap();
+        assert_eq!(reply.header.command, Command::Reply as u8);
+        assert_eq!(reply.header.request, 1);
+        drop(client);
+        let received = server.await.unwrap();
+        assert_eq!(
+            (received[0].header.offset, received[0].header.view),
+            (5, 77)
+        );
+        assert_eq!(received[0].body, b"raw");
+        assert_eq!(received[0].header.size, 259);
+    });
+}
+
+#[test]
+fn connect_refused_names_the_address() {
+    run(async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let error = Client::connect(addr).await.unwrap_err();
+        assert!(
+            matches!(&error, ClientError::Connect { addr: a, .. } if *a == addr),
+            "{error:?}"
+        );
+        assert!(
+            error
+                .to_string()
+                .starts_with(&format!("cannot connect to {addr}: "))
+        );
+    });
+}
