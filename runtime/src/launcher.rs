@@ -17,11 +17,9 @@ use std::thread::JoinHandle;
 
 use compio::driver::{DriverType, ProactorBuilder};
 use compio::runtime::{Runtime, RuntimeBuilder};
-use crossfire::AsyncRx;
 
-use crate::limits::STOP_LANE_CAPACITY;
 pub use crate::mesh::StopHandle;
-use crate::mesh::{MeshEndpoint, Pump, ShardId, WakeTx, mesh};
+use crate::mesh::{MeshEndpoint, Pump, ShardId, WakeRx, WakeTx, mesh, wake_lane};
 use crate::probe::IoDriver;
 use crate::topology::Topology;
 
@@ -50,7 +48,7 @@ pub struct ShardContext<F: Send + 'static> {
     pub pump: Pump<F>,
     barrier: Arc<ReadyBarrier>,
     /// Filled by the last shard to arrive, or by the stop signal.
-    release_lane: AsyncRx<crossfire::mpsc::Array<()>>,
+    release_lane: WakeRx,
     /// Shared with the thread, which breaks the barrier if the shard exits without arriving.
     arrived: Arc<AtomicBool>,
     events: Sender<ShardEvent>,
@@ -247,7 +245,7 @@ impl ShardSet {
         let mut release_txs = Vec::with_capacity(usize::from(shard_count));
         let mut release_rxs = Vec::with_capacity(usize::from(shard_count));
         for _ in 0..shard_count {
-            let (tx, rx) = crossfire::mpsc::bounded_blocking_async::<()>(STOP_LANE_CAPACITY);
+            let (tx, rx) = wake_lane();
             stop.register(tx.clone());
             release_txs.push(tx);
             release_rxs.push(rx);
@@ -297,13 +295,13 @@ impl ShardSet {
             }
         }
         drop(events_tx);
-        let mut start_reports = 0;
+        let mut reported = vec![false; threads.len()];
         let mut first_error = None;
-        while start_reports < threads.len() {
+        while reported.iter().any(|&done| !done) {
             match events_rx.recv() {
-                Ok(ShardEvent::Started { .. }) => start_reports += 1,
-                Ok(ShardEvent::StartFailed { error, .. }) => {
-                    start_reports += 1;
+                Ok(ShardEvent::Started { shard }) => reported[usize::from(shard)] = true,
+                Ok(ShardEvent::StartFailed { shard, error }) => {
+                    reported[usize::from(shard)] = true;
                     first_error.get_or_insert(error);
                 }
                 Ok(ShardEvent::Ready { shard } | ShardEvent::Exited { shard, .. }) => {
@@ -313,9 +311,11 @@ impl ShardSet {
                 Err(_) => break,
             }
         }
-        if start_reports < threads.len() && first_error.is_none() {
+        if first_error.is_none()
+            && let Some(silent) = reported.iter().position(|&done| !done)
+        {
             first_error = Some(LaunchError::Shard {
-                shard: threads[start_reports.min(threads.len() - 1)].0,
+                shard: silent as u16,
                 message: "shard thread ended without reporting its start".to_owned(),
             });
         }
@@ -480,7 +480,7 @@ struct ShardThread<F: Send + 'static, M> {
     io_driver: IoDriver,
     endpoint: MeshEndpoint<F>,
     pump: Pump<F>,
-    release_lane: AsyncRx<crossfire::mpsc::Array<()>>,
+    release_lane: WakeRx,
     barrier: Arc<ReadyBarrier>,
     events: Sender<ShardEvent>,
     go: Receiver<bool>,

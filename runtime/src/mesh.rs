@@ -69,12 +69,11 @@ type LaneRx<F> = AsyncStream<Lane<F>>;
 /// A wakeup lane of the stop signal or the ready barrier: carries no data, only wakes.
 type WakeLane = crossfire::mpsc::Array<()>;
 pub(crate) type WakeTx = MTx<WakeLane>;
-pub(crate) type WakeRx = AsyncStream<WakeLane>;
+pub(crate) type WakeRx = crossfire::AsyncRx<WakeLane>;
 
 /// Creates one wakeup lane.
 pub(crate) fn wake_lane() -> (WakeTx, WakeRx) {
-    let (tx, rx) = crossfire::mpsc::bounded_blocking_async::<()>(STOP_LANE_CAPACITY);
-    (tx, rx.into_stream())
+    crossfire::mpsc::bounded_blocking_async::<()>(STOP_LANE_CAPACITY)
 }
 
 /// Clonable, Send: asks every shard to stop (their pumps yield `PumpEvent::Stop`).
@@ -280,7 +279,7 @@ pub struct Pump<F: Send + 'static> {
     inbox_open: bool,
     reply_lane_open: bool,
     stop: StopHandle,
-    stop_lane: WakeRx,
+    stop_lane: AsyncStream<WakeLane>,
     stats: Arc<MeshStats>,
     tick_deadline: Instant,
 }
@@ -485,7 +484,7 @@ pub fn mesh<F: Send + 'static>(
                 reply_lane,
                 inbox_open: true,
                 reply_lane_open: true,
-                stop_lane: stop.listen(),
+                stop_lane: stop.listen().into_stream(),
                 stop: stop.clone(),
                 stats: Arc::clone(&stats),
                 tick_deadline: first_tick,
