@@ -1,4 +1,4 @@
-//! Thread-per-core shard runtime: topology (which cores), the io_uring probe, the mesh of bounded
+//! Thread-per-core shard runtime: topology (which cores), the `io_uring` probe, the mesh of bounded
 //! crossfire inboxes, and the launcher that runs one pinned compio runtime per shard thread.
 //!
 //! This crate knows no domain type: the mesh is generic over the frame type. It never blocks a shard
@@ -10,7 +10,13 @@ pub mod mesh;
 pub mod probe;
 pub mod topology;
 
-pub use launcher::{LaunchConfig, LaunchError, ReadyBarrier, ShardContext, ShardSet, StopHandle};
+pub use launcher::{
+    LaunchConfig, LaunchError, ReadyGate, ShardContext, ShardFuture, ShardResult, ShardSet,
+    StopHandle,
+};
 pub use mesh::{Envelope, MeshEndpoint, MeshSendError, MeshStats, Pump, PumpEvent, ShardId, mesh};
 pub use probe::{IoDriver, IoUringUnavailable, probe_io_uring};
-pub use topology::{CpuList, ShardCountArg, Topology, TopologyConfig, TopologyError};
+pub use topology::{
+    CpuList, ShardCountArg, Topology, TopologyConfig, TopologyError, allowed_cpus,
+    cgroup_cpu_quota_count,
+};

@@ -228,6 +228,9 @@ async fn run_shard(
     ));
     shard.open_owned_partitions().await?;
     ready_barrier.wait().await;
+    if shard.endpoint_stopped() {
+        return Err("stopped before every shard was ready".into());
+    }
     let listener =
         bind_listener(listen_addr).map_err(|e| format!("listen on {listen_addr}: {e}"))?;
     let metadata_task =

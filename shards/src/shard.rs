@@ -113,6 +113,11 @@ impl Shard {
         }
     }
 
+    /// True once the stop signal fired (a signal, or another shard failed).
+    pub fn endpoint_stopped(&self) -> bool {
+        self.endpoint.stop_handle().is_stopped()
+    }
+
     pub fn owns(&self, namespace: Namespace) -> bool {
         shard_for(namespace, self.shard_count) == self.id
     }
