@@ -1,0 +1,590 @@
+//! The `shardline bench` flags and their validation into a `BenchPlan`.
+//!
+//! Every rule is checked before anything starts, and every error names the flag, the value and the
+//! rule. Must never start a server or touch the network.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bus::limits::{BATCH_MESSAGE_COUNT_MAX, MESSAGE_SIZE_MAX_DEFAULT, PARTITION_COUNT_MAX};
+use bus::{BATCH_HEADER_SIZE, HEADER_SIZE, MESSAGE_HEADER_SIZE};
+
+use super::limits::{CONSUMER_COUNT_MAX, PRODUCER_COUNT_MAX};
+use super::plan::{BenchPlan, PayloadChoice, ServerTarget, ShardRequest};
+use super::server::ServerOptions;
+use super::workload::ProduceStop;
+
+/// Default total messages when neither `--messages` nor `--duration` is given.
+const MESSAGES_DEFAULT: u64 = 1_000_000;
+/// Default payload bytes when neither `--message-size` nor `--payload-file` is given.
+const MESSAGE_SIZE_DEFAULT: u32 = 1000;
+
+/// Load generator and report: starts a server (or uses `--addr`), writes messages, reads every
+/// acknowledged message back and verifies it, and reports throughput, latency and the server's CPU.
+/// The headline is messages per server-CPU-second: shard threads plus the `io_uring` kernel workers
+/// doing their I/O, so the figure does not depend on the bench's own CPU.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct BenchArgs {
+    /// Shard counts to compare, one run per count on a fresh embedded server: a comma-separated
+    /// list such as `1,2,4`; `all` runs one shard per CPU the process may use (its affinity mask).
+    #[arg(long, value_name = "LIST", default_value = "all")]
+    pub shards: String,
+
+    /// Bench a server that is already running instead of starting one. Its stream `--stream-id`
+    /// must not exist yet. `--shards` may then name at most one count (checked against the server).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub addr: Option<String>,
+
+    /// With `--addr`: the server's process id, so its CPU can be read from /proc. Without it the
+    /// CPU figures (and the msgs per CPU-second headline) are reported as n/a.
+    #[arg(long, value_name = "PID")]
+    pub server_pid: Option<u32>,
+
+    /// Embedded server: when an append is acknowledged. `always` (after fsync, group commit; the
+    /// server default), `interval=MS` (fsync every MS ms), `never` (page cache only; measures the
+    /// server, not the disk).
+    #[arg(long, value_name = "POLICY")]
+    pub fsync: Option<String>,
+
+    /// Embedded server: the exact CPUs of the shards, e.g. `0-3,8` (each must be allowed).
+    #[arg(long, value_name = "LIST")]
+    pub cpus: Option<String>,
+
+    /// Embedded server: do not pin shards to cores (shared hosts, containers, more shards than
+    /// cores). Pinned runs are the ones to compare.
+    #[arg(long)]
+    pub no_pin: bool,
+
+    /// Embedded server: `io-uring` (default) or `poll`, the fallback where `io_uring` is unavailable.
+    #[arg(long, value_name = "DRIVER")]
+    pub io_driver: Option<String>,
+
+    /// Embedded server: capacity of each shard's mesh inbox (1..=1048576). Small values make
+    /// cross-shard forwarding answer `Busy`, which the bench retries and counts.
+    #[arg(long, value_name = "N")]
+    pub inbox_capacity: Option<u32>,
+
+    /// Embedded server: directory under which each run's fresh data directory is created (default:
+    /// the system temp dir). Put it on the disk you mean to measure: /tmp is often tmpfs, where
+    /// fsync costs nothing.
+    #[arg(long, value_name = "DIR")]
+    pub data_root: Option<PathBuf>,
+
+    /// Producer threads, each with its own runtime and connection, one batch in flight.
+    #[arg(long, value_name = "P", default_value_t = 2)]
+    pub producers: u32,
+
+    /// Consumer threads that read everything back and verify it (at most one per partition).
+    #[arg(long, value_name = "C", default_value_t = 2)]
+    pub consumers: u32,
+
+    /// Partitions of the bench topic (default: one per producer). Producer i writes partitions
+    /// i, i+P, ...; the server spreads partitions over shards by their owner-shard hash, so use
+    /// several per shard for an even load.
+    #[arg(long, value_name = "K")]
+    pub partitions: Option<u32>,
+
+    /// Messages per batch (one `SendMessages` request). Larger batches amortize per-request costs.
+    #[arg(long, value_name = "B", default_value_t = 1000)]
+    pub batch: u32,
+
+    /// Total messages to produce over all producers [default: 1000000 unless --duration].
+    #[arg(long, value_name = "M")]
+    pub messages: Option<u64>,
+
+    /// Produce for this many seconds instead of a message count, then read back what was
+    /// acknowledged.
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<u64>,
+
+    /// Payload bytes per message [default: 1000 unless --payload-file].
+    #[arg(long, value_name = "BYTES")]
+    pub message_size: Option<u32>,
+
+    /// Send the lines of this file as payloads (one message per line, cycled; empty lines
+    /// skipped), e.g. a real log for uneven sizes.
+    #[arg(long, value_name = "FILE")]
+    pub payload_file: Option<PathBuf>,
+
+    /// Produce and consume at the same time (consumers follow the producers). By default all
+    /// messages are produced first and then read back, as iggy-bench's pinned producer and pinned
+    /// consumer do.
+    #[arg(long)]
+    pub concurrent: bool,
+
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// Id of the stream the bench creates (with topic 1 `bench`). Change it to bench a running
+    /// server again (`--addr`), since the stream must not exist yet.
+    #[arg(long, value_name = "ID", default_value_t = 1)]
+    pub stream_id: u32,
+}
+
+/// Why the flags cannot be run.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BenchArgsError {
+    #[error("--{flag} must be at least 1")]
+    Zero { flag: &'static str },
+    #[error("--{flag} {value} exceeds the limit {max}")]
+    AboveLimit {
+        flag: &'static str,
+        value: u64,
+        max: u64,
+    },
+    #[error("--{first} and --{second} cannot both be given: {rule}")]
+    Conflict {
+        first: &'static str,
+        second: &'static str,
+        rule: &'static str,
+    },
+    #[error(
+        "--partitions {partitions} is below --producers {producers}: every producer needs a partition of its own"
+    )]
+    PartitionsBelowProducers { partitions: u32, producers: u32 },
+    #[error(
+        "--consumers {consumers} exceeds --partitions {partitions}: each partition is read by one consumer"
+    )]
+    ConsumersAbovePartitions { consumers: u32, partitions: u32 },
+    #[error("--shards {value}: {rule}")]
+    Shards { value: String, rule: &'static str },
+    #[error(
+        "--{flag} configures the embedded server and cannot be used with --addr; configure the running server instead"
+    )]
+    EmbeddedOnly { flag: &'static str },
+    #[error("--server-pid needs --addr: the embedded server's pid is known")]
+    ServerPidWithoutAddr,
+    #[error("--fsync {value}: expected always, never or interval=MS with MS >= 1")]
+    Fsync { value: String },
+    #[error("--io-driver {value}: expected io-uring or poll")]
+    IoDriver { value: String },
+    #[error(
+        "--batch {batch} messages of up to {payload_len_max} payload bytes make a {request_bytes}-byte request, above the server's default max_message_size {max}; lower --batch or the payload size"
+    )]
+    BatchTooLarge {
+        batch: u32,
+        payload_len_max: usize,
+        request_bytes: u64,
+        max: u64,
+    },
+}
+
+fn parse_shards(value: &str) -> Result<Vec<ShardRequest>, BenchArgsError> {
+    let error = |rule| BenchArgsError::Shards {
+        value: value.to_string(),
+        rule,
+    };
+    let requests = value
+        .split(',')
+        .map(|item| match item.trim() {
+            "all" => Ok(ShardRequest::All),
+            item => match item.parse::<u16>() {
+                Ok(0) => Err(error("a shard count must be at least 1")),
+                Ok(count) => Ok(ShardRequest::Count(count)),
+                Err(_) => Err(error(
+                    "expected a comma-separated list of counts or `all`, e.g. 1,2,4",
+                )),
+            },
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut seen = requests.clone();
+    seen.sort_by_key(ToString::to_string);
+    seen.dedup();
+    if seen.len() != requests.len() {
+        return Err(error("a shard count is listed twice"));
+    }
+    Ok(requests)
+}
+
+fn check_fsync(value: &str) -> Result<(), BenchArgsError> {
+    let valid = match value {
+        "always" | "never" => true,
+        other => other
+            .strip_prefix("interval=")
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .is_some_and(|ms| ms >= 1),
+    };
+    if valid {
+        Ok(())
+    } else {
+        Err(BenchArgsError::Fsync {
+            value: value.to_string(),
+        })
+    }
+}
+
+/// Checks that a batch of `batch` messages of up to `payload_len_max` bytes fits one request
+/// under the server's default `max_message_size`.
+pub fn check_batch_size(batch: u32, payload_len_max: usize) -> Result<(), BenchArgsError> {
+    let request_bytes = (HEADER_SIZE + BATCH_HEADER_SIZE) as u64
+        + u64::from(batch) * (MESSAGE_HEADER_SIZE + payload_len_max) as u64;
+    let max = u64::from(MESSAGE_SIZE_MAX_DEFAULT);
+    if request_bytes > max {
+        return Err(BenchArgsError::BatchTooLarge {
+            batch,
+            payload_len_max,
+            request_bytes,
+            max,
+        });
+    }
+    Ok(())
+}
+
+impl BenchArgs {
+    /// Checks every rule and resolves defaults.
+    ///
+    /// # Errors
+    /// The first broken rule, as a [`BenchArgsError`] naming the flag.
+    pub fn validate(&self) -> Result<BenchPlan, BenchArgsError> {
+        let at_least_one = |flag, value: u64| {
+            if value == 0 {
+                Err(BenchArgsError::Zero { flag })
+            } else {
+                Ok(())
+            }
+        };
+        let at_most = |flag, value: u64, max: u64| {
+            if value > max {
+                Err(BenchArgsError::AboveLimit { flag, value, max })
+            } else {
+                Ok(())
+            }
+        };
+        at_least_one("producers", self.producers.into())?;
+        at_most(
+            "producers",
+            self.producers.into(),
+            PRODUCER_COUNT_MAX.into(),
+        )?;
+        at_least_one("consumers", self.consumers.into())?;
+        at_most(
+            "consumers",
+            self.consumers.into(),
+            CONSUMER_COUNT_MAX.into(),
+        )?;
+        at_least_one("batch", self.batch.into())?;
+        at_most("batch", self.batch.into(), BATCH_MESSAGE_COUNT_MAX.into())?;
+        let partition_count = self.partitions.unwrap_or(self.producers);
+        at_least_one("partitions", partition_count.into())?;
+        at_most(
+            "partitions",
+            partition_count.into(),
+            PARTITION_COUNT_MAX.into(),
+        )?;
+        if partition_count < self.producers {
+            return Err(BenchArgsError::PartitionsBelowProducers {
+                partitions: partition_count,
+                producers: self.producers,
+            });
+        }
+        if self.consumers > partition_count {
+            return Err(BenchArgsError::ConsumersAbovePartitions {
+                consumers: self.consumers,
+                partitions: partition_count,
+            });
+        }
+        let stop = match (self.messages, self.duration) {
+            (Some(_), Some(_)) => {
+                return Err(BenchArgsError::Conflict {
+                    first: "messages",
+                    second: "duration",
+                    rule: "a run stops after a message count or after a time, not both",
+                });
+            }
+            (_, Some(seconds)) => {
+                at_least_one("duration", seconds)?;
+                ProduceStop::Duration(Duration::from_secs(seconds))
+            }
+            (messages, None) => {
+                let messages = messages.unwrap_or(MESSAGES_DEFAULT);
+                at_least_one("messages", messages)?;
+                ProduceStop::MessageCount(messages)
+            }
+        };
+        let payload = match (self.message_size, &self.payload_file) {
+            (Some(_), Some(_)) => {
+                return Err(BenchArgsError::Conflict {
+                    first: "message-size",
+                    second: "payload-file",
+                    rule: "payloads are either fixed-size or the lines of a file",
+                });
+            }
+            (_, Some(path)) => PayloadChoice::File(path.clone()),
+            (size, None) => {
+                let size = size.unwrap_or(MESSAGE_SIZE_DEFAULT);
+                at_least_one("message-size", size.into())?;
+                check_batch_size(self.batch, size as usize)?;
+                PayloadChoice::Size(size)
+            }
+        };
+        let shard_requests = parse_shards(&self.shards)?;
+        if let Some(value) = &self.fsync {
+            check_fsync(value)?;
+        }
+        if let Some(value) = &self.io_driver
+            && value != "io-uring"
+            && value != "poll"
+        {
+            return Err(BenchArgsError::IoDriver {
+                value: value.clone(),
+            });
+        }
+        let server = self.server_target(&shard_requests)?;
+        at_least_one("stream-id", self.stream_id.into())?;
+        Ok(BenchPlan {
+            shard_requests,
+            server,
+            producer_count: self.producers,
+            consumer_count: self.consumers,
+            partition_count,
+            batch_message_count: self.batch,
+            stop,
+            payload,
+            concurrent: self.concurrent,
+            json: self.json.clone(),
+            stream_id: self.stream_id,
+        })
+    }
+    /// The server the runs talk to; server flags belong to the embedded server only.
+    fn server_target(
+        &self,
+        shard_requests: &[ShardRequest],
+    ) -> Result<ServerTarget, BenchArgsError> {
+        let Some(addr) = &self.addr else {
+            if self.server_pid.is_some() {
+                return Err(BenchArgsError::ServerPidWithoutAddr);
+            }
+            return Ok(ServerTarget::Embedded {
+                options: ServerOptions {
+                    fsync: self.fsync.clone(),
+                    cpus: self.cpus.clone(),
+                    no_pin: self.no_pin,
+                    io_driver: self.io_driver.clone(),
+                    inbox_capacity: self.inbox_capacity,
+                },
+                data_root: self.data_root.clone(),
+            });
+        };
+        if shard_requests.len() > 1 {
+            return Err(BenchArgsError::Shards {
+                value: self.shards.clone(),
+                rule: "--addr targets one running server, so list at most one count",
+            });
+        }
+        let embedded_only = [
+            ("fsync", self.fsync.is_some()),
+            ("cpus", self.cpus.is_some()),
+            ("no-pin", self.no_pin),
+            ("io-driver", self.io_driver.is_some()),
+            ("inbox-capacity", self.inbox_capacity.is_some()),
+            ("data-root", self.data_root.is_some()),
+        ];
+        if let Some((flag, _)) = embedded_only.iter().find(|(_, given)| *given) {
+            return Err(BenchArgsError::EmbeddedOnly { flag });
+        }
+        Ok(ServerTarget::External {
+            addr: addr.clone(),
+            pid: self.server_pid,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn parse(flags: &[&str]) -> BenchArgs {
+        let mut argv = vec!["bench"];
+        argv.extend_from_slice(flags);
+        Cli::try_parse_from(argv).unwrap().bench
+    }
+
+    fn error(flags: &[&str]) -> String {
+        parse(flags).validate().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn clap_definition_is_consistent_and_help_teaches() {
+        use clap::CommandFactory as _;
+        Cli::command().debug_assert();
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("--payload-file <FILE>"), "{help}");
+    }
+
+    #[test]
+    fn defaults_are_two_by_two_one_million_messages_of_1000_bytes() {
+        let plan = parse(&[]).validate().unwrap();
+        assert_eq!(
+            plan,
+            BenchPlan {
+                shard_requests: vec![ShardRequest::All],
+                server: ServerTarget::Embedded {
+                    options: ServerOptions::default(),
+                    data_root: None
+                },
+                producer_count: 2,
+                consumer_count: 2,
+                partition_count: 2,
+                batch_message_count: 1000,
+                stop: ProduceStop::MessageCount(1_000_000),
+                payload: PayloadChoice::Size(1000),
+                concurrent: false,
+                json: None,
+                stream_id: 1,
+            }
+        );
+    }
+
+    #[test]
+    fn target_command_parses() {
+        let flags = "--shards 1,2 --fsync never --producers 4 --consumers 4 --partitions 8 \
+                     --duration 10 --json out.json";
+        let plan = parse(&flags.split_whitespace().collect::<Vec<_>>())
+            .validate()
+            .unwrap();
+        assert_eq!(
+            plan.shard_requests,
+            vec![ShardRequest::Count(1), ShardRequest::Count(2)]
+        );
+        assert_eq!(plan.partition_count, 8);
+        assert_eq!(plan.stop, ProduceStop::Duration(Duration::from_secs(10)));
+        let ServerTarget::Embedded { options, .. } = &plan.server else {
+            panic!("embedded")
+        };
+        assert_eq!(options.fsync.as_deref(), Some("never"));
+    }
+
+    #[test]
+    fn zero_counts_are_rejected_naming_the_flag() {
+        assert_eq!(error(&["--messages", "0"]), "--messages must be at least 1");
+        assert_eq!(error(&["--batch", "0"]), "--batch must be at least 1");
+        assert_eq!(
+            error(&["--producers", "0"]),
+            "--producers must be at least 1"
+        );
+        assert_eq!(
+            error(&["--consumers", "0"]),
+            "--consumers must be at least 1"
+        );
+        assert_eq!(error(&["--duration", "0"]), "--duration must be at least 1");
+        assert_eq!(
+            error(&["--message-size", "0"]),
+            "--message-size must be at least 1"
+        );
+    }
+
+    #[test]
+    fn conflicting_flags_are_rejected_with_the_rule() {
+        assert_eq!(
+            error(&["--message-size", "100", "--payload-file", "x.log"]),
+            "--message-size and --payload-file cannot both be given: payloads are either \
+             fixed-size or the lines of a file"
+        );
+        assert_eq!(
+            error(&["--messages", "10", "--duration", "5"]),
+            "--messages and --duration cannot both be given: a run stops after a message count \
+             or after a time, not both"
+        );
+    }
+
+    #[test]
+    fn partition_rules_are_enforced() {
+        assert_eq!(
+            error(&["--producers", "4", "--partitions", "2", "--consumers", "1"]),
+            "--partitions 2 is below --producers 4: every producer needs a partition of its own"
+        );
+        assert_eq!(
+            error(&["--consumers", "3"]),
+            "--consumers 3 exceeds --partitions 2: each partition is read by one consumer"
+        );
+        assert_eq!(
+            error(&["--producers", "2000"]),
+            "--producers 2000 exceeds the limit 1024"
+        );
+    }
+
+    #[test]
+    fn shard_lists_are_checked() {
+        assert_eq!(
+            parse_shards("1, 2,all").unwrap(),
+            vec![
+                ShardRequest::Count(1),
+                ShardRequest::Count(2),
+                ShardRequest::All
+            ]
+        );
+        assert_eq!(
+            error(&["--shards", "0"]),
+            "--shards 0: a shard count must be at least 1"
+        );
+        assert_eq!(
+            error(&["--shards", "1,x"]),
+            "--shards 1,x: expected a comma-separated list of counts or `all`, e.g. 1,2,4"
+        );
+        assert_eq!(
+            error(&["--shards", "2,2"]),
+            "--shards 2,2: a shard count is listed twice"
+        );
+    }
+
+    #[test]
+    fn addr_rules_are_enforced() {
+        assert_eq!(
+            error(&["--addr", "127.0.0.1:9000", "--shards", "1,2"]),
+            "--shards 1,2: --addr targets one running server, so list at most one count"
+        );
+        assert_eq!(
+            error(&["--addr", "127.0.0.1:9000", "--fsync", "never"]),
+            "--fsync configures the embedded server and cannot be used with --addr; configure \
+             the running server instead"
+        );
+        assert_eq!(
+            error(&["--server-pid", "42"]),
+            "--server-pid needs --addr: the embedded server's pid is known"
+        );
+        let plan = parse(&["--addr", "localhost:9000", "--server-pid", "42"])
+            .validate()
+            .unwrap();
+        assert_eq!(
+            plan.server,
+            ServerTarget::External {
+                addr: "localhost:9000".to_string(),
+                pid: Some(42)
+            }
+        );
+    }
+
+    #[test]
+    fn server_flag_values_are_checked() {
+        for good in ["always", "never", "interval=5"] {
+            assert_eq!(check_fsync(good), Ok(()));
+        }
+        assert_eq!(
+            error(&["--fsync", "interval=0"]),
+            "--fsync interval=0: expected always, never or interval=MS with MS >= 1"
+        );
+        assert_eq!(
+            error(&["--io-driver", "epoll"]),
+            "--io-driver epoll: expected io-uring or poll"
+        );
+    }
+
+    #[test]
+    fn oversized_batches_are_rejected() {
+        assert_eq!(check_batch_size(1000, 1000), Ok(()));
+        assert_eq!(
+            error(&["--batch", "100000", "--message-size", "1000"]),
+            "--batch 100000 messages of up to 1000 payload bytes make a 103200288-byte request, \
+             above the server's default max_message_size 67108864; lower --batch or the payload \
+             size"
+        );
+    }
+}

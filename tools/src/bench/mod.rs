@@ -1,0 +1,438 @@
+//! `shardline bench`: the load generator and its report. Orchestration lives here: one run per
+//! requested shard count, each on a fresh embedded server (or on `--addr`), with a
+//! produce phase and a consume phase that reads back and verifies every acknowledged message.
+//!
+//! The headline figure is messages per server-CPU-second (DESIGN section 12), so it must never
+//! count the bench's own CPU: only the server process is measured, from `/proc`.
+
+pub mod ack;
+pub mod args;
+pub mod cpu;
+pub mod limits;
+pub mod payload;
+pub mod phase;
+pub mod plan;
+pub mod report;
+pub mod server;
+pub mod verify;
+pub mod workload;
+
+use std::net::{SocketAddr, ToSocketAddrs as _};
+use std::sync::atomic::Ordering;
+
+use anyhow::{Context as _, bail};
+use bus::{Client, ClientError, ErrorCode};
+
+use self::ack::AckLedger;
+use self::payload::PayloadSource;
+use self::phase::{PhaseOutcome, latest_finish, progress_bar, run_phase};
+use self::report::{
+    BenchReport, PhaseFigures, PhaseMeasurement, RunReport, new_latency_histogram,
+    per_shard_reports, render_ratios, render_run,
+};
+use self::server::EmbeddedServer;
+use self::verify::{PartitionVerdict, VerificationSummary};
+use self::workload::{ProduceStop, SharedProgress, TopicLayout};
+
+pub use self::args::{BenchArgs, BenchArgsError};
+pub use self::plan::{BenchPlan, PayloadChoice, ServerTarget, ShardRequest};
+
+/// Runs the bench as `args` say, prints a table per run (and the ratios between runs), writes
+/// `--json`, and fails if any acknowledged message was not read back intact.
+///
+/// # Errors
+/// Invalid arguments (naming the flag and the rule), a server that fails to start or stop, a
+/// worker's request failing beyond its retry budget, an existing stream on `--addr`, or a failed
+/// verification (naming the counts and the first bad partition and offset).
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let plan = args.validate()?;
+    let payload = match &plan.payload {
+        PayloadChoice::Size(size_bytes) => PayloadSource::fixed(*size_bytes as usize),
+        PayloadChoice::File(path) => PayloadSource::from_file(path)?,
+    };
+    args::check_batch_size(plan.batch_message_count, payload.payload_len_max())?;
+    let mut runs = Vec::new();
+    for request in &plan.shard_requests {
+        let (run, summary) = run_one(&plan, *request, &payload)?;
+        print!("{}", render_run(&run));
+        runs.push(run);
+        if !summary.is_clean() {
+            write_json(&plan, &runs)?;
+            bail!(
+                "verification failed with {} shards: {summary}",
+                runs.last().map_or(0, |r| r.shards)
+            );
+        }
+    }
+    if let Some(ratios) = render_ratios(&runs) {
+        println!("\n{ratios}");
+    }
+    write_json(&plan, &runs)
+}
+
+fn write_json(plan: &BenchPlan, runs: &[RunReport]) -> anyhow::Result<()> {
+    let Some(path) = &plan.json else {
+        return Ok(());
+    };
+    let report = BenchReport {
+        runs: runs.to_vec(),
+    };
+    let text = serde_json::to_string_pretty(&report).context("cannot serialize the report")?;
+    std::fs::write(path, text + "\n")
+        .with_context(|| format!("cannot write --json {}", path.display()))
+}
+
+/// The server of one run: where to connect and whose CPU to measure.
+struct RunServer {
+    addr: SocketAddr,
+    pid: Option<u32>,
+    embedded: Option<EmbeddedServer>,
+}
+
+fn start_server(plan: &BenchPlan, request: ShardRequest) -> anyhow::Result<RunServer> {
+    match &plan.server {
+        ServerTarget::Embedded { options, data_root } => {
+            let exe = std::env::current_exe().context("cannot find the shardline executable")?;
+            let server =
+                EmbeddedServer::start(&exe, &request.to_string(), options, data_root.as_deref())?;
+            Ok(RunServer {
+                addr: server.addr(),
+                pid: Some(server.pid()),
+                embedded: Some(server),
+            })
+        }
+        ServerTarget::External { addr, pid } => {
+            let resolved = addr
+                .to_socket_addrs()
+                .with_context(|| format!("--addr {addr}: cannot resolve"))?
+                .next()
+                .with_context(|| format!("--addr {addr}: resolves to no address"))?;
+            Ok(RunServer {
+                addr: resolved,
+                pid: *pid,
+                embedded: None,
+            })
+        }
+    }
+}
+
+fn run_one(
+    plan: &BenchPlan,
+    request: ShardRequest,
+    payload: &PayloadSource,
+) -> anyhow::Result<(RunReport, VerificationSummary)> {
+    let mut server = start_server(plan, request)?;
+    let measured = setup_topic(server.addr, plan).and_then(|layout| {
+        if let (ShardRequest::Count(count), ServerTarget::External { addr, .. }) =
+            (request, &plan.server)
+            && count != layout.shard_count
+        {
+            bail!(
+                "--shards {count} but the server at {addr} runs {} shards",
+                layout.shard_count
+            );
+        }
+        let measured = measure(plan, &server, &layout, payload)?;
+        Ok((layout, measured))
+    });
+    let (layout, measured) = match (measured, server.embedded.take()) {
+        (Ok(measured), Some(embedded)) => {
+            embedded.stop()?;
+            measured
+        }
+        (Ok(measured), None) => measured,
+        // The server's log usually says why requests failed (a panic, a full disk): keep it.
+        (Err(error), Some(embedded)) => return Err(error.context(embedded.abandon())),
+        (Err(error), None) => return Err(error),
+    };
+    Ok(build_report(
+        plan,
+        request,
+        &server_label(plan),
+        server.pid,
+        &layout,
+        payload,
+        &measured,
+    ))
+}
+
+fn server_label(plan: &BenchPlan) -> String {
+    match &plan.server {
+        ServerTarget::Embedded { .. } => "embedded".to_string(),
+        ServerTarget::External { addr, .. } => addr.clone(),
+    }
+}
+
+/// Creates the bench stream and topic and reads back their layout.
+fn setup_topic(addr: SocketAddr, plan: &BenchPlan) -> anyhow::Result<TopicLayout> {
+    const TOPIC_ID: u16 = 1;
+    let stream_id = plan.stream_id;
+    let stream_name = if stream_id == 1 {
+        "bench".to_string()
+    } else {
+        format!("bench-{stream_id}")
+    };
+    let runtime = compio::runtime::Runtime::new().context("cannot create a compio runtime")?;
+    runtime.block_on(async {
+        let mut client = Client::connect(addr)
+            .await
+            .with_context(|| format!("cannot connect to {addr}"))?;
+        match client.create_stream(stream_id, &stream_name).await {
+            Err(ClientError::Server {
+                code: ErrorCode::StreamAlreadyExists,
+                message,
+            }) => bail!(
+                "stream {stream_id} (or the name {stream_name:?}) already exists on {addr} \
+                 ({message}); the bench needs a fresh stream: pass --stream-id with an unused id"
+            ),
+            result => result.with_context(|| format!("cannot create stream {stream_id}"))?,
+        }
+        client
+            .create_topic(stream_id, TOPIC_ID, "bench", plan.partition_count)
+            .await
+            .with_context(|| format!("cannot create topic {stream_id}/{TOPIC_ID}"))?;
+        let metadata = client
+            .get_metadata()
+            .await
+            .context("cannot read the metadata")?;
+        let topic = metadata
+            .streams
+            .iter()
+            .find(|stream| stream.stream_id == stream_id)
+            .and_then(|stream| {
+                stream
+                    .topics
+                    .iter()
+                    .find(|topic| topic.topic_id == TOPIC_ID)
+            })
+            .with_context(|| format!("the metadata lacks topic {stream_id}/{TOPIC_ID}"))?;
+        let mut partitions = topic.partitions.clone();
+        partitions.sort_by_key(|partition| partition.partition_id);
+        anyhow::ensure!(
+            partitions.len() == plan.partition_count as usize,
+            "topic {stream_id}/{TOPIC_ID} has {} partitions, {} were asked for",
+            partitions.len(),
+            plan.partition_count
+        );
+        if let Some(bad) = partitions
+            .iter()
+            .find(|partition| partition.owner_shard >= metadata.shard_count)
+        {
+            bail!(
+                "partition {} is owned by shard {} of {}",
+                bad.partition_id,
+                bad.owner_shard,
+                metadata.shard_count
+            );
+        }
+        Ok(TopicLayout {
+            stream_id,
+            topic_id: TOPIC_ID,
+            partitions,
+            shard_count: metadata.shard_count,
+        })
+    })
+}
+
+/// Everything one run measured.
+struct Measured {
+    produce: PhaseMeasurement,
+    consume: PhaseMeasurement,
+    verdicts: Vec<PartitionVerdict>,
+}
+
+/// Runs the produce and consume phases (or both at once with `--concurrent`).
+fn measure(
+    plan: &BenchPlan,
+    server: &RunServer,
+    layout: &TopicLayout,
+    payload: &PayloadSource,
+) -> anyhow::Result<Measured> {
+    let ledger = AckLedger::new(layout.partitions.len());
+    let progress = SharedProgress::default();
+    let state = (layout, payload, &ledger, &progress);
+    let total = match plan.stop {
+        ProduceStop::MessageCount(count) => Some(count),
+        ProduceStop::Duration(_) => None,
+    };
+    let (produce_outcome, consume_outcome) = if plan.concurrent {
+        let bar = progress_bar("verified", total);
+        let outcome = run_phase(
+            plan,
+            server.addr,
+            server.pid,
+            state,
+            plan.producer_count,
+            plan.consumer_count,
+            &bar,
+        );
+        bar.finish_and_clear();
+        let outcome = outcome?;
+        let started_at = outcome.started_at;
+        let consume = PhaseOutcome {
+            producers: Vec::new(),
+            consumers: outcome.consumers,
+            started_at,
+            cpu: None,
+        };
+        (
+            PhaseOutcome {
+                consumers: Vec::new(),
+                ..outcome
+            },
+            consume,
+        )
+    } else {
+        let bar = progress_bar("produce", total);
+        let produce = run_phase(
+            plan,
+            server.addr,
+            server.pid,
+            state,
+            plan.producer_count,
+            0,
+            &bar,
+        );
+        bar.finish_and_clear();
+        let produce = produce?;
+        progress.producers_done.store(true, Ordering::Release);
+        let bar = progress_bar(
+            "consume",
+            Some(progress.messages_acked.load(Ordering::Relaxed)),
+        );
+        let consume = run_phase(
+            plan,
+            server.addr,
+            server.pid,
+            state,
+            0,
+            plan.consumer_count,
+            &bar,
+        );
+        bar.finish_and_clear();
+        let consume = consume?;
+        (produce, consume)
+    };
+
+    let partition_count = layout.partitions.len();
+    let mut produce_latency = new_latency_histogram();
+    for outcome in &produce_outcome.producers {
+        produce_latency
+            .add(&outcome.latency_us)
+            .context("cannot merge latency histograms")?;
+    }
+    let produce_per_partition: Vec<(u64, u64)> = (0..partition_count)
+        .map(|index| {
+            ledger
+                .ranges(index)
+                .iter()
+                .fold((0, 0), |(count, bytes), range| {
+                    (
+                        count + u64::from(range.message_count),
+                        bytes + range.payload_bytes,
+                    )
+                })
+        })
+        .collect();
+    let produce = PhaseMeasurement {
+        elapsed: latest_finish(
+            produce_outcome
+                .producers
+                .iter()
+                .map(|outcome| outcome.finished_at),
+            produce_outcome.started_at,
+        ),
+        message_count: produce_per_partition.iter().map(|(count, _)| count).sum(),
+        payload_bytes: produce_per_partition.iter().map(|(_, bytes)| bytes).sum(),
+        cpu: produce_outcome.cpu,
+        latency_us: produce_latency,
+        per_partition: produce_per_partition,
+        busy_retry_count: produce_outcome
+            .producers
+            .iter()
+            .map(|outcome| outcome.busy_retry_count)
+            .sum(),
+    };
+
+    let mut consume_latency = new_latency_histogram();
+    let mut consume_per_partition = vec![(0, 0); partition_count];
+    let mut verdicts = Vec::with_capacity(partition_count);
+    for outcome in &consume_outcome.consumers {
+        consume_latency
+            .add(&outcome.latency_us)
+            .context("cannot merge latency histograms")?;
+        for partition in &outcome.partitions {
+            consume_per_partition[partition.partition_index] = (
+                partition.verdict.verified_count,
+                partition.verified_payload_bytes,
+            );
+            verdicts.push(partition.verdict.clone());
+        }
+    }
+    let consume = PhaseMeasurement {
+        elapsed: latest_finish(
+            consume_outcome
+                .consumers
+                .iter()
+                .map(|outcome| outcome.finished_at),
+            consume_outcome.started_at,
+        ),
+        message_count: consume_per_partition.iter().map(|(count, _)| count).sum(),
+        payload_bytes: consume_per_partition.iter().map(|(_, bytes)| bytes).sum(),
+        cpu: consume_outcome.cpu,
+        latency_us: consume_latency,
+        per_partition: consume_per_partition,
+        busy_retry_count: consume_outcome
+            .consumers
+            .iter()
+            .map(|outcome| outcome.busy_retry_count)
+            .sum(),
+    };
+    Ok(Measured {
+        produce,
+        consume,
+        verdicts,
+    })
+}
+
+fn build_report(
+    plan: &BenchPlan,
+    request: ShardRequest,
+    server_label: &str,
+    pid: Option<u32>,
+    layout: &TopicLayout,
+    payload: &PayloadSource,
+    measured: &Measured,
+) -> (RunReport, VerificationSummary) {
+    let summary = VerificationSummary::from_verdicts(&measured.verdicts);
+    let cpu_note = match (pid, plan.concurrent) {
+        (None, _) => Some(
+            "CPU figures are n/a: the server's pid is unknown (pass --server-pid with --addr)"
+                .to_string(),
+        ),
+        (Some(_), true) => Some(
+            "--concurrent: CPU is measured once over both phases and reported under produce"
+                .to_string(),
+        ),
+        (Some(_), false) => None,
+    };
+    let partition_ids: Vec<u16> = layout.partitions.iter().map(|p| p.partition_id).collect();
+    let owners: Vec<u16> = layout.partitions.iter().map(|p| p.owner_shard).collect();
+    let report = RunReport {
+        shards: layout.shard_count,
+        messages_sent: measured.produce.message_count,
+        messages_verified: summary.verified_count,
+        messages_lost: summary.lost_count,
+        produce: PhaseFigures::from_measurement(&measured.produce),
+        consume: PhaseFigures::from_measurement(&measured.consume),
+        per_shard: per_shard_reports(
+            layout.shard_count,
+            &partition_ids,
+            &owners,
+            &measured.produce,
+            &measured.consume,
+        ),
+        config: plan.run_config(request, server_label, pid, payload, cpu_note),
+    };
+    (report, summary)
+}

@@ -1,0 +1,114 @@
+//! The validated bench plan: what `BenchArgs` resolve to, and the `config` object each run
+//! reports.
+//!
+//! Must never hold an unchecked value: a `BenchPlan` comes only from `BenchArgs::validate`.
+
+use std::path::PathBuf;
+
+use super::payload::PayloadSource;
+use super::report::RunConfig;
+use super::server::ServerOptions;
+use super::workload::ProduceStop;
+
+/// One `--shards` entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardRequest {
+    /// One shard per allowed CPU, resolved by the server.
+    All,
+    Count(u16),
+}
+
+impl std::fmt::Display for ShardRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ShardRequest::All => f.write_str("all"),
+            ShardRequest::Count(count) => write!(f, "{count}"),
+        }
+    }
+}
+
+/// Where the payloads come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PayloadChoice {
+    Size(u32),
+    File(PathBuf),
+}
+
+/// The server every run talks to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerTarget {
+    Embedded {
+        options: ServerOptions,
+        data_root: Option<PathBuf>,
+    },
+    External {
+        addr: String,
+        pid: Option<u32>,
+    },
+}
+
+/// Validated flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BenchPlan {
+    pub shard_requests: Vec<ShardRequest>,
+    pub server: ServerTarget,
+    pub producer_count: u32,
+    pub consumer_count: u32,
+    pub partition_count: u32,
+    pub batch_message_count: u32,
+    pub stop: ProduceStop,
+    pub payload: PayloadChoice,
+    pub concurrent: bool,
+    pub json: Option<PathBuf>,
+    pub stream_id: u32,
+}
+
+impl BenchPlan {
+    /// The `config` object of a run's report.
+    pub fn run_config(
+        &self,
+        request: ShardRequest,
+        server_label: &str,
+        server_pid: Option<u32>,
+        payload: &PayloadSource,
+        cpu_note: Option<String>,
+    ) -> RunConfig {
+        let (options, fsync) = match &self.server {
+            ServerTarget::Embedded { options, .. } => (
+                options.clone(),
+                options
+                    .fsync
+                    .clone()
+                    .unwrap_or_else(|| "always (server default)".to_string()),
+            ),
+            ServerTarget::External { .. } => (
+                ServerOptions::default(),
+                "set by the running server".to_string(),
+            ),
+        };
+        let (messages, duration_seconds) = match self.stop {
+            ProduceStop::MessageCount(count) => (Some(count), None),
+            ProduceStop::Duration(duration) => (None, Some(duration.as_secs())),
+        };
+        RunConfig {
+            server: server_label.to_string(),
+            server_pid,
+            shards_requested: request.to_string(),
+            producers: self.producer_count,
+            consumers: self.consumer_count,
+            partitions: self.partition_count,
+            batch_messages: self.batch_message_count,
+            messages,
+            duration_seconds,
+            payload: payload.describe(),
+            concurrent: self.concurrent,
+            fsync,
+            cpus: options.cpus,
+            no_pin: options.no_pin,
+            io_driver: options.io_driver,
+            inbox_capacity: options.inbox_capacity,
+            stream_id: self.stream_id,
+            cpu_note,
+        }
+    }
+}

@@ -1,0 +1,567 @@
+//! The bench report: figures per run and phase (throughput, CPU, latency), per shard, the table on
+//! stdout and the `--json` document.
+//!
+//! Must never measure anything itself: it only turns measurements into figures. A figure that
+//! cannot be computed (no CPU data, zero CPU time) is `null` in JSON and `n/a` in the table, never
+//! a made-up number.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use super::cpu::PhaseCpu;
+use super::limits::{LATENCY_SIGNIFICANT_DIGITS, LATENCY_US_MAX};
+
+/// An empty latency histogram, µs, 1 µs .. [`LATENCY_US_MAX`].
+pub fn new_latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, LATENCY_US_MAX, LATENCY_SIGNIFICANT_DIGITS)
+        .expect("constant histogram bounds are valid")
+}
+
+/// Latency percentiles, µs. All zero when nothing was recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct LatencySummary {
+    pub p50: u64,
+    pub p90: u64,
+    pub p99: u64,
+    pub p999: u64,
+    pub max: u64,
+}
+
+impl LatencySummary {
+    pub fn from_histogram(histogram: &Histogram<u64>) -> LatencySummary {
+        if histogram.is_empty() {
+            return LatencySummary::default();
+        }
+        LatencySummary {
+            p50: histogram.value_at_quantile(0.50),
+            p90: histogram.value_at_quantile(0.90),
+            p99: histogram.value_at_quantile(0.99),
+            p999: histogram.value_at_quantile(0.999),
+            max: histogram.max(),
+        }
+    }
+}
+
+/// Figures of one phase (produce or consume).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PhaseFigures {
+    pub msgs_per_sec: f64,
+    /// Payload bytes (no headers) per second, in 10^6 bytes.
+    pub mb_per_sec: f64,
+    pub shard_cpu_seconds: Option<f64>,
+    pub io_worker_cpu_seconds: Option<f64>,
+    pub server_cpu_seconds: Option<f64>,
+    /// The headline: messages per second of server CPU (shards + io workers + the rest).
+    pub msgs_per_server_cpu_second: Option<f64>,
+    pub msgs_per_shard_cpu_second: Option<f64>,
+    /// Round trip per batch (produce) or per poll that returned new messages (consume).
+    pub latency_us: LatencySummary,
+    pub elapsed_seconds: f64,
+    /// Requests answered with a retryable error (`Busy`) and sent again.
+    pub busy_retries: u64,
+}
+
+/// One shard's share of a phase: the messages of the partitions it owns.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShardPhase {
+    pub messages: u64,
+    pub msgs_per_sec: f64,
+    pub mb_per_sec: f64,
+    /// CPU of thread `shard-N`.
+    pub cpu_seconds: Option<f64>,
+    pub msgs_per_cpu_second: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShardReport {
+    pub shard: u16,
+    pub partition_ids: Vec<u16>,
+    pub produce: ShardPhase,
+    pub consume: ShardPhase,
+}
+
+/// How the run was set up, as given and as resolved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RunConfig {
+    /// `embedded` or the `--addr` given.
+    pub server: String,
+    pub server_pid: Option<u32>,
+    /// As requested (`all` or a number); the resolved count is the run's `shards`.
+    pub shards_requested: String,
+    pub producers: u32,
+    pub consumers: u32,
+    pub partitions: u32,
+    pub batch_messages: u32,
+    pub messages: Option<u64>,
+    pub duration_seconds: Option<u64>,
+    pub payload: String,
+    pub concurrent: bool,
+    pub fsync: String,
+    pub cpus: Option<String>,
+    pub no_pin: bool,
+    pub io_driver: Option<String>,
+    pub inbox_capacity: Option<u32>,
+    pub stream_id: u32,
+    /// Why CPU figures are missing or shared between phases; absent when they are complete.
+    pub cpu_note: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunReport {
+    pub shards: u16,
+    pub messages_sent: u64,
+    pub messages_verified: u64,
+    pub messages_lost: u64,
+    /// The produce phase, flattened into the run.
+    #[serde(flatten)]
+    pub produce: PhaseFigures,
+    pub consume: PhaseFigures,
+    pub per_shard: Vec<ShardReport>,
+    pub config: RunConfig,
+}
+
+/// The `--json` document.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BenchReport {
+    pub runs: Vec<RunReport>,
+}
+
+/// What one phase measured.
+#[derive(Debug)]
+pub struct PhaseMeasurement {
+    pub elapsed: Duration,
+    /// Messages acknowledged (produce) or verified (consume), and their payload bytes.
+    pub message_count: u64,
+    pub payload_bytes: u64,
+    /// `None` when the server's pid is unknown, or (consume, concurrent mode) when the produce
+    /// figures cover both phases.
+    pub cpu: Option<PhaseCpu>,
+    pub latency_us: Histogram<u64>,
+    /// Per partition index: (messages, payload bytes).
+    pub per_partition: Vec<(u64, u64)>,
+    pub busy_retry_count: u64,
+}
+
+fn per_second(count: f64, elapsed: Duration) -> f64 {
+    if elapsed.is_zero() {
+        0.0
+    } else {
+        count / elapsed.as_secs_f64()
+    }
+}
+
+/// `count / cpu_seconds`, absent when there is no CPU figure or it is zero (too short a phase
+/// for the clock-tick resolution).
+fn per_cpu_second(count: u64, cpu_seconds: Option<f64>) -> Option<f64> {
+    cpu_seconds
+        .filter(|seconds| *seconds > 0.0)
+        .map(|seconds| count as f64 / seconds)
+}
+
+impl PhaseFigures {
+    pub fn from_measurement(phase: &PhaseMeasurement) -> PhaseFigures {
+        let cpu = phase.cpu.as_ref();
+        let shard_cpu_seconds = cpu.map(|cpu| cpu.shard_cpu_seconds);
+        let server_cpu_seconds = cpu.map(|cpu| cpu.server_cpu_seconds);
+        PhaseFigures {
+            msgs_per_sec: per_second(phase.message_count as f64, phase.elapsed),
+            mb_per_sec: per_second(phase.payload_bytes as f64 / 1e6, phase.elapsed),
+            shard_cpu_seconds,
+            io_worker_cpu_seconds: cpu.map(|cpu| cpu.io_worker_cpu_seconds),
+            server_cpu_seconds,
+            msgs_per_server_cpu_second: per_cpu_second(phase.message_count, server_cpu_seconds),
+            msgs_per_shard_cpu_second: per_cpu_second(phase.message_count, shard_cpu_seconds),
+            latency_us: LatencySummary::from_histogram(&phase.latency_us),
+            elapsed_seconds: phase.elapsed.as_secs_f64(),
+            busy_retries: phase.busy_retry_count,
+        }
+    }
+}
+
+/// Per-shard figures: shard `s` gets the partitions whose owner shard is `s`. `owners[i]` is the
+/// owner shard of partition index `i`; every shard below `shard_count` is listed.
+pub fn per_shard_reports(
+    shard_count: u16,
+    partition_ids: &[u16],
+    owners: &[u16],
+    produce: &PhaseMeasurement,
+    consume: &PhaseMeasurement,
+) -> Vec<ShardReport> {
+    assert_eq!(partition_ids.len(), owners.len());
+    let shard_phase = |shard: u16, phase: &PhaseMeasurement| {
+        let (messages, payload_bytes) = owners
+            .iter()
+            .zip(&phase.per_partition)
+            .filter(|(owner, _)| **owner == shard)
+            .fold((0, 0), |(messages, bytes), (_, (count, size))| {
+                (messages + count, bytes + size)
+            });
+        let cpu_seconds = phase
+            .cpu
+            .as_ref()
+            .and_then(|cpu| cpu.per_shard_cpu_seconds.get(&shard).copied());
+        ShardPhase {
+            messages,
+            msgs_per_sec: per_second(messages as f64, phase.elapsed),
+            mb_per_sec: per_second(payload_bytes as f64 / 1e6, phase.elapsed),
+            cpu_seconds,
+            msgs_per_cpu_second: per_cpu_second(messages, cpu_seconds),
+        }
+    };
+    (0..shard_count)
+        .map(|shard| ShardReport {
+            shard,
+            partition_ids: partition_ids
+                .iter()
+                .zip(owners)
+                .filter(|(_, owner)| **owner == shard)
+                .map(|(partition_id, _)| *partition_id)
+                .collect(),
+            produce: shard_phase(shard, produce),
+            consume: shard_phase(shard, consume),
+        })
+        .collect()
+}
+
+fn or_na(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(|| "n/a".to_string(), |value| format!("{value:.decimals$}"))
+}
+
+/// The table for one run, as printed on stdout.
+pub fn render_run(run: &RunReport) -> String {
+    let config = &run.config;
+    let mut out = String::new();
+    let size = match (config.messages, config.duration_seconds) {
+        (_, Some(seconds)) => format!("duration={seconds}s"),
+        (messages, None) => format!("messages={}", messages.unwrap_or(0)),
+    };
+    let _ = writeln!(
+        out,
+        "\n== shards={} (requested {}) server={} producers={} consumers={} partitions={} batch={} \
+         {size} payload={} fsync={}{}",
+        run.shards,
+        config.shards_requested,
+        config.server,
+        config.producers,
+        config.consumers,
+        config.partitions,
+        config.batch_messages,
+        config.payload,
+        config.fsync,
+        if config.concurrent { " concurrent" } else { "" },
+    );
+    let _ = writeln!(
+        out,
+        "{:<8} {:>12} {:>9} {:>10} {:>10} {:>10} {:>14} {:>14} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "phase",
+        "msgs/s",
+        "MB/s",
+        "shard-cpu",
+        "io-wrk-cpu",
+        "server-cpu",
+        "msgs/srv-cpu-s",
+        "msgs/shd-cpu-s",
+        "p50us",
+        "p90us",
+        "p99us",
+        "p99.9us",
+        "max-us"
+    );
+    for (name, phase) in [("produce", &run.produce), ("consume", &run.consume)] {
+        let latency = phase.latency_us;
+        let _ = writeln!(
+            out,
+            "{:<8} {:>12.0} {:>9.1} {:>10} {:>10} {:>10} {:>14} {:>14} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            name,
+            phase.msgs_per_sec,
+            phase.mb_per_sec,
+            or_na(phase.shard_cpu_seconds, 2),
+            or_na(phase.io_worker_cpu_seconds, 2),
+            or_na(phase.server_cpu_seconds, 2),
+            or_na(phase.msgs_per_server_cpu_second, 0),
+            or_na(phase.msgs_per_shard_cpu_second, 0),
+            latency.p50,
+            latency.p90,
+            latency.p99,
+            latency.p999,
+            latency.max
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{:<6} {:<16} {:>12} {:>9} {:>9} {:>12} {:>9} {:>9}",
+        "shard", "partitions", "prod msgs/s", "MB/s", "cpu-s", "cons msgs/s", "MB/s", "cpu-s"
+    );
+    for shard in &run.per_shard {
+        let partitions = shard
+            .partition_ids
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let _ = writeln!(
+            out,
+            "{:<6} {:<16} {:>12.0} {:>9.1} {:>9} {:>12.0} {:>9.1} {:>9}",
+            shard.shard,
+            if partitions.is_empty() {
+                "-".to_string()
+            } else {
+                partitions
+            },
+            shard.produce.msgs_per_sec,
+            shard.produce.mb_per_sec,
+            or_na(shard.produce.cpu_seconds, 2),
+            shard.consume.msgs_per_sec,
+            shard.consume.mb_per_sec,
+            or_na(shard.consume.cpu_seconds, 2),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "sent {} acknowledged messages in {:.2}s, verified {} in {:.2}s, lost {}; busy retries: \
+         produce {}, consume {}",
+        run.messages_sent,
+        run.produce.elapsed_seconds,
+        run.messages_verified,
+        run.consume.elapsed_seconds,
+        run.messages_lost,
+        run.produce.busy_retries,
+        run.consume.busy_retries
+    );
+    if let Some(note) = &config.cpu_note {
+        let _ = writeln!(out, "note: {note}");
+    }
+    out
+}
+
+/// Each run's messages per server-CPU-second relative to the 1-shard run (or, without one, to
+/// the first run); `None` with fewer than two runs.
+pub fn render_ratios(runs: &[RunReport]) -> Option<String> {
+    if runs.len() < 2 {
+        return None;
+    }
+    let base = runs.iter().find(|run| run.shards == 1).unwrap_or(&runs[0]);
+    let mut out = format!(
+        "msgs per server-CPU-second relative to the {}-shard run:",
+        base.shards
+    );
+    for run in runs {
+        let ratio = run
+            .produce
+            .msgs_per_server_cpu_second
+            .zip(base.produce.msgs_per_server_cpu_second)
+            .map_or_else(
+                || "n/a".to_string(),
+                |(value, base_value)| format!("{:.2}x", value / base_value),
+            );
+        let _ = write!(out, " {} shards {ratio};", run.shards);
+    }
+    out.pop();
+    Some(out)
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::float_cmp,
+    reason = "expected values are the exact quotients computed"
+)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn histogram(values: &[u64]) -> Histogram<u64> {
+        let mut histogram = new_latency_histogram();
+        for value in values {
+            histogram.record(*value).unwrap();
+        }
+        histogram
+    }
+
+    fn phase(cpu: Option<PhaseCpu>) -> PhaseMeasurement {
+        PhaseMeasurement {
+            elapsed: Duration::from_secs(2),
+            message_count: 4000,
+            payload_bytes: 4_000_000,
+            cpu,
+            latency_us: histogram(&[100, 200, 300]),
+            per_partition: vec![(1000, 1_000_000), (3000, 3_000_000)],
+            busy_retry_count: 2,
+        }
+    }
+
+    fn cpu() -> PhaseCpu {
+        PhaseCpu {
+            shard_cpu_seconds: 1.0,
+            io_worker_cpu_seconds: 0.5,
+            server_cpu_seconds: 2.0,
+            other_cpu_seconds: 0.5,
+            per_shard_cpu_seconds: BTreeMap::from([(0, 0.25), (1, 0.75)]),
+        }
+    }
+
+    fn config() -> RunConfig {
+        RunConfig {
+            server: "embedded".to_string(),
+            server_pid: Some(42),
+            shards_requested: "2".to_string(),
+            producers: 2,
+            consumers: 2,
+            partitions: 2,
+            batch_messages: 1000,
+            messages: Some(4000),
+            duration_seconds: None,
+            payload: "1000 B".to_string(),
+            concurrent: false,
+            fsync: "never".to_string(),
+            cpus: None,
+            no_pin: false,
+            io_driver: None,
+            inbox_capacity: None,
+            stream_id: 1,
+            cpu_note: None,
+        }
+    }
+
+    fn run(cpu: Option<PhaseCpu>, shards: u16) -> RunReport {
+        let produce = phase(cpu.clone());
+        let consume = phase(cpu);
+        RunReport {
+            shards,
+            messages_sent: 4000,
+            messages_verified: 4000,
+            messages_lost: 0,
+            produce: PhaseFigures::from_measurement(&produce),
+            consume: PhaseFigures::from_measurement(&consume),
+            per_shard: per_shard_reports(2, &[1, 2], &[1, 0], &produce, &consume),
+            config: config(),
+        }
+    }
+
+    #[test]
+    fn phase_figures_are_computed_from_the_measurement() {
+        let figures = PhaseFigures::from_measurement(&phase(Some(cpu())));
+        assert_eq!(figures.msgs_per_sec, 2000.0);
+        assert_eq!(figures.mb_per_sec, 2.0);
+        assert_eq!(figures.msgs_per_server_cpu_second, Some(2000.0));
+        assert_eq!(figures.msgs_per_shard_cpu_second, Some(4000.0));
+        assert_eq!(figures.io_worker_cpu_seconds, Some(0.5));
+        assert_eq!(figures.latency_us.max, 300);
+        assert_eq!(figures.latency_us.p50, 200);
+        assert_eq!(figures.busy_retries, 2);
+        let without_cpu = PhaseFigures::from_measurement(&phase(None));
+        assert_eq!(without_cpu.server_cpu_seconds, None);
+        assert_eq!(without_cpu.msgs_per_server_cpu_second, None);
+    }
+
+    #[test]
+    fn empty_histogram_summarizes_to_zero() {
+        assert_eq!(
+            LatencySummary::from_histogram(&new_latency_histogram()),
+            LatencySummary::default()
+        );
+    }
+
+    #[test]
+    fn per_shard_figures_follow_partition_owners() {
+        let report = run(Some(cpu()), 2);
+        let shard0 = &report.per_shard[0];
+        assert_eq!(shard0.partition_ids, vec![2]);
+        assert_eq!(shard0.produce.messages, 3000);
+        assert_eq!(shard0.produce.msgs_per_sec, 1500.0);
+        assert_eq!(shard0.produce.cpu_seconds, Some(0.25));
+        assert_eq!(shard0.produce.msgs_per_cpu_second, Some(12000.0));
+        assert_eq!(report.per_shard[1].partition_ids, vec![1]);
+        assert_eq!(report.per_shard[1].consume.messages, 1000);
+    }
+
+    fn keys(value: &serde_json::Value) -> Vec<String> {
+        let mut keys: Vec<String> = value.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
+    #[test]
+    fn json_has_exactly_the_documented_keys() {
+        let report = BenchReport {
+            runs: vec![run(None, 1)],
+        };
+        let value = serde_json::to_value(&report).unwrap();
+        assert_eq!(keys(&value), ["runs"]);
+        let run = &value["runs"][0];
+        let phase_keys = [
+            "busy_retries",
+            "elapsed_seconds",
+            "io_worker_cpu_seconds",
+            "latency_us",
+            "mb_per_sec",
+            "msgs_per_sec",
+            "msgs_per_server_cpu_second",
+            "msgs_per_shard_cpu_second",
+            "server_cpu_seconds",
+            "shard_cpu_seconds",
+        ];
+        let mut run_keys: Vec<&str> = phase_keys.to_vec();
+        run_keys.extend([
+            "config",
+            "consume",
+            "messages_lost",
+            "messages_sent",
+            "messages_verified",
+            "per_shard",
+            "shards",
+        ]);
+        run_keys.sort_unstable();
+        assert_eq!(keys(run), run_keys);
+        assert_eq!(keys(&run["consume"]), phase_keys);
+        assert_eq!(
+            keys(&run["latency_us"]),
+            ["max", "p50", "p90", "p99", "p999"]
+        );
+        assert_eq!(
+            keys(&run["per_shard"][0]),
+            ["consume", "partition_ids", "produce", "shard"]
+        );
+        assert_eq!(
+            keys(&run["per_shard"][0]["produce"]),
+            [
+                "cpu_seconds",
+                "mb_per_sec",
+                "messages",
+                "msgs_per_cpu_second",
+                "msgs_per_sec"
+            ]
+        );
+        assert!(run["server_cpu_seconds"].is_null());
+        assert_eq!(run["shards"], 1);
+        assert_eq!(run["config"]["fsync"], "never");
+    }
+
+    #[test]
+    fn table_says_n_a_without_cpu_figures() {
+        let table = render_run(&run(None, 1));
+        assert!(
+            table.contains("== shards=1 (requested 2) server=embedded producers=2"),
+            "{table}"
+        );
+        assert!(table.contains("n/a"), "{table}");
+        assert!(table.contains("sent 4000 acknowledged messages in 2.00s, verified 4000"));
+        assert!(!render_run(&run(Some(cpu()), 1)).contains("n/a"));
+    }
+
+    #[test]
+    fn ratios_are_relative_to_the_one_shard_run() {
+        let one = run(Some(cpu()), 1);
+        let mut two = run(Some(cpu()), 2);
+        two.produce.msgs_per_server_cpu_second = Some(3000.0);
+        assert_eq!(render_ratios(std::slice::from_ref(&one)), None);
+        assert_eq!(
+            render_ratios(&[one, two, run(None, 4)]).unwrap(),
+            "msgs per server-CPU-second relative to the 1-shard run: 1 shards 1.00x; \
+             2 shards 1.50x; 4 shards n/a"
+        );
+    }
+}

@@ -1,0 +1,346 @@
+//! The embedded server: `shardline serve` started as a child process on a fresh data directory,
+//! one per bench run, and stopped with SIGTERM at the end.
+//!
+//! Contract with `serve`: it prints exactly one line `listening on 127.0.0.1:PORT` to stdout when
+//! every shard is ready (logs go to stderr, captured here in `server.log` beside the data
+//! directory), and exits 0 on SIGTERM after fsyncing. This module must never leave the child
+//! running: a failure or a drop kills it, and a failure keeps its directory and names the log.
+
+use std::ffi::OsString;
+use std::io::BufRead as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+
+use super::limits::{SERVER_LOG_TAIL_LINES, SERVER_READY_TIMEOUT, SERVER_STOP_TIMEOUT};
+
+/// Server flags passed through from `shardline bench`; `None` leaves the server's default.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerOptions {
+    pub fsync: Option<String>,
+    pub cpus: Option<String>,
+    pub no_pin: bool,
+    pub io_driver: Option<String>,
+    pub inbox_capacity: Option<u32>,
+}
+
+impl ServerOptions {
+    /// The `serve` command line after the program name.
+    pub fn serve_args(&self, data_dir: &Path, shards: &str) -> Vec<OsString> {
+        let mut args: Vec<OsString> = ["serve", "--listen", "127.0.0.1:0", "--data-dir"]
+            .into_iter()
+            .map(OsString::from)
+            .collect();
+        args.push(data_dir.as_os_str().to_owned());
+        args.extend(["--shards", shards].map(OsString::from));
+        let mut push = |flag: &str, value: Option<String>| {
+            if let Some(value) = value {
+                args.push(flag.into());
+                args.push(value.into());
+            }
+        };
+        push("--fsync", self.fsync.clone());
+        push("--cpus", self.cpus.clone());
+        push("--io-driver", self.io_driver.clone());
+        push(
+            "--inbox-capacity",
+            self.inbox_capacity.map(|value| value.to_string()),
+        );
+        if self.no_pin {
+            args.push("--no-pin".into());
+        }
+        args
+    }
+}
+
+/// The address in a `listening on HOST:PORT` line, or `None` for any other line.
+pub fn parse_listening_line(line: &str) -> Option<SocketAddr> {
+    line.trim_end().strip_prefix("listening on ")?.parse().ok()
+}
+
+/// The last `count` lines of a log file (empty if it cannot be read).
+fn log_tail(path: &Path, count: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(count)..].join("\n")
+}
+
+/// A running embedded server.
+#[derive(Debug)]
+pub struct EmbeddedServer {
+    child: Child,
+    addr: SocketAddr,
+    /// Removed on a clean stop; kept (and named) when something failed.
+    dir: Option<tempfile::TempDir>,
+    log_path: PathBuf,
+}
+
+impl EmbeddedServer {
+    /// Starts `exe serve ...` with `--shards shards` on a fresh directory under `data_root` (the
+    /// system temp dir when `None`) and waits for its `listening on` line.
+    ///
+    /// # Errors
+    /// The directory or log cannot be created, the child cannot be spawned, it exits or closes
+    /// stdout before listening (the error quotes its status and last stderr lines), or it stays
+    /// silent for [`SERVER_READY_TIMEOUT`].
+    pub fn start(
+        exe: &Path,
+        shards: &str,
+        options: &ServerOptions,
+        data_root: Option<&Path>,
+    ) -> anyhow::Result<EmbeddedServer> {
+        let dir = match data_root {
+            Some(root) => tempfile::Builder::new()
+                .prefix("shardline-bench-")
+                .tempdir_in(root),
+            None => tempfile::Builder::new()
+                .prefix("shardline-bench-")
+                .tempdir(),
+        }
+        .context("cannot create the embedded server's data directory")?;
+        let data_dir = dir.path().join("data");
+        std::fs::create_dir(&data_dir)
+            .with_context(|| format!("cannot create {}", data_dir.display()))?;
+        let log_path = dir.path().join("server.log");
+        let log = std::fs::File::create(&log_path)
+            .with_context(|| format!("cannot create {}", log_path.display()))?;
+        let mut child = Command::new(exe)
+            .args(options.serve_args(&data_dir, shards))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .with_context(|| format!("cannot start {} serve", exe.display()))?;
+        let stdout = child.stdout.take().context("child stdout was not piped")?;
+        let (addr_sender, addr_receiver) = mpsc::channel();
+        // Reads the line, then keeps draining stdout so the server never blocks on a full pipe.
+        std::thread::Builder::new()
+            .name("bench-server-stdout".to_string())
+            .spawn(move || {
+                for line in std::io::BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    match parse_listening_line(&line) {
+                        Some(addr) => {
+                            let _ = addr_sender.send(addr);
+                        }
+                        None => eprintln!("server stdout: {line}"),
+                    }
+                }
+            })
+            .context("cannot spawn the server stdout reader")?;
+        let mut server = EmbeddedServer {
+            child,
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            dir: Some(dir),
+            log_path,
+        };
+        let deadline = Instant::now() + SERVER_READY_TIMEOUT;
+        loop {
+            match addr_receiver.recv_timeout(Duration::from_millis(100)) {
+                Ok(addr) => {
+                    server.addr = addr;
+                    return Ok(server);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if let Some(status) = server
+                        .child
+                        .try_wait()
+                        .context("cannot wait for the server")?
+                    {
+                        return Err(server.fail(&format!("exited with {status} before listening")));
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(server.fail(&format!(
+                            "printed no `listening on` line within {} s",
+                            SERVER_READY_TIMEOUT.as_secs()
+                        )));
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = server.wait_for_exit(Duration::from_secs(1));
+                    let how = status.map_or("is still running".to_string(), |status| {
+                        format!("exited with {status}")
+                    });
+                    return Err(server.fail(&format!(
+                        "closed stdout without a `listening on` line and {how}"
+                    )));
+                }
+            }
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn wait_for_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// Kills the child if needed, keeps the directory, and builds an error quoting the log.
+    fn fail(&mut self, what: &str) -> anyhow::Error {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let kept = self.dir.take().map(tempfile::TempDir::keep);
+        let tail = log_tail(&self.log_path, SERVER_LOG_TAIL_LINES);
+        anyhow::anyhow!(
+            "embedded server (pid {}) {what}; its log is {}{}; last lines of its stderr:\n{tail}",
+            self.child.id(),
+            self.log_path.display(),
+            kept.map_or(String::new(), |dir| format!(
+                " (directory {} kept)",
+                dir.display()
+            )),
+        )
+    }
+
+    /// Gives up on the server after a failed run: kills it, keeps its directory, and returns a
+    /// line naming its log with the log's last lines, to add to the run's error.
+    pub fn abandon(mut self) -> String {
+        self.fail("was killed after the run failed").to_string()
+    }
+
+    /// Sends SIGTERM and waits for a clean exit; the data directory is removed after one.
+    ///
+    /// # Errors
+    /// The signal cannot be sent, the server exits non-zero, or it is still running after
+    /// [`SERVER_STOP_TIMEOUT`] (it is then killed).
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        let pid = libc::pid_t::try_from(self.child.id()).context("server pid out of range")?;
+        // SAFETY: kill(2) only sends a signal; the pid is our own child, which we have not reaped.
+        if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
+            let error = std::io::Error::last_os_error();
+            return Err(self.fail(&format!("could not be sent SIGTERM: {error}")));
+        }
+        match self.wait_for_exit(SERVER_STOP_TIMEOUT) {
+            Some(status) if status.success() => Ok(()),
+            Some(status) => Err(self.fail(&format!("exited with {status} after SIGTERM"))),
+            None => Err(self.fail(&format!(
+                "was still running {} s after SIGTERM and was killed",
+                SERVER_STOP_TIMEOUT.as_secs()
+            ))),
+        }
+    }
+}
+
+impl Drop for EmbeddedServer {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_listening_line() {
+        assert_eq!(
+            parse_listening_line("listening on 127.0.0.1:40123\n"),
+            Some(SocketAddr::from(([127, 0, 0, 1], 40123)))
+        );
+        assert_eq!(parse_listening_line("listening on nowhere"), None);
+        assert_eq!(parse_listening_line("INFO shard 0 ready"), None);
+    }
+
+    #[test]
+    fn serve_args_pass_only_given_flags() {
+        let plain = ServerOptions::default().serve_args(Path::new("/d"), "all");
+        assert_eq!(
+            plain,
+            [
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                "/d",
+                "--shards",
+                "all"
+            ]
+            .map(OsString::from)
+        );
+        let options = ServerOptions {
+            fsync: Some("never".to_string()),
+            cpus: Some("0-3".to_string()),
+            no_pin: true,
+            io_driver: Some("poll".to_string()),
+            inbox_capacity: Some(64),
+        };
+        let args: Vec<String> = options
+            .serve_args(Path::new("/d"), "2")
+            .into_iter()
+            .map(|arg| arg.into_string().unwrap())
+            .collect();
+        assert_eq!(
+            args.join(" "),
+            "serve --listen 127.0.0.1:0 --data-dir /d --shards 2 --fsync never --cpus 0-3 \
+             --io-driver poll --inbox-capacity 64 --no-pin"
+        );
+    }
+
+    fn script(dir: &Path, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt as _;
+        let path = dir.join("fake-shardline");
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_child_that_exits_early_is_reported_with_its_status_and_stderr() {
+        let root = tempfile::tempdir().unwrap();
+        let exe = script(root.path(), "echo \"cannot bind: $*\" >&2; exit 3");
+        let error = EmbeddedServer::start(&exe, "1", &ServerOptions::default(), Some(root.path()))
+            .unwrap_err()
+            .to_string();
+        // Depending on which the bench notices first: the exit, or stdout closing.
+        assert!(error.contains("exited with exit status: 3"), "{error}");
+        assert!(
+            error.contains("before listening") || error.contains("closed stdout"),
+            "{error}"
+        );
+        assert!(
+            error.contains("cannot bind: serve --listen 127.0.0.1:0 --data-dir"),
+            "{error}"
+        );
+        assert!(error.contains("server.log"), "{error}");
+        assert!(error.contains("kept"), "{error}");
+    }
+
+    #[test]
+    fn a_child_that_listens_is_stopped_with_sigterm() {
+        let root = tempfile::tempdir().unwrap();
+        // Prints the line, then exits 0 on SIGTERM like the real server.
+        let exe = script(
+            root.path(),
+            "trap 'exit 0' TERM; echo 'listening on 127.0.0.1:4567'; while :; do sleep 0.05; done",
+        );
+        let server =
+            EmbeddedServer::start(&exe, "2", &ServerOptions::default(), Some(root.path())).unwrap();
+        assert_eq!(server.addr(), SocketAddr::from(([127, 0, 0, 1], 4567)));
+        assert!(server.pid() > 0);
+        server.stop().unwrap();
+    }
+}
