@@ -737,6 +737,82 @@ mod tests {
     }
 
     #[test]
+    fn failed_write_poisons_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let segment_path = dir.path().join("00000000000000000000.log");
+        compio::runtime::Runtime::new().unwrap().block_on(async {
+            let config = LogConfig {
+                fsync: FsyncPolicy::Always,
+                segment_size_max: 1 << 20,
+            };
+            let (log, _) = PartitionLog::open(dir.path(), config.clone())
+                .await
+                .unwrap();
+            let first = crate::entry::build_entry(0, 1, b"first");
+            assert_eq!(log.append(first.clone()).await.unwrap(), 0);
+            // A read-only descriptor makes the next write fail with EBADF, like a failing disk.
+            let read_only = File::open(&segment_path).await.unwrap();
+            log.shared.state.borrow_mut().active_mut().file = read_only;
+
+            let second = log.append(crate::entry::build_entry(0, 1, b"second"));
+            let third = log.append(crate::entry::build_entry(0, 1, b"third"));
+            for result in [second.await, third.await] {
+                assert!(
+                    matches!(&result, Err(LogError::Io { op: "write entries", path, .. })
+                        if *path == segment_path),
+                    "{result:?}"
+                );
+            }
+            // Poisoned: everything after fails with the same error, without writing.
+            let later = log.append(crate::entry::build_entry(0, 1, b"later")).await;
+            assert!(
+                matches!(
+                    later,
+                    Err(LogError::Io {
+                        op: "write entries",
+                        ..
+                    })
+                ),
+                "{later:?}"
+            );
+            assert!(matches!(
+                log.sync().await,
+                Err(LogError::Io {
+                    op: "write entries",
+                    ..
+                })
+            ));
+            assert_eq!(log.acked_offset(), 1);
+            assert_eq!(log.read(0, u32::MAX, usize::MAX).await.unwrap(), first);
+            assert!(matches!(
+                log.close().await,
+                Err(LogError::Io {
+                    op: "write entries",
+                    ..
+                })
+            ));
+            assert!(matches!(
+                log.close().await,
+                Err(LogError::Io {
+                    op: "write entries",
+                    ..
+                })
+            ));
+            drop(log);
+
+            let (log, report) = PartitionLog::open(dir.path(), config).await.unwrap();
+            assert_eq!(report.next_offset, 1);
+            assert_eq!(report.truncated_bytes, 0);
+            assert_eq!(
+                log.append(crate::entry::build_entry(0, 1, b"again"))
+                    .await
+                    .unwrap(),
+                1
+            );
+        });
+    }
+
+    #[test]
     fn check_entry_rejects_malformed_headers() {
         let good = crate::entry::build_entry(0, 2, b"hello");
         assert_eq!(check_entry(&good).unwrap().message_count, 2);
