@@ -18,6 +18,7 @@ use crate::limits::DURABLE_FILE_SIZE_MAX;
 /// Bytes of the XXH3-64 trailer (little-endian) that ends every durably replaced file.
 pub const TRAILER_SIZE: usize = 8;
 
+/// Why a durable replace or a verified read failed; every variant names the path.
 #[derive(Debug, thiserror::Error)]
 pub enum DurableError {
     /// An I/O step failed; `op` names the step, `path` the file or directory it acted on.

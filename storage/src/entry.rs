@@ -8,6 +8,7 @@
 
 use twox_hash::XxHash3_64;
 
+/// Bytes of [`EntryHeader`] on disk and on the wire.
 pub const ENTRY_HEADER_SIZE: usize = 32;
 
 /// The header of one entry; see the module docs and `storage/FORMAT.md` for the byte layout.

@@ -33,6 +33,7 @@ use crate::limits::{
 use completion::Completion;
 use index::SegmentIndex;
 
+/// When an append is acknowledged relative to fsync (`--fsync`, DESIGN section 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FsyncPolicy {
     /// Acknowledge after fsync; concurrent appends share one fsync (group commit). Default.
@@ -72,6 +73,7 @@ impl std::str::FromStr for FsyncPolicy {
     }
 }
 
+/// How a `PartitionLog` writes.
 #[derive(Debug, Clone)]
 pub struct LogConfig {
     pub fsync: FsyncPolicy,
@@ -94,6 +96,7 @@ pub struct RecoveryReport {
     pub scanned_segment_count: u32,
 }
 
+/// Why a log operation failed; the variants say how the caller recovers.
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
     /// An I/O step failed. After a failed append write or fsync the log is poisoned: every later
