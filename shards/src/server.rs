@@ -279,8 +279,15 @@ async fn run_shard(
     drop(accept_task);
     drop(metadata_task);
     connections.borrow_mut().clear();
+    let mut close_failed = false;
     for log in shard.logs() {
-        log.close().await;
+        if let Err(e) = log.close().await {
+            tracing::error!(shard = shard_id.0, path = %log.dir().display(), error = %e, "final fsync failed");
+            close_failed = true;
+        }
+    }
+    if close_failed {
+        return Err("a partition log failed its final fsync; see the log above".into());
     }
     tracing::info!(shard = shard_id.0, "stopped");
     Ok(())

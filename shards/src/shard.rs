@@ -424,8 +424,10 @@ impl Shard {
             MetadataOp::DeleteTopic { .. } | MetadataOp::DeleteStream { .. } => {
                 for namespace in namespaces {
                     let log = self.partitions.borrow_mut().remove(&namespace);
-                    if let Some(log) = log {
-                        log.close().await;
+                    if let Some(log) = log
+                        && let Err(e) = log.close().await
+                    {
+                        tracing::warn!(shard = self.id.0, %namespace, error = %e, "closing a deleted partition failed");
                     }
                     remove_dir_all(partition_dir(&self.config.data_dir, namespace)).await;
                 }

@@ -1,8 +1,9 @@
-//! Durable storage: partition segment logs (append through io_uring, offset index, torn-tail
+//! Durable storage: partition segment logs (append through `io_uring`, offset index, torn-tail
 //! recovery, fsync policies with group commit) and the durable file replace with a verified
 //! trailer used for metadata (later: superblock, WAL, snapshots).
 //!
-//! `storage` never touches sockets and never depends on `bus`.
+//! `storage` never touches sockets and never depends on `bus`. Byte layouts and crash cases:
+//! `storage/FORMAT.md`.
 
 pub mod durable;
 pub mod entry;
@@ -10,5 +11,5 @@ pub mod limits;
 pub mod log;
 
 pub use durable::{DurableError, durable_replace, read_verified};
-pub use entry::{ENTRY_HEADER_SIZE, EntryHeader};
-pub use log::{FsyncPolicy, LogConfig, LogError, PartitionLog, RecoveryReport};
+pub use entry::{ENTRY_HEADER_SIZE, EntryHeader, build_entry, payload_checksum};
+pub use log::{AppendFuture, FsyncPolicy, LogConfig, LogError, PartitionLog, RecoveryReport};

@@ -1,8 +1,40 @@
-//! Every bound of the storage crate.
+//! Every bound of the storage crate, each with why it has its value and the memory it implies.
+//! Nothing here may be changed without checking the relations asserted at the bottom.
+
+use crate::entry::ENTRY_HEADER_SIZE;
 
 /// Default segment size before rolling to a new segment file (bytes).
 pub const SEGMENT_SIZE_MAX_DEFAULT: u64 = 1 << 30;
+/// Largest `segment_size_max` a log accepts (bytes). Bounds a closed segment's index file: at most
+/// one 16-byte row per 32-byte entry, so an index is at most half a segment and fits
+/// [`DURABLE_FILE_SIZE_MAX`].
+pub const SEGMENT_SIZE_MAX_LIMIT: u64 = 1 << 30;
 /// Largest single entry (bytes, header included); equals the default max message size.
 pub const ENTRY_SIZE_MAX: u32 = 64 * 1024 * 1024;
 /// Largest reply of one read (bytes), bounding poll memory.
 pub const READ_BYTES_MAX_DEFAULT: usize = 8 * 1024 * 1024;
+/// Largest file `read_verified` loads (bytes, trailer included). The size comes from the disk, so it
+/// is checked before allocating; the largest legitimate file is a full segment's index.
+pub const DURABLE_FILE_SIZE_MAX: u64 = 1 << 30;
+/// Bytes read per I/O while scanning a segment on open. One buffer of this size (grown to one
+/// whole entry when an entry is larger) lives for the duration of a scan.
+pub const SCAN_CHUNK_BYTES: usize = 1 << 20;
+/// Entries per vectored write: Linux rejects more than `IOV_MAX` (1024) iovecs in one
+/// `pwritev`/`IORING_OP_WRITEV`. A larger group is written with several writes and one fsync.
+pub const WRITE_IOVEC_COUNT_MAX: usize = 1024;
+/// Appends queued for the writer of one log before `append` answers `QueueFull`. Each queued entry
+/// holds its own buffer, so this with [`APPEND_QUEUE_BYTES_MAX`] bounds a log's queued memory.
+pub const APPEND_QUEUE_ENTRY_COUNT_MAX: usize = 16 * 1024;
+/// Bytes queued for the writer of one log before `append` answers `QueueFull`: four maximal
+/// entries, enough to keep a disk busy while bounding memory per partition.
+pub const APPEND_QUEUE_BYTES_MAX: usize = 4 * ENTRY_SIZE_MAX as usize;
+
+const _: () = assert!(ENTRY_SIZE_MAX as usize > ENTRY_HEADER_SIZE);
+// A single maximal entry must always be accepted by an empty queue.
+const _: () = assert!(APPEND_QUEUE_BYTES_MAX >= ENTRY_SIZE_MAX as usize);
+// A segment holds at most max(segment_size_max, one entry) bytes; its index (48-byte header, one
+// 16-byte row per >= 32-byte entry, 8-byte trailer) must fit what read_verified accepts.
+const _: () = assert!(SEGMENT_SIZE_MAX_LIMIT >= ENTRY_SIZE_MAX as u64);
+const _: () = assert!(SEGMENT_SIZE_MAX_LIMIT / 2 + 48 + 8 <= DURABLE_FILE_SIZE_MAX);
+const _: () = assert!(SEGMENT_SIZE_MAX_DEFAULT <= SEGMENT_SIZE_MAX_LIMIT);
+const _: () = assert!(SCAN_CHUNK_BYTES >= ENTRY_HEADER_SIZE);

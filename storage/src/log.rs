@@ -1,12 +1,43 @@
 //! A partition's append-only log: segment files `{base_offset:020}.log` plus offset index, append
-//! through io_uring, reads by offset, torn tail truncated on open, fsync policy with group commit.
+//! through `io_uring`, reads by offset, torn tail truncated on open, fsync policy with group commit.
+//!
+//! One `PartitionLog` is owned by one shard and is `!Send`: its writer task runs on the runtime that
+//! opened it. It must never acknowledge an entry before it is written (and fsynced under
+//! `FsyncPolicy::Always`), never expose an unacknowledged entry to `read`, and never keep writing
+//! after a failed write or fsync (the tail state is then unknown; see the 2018 "fsyncgate"
+//! discussion: a failed fsync may have dropped dirty pages, and retrying it reports success).
+//! The byte layouts and crash cases are in `storage/FORMAT.md`.
 
+mod completion;
+mod index;
+mod recovery;
+mod writer;
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+use compio::fs::File;
+
+use crate::durable::read_exact_at;
+use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, payload_checksum};
+use crate::limits::{
+    APPEND_QUEUE_BYTES_MAX, APPEND_QUEUE_ENTRY_COUNT_MAX, ENTRY_SIZE_MAX, SEGMENT_SIZE_MAX_LIMIT,
+};
+use completion::Completion;
+use index::SegmentIndex;
+
+/// When an append is acknowledged relative to fsync (`--fsync`, DESIGN section 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FsyncPolicy {
     /// Acknowledge after fsync; concurrent appends share one fsync (group commit). Default.
+    #[default]
     Always,
     /// Acknowledge after the write; fsync at most every interval.
     Interval(Duration),
@@ -16,15 +47,39 @@ pub enum FsyncPolicy {
 
 impl std::str::FromStr for FsyncPolicy {
     type Err = String;
-    /// `always`, `never`, `interval=MS` (MS >= 1).
+    /// `always`, `never`, `interval=MS` (MS an integer >= 1, milliseconds).
+    ///
+    /// # Errors
+    /// A message naming the value and the rule it breaks.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        todo!("{s}")
+        match s {
+            "always" => Ok(FsyncPolicy::Always),
+            "never" => Ok(FsyncPolicy::Never),
+            _ => {
+                let Some(interval_ms) = s.strip_prefix("interval=") else {
+                    return Err(format!(
+                        "fsync policy {s:?}: expected \"always\", \"never\" or \"interval=MS\""
+                    ));
+                };
+                let interval_ms: u64 = interval_ms.parse().map_err(|_| {
+                    format!("fsync policy {s:?}: MS must be an integer number of milliseconds")
+                })?;
+                if interval_ms == 0 {
+                    return Err(format!("fsync policy {s:?}: MS must be at least 1"));
+                }
+                Ok(FsyncPolicy::Interval(Duration::from_millis(interval_ms)))
+            }
+        }
     }
 }
 
+/// How a `PartitionLog` writes.
 #[derive(Debug, Clone)]
 pub struct LogConfig {
     pub fsync: FsyncPolicy,
+    /// A segment is closed and a new one started when the next entry would make it larger than
+    /// this (bytes); an entry larger than this gets a segment of its own. At most
+    /// [`SEGMENT_SIZE_MAX_LIMIT`].
     pub segment_size_max: u64,
 }
 
@@ -36,82 +91,744 @@ pub struct RecoveryReport {
     pub next_offset: u64,
     /// Bytes cut from a torn tail of the last segment (0 if clean).
     pub truncated_bytes: u64,
+    /// Segments whose entries were read and checked on open: always the last one, plus each closed
+    /// segment whose index file was missing or did not verify (its index is rewritten).
+    pub scanned_segment_count: u32,
 }
 
+/// Why a log operation failed; the variants say how the caller recovers.
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
+    /// An I/O step failed. After a failed append write or fsync the log is poisoned: every later
+    /// append, sync and close fails with this error again, and the log must be reopened (which
+    /// truncates whatever tail did not survive).
     #[error("{path}: {op} failed: {source}")]
     Io {
         path: PathBuf,
         op: &'static str,
         source: std::io::Error,
     },
+    /// Stored bytes are damaged where a torn write cannot explain them (inside a closed segment,
+    /// or bytes read back that no longer match their checksum). Never skipped silently.
     #[error("{path}: corrupt entry at byte {position}: {reason}")]
     Corrupt {
         path: PathBuf,
         position: u64,
         reason: String,
     },
+    /// The appended bytes are not a well-formed entry; nothing was written.
     #[error("invalid entry: {0}")]
     InvalidEntry(String),
+    /// The writer queue of this log holds [`APPEND_QUEUE_ENTRY_COUNT_MAX`] entries or
+    /// [`APPEND_QUEUE_BYTES_MAX`] bytes; nothing was written, retry after earlier appends finish.
+    #[error("append queue full: {queued_count} entries, {queued_bytes} bytes queued")]
+    QueueFull {
+        queued_count: usize,
+        queued_bytes: usize,
+    },
+    /// The `LogConfig` passed to `open` is out of bounds.
+    #[error("invalid log config: {0}")]
+    InvalidConfig(String),
+    /// `close` was called (or is in progress).
     #[error("log is closed")]
     Closed,
 }
 
+/// A write or fsync failure, kept to fail everything after it with the same error.
+#[derive(Debug, Clone)]
+struct Failure {
+    path: PathBuf,
+    op: &'static str,
+    kind: io::ErrorKind,
+    message: String,
+}
+
+impl Failure {
+    fn new(path: &Path, op: &'static str, error: &io::Error) -> Self {
+        Failure {
+            path: path.to_path_buf(),
+            op,
+            kind: error.kind(),
+            message: error.to_string(),
+        }
+    }
+
+    fn to_error(&self) -> LogError {
+        LogError::Io {
+            path: self.path.clone(),
+            op: self.op,
+            source: io::Error::new(self.kind, self.message.clone()),
+        }
+    }
+}
+
+/// One segment as readers see it: its file and the index of every entry written to it.
+#[derive(Debug)]
+struct Segment {
+    path: PathBuf,
+    file: File,
+    index: SegmentIndex,
+}
+
+/// An entry waiting for the writer, with its offset already assigned.
+#[derive(Debug)]
+struct PendingAppend {
+    base_offset: u64,
+    message_count: u32,
+    entry: Vec<u8>,
+    completion: Completion<Result<u64, LogError>>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Next offset `append` assigns.
+    next_offset: u64,
+    /// One past the last acknowledged offset; `read` never returns an entry at or beyond it.
+    acked_offset: u64,
+    queue: VecDeque<PendingAppend>,
+    queued_bytes: usize,
+    sync_waiters: Vec<Completion<Result<(), LogError>>>,
+    close_waiters: Vec<Completion<Result<(), LogError>>>,
+    /// Set by `close` or drop: no new appends; the writer drains the queue, fsyncs and stops.
+    closing: bool,
+    writer_done: bool,
+    writer_waker: Option<Waker>,
+    /// Sorted by base offset; the last one is the active segment the writer appends to.
+    segments: Vec<Segment>,
+    failure: Option<Failure>,
+    /// Bytes written to the active segment since its last fsync.
+    dirty: bool,
+    last_sync_at: Instant,
+    fsync_count: u64,
+}
+
+impl State {
+    fn active(&self) -> &Segment {
+        self.segments
+            .last()
+            .expect("a log always has an active segment")
+    }
+
+    fn active_mut(&mut self) -> &mut Segment {
+        self.segments
+            .last_mut()
+            .expect("a log always has an active segment")
+    }
+
+    fn wake_writer(&mut self) {
+        if let Some(waker) = self.writer_waker.take() {
+            waker.wake();
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    dir: PathBuf,
+    config: LogConfig,
+    state: RefCell<State>,
+}
+
 /// One partition's log, owned by one shard (!Send). Methods take `&self`; concurrent appends from
 /// tasks on the owner shard are group-committed.
+///
+/// Dropping it stops accepting appends and lets the writer finish the queued ones (and fsync) in
+/// the background; `close` does the same and waits for it.
+pub struct PartitionLog {
+    shared: Rc<Shared>,
+}
+
+impl std::fmt::Debug for PartitionLog {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.shared.state.borrow();
+        formatter
+            .debug_struct("PartitionLog")
+            .field("dir", &self.shared.dir)
+            .field("config", &self.shared.config)
+            .field("next_offset", &state.next_offset)
+            .field("acked_offset", &state.acked_offset)
+            .field("segment_count", &state.segments.len())
+            .field("failure", &state.failure)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The future `append` returns: the base offset once the entry is durable per the fsync policy.
+///
+/// The entry is queued (and its offset reserved) when `append` is called, not when this is first
+/// polled; dropping this does not cancel the write.
 #[derive(Debug)]
-pub struct PartitionLog {}
+#[must_use = "the entry is written either way; await this to learn its offset and whether it is durable"]
+pub struct AppendFuture {
+    completion: Completion<Result<u64, LogError>>,
+}
+
+impl Future for AppendFuture {
+    type Output = Result<u64, LogError>;
+
+    fn poll(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.completion).poll(context)
+    }
+}
 
 impl PartitionLog {
-    /// Opens or creates the log in `dir`, scanning the last segment and truncating a torn tail.
+    /// Opens or creates the log in `dir`, scanning the last segment and truncating a torn tail,
+    /// and starts the log's writer task on the current compio runtime.
     ///
     /// # Errors
-    /// I/O errors and interior corruption (naming file and position).
+    /// `InvalidConfig` for a `segment_size_max` of 0 or above [`SEGMENT_SIZE_MAX_LIMIT`]; `Io`
+    /// naming the path and step; `Corrupt` naming the file and byte position for damage inside a
+    /// closed segment or segments that do not follow each other.
+    ///
+    /// # Panics
+    /// Outside a compio runtime.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: dropped midway, a torn tail may already be truncated (harmless; the next
+    /// open finds nothing to cut) or an index file rewritten (also harmless).
     pub async fn open(
         dir: &Path,
         config: LogConfig,
     ) -> Result<(PartitionLog, RecoveryReport), LogError> {
-        todo!("{dir:?}{config:?}")
+        if config.segment_size_max == 0 || config.segment_size_max > SEGMENT_SIZE_MAX_LIMIT {
+            return Err(LogError::InvalidConfig(format!(
+                "segment_size_max {} must be within 1..={SEGMENT_SIZE_MAX_LIMIT} bytes",
+                config.segment_size_max
+            )));
+        }
+        let recovered = recovery::recover(dir).await?;
+        let next_offset = recovered.report.next_offset;
+        let state = State {
+            next_offset,
+            acked_offset: next_offset,
+            queue: VecDeque::new(),
+            queued_bytes: 0,
+            sync_waiters: Vec::new(),
+            close_waiters: Vec::new(),
+            closing: false,
+            writer_done: false,
+            writer_waker: None,
+            segments: recovered.segments,
+            failure: None,
+            dirty: false,
+            last_sync_at: Instant::now(),
+            fsync_count: 0,
+        };
+        let shared = Rc::new(Shared {
+            dir: dir.to_path_buf(),
+            config,
+            state: RefCell::new(state),
+        });
+        compio::runtime::spawn(writer::run(Rc::clone(&shared))).detach();
+        Ok((PartitionLog { shared }, recovered.report))
     }
 
     /// Next offset to be assigned.
     pub fn next_offset(&self) -> u64 {
-        todo!()
+        self.shared.state.borrow().next_offset
     }
 
-    /// Appends one entry (`EntryHeader` + payload, base_offset is overwritten). Returns the base
+    /// One past the last acknowledged offset: `read` returns entries below it only. Equals
+    /// `next_offset()` when no append is in flight.
+    pub fn acked_offset(&self) -> u64 {
+        self.shared.state.borrow().acked_offset
+    }
+
+    /// Segment fsyncs this log has issued since open (group commits, `sync`, rolls, close). A
+    /// counter for tests and metrics: under `Always`, fewer than the appends when they overlap.
+    pub fn fsync_count(&self) -> u64 {
+        self.shared.state.borrow().fsync_count
+    }
+
+    /// The directory holding this log's files.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// Appends one entry (`EntryHeader` + payload, `base_offset` is overwritten). Returns the base
     /// offset once the entry is durable per the fsync policy.
+    ///
+    /// The header is checked (`length` == payload bytes, `message_count` >= 1, whole entry <=
+    /// [`ENTRY_SIZE_MAX`]) and the offset assigned synchronously, in call order; the payload
+    /// checksum is trusted (the server checked it) and only checked in debug builds.
+    ///
+    /// # Errors
+    /// `InvalidEntry`, `QueueFull`, `Closed`, or the poisoning `Io` error, without writing; `Io`
+    /// if the write or fsync of its group fails (nothing in that group is acknowledged, and the log
+    /// is poisoned).
     ///
     /// # Cancel safety
     /// The offset is reserved and the write proceeds even if the future is dropped.
-    pub async fn append(&self, entry: Vec<u8>) -> Result<u64, LogError> {
-        todo!("{}", entry.len())
+    pub fn append(&self, entry: Vec<u8>) -> AppendFuture {
+        let completion = match self.enqueue(entry) {
+            Ok(completion) => completion,
+            Err(error) => Completion::ready(Err(error)),
+        };
+        AppendFuture { completion }
+    }
+
+    fn enqueue(&self, mut entry: Vec<u8>) -> Result<Completion<Result<u64, LogError>>, LogError> {
+        let header = check_entry(&entry)?;
+        debug_assert_eq!(
+            header.checksum,
+            payload_checksum(&entry[ENTRY_HEADER_SIZE..]),
+            "the server appends only entries whose checksum it verified"
+        );
+        let mut state = self.shared.state.borrow_mut();
+        if let Some(failure) = &state.failure {
+            return Err(failure.to_error());
+        }
+        if state.closing {
+            return Err(LogError::Closed);
+        }
+        if state.queue.len() >= APPEND_QUEUE_ENTRY_COUNT_MAX
+            || state.queued_bytes + entry.len() > APPEND_QUEUE_BYTES_MAX
+        {
+            return Err(LogError::QueueFull {
+                queued_count: state.queue.len(),
+                queued_bytes: state.queued_bytes,
+            });
+        }
+        let base_offset = state.next_offset;
+        let Some(next_offset) = base_offset.checked_add(u64::from(header.message_count)) else {
+            return Err(LogError::InvalidEntry(format!(
+                "{} messages at offset {base_offset} overflow the offset space",
+                header.message_count
+            )));
+        };
+        entry[0..8].copy_from_slice(&base_offset.to_le_bytes());
+        state.next_offset = next_offset;
+        state.queued_bytes += entry.len();
+        let completion = Completion::new();
+        state.queue.push_back(PendingAppend {
+            base_offset,
+            message_count: header.message_count,
+            entry,
+            completion: completion.clone(),
+        });
+        state.wake_writer();
+        Ok(completion)
     }
 
     /// Whole entries starting with the one containing `offset`, at most `max_count` messages
     /// (at least one entry if any) and about `max_bytes`. Only acknowledged entries are visible.
+    ///
+    /// Entries are concatenated as stored (header + payload each). Reading stops before the entry
+    /// that would exceed `max_bytes` or once `max_count` messages are collected, but the first
+    /// entry is always returned whole. An `offset` at or beyond `acked_offset()` returns an empty
+    /// `Vec`; one before the first segment starts at the first entry. Every returned entry's
+    /// header and checksum are checked against the index after the read.
+    ///
+    /// # Errors
+    /// `Io` naming the segment; `Corrupt` naming the segment and byte position when bytes read
+    /// back do not match what was written.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn read(
         &self,
         offset: u64,
         max_count: u32,
         max_bytes: usize,
     ) -> Result<Vec<u8>, LogError> {
-        todo!("{offset}{max_count}{max_bytes}")
+        let spans = self.plan_read(offset, max_count, max_bytes);
+        let total_bytes: u64 = spans.iter().map(|span| span.size_bytes).sum();
+        let mut bytes = Vec::with_capacity(total_bytes as usize);
+        for span in spans {
+            let start = bytes.len();
+            let chunk = read_exact_at(&span.file, span.position, span.size_bytes as usize)
+                .await
+                .map_err(|source| LogError::Io {
+                    path: span.path.clone(),
+                    op: "read",
+                    source,
+                })?;
+            bytes.extend_from_slice(&chunk);
+            check_read_entries(&span, &bytes[start..])?;
+        }
+        Ok(bytes)
     }
 
-    /// Fsyncs everything written so far.
+    /// Chooses the byte ranges `read` returns, without I/O.
+    fn plan_read(&self, offset: u64, max_count: u32, max_bytes: usize) -> Vec<ReadSpan> {
+        let state = self.shared.state.borrow();
+        let mut spans = Vec::new();
+        if offset >= state.acked_offset {
+            return spans;
+        }
+        let first_segment = state
+            .segments
+            .partition_point(|segment| segment.index.base_offset <= offset);
+        let mut collected_count: u64 = 0;
+        let mut collected_bytes: u64 = 0;
+        'segments: for segment in &state.segments[first_segment.saturating_sub(1)..] {
+            let Some(first_row) = segment.index.row_containing(offset) else {
+                continue;
+            };
+            let mut span: Option<ReadSpan> = None;
+            for row_index in first_row..segment.index.rows.len() {
+                let row = segment.index.rows[row_index];
+                if row.base_offset >= state.acked_offset {
+                    if let Some(span) = span.take() {
+                        spans.push(span);
+                    }
+                    break 'segments;
+                }
+                let entry_size = segment.index.entry_end_position(row_index) - row.position;
+                let entry_count = segment.index.entry_end_offset(row_index) - row.base_offset;
+                if collected_count > 0
+                    && (collected_count >= u64::from(max_count)
+                        || collected_bytes + entry_size > max_bytes as u64)
+                {
+                    if let Some(span) = span.take() {
+                        spans.push(span);
+                    }
+                    break 'segments;
+                }
+                collected_count += entry_count;
+                collected_bytes += entry_size;
+                let span = span.get_or_insert_with(|| ReadSpan {
+                    path: segment.path.clone(),
+                    file: segment.file.clone(),
+                    position: row.position,
+                    size_bytes: 0,
+                    rows: Vec::new(),
+                });
+                span.size_bytes += entry_size;
+                span.rows.push(ExpectedEntry {
+                    base_offset: row.base_offset,
+                    message_count: entry_count,
+                    size_bytes: entry_size,
+                });
+            }
+            if let Some(span) = span.take() {
+                spans.push(span);
+            }
+        }
+        spans
+    }
+
+    /// Fsyncs everything written so far (a no-op when nothing was written since the last fsync).
+    ///
+    /// # Errors
+    /// The poisoning `Io` error, or `Io` if this fsync fails (which poisons the log); `Closed`
+    /// after `close`.
+    ///
+    /// # Cancel safety
+    /// The fsync proceeds even if the future is dropped.
     pub async fn sync(&self) -> Result<(), LogError> {
-        todo!()
+        let completion = {
+            let mut state = self.shared.state.borrow_mut();
+            if let Some(failure) = &state.failure {
+                return Err(failure.to_error());
+            }
+            if state.writer_done {
+                return Err(LogError::Closed);
+            }
+            let completion = Completion::new();
+            state.sync_waiters.push(completion.clone());
+            state.wake_writer();
+            completion
+        };
+        completion.await
     }
 
-    /// Drains queued appends, fsyncs, stops the writer (graceful shutdown). Errors are logged.
-    pub async fn close(&self) {
-        todo!()
-    }
-
-    /// Called on the shard tick; fsyncs under `Interval` when due.
+    /// Called on the shard tick; fsyncs under `Interval` when something was written and the
+    /// interval has passed since the last fsync. Does nothing under the other policies.
+    ///
+    /// # Errors
+    /// As `sync`.
+    ///
+    /// # Cancel safety
+    /// As `sync`.
     pub async fn on_tick(&self) -> Result<(), LogError> {
-        todo!()
+        let FsyncPolicy::Interval(interval) = self.shared.config.fsync else {
+            return Ok(());
+        };
+        let due = {
+            let state = self.shared.state.borrow();
+            if let Some(failure) = &state.failure {
+                return Err(failure.to_error());
+            }
+            state.dirty && !state.closing && state.last_sync_at.elapsed() >= interval
+        };
+        if due { self.sync().await } else { Ok(()) }
+    }
+
+    /// Stops accepting appends, waits until every queued entry is written, fsyncs, and stops the
+    /// writer task. Reads keep working afterwards. Calling it again returns the same outcome.
+    ///
+    /// # Errors
+    /// The poisoning `Io` error if a write or fsync failed at any point.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: closing proceeds without the future, and a later call waits again.
+    pub async fn close(&self) -> Result<(), LogError> {
+        let completion = {
+            let mut state = self.shared.state.borrow_mut();
+            if state.writer_done {
+                return match &state.failure {
+                    Some(failure) => Err(failure.to_error()),
+                    None => Ok(()),
+                };
+            }
+            state.closing = true;
+            let completion = Completion::new();
+            state.close_waiters.push(completion.clone());
+            state.wake_writer();
+            completion
+        };
+        completion.await
+    }
+}
+
+impl Drop for PartitionLog {
+    fn drop(&mut self) {
+        let mut state = self.shared.state.borrow_mut();
+        state.closing = true;
+        state.wake_writer();
+    }
+}
+
+/// Checks an appended entry's header against its bytes.
+fn check_entry(entry: &[u8]) -> Result<EntryHeader, LogError> {
+    let Some(header) = EntryHeader::decode(entry) else {
+        return Err(LogError::InvalidEntry(format!(
+            "{} bytes is shorter than the {ENTRY_HEADER_SIZE}-byte header",
+            entry.len()
+        )));
+    };
+    if entry.len() > ENTRY_SIZE_MAX as usize {
+        return Err(LogError::InvalidEntry(format!(
+            "{} bytes exceeds the {ENTRY_SIZE_MAX}-byte entry limit",
+            entry.len()
+        )));
+    }
+    let payload_size = entry.len() - ENTRY_HEADER_SIZE;
+    if header.length as usize != payload_size {
+        return Err(LogError::InvalidEntry(format!(
+            "header length {} does not match the {payload_size} payload bytes",
+            header.length
+        )));
+    }
+    if header.message_count == 0 {
+        return Err(LogError::InvalidEntry("message_count is 0".to_owned()));
+    }
+    Ok(header)
+}
+
+/// What the index says an entry in a read span looks like.
+#[derive(Debug)]
+struct ExpectedEntry {
+    base_offset: u64,
+    message_count: u64,
+    size_bytes: u64,
+}
+
+/// Contiguous entries of one segment that `read` returns.
+#[derive(Debug)]
+struct ReadSpan {
+    path: PathBuf,
+    file: File,
+    position: u64,
+    size_bytes: u64,
+    rows: Vec<ExpectedEntry>,
+}
+
+/// Checks entries read back against the index: same offset, count, length, and checksum.
+fn check_read_entries(span: &ReadSpan, bytes: &[u8]) -> Result<(), LogError> {
+    let mut at = 0usize;
+    for expected in &span.rows {
+        let position = span.position + at as u64;
+        let corrupt = |reason: String| LogError::Corrupt {
+            path: span.path.clone(),
+            position,
+            reason,
+        };
+        let entry = &bytes[at..at + expected.size_bytes as usize];
+        let header = EntryHeader::decode(entry).ok_or_else(|| corrupt("short entry".to_owned()))?;
+        if header.base_offset != expected.base_offset
+            || u64::from(header.message_count) != expected.message_count
+            || u64::from(header.length) + ENTRY_HEADER_SIZE as u64 != expected.size_bytes
+        {
+            return Err(corrupt(format!(
+                "header (offset {}, {} messages, {} bytes) differs from the index (offset {}, {} \
+                 messages, {} bytes)",
+                header.base_offset,
+                header.message_count,
+                u64::from(header.length) + ENTRY_HEADER_SIZE as u64,
+                expected.base_offset,
+                expected.message_count,
+                expected.size_bytes
+            )));
+        }
+        let computed = payload_checksum(&entry[ENTRY_HEADER_SIZE..]);
+        if computed != header.checksum {
+            return Err(corrupt(format!(
+                "payload checksum {computed:#018x} differs from the header's {:#018x}",
+                header.checksum
+            )));
+        }
+        at += expected.size_bytes as usize;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fsync_policy_parses() {
+        assert_eq!("always".parse(), Ok(FsyncPolicy::Always));
+        assert_eq!("never".parse(), Ok(FsyncPolicy::Never));
+        assert_eq!(
+            "interval=250".parse(),
+            Ok(FsyncPolicy::Interval(Duration::from_millis(250)))
+        );
+        assert_eq!(FsyncPolicy::default(), FsyncPolicy::Always);
+    }
+
+    #[test]
+    fn fsync_policy_errors_name_value_and_rule() {
+        assert_eq!(
+            "interval=0".parse::<FsyncPolicy>(),
+            Err("fsync policy \"interval=0\": MS must be at least 1".to_owned())
+        );
+        assert_eq!(
+            "interval=1.5".parse::<FsyncPolicy>(),
+            Err(
+                "fsync policy \"interval=1.5\": MS must be an integer number of milliseconds"
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            "sometimes".parse::<FsyncPolicy>(),
+            Err(
+                "fsync policy \"sometimes\": expected \"always\", \"never\" or \"interval=MS\""
+                    .to_owned()
+            )
+        );
+        assert!("Always".parse::<FsyncPolicy>().is_err());
+    }
+
+    #[test]
+    fn read_stops_at_the_acknowledged_watermark() {
+        let dir = tempfile::tempdir().unwrap();
+        compio::runtime::Runtime::new().unwrap().block_on(async {
+            let config = LogConfig {
+                fsync: FsyncPolicy::Always,
+                segment_size_max: 1 << 20,
+            };
+            let (log, _) = PartitionLog::open(dir.path(), config).await.unwrap();
+            let first = crate::entry::build_entry(0, 2, b"first");
+            assert_eq!(log.append(first.clone()).await.unwrap(), 0);
+            assert_eq!(
+                log.append(crate::entry::build_entry(0, 3, b"second"))
+                    .await
+                    .unwrap(),
+                2
+            );
+            // Both entries are written and indexed; pretend only the first was acknowledged.
+            log.shared.state.borrow_mut().acked_offset = 2;
+            assert_eq!(log.read(0, u32::MAX, usize::MAX).await.unwrap(), first);
+            assert!(log.read(2, u32::MAX, usize::MAX).await.unwrap().is_empty());
+            assert!(log.read(4, u32::MAX, usize::MAX).await.unwrap().is_empty());
+            log.shared.state.borrow_mut().acked_offset = 5;
+            assert_eq!(log.read(4, u32::MAX, usize::MAX).await.unwrap().len(), 38);
+        });
+    }
+
+    #[test]
+    fn failed_write_poisons_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let segment_path = dir.path().join("00000000000000000000.log");
+        compio::runtime::Runtime::new().unwrap().block_on(async {
+            let config = LogConfig {
+                fsync: FsyncPolicy::Always,
+                segment_size_max: 1 << 20,
+            };
+            let (log, _) = PartitionLog::open(dir.path(), config.clone())
+                .await
+                .unwrap();
+            let first = crate::entry::build_entry(0, 1, b"first");
+            assert_eq!(log.append(first.clone()).await.unwrap(), 0);
+            // A read-only descriptor makes the next write fail with EBADF, like a failing disk.
+            let read_only = File::open(&segment_path).await.unwrap();
+            log.shared.state.borrow_mut().active_mut().file = read_only;
+
+            let second = log.append(crate::entry::build_entry(0, 1, b"second"));
+            let third = log.append(crate::entry::build_entry(0, 1, b"third"));
+            for result in [second.await, third.await] {
+                assert!(
+                    matches!(&result, Err(LogError::Io { op: "write entries", path, .. })
+                        if *path == segment_path),
+                    "{result:?}"
+                );
+            }
+            // Poisoned: everything after fails with the same error, without writing.
+            let later = log.append(crate::entry::build_entry(0, 1, b"later")).await;
+            assert!(
+                matches!(
+                    later,
+                    Err(LogError::Io {
+                        op: "write entries",
+                        ..
+                    })
+                ),
+                "{later:?}"
+            );
+            assert!(matches!(
+                log.sync().await,
+                Err(LogError::Io {
+                    op: "write entries",
+                    ..
+                })
+            ));
+            assert_eq!(log.acked_offset(), 1);
+            assert_eq!(log.read(0, u32::MAX, usize::MAX).await.unwrap(), first);
+            assert!(matches!(
+                log.close().await,
+                Err(LogError::Io {
+                    op: "write entries",
+                    ..
+                })
+            ));
+            assert!(matches!(
+                log.close().await,
+                Err(LogError::Io {
+                    op: "write entries",
+                    ..
+                })
+            ));
+            drop(log);
+
+            let (log, report) = PartitionLog::open(dir.path(), config).await.unwrap();
+            assert_eq!(report.next_offset, 1);
+            assert_eq!(report.truncated_bytes, 0);
+            assert_eq!(
+                log.append(crate::entry::build_entry(0, 1, b"again"))
+                    .await
+                    .unwrap(),
+                1
+            );
+        });
+    }
+
+    #[test]
+    fn check_entry_rejects_malformed_headers() {
+        let good = crate::entry::build_entry(0, 2, b"hello");
+        assert_eq!(check_entry(&good).unwrap().message_count, 2);
+        let message = |entry: &[u8]| check_entry(entry).unwrap_err().to_string();
+        assert_eq!(
+            message(&good[..20]),
+            "invalid entry: 20 bytes is shorter than the 32-byte header"
+        );
+        assert_eq!(
+            message(&good[..36]),
+            "invalid entry: header length 5 does not match the 4 payload bytes"
+        );
+        let zero_count = crate::entry::build_entry(0, 0, b"hello");
+        assert_eq!(message(&zero_count), "invalid entry: message_count is 0");
     }
 }

@@ -1,0 +1,428 @@
+//! Opening a log directory: list the segments, check they follow each other, load closed segments
+//! from their index files (or rescan them), and scan the last segment entry by entry, truncating a
+//! torn tail. A damaged closed segment is an error here, never skipped or truncated.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use compio::BufResult;
+use compio::fs::{File, OpenOptions};
+
+use super::index::SegmentIndex;
+use super::{LogError, RecoveryReport, Segment};
+use crate::durable::{DurableError, durable_replace, read_exact_append, read_verified, sync_dir};
+use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, payload_checksum};
+use crate::limits::{ENTRY_SIZE_MAX, SCAN_CHUNK_BYTES};
+
+/// `{base_offset:020}.log` in `dir`.
+pub(super) fn segment_path(dir: &Path, base_offset: u64) -> PathBuf {
+    dir.join(format!("{base_offset:020}.log"))
+}
+
+/// `{base_offset:020}.index` in `dir`.
+pub(super) fn index_path(dir: &Path, base_offset: u64) -> PathBuf {
+    dir.join(format!("{base_offset:020}.index"))
+}
+
+/// The base offset of a segment file name, if `name` is exactly `{base_offset:020}.log`.
+fn parse_segment_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".log")?;
+    if digits.len() != 20 || !digits.bytes().all(|byte| byte.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+pub(super) fn io_error(path: &Path, op: &'static str) -> impl FnOnce(io::Error) -> LogError {
+    let path = path.to_path_buf();
+    move |source| LogError::Io { path, op, source }
+}
+
+fn durable_error(error: DurableError) -> LogError {
+    match error {
+        DurableError::Io { path, op, source } => LogError::Io { path, op, source },
+        DurableError::Corrupt { path, reason } => LogError::Corrupt {
+            path,
+            position: 0,
+            reason,
+        },
+    }
+}
+
+/// The state `PartitionLog::open` starts from.
+#[derive(Debug)]
+pub(super) struct Recovered {
+    pub(super) segments: Vec<Segment>,
+    pub(super) report: RecoveryReport,
+}
+
+pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
+    create_log_dir(dir).await?;
+    let base_offsets = list_segments(dir).await?;
+    let mut report = RecoveryReport::default();
+    let mut segments = Vec::with_capacity(base_offsets.len().max(1));
+
+    let Some((&last_base_offset, closed_base_offsets)) = base_offsets.split_last() else {
+        let path = segment_path(dir, 0);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .await
+            .map_err(io_error(&path, "create segment"))?;
+        sync_dir(dir).await.map_err(io_error(
+            dir,
+            "fsync log directory after creating a segment",
+        ))?;
+        segments.push(Segment {
+            path,
+            file,
+            index: SegmentIndex::empty(0),
+        });
+        report.segment_count = 1;
+        return Ok(Recovered { segments, report });
+    };
+
+    let mut expected_base_offset = None;
+    for &base_offset in closed_base_offsets {
+        let path = segment_path(dir, base_offset);
+        check_follows(&path, base_offset, expected_base_offset)?;
+        let (segment, scanned) = open_closed_segment(dir, path, base_offset).await?;
+        report.scanned_segment_count += u32::from(scanned);
+        report.entry_count += segment.index.rows.len() as u64;
+        expected_base_offset = Some(segment.index.end_offset);
+        segments.push(segment);
+    }
+
+    let path = segment_path(dir, last_base_offset);
+    check_follows(&path, last_base_offset, expected_base_offset)?;
+    let (segment, truncated_bytes) = open_last_segment(path, last_base_offset).await?;
+    report.scanned_segment_count += 1;
+    report.truncated_bytes = truncated_bytes;
+    report.entry_count += segment.index.rows.len() as u64;
+    report.next_offset = segment.index.end_offset;
+    segments.push(segment);
+    report.segment_count = segments.len() as u32;
+    Ok(Recovered { segments, report })
+}
+
+/// Creates `dir` and any missing ancestors, fsyncing each directory whose entries changed so the
+/// new directories survive a crash.
+async fn create_log_dir(dir: &Path) -> Result<(), LogError> {
+    let mut missing = Vec::new();
+    let mut ancestor = Some(dir);
+    while let Some(path) = ancestor {
+        if path.as_os_str().is_empty() || compio::fs::metadata(path).await.is_ok() {
+            break;
+        }
+        missing.push(path);
+        ancestor = path.parent();
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    compio::fs::create_dir_all(dir)
+        .await
+        .map_err(io_error(dir, "create log directory"))?;
+    for created in missing {
+        let parent = match created.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        sync_dir(parent).await.map_err(io_error(
+            parent,
+            "fsync directory after creating the log directory",
+        ))?;
+    }
+    Ok(())
+}
+
+/// Base offsets of the segment files in `dir`, ascending. Other files (index files, `.tmp` files
+/// of an interrupted index write) are skipped. Listing uses `std::fs::read_dir` on compio's
+/// blocking pool: `io_uring` has no getdents operation.
+async fn list_segments(dir: &Path) -> Result<Vec<u64>, LogError> {
+    let listed_dir = dir.to_path_buf();
+    let names = compio::runtime::spawn_blocking(move || -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&listed_dir)? {
+            names.push(entry?.file_name().to_string_lossy().into_owned());
+        }
+        Ok(names)
+    })
+    .await
+    .map_err(|error| io_error(dir, "list log directory")(io::Error::other(error.to_string())))?
+    .map_err(io_error(dir, "list log directory"))?;
+    let mut base_offsets = Vec::new();
+    for name in names {
+        if let Some(base_offset) = parse_segment_name(&name) {
+            base_offsets.push(base_offset);
+        } else if Path::new(&name)
+            .extension()
+            .is_some_and(|extension| extension == "log")
+        {
+            tracing::warn!(dir = %dir.display(), file = %name, "ignoring a .log file that is not named {{base_offset:020}}.log");
+        }
+    }
+    base_offsets.sort_unstable();
+    Ok(base_offsets)
+}
+
+fn check_follows(path: &Path, base_offset: u64, expected: Option<u64>) -> Result<(), LogError> {
+    match expected {
+        Some(expected) if expected != base_offset => Err(LogError::Corrupt {
+            path: path.to_path_buf(),
+            position: 0,
+            reason: format!(
+                "segment starts at offset {base_offset} but the previous segment ends at offset \
+                 {expected}"
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Opens a closed segment read-only, from its index file when that verifies and matches the
+/// segment, else by a strict scan after which the index file is rewritten. Returns whether it
+/// scanned.
+async fn open_closed_segment(
+    dir: &Path,
+    path: PathBuf,
+    base_offset: u64,
+) -> Result<(Segment, bool), LogError> {
+    let file = File::open(&path)
+        .await
+        .map_err(io_error(&path, "open segment"))?;
+    let size_bytes = file
+        .metadata()
+        .await
+        .map_err(io_error(&path, "stat segment"))?
+        .len();
+    let index_file = index_path(dir, base_offset);
+    let why_scan = match read_verified(&index_file).await {
+        Ok(Some(payload)) => match SegmentIndex::decode(&payload, base_offset, size_bytes) {
+            Ok(index) => return Ok((Segment { path, file, index }, false)),
+            Err(reason) => reason,
+        },
+        Ok(None) => "index file missing".to_owned(),
+        Err(DurableError::Corrupt { reason, .. }) => reason,
+        Err(error @ DurableError::Io { .. }) => return Err(durable_error(error)),
+    };
+    tracing::warn!(
+        segment = %path.display(),
+        index = %index_file.display(),
+        reason = %why_scan,
+        "rescanning closed segment: its index file is not usable"
+    );
+    let scan = scan_segment(&file, &path, base_offset, size_bytes).await?;
+    if let Some(torn) = scan.invalid {
+        return Err(LogError::Corrupt {
+            path,
+            position: torn.position,
+            reason: format!("in a closed segment: {}", torn.reason),
+        });
+    }
+    durable_replace(&index_file, scan.index.encode())
+        .await
+        .map_err(durable_error)?;
+    Ok((
+        Segment {
+            path,
+            file,
+            index: scan.index,
+        },
+        true,
+    ))
+}
+
+/// Opens the last segment read-write and scans it; the first invalid entry starts a torn tail,
+/// which is truncated and fsynced. Returns the bytes cut.
+async fn open_last_segment(path: PathBuf, base_offset: u64) -> Result<(Segment, u64), LogError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .await
+        .map_err(io_error(&path, "open segment"))?;
+    let size_bytes = file
+        .metadata()
+        .await
+        .map_err(io_error(&path, "stat segment"))?
+        .len();
+    let scan = scan_segment(&file, &path, base_offset, size_bytes).await?;
+    let mut truncated_bytes = 0;
+    if let Some(torn) = scan.invalid {
+        truncated_bytes = size_bytes - torn.position;
+        tracing::warn!(
+            segment = %path.display(),
+            position = torn.position,
+            truncated_bytes,
+            reason = %torn.reason,
+            "truncating the torn tail of the last segment"
+        );
+        file.set_len(torn.position)
+            .await
+            .map_err(io_error(&path, "truncate torn tail"))?;
+        file.sync_all()
+            .await
+            .map_err(io_error(&path, "fsync after truncating torn tail"))?;
+    }
+    assert_eq!(scan.index.size_bytes, size_bytes - truncated_bytes);
+    Ok((
+        Segment {
+            path,
+            file,
+            index: scan.index,
+        },
+        truncated_bytes,
+    ))
+}
+
+/// The first entry that does not check out, and why.
+#[derive(Debug)]
+struct Invalid {
+    position: u64,
+    reason: String,
+}
+
+#[derive(Debug)]
+struct Scan {
+    /// Every valid entry before the first invalid one.
+    index: SegmentIndex,
+    invalid: Option<Invalid>,
+}
+
+/// Reads a segment entry by entry, checking each: the header fits, the entry is at most
+/// `ENTRY_SIZE_MAX`, `message_count >= 1`, `base_offset` is the next expected offset, the payload
+/// fits, and its XXH3-64 equals the header's checksum. Stops at the first entry that fails.
+async fn scan_segment(
+    file: &File,
+    path: &Path,
+    base_offset: u64,
+    size_bytes: u64,
+) -> Result<Scan, LogError> {
+    let mut index = SegmentIndex::empty(base_offset);
+    let mut reader = ChunkReader {
+        file,
+        size_bytes,
+        buffer: Vec::new(),
+        buffer_position: 0,
+    };
+    let invalid = loop {
+        let position = index.size_bytes;
+        if position == size_bytes {
+            break None;
+        }
+        let remaining = size_bytes - position;
+        let invalid = |reason: String| Some(Invalid { position, reason });
+        if remaining < ENTRY_HEADER_SIZE as u64 {
+            break invalid(format!(
+                "{remaining} bytes left, less than the {ENTRY_HEADER_SIZE}-byte entry header"
+            ));
+        }
+        let header_bytes = reader
+            .bytes(position, ENTRY_HEADER_SIZE)
+            .await
+            .map_err(io_error(path, "read segment"))?;
+        let header = EntryHeader::decode(header_bytes).expect("ChunkReader returned 32 bytes");
+        let entry_size = ENTRY_HEADER_SIZE as u64 + u64::from(header.length);
+        if entry_size > u64::from(ENTRY_SIZE_MAX) {
+            break invalid(format!(
+                "entry of {entry_size} bytes exceeds the {ENTRY_SIZE_MAX}-byte limit"
+            ));
+        }
+        if header.message_count == 0 {
+            break invalid("message_count is 0".to_owned());
+        }
+        if header.base_offset != index.end_offset {
+            break invalid(format!(
+                "base offset {} where offset {} was expected",
+                header.base_offset, index.end_offset
+            ));
+        }
+        if index
+            .end_offset
+            .checked_add(u64::from(header.message_count))
+            .is_none()
+        {
+            break invalid(format!(
+                "{} messages at offset {} overflow the offset space",
+                header.message_count, index.end_offset
+            ));
+        }
+        if entry_size > remaining {
+            break invalid(format!(
+                "entry of {entry_size} bytes but only {remaining} bytes left"
+            ));
+        }
+        let payload = reader
+            .bytes(position + ENTRY_HEADER_SIZE as u64, header.length as usize)
+            .await
+            .map_err(io_error(path, "read segment"))?;
+        let computed = payload_checksum(payload);
+        if computed != header.checksum {
+            break invalid(format!(
+                "payload checksum {computed:#018x} differs from the header's {:#018x}",
+                header.checksum
+            ));
+        }
+        index.push(header.base_offset, header.message_count, entry_size);
+    };
+    Ok(Scan { index, invalid })
+}
+
+/// Sequential reads of a file in [`SCAN_CHUNK_BYTES`] chunks, reusing one buffer.
+struct ChunkReader<'a> {
+    file: &'a File,
+    size_bytes: u64,
+    buffer: Vec<u8>,
+    /// File position of `buffer[0]`.
+    buffer_position: u64,
+}
+
+impl ChunkReader<'_> {
+    /// Bytes `position..position + length`, which must lie within the file.
+    async fn bytes(&mut self, position: u64, length: usize) -> io::Result<&[u8]> {
+        let end = position + length as u64;
+        assert!(end <= self.size_bytes, "ChunkReader reads within the file");
+        let buffered_end = self.buffer_position + self.buffer.len() as u64;
+        if position < self.buffer_position || end > buffered_end {
+            let read_size = (length.max(SCAN_CHUNK_BYTES) as u64).min(self.size_bytes - position);
+            let mut buffer = std::mem::take(&mut self.buffer);
+            buffer.clear();
+            let BufResult(result, buffer) =
+                read_exact_append(self.file, position, read_size as usize, buffer).await;
+            self.buffer = buffer;
+            self.buffer_position = position;
+            if let Err(error) = result {
+                self.buffer.clear();
+                return Err(error);
+            }
+        }
+        let start = (position - self.buffer_position) as usize;
+        Ok(&self.buffer[start..start + length])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_names_are_exact() {
+        assert_eq!(parse_segment_name("00000000000000000042.log"), Some(42));
+        assert_eq!(
+            parse_segment_name("18446744073709551615.log"),
+            Some(u64::MAX)
+        );
+        assert_eq!(parse_segment_name("99999999999999999999.log"), None);
+        assert_eq!(parse_segment_name("42.log"), None);
+        assert_eq!(parse_segment_name("0000000000000000004x.log"), None);
+        assert_eq!(parse_segment_name("00000000000000000042.index"), None);
+        assert_eq!(parse_segment_name("00000000000000000042.log.tmp"), None);
+        assert_eq!(
+            segment_path(Path::new("/d"), 42),
+            PathBuf::from("/d/00000000000000000042.log")
+        );
+    }
+}

@@ -1,0 +1,312 @@
+//! The single writer task of one log (group commit). It takes every queued append at once, writes
+//! them with vectored writes at the end of the active segment, rolls segments, fsyncs once per
+//! group under `FsyncPolicy::Always`, then acknowledges the group in offset order.
+//!
+//! It must never acknowledge an entry whose write (or required fsync) has not succeeded, and after
+//! any failed write or fsync it must not write again: the log is poisoned until reopened.
+
+use std::mem;
+use std::rc::Rc;
+use std::time::Instant;
+
+use compio::BufResult;
+use compio::fs::OpenOptions;
+use compio::io::AsyncWriteAtExt;
+
+use super::completion::Completion;
+use super::recovery::{index_path, segment_path};
+use super::{Failure, FsyncPolicy, LogError, PendingAppend, Segment, Shared};
+use crate::durable::{DurableError, durable_replace, sync_dir};
+use crate::limits::WRITE_IOVEC_COUNT_MAX;
+
+use super::index::SegmentIndex;
+
+/// What the writer does next.
+enum Work {
+    Group {
+        appends: Vec<PendingAppend>,
+        syncs: Vec<Completion<Result<(), LogError>>>,
+    },
+    Exit,
+}
+
+/// The writer loop; runs until the log is closed or dropped and its queue is drained.
+pub(super) async fn run(shared: Rc<Shared>) {
+    loop {
+        match next_work(&shared).await {
+            Work::Group { appends, syncs } => process_group(&shared, appends, syncs).await,
+            Work::Exit => {
+                finish(&shared).await;
+                return;
+            }
+        }
+    }
+}
+
+async fn next_work(shared: &Shared) -> Work {
+    std::future::poll_fn(|context| {
+        let mut state = shared.state.borrow_mut();
+        if !state.queue.is_empty() || !state.sync_waiters.is_empty() {
+            let appends: Vec<PendingAppend> = state.queue.drain(..).collect();
+            state.queued_bytes = 0;
+            let syncs = mem::take(&mut state.sync_waiters);
+            return std::task::Poll::Ready(Work::Group { appends, syncs });
+        }
+        if state.closing {
+            return std::task::Poll::Ready(Work::Exit);
+        }
+        state.writer_waker = Some(context.waker().clone());
+        std::task::Poll::Pending
+    })
+    .await
+}
+
+async fn process_group(
+    shared: &Shared,
+    appends: Vec<PendingAppend>,
+    syncs: Vec<Completion<Result<(), LogError>>>,
+) {
+    let earlier_failure = shared.state.borrow().failure.clone();
+    if let Some(failure) = earlier_failure {
+        fail_all(&failure, appends, syncs);
+        return;
+    }
+    let sync_required = shared.config.fsync == FsyncPolicy::Always || !syncs.is_empty();
+    let mut completions = Vec::with_capacity(appends.len());
+    let mut entries = Vec::with_capacity(appends.len());
+    for append in appends {
+        completions.push((append.base_offset, append.completion));
+        entries.push(Entry {
+            base_offset: append.base_offset,
+            message_count: append.message_count,
+            bytes: append.entry,
+        });
+    }
+    let written_end_offset = entries.last().map(Entry::end_offset);
+    match write_group(shared, entries, sync_required).await {
+        Ok(()) => {
+            if let Some(end_offset) = written_end_offset {
+                let mut state = shared.state.borrow_mut();
+                assert!(
+                    end_offset > state.acked_offset,
+                    "groups are acknowledged in order"
+                );
+                state.acked_offset = end_offset;
+            }
+            for (base_offset, completion) in completions {
+                completion.complete(Ok(base_offset));
+            }
+            for sync in syncs {
+                sync.complete(Ok(()));
+            }
+        }
+        Err(failure) => {
+            tracing::error!(
+                path = %failure.path.display(),
+                op = failure.op,
+                error = %failure.message,
+                "log write failed; the log is poisoned until reopened"
+            );
+            shared.state.borrow_mut().failure = Some(failure.clone());
+            let appends_failed = completions.into_iter().map(|(_, completion)| completion);
+            for completion in appends_failed {
+                completion.complete(Err(failure.to_error()));
+            }
+            for sync in syncs {
+                sync.complete(Err(failure.to_error()));
+            }
+        }
+    }
+}
+
+fn fail_all(
+    failure: &Failure,
+    appends: Vec<PendingAppend>,
+    syncs: Vec<Completion<Result<(), LogError>>>,
+) {
+    for append in appends {
+        append.completion.complete(Err(failure.to_error()));
+    }
+    for sync in syncs {
+        sync.complete(Err(failure.to_error()));
+    }
+}
+
+/// Drains nothing (the queue is empty when called), fsyncs what is dirty, and completes `close`.
+async fn finish(shared: &Shared) {
+    let needs_sync = {
+        let state = shared.state.borrow();
+        state.failure.is_none() && state.dirty
+    };
+    if needs_sync && let Err(failure) = sync_active(shared).await {
+        tracing::error!(
+            path = %failure.path.display(),
+            error = %failure.message,
+            "fsync at close failed"
+        );
+        shared.state.borrow_mut().failure = Some(failure);
+    }
+    let (failure, close_waiters) = {
+        let mut state = shared.state.borrow_mut();
+        state.writer_done = true;
+        (state.failure.clone(), mem::take(&mut state.close_waiters))
+    };
+    for waiter in close_waiters {
+        waiter.complete(match &failure {
+            Some(failure) => Err(failure.to_error()),
+            None => Ok(()),
+        });
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    base_offset: u64,
+    message_count: u32,
+    bytes: Vec<u8>,
+}
+
+impl Entry {
+    fn end_offset(&self) -> u64 {
+        self.base_offset + u64::from(self.message_count)
+    }
+}
+
+/// Writes `entries` in order, rolling segments as they fill, then fsyncs the active segment if
+/// `sync_required` and anything is unsynced.
+async fn write_group(
+    shared: &Shared,
+    entries: Vec<Entry>,
+    sync_required: bool,
+) -> Result<(), Failure> {
+    let segment_size_max = shared.config.segment_size_max;
+    let mut batch: Vec<Entry> = Vec::new();
+    let mut batch_bytes: u64 = 0;
+    for entry in entries {
+        let entry_size = entry.bytes.len() as u64;
+        let active_size = shared.state.borrow().active().index.size_bytes + batch_bytes;
+        if active_size > 0 && active_size + entry_size > segment_size_max {
+            write_batch(shared, mem::take(&mut batch)).await?;
+            batch_bytes = 0;
+            roll(shared).await?;
+        }
+        batch_bytes += entry_size;
+        batch.push(entry);
+        if batch.len() == WRITE_IOVEC_COUNT_MAX {
+            write_batch(shared, mem::take(&mut batch)).await?;
+            batch_bytes = 0;
+        }
+    }
+    write_batch(shared, batch).await?;
+    if sync_required && shared.state.borrow().dirty {
+        sync_active(shared).await?;
+    }
+    Ok(())
+}
+
+/// One vectored write of `batch` at the end of the active segment, then the entries join its
+/// index (still invisible to readers until the group is acknowledged).
+async fn write_batch(shared: &Shared, batch: Vec<Entry>) -> Result<(), Failure> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let (file, path, position) = {
+        let state = shared.state.borrow();
+        let active = state.active();
+        (
+            active.file.clone(),
+            active.path.clone(),
+            active.index.size_bytes,
+        )
+    };
+    let mut rows = Vec::with_capacity(batch.len());
+    let mut buffers = Vec::with_capacity(batch.len());
+    for entry in batch {
+        rows.push((
+            entry.base_offset,
+            entry.message_count,
+            entry.bytes.len() as u64,
+        ));
+        buffers.push(entry.bytes);
+    }
+    let BufResult(result, _) = (&file).write_vectored_all_at(buffers, position).await;
+    result.map_err(|error| Failure::new(&path, "write entries", &error))?;
+    let mut state = shared.state.borrow_mut();
+    let active = state.active_mut();
+    assert_eq!(
+        active.index.size_bytes, position,
+        "only the writer appends to the active segment"
+    );
+    for (base_offset, message_count, size_bytes) in rows {
+        active.index.push(base_offset, message_count, size_bytes);
+    }
+    state.dirty = true;
+    Ok(())
+}
+
+/// Fsyncs the active segment's data (`fdatasync`, which also persists the size a read needs).
+async fn sync_active(shared: &Shared) -> Result<(), Failure> {
+    let (file, path) = {
+        let state = shared.state.borrow();
+        (state.active().file.clone(), state.active().path.clone())
+    };
+    file.sync_data()
+        .await
+        .map_err(|error| Failure::new(&path, "fsync segment", &error))?;
+    let mut state = shared.state.borrow_mut();
+    state.dirty = false;
+    state.last_sync_at = Instant::now();
+    state.fsync_count += 1;
+    Ok(())
+}
+
+/// Closes the active segment and starts the next one. Order (see FORMAT.md): fsync the closed
+/// segment whatever the policy (so a crash can never leave a torn closed segment), write its index
+/// file durably, create the new segment file, fsync the directory.
+async fn roll(shared: &Shared) -> Result<(), Failure> {
+    sync_active(shared).await?;
+    let (closed_path, index) = {
+        let state = shared.state.borrow();
+        (state.active().path.clone(), state.active().index.clone())
+    };
+    let index_file = index_path(&shared.dir, index.base_offset);
+    durable_replace(&index_file, index.encode())
+        .await
+        .map_err(|error| match error {
+            DurableError::Io { path, op, source } => Failure::new(&path, op, &source),
+            DurableError::Corrupt { path, reason } => Failure {
+                path,
+                op: "write index file",
+                kind: std::io::ErrorKind::InvalidData,
+                message: reason,
+            },
+        })?;
+    let base_offset = index.end_offset;
+    let path = segment_path(&shared.dir, base_offset);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .await
+        .map_err(|error| Failure::new(&path, "create segment", &error))?;
+    sync_dir(&shared.dir).await.map_err(|error| {
+        Failure::new(
+            &shared.dir,
+            "fsync log directory after creating a segment",
+            &error,
+        )
+    })?;
+    tracing::debug!(
+        closed = %closed_path.display(),
+        next = %path.display(),
+        closed_size_bytes = index.size_bytes,
+        "rolled segment"
+    );
+    shared.state.borrow_mut().segments.push(Segment {
+        path,
+        file,
+        index: SegmentIndex::empty(base_offset),
+    });
+    Ok(())
+}
