@@ -45,7 +45,11 @@ fn init_logging(filter: Option<&str>) {
         || tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         tracing_subscriber::EnvFilter::new,
     );
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 fn main() -> std::process::ExitCode {
