@@ -458,7 +458,7 @@ impl ShardSet {
         let handle = signals.handle();
         let stop = self.stop.clone();
         let watcher = std::thread::Builder::new()
-            .name("shard-signals".to_owned())
+            .name("sl-signals".to_owned())
             .spawn(move || {
                 let mut stopping = false;
                 for signal in signals.forever() {

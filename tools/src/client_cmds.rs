@@ -105,7 +105,9 @@ pub struct PollArgs {
 }
 
 fn block_on<T>(future: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
-    compio::runtime::Runtime::new().context("cannot start the I/O runtime")?.block_on(future)
+    compio::runtime::Runtime::new()
+        .context("cannot start the I/O runtime")?
+        .block_on(future)
 }
 
 async fn connect(addr: SocketAddr) -> anyhow::Result<Client> {
@@ -115,8 +117,15 @@ async fn connect(addr: SocketAddr) -> anyhow::Result<Client> {
 pub fn stream(command: StreamCommand) -> anyhow::Result<()> {
     block_on(async move {
         match command {
-            StreamCommand::Create { stream_id, name, addr } => {
-                connect(addr.addr).await?.create_stream(stream_id, &name).await?;
+            StreamCommand::Create {
+                stream_id,
+                name,
+                addr,
+            } => {
+                connect(addr.addr)
+                    .await?
+                    .create_stream(stream_id, &name)
+                    .await?;
                 println!("created stream {stream_id} {name:?}");
             }
             StreamCommand::Delete { stream_id, addr } => {
@@ -131,12 +140,30 @@ pub fn stream(command: StreamCommand) -> anyhow::Result<()> {
 pub fn topic(command: TopicCommand) -> anyhow::Result<()> {
     block_on(async move {
         match command {
-            TopicCommand::Create { stream_id, topic_id, name, partitions, addr } => {
-                connect(addr.addr).await?.create_topic(stream_id, topic_id, &name, partitions).await?;
-                println!("created topic {stream_id}/{topic_id} {name:?} with {partitions} partitions");
+            TopicCommand::Create {
+                stream_id,
+                topic_id,
+                name,
+                partitions,
+                addr,
+            } => {
+                connect(addr.addr)
+                    .await?
+                    .create_topic(stream_id, topic_id, &name, partitions)
+                    .await?;
+                println!(
+                    "created topic {stream_id}/{topic_id} {name:?} with {partitions} partitions"
+                );
             }
-            TopicCommand::Delete { stream_id, topic_id, addr } => {
-                connect(addr.addr).await?.delete_topic(stream_id, topic_id).await?;
+            TopicCommand::Delete {
+                stream_id,
+                topic_id,
+                addr,
+            } => {
+                connect(addr.addr)
+                    .await?
+                    .delete_topic(stream_id, topic_id)
+                    .await?;
                 println!("deleted topic {stream_id}/{topic_id}");
             }
         }
@@ -145,7 +172,9 @@ pub fn topic(command: TopicCommand) -> anyhow::Result<()> {
 }
 
 fn now_us() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 pub fn send(args: &SendArgs) -> anyhow::Result<()> {
@@ -155,7 +184,10 @@ pub fn send(args: &SendArgs) -> anyhow::Result<()> {
         )),
         None => Box::new(std::io::stdin().lock()),
     };
-    let lines: Vec<String> = reader.lines().collect::<Result<_, _>>().context("cannot read messages")?;
+    let lines: Vec<String> = reader
+        .lines()
+        .collect::<Result<_, _>>()
+        .context("cannot read messages")?;
     if lines.is_empty() {
         bail!("no messages to send: the input has no lines");
     }
@@ -165,7 +197,8 @@ pub fn send(args: &SendArgs) -> anyhow::Result<()> {
         let mut sent = 0usize;
         let mut first_offset = None;
         for chunk in lines.chunks(args.batch as usize) {
-            let mut builder = BatchBuilder::with_capacity(chunk.len(), chunk.iter().map(String::len).sum());
+            let mut builder =
+                BatchBuilder::with_capacity(chunk.len(), chunk.iter().map(String::len).sum());
             for (index, line) in chunk.iter().enumerate() {
                 builder.push((sent + index) as u64, now_us(), line.as_bytes());
             }
@@ -173,7 +206,11 @@ pub fn send(args: &SendArgs) -> anyhow::Result<()> {
             first_offset.get_or_insert(ack.base_offset);
             sent += chunk.len();
         }
-        println!("sent {sent} messages to {namespace} at offsets {}..{}", first_offset.unwrap_or(0), first_offset.unwrap_or(0) + sent as u64);
+        println!(
+            "sent {sent} messages to {namespace} at offsets {}..{}",
+            first_offset.unwrap_or(0),
+            first_offset.unwrap_or(0) + sent as u64
+        );
         Ok(())
     })
 }
@@ -186,8 +223,11 @@ pub fn poll(args: &PollArgs) -> anyhow::Result<()> {
         let mut offset = args.offset;
         let mut printed = 0u32;
         while printed < args.count {
-            let body = client.poll_messages(namespace, offset, args.count - printed).await?;
-            let messages = bus::client::messages_from(&body, offset).context("server sent a malformed batch")?;
+            let body = client
+                .poll_messages(namespace, offset, args.count - printed)
+                .await?;
+            let messages = bus::client::messages_from(&body, offset)
+                .context("server sent a malformed batch")?;
             if messages.is_empty() {
                 break;
             }

@@ -11,7 +11,9 @@ use clap::{Parser, Subcommand};
 /// A thread-per-core streaming-log server: pinned shards that share nothing, one io_uring each.
 #[derive(Debug, Parser)]
 #[command(name = "shardline", version, propagate_version = true)]
-#[command(after_help = "Quickstart:\n  shardline bench                      measure an embedded server on all allowed cores\n  shardline serve --data-dir ./data    run a server on 127.0.0.1:8090\n  shardline stream create 1 orders     then: topic create, send, poll, metadata")]
+#[command(
+    after_help = "Quickstart:\n  shardline bench                      measure an embedded server on all allowed cores\n  shardline serve --data-dir ./data    run a server on 127.0.0.1:8090\n  shardline stream create 1 orders     then: topic create, send, poll, metadata"
+)]
 struct Cli {
     /// Log filter, e.g. `info`, `debug`, `shards=debug` (overrides RUST_LOG).
     #[arg(long, global = true, env = "SHARDLINE_LOG")]
@@ -56,7 +58,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log.as_deref());
     let result = match cli.command {
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(&args),
         Command::Bench(args) => tools::bench::run(&args),
         Command::Stream(command) => client_cmds::stream(command),
         Command::Topic(command) => client_cmds::topic(command),

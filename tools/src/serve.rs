@@ -13,7 +13,12 @@ use storage::FsyncPolicy;
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     /// Number of shards (one pinned thread each), or `all` for one per allowed CPU.
-    #[arg(long, env = "SHARDLINE_SHARDS", default_value = "all", value_name = "N|all")]
+    #[arg(
+        long,
+        env = "SHARDLINE_SHARDS",
+        default_value = "all",
+        value_name = "N|all"
+    )]
     pub shards: ShardCountArg,
     /// Exact CPUs to pin shards to, e.g. `0-3,8`; each must be in the process affinity mask.
     #[arg(long, env = "SHARDLINE_CPUS", value_name = "LIST")]
@@ -29,7 +34,12 @@ pub struct ServeArgs {
     pub data_dir: PathBuf,
     /// When appends are acknowledged: `always` (after fsync, batches share fsyncs), `interval=MS`
     /// (after the write; fsync every MS), `never` (page cache only).
-    #[arg(long, env = "SHARDLINE_FSYNC", default_value = "always", value_name = "always|interval=MS|never")]
+    #[arg(
+        long,
+        env = "SHARDLINE_FSYNC",
+        default_value = "always",
+        value_name = "always|interval=MS|never"
+    )]
     pub fsync: FsyncPolicy,
     /// Largest message accepted, header included (bytes, 1024..=67108864).
     #[arg(long, env = "SHARDLINE_MAX_MESSAGE_SIZE", default_value_t = bus::limits::MESSAGE_SIZE_MAX_DEFAULT)]
@@ -49,7 +59,11 @@ pub struct ServeArgs {
 impl ServeArgs {
     pub fn to_config(&self) -> ServerConfig {
         let mut config = ServerConfig::new(self.data_dir.clone());
-        config.topology = TopologyConfig { shards: self.shards, cpus: self.cpus.clone(), pin: !self.no_pin };
+        config.topology = TopologyConfig {
+            shards: self.shards,
+            cpus: self.cpus.clone(),
+            pin: !self.no_pin,
+        };
         config.io_driver = self.io_driver;
         config.inbox_capacity = self.inbox_capacity;
         config.listen = self.listen;
@@ -60,14 +74,16 @@ impl ServeArgs {
     }
 }
 
-pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     let config = args.to_config();
     tracing::info!(
         data_dir = %config.data_dir.display(), fsync = ?config.fsync, io_driver = ?config.io_driver,
         "starting"
     );
     let server = RunningServer::start(config)?;
-    server.stop_on_signals().context("cannot install SIGINT/SIGTERM handlers")?;
+    server
+        .stop_on_signals()
+        .context("cannot install SIGINT/SIGTERM handlers")?;
     let cores: Vec<String> = server
         .topology
         .shard_cores

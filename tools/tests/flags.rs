@@ -26,7 +26,10 @@ fn allowed_cpu_count() -> usize {
 #[test]
 fn shards_zero_is_rejected() {
     let message = serve_error(&["--shards", "0"]);
-    assert!(message.contains("--shards") && message.contains("'0'") && message.contains("at least 1"), "{message}");
+    assert!(
+        message.contains("--shards") && message.contains("'0'") && message.contains("at least 1"),
+        "{message}"
+    );
 }
 
 #[test]
@@ -34,32 +37,52 @@ fn more_shards_than_cores_without_no_pin_is_rejected() {
     let shards = (allowed_cpu_count() + 1).to_string();
     let message = serve_error(&["--shards", &shards]);
     assert!(message.contains(&format!("--shards {shards}")), "{message}");
-    assert!(message.contains("more shards than allowed cores") && message.contains("--no-pin"), "{message}");
+    assert!(
+        message.contains("more shards than allowed cores") && message.contains("--no-pin"),
+        "{message}"
+    );
 }
 
 #[test]
 fn cpu_outside_the_allowed_set_is_rejected() {
     let message = serve_error(&["--cpus", "99"]);
-    assert!(message.contains("--cpus 99") && message.contains("CPU 99 is not in the allowed set"), "{message}");
+    assert!(
+        message.contains("--cpus 99") && message.contains("CPU 99 is not in the allowed set"),
+        "{message}"
+    );
 }
 
 #[test]
 fn reversed_cpu_range_is_rejected() {
     let message = serve_error(&["--cpus", "3-1"]);
-    assert!(message.contains("--cpus") && message.contains("3-1"), "{message}");
-    assert!(message.contains("start") && message.contains("end"), "{message}");
+    assert!(
+        message.contains("--cpus") && message.contains("3-1"),
+        "{message}"
+    );
+    assert!(
+        message.contains("start") && message.contains("end"),
+        "{message}"
+    );
 }
 
 #[test]
 fn tiny_max_message_size_is_rejected() {
     let message = serve_error(&["--max-message-size", "100"]);
-    assert!(message.contains("max_message_size") && message.contains("\"100\"") && message.contains("between 1024"), "{message}");
+    assert!(
+        message.contains("max_message_size")
+            && message.contains("\"100\"")
+            && message.contains("between 1024"),
+        "{message}"
+    );
 }
 
 #[test]
 fn unknown_fsync_policy_is_rejected() {
     let message = serve_error(&["--fsync", "sometimes"]);
-    assert!(message.contains("--fsync") && message.contains("sometimes"), "{message}");
+    assert!(
+        message.contains("--fsync") && message.contains("sometimes"),
+        "{message}"
+    );
 }
 
 /// Threads named `shard-*` of a process, with their allowed CPU list.
@@ -67,7 +90,10 @@ fn shard_threads(pid: u32) -> Vec<(String, String)> {
     let mut shards = Vec::new();
     for entry in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
         let task = entry.unwrap().path();
-        let comm = std::fs::read_to_string(task.join("comm")).unwrap().trim().to_owned();
+        let comm = std::fs::read_to_string(task.join("comm"))
+            .unwrap()
+            .trim()
+            .to_owned();
         if comm.starts_with("shard-") {
             let status = std::fs::read_to_string(task.join("status")).unwrap();
             let cpus = status
@@ -93,6 +119,9 @@ fn shards_all_under_taskset_runs_one_shard_pinned_to_cpu_1() {
     let mut taskset = Command::new("taskset");
     taskset.args(["-c", "1", BIN]);
     let server = Server::start_with(taskset, &dir.path().join("data"), &["--shards", "all"]);
-    assert_eq!(shard_threads(server.pid()), vec![("shard-0".to_owned(), "1".to_owned())]);
+    assert_eq!(
+        shard_threads(server.pid()),
+        vec![("shard-0".to_owned(), "1".to_owned())]
+    );
     assert_eq!(server.stop(), Some(0));
 }

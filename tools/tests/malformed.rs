@@ -24,7 +24,9 @@ fn reseal(header: &mut Header) -> Vec<u8> {
 /// Writes `bytes` (then half-closes if `shutdown`), and asserts the server closes the connection.
 fn assert_closed(addr: std::net::SocketAddr, bytes: &[u8], shutdown: bool) {
     let mut stream = TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     stream.write_all(bytes).unwrap();
     if shutdown {
         stream.shutdown(std::net::Shutdown::Write).unwrap();
@@ -40,7 +42,10 @@ fn assert_closed(addr: std::net::SocketAddr, bytes: &[u8], shutdown: bool) {
 #[test]
 fn malformed_frames_close_only_their_connection() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(&dir.path().join("data"), &["--shards", "2", "--no-pin", "--max-message-size", "4096"]);
+    let server = Server::start(
+        &dir.path().join("data"),
+        &["--shards", "2", "--no-pin", "--max-message-size", "4096"],
+    );
 
     let addr = server.addr;
     let good = std::thread::spawn(move || {
@@ -89,7 +94,14 @@ fn malformed_frames_close_only_their_connection() {
     assert_closed(addr, &random, false);
 
     good.join().expect("the well-behaved client kept working");
-    block_on(async { bus::Client::connect(addr).await.unwrap().ping().await.unwrap() });
+    block_on(async {
+        bus::Client::connect(addr)
+            .await
+            .unwrap()
+            .ping()
+            .await
+            .unwrap();
+    });
 
     let log = server.stderr();
     for reason in [

@@ -11,7 +11,11 @@ const PARTITION_COUNT: u16 = 8;
 fn corpus() -> Vec<Vec<u8>> {
     let path = shared_data("debian-packages.jsonl");
     let text = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let lines: Vec<Vec<u8>> = text.split(|b| *b == b'\n').filter(|l| !l.is_empty()).map(<[u8]>::to_vec).collect();
+    let lines: Vec<Vec<u8>> = text
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect();
     assert_eq!(lines.len(), 20_000, "corpus changed");
     lines
 }
@@ -32,10 +36,15 @@ fn check_all(addr: std::net::SocketAddr, expected: &[Vec<(u64, Vec<u8>)>]) {
             let namespace = Namespace::new(1, 1, partition_id as u16);
             let got = read_all(&mut client, namespace).await;
             assert_eq!(got.len(), records.len(), "message count of {namespace}");
-            for ((offset, id, payload), (index, (expected_id, expected_payload))) in got.iter().zip(records.iter().enumerate()) {
+            for ((offset, id, payload), (index, (expected_id, expected_payload))) in
+                got.iter().zip(records.iter().enumerate())
+            {
                 assert_eq!(*offset, index as u64);
                 assert_eq!(id, expected_id, "id at {namespace} offset {offset}");
-                assert!(payload == expected_payload, "payload at {namespace} offset {offset} differs");
+                assert!(
+                    payload == expected_payload,
+                    "payload at {namespace} offset {offset} differs"
+                );
             }
         }
         let metadata = client.get_metadata().await.unwrap();
@@ -46,8 +55,13 @@ fn check_all(addr: std::net::SocketAddr, expected: &[Vec<(u64, Vec<u8>)>]) {
             assert_eq!(partition.next_offset, records.len() as u64);
             assert!(partition.owner_shard < 2);
         }
-        let owners: std::collections::BTreeSet<u16> = topic.partitions.iter().map(|p| p.owner_shard).collect();
-        assert_eq!(owners.len(), 2, "8 partitions should spread over both shards");
+        let owners: std::collections::BTreeSet<u16> =
+            topic.partitions.iter().map(|p| p.owner_shard).collect();
+        assert_eq!(
+            owners.len(),
+            2,
+            "8 partitions should spread over both shards"
+        );
     });
 }
 
@@ -58,11 +72,17 @@ fn debian_corpus_round_trips_across_partitions_and_restart() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
 
-    let server = Server::start(&data_dir, &["--shards", "2", "--no-pin", "--fsync", "always"]);
+    let server = Server::start(
+        &data_dir,
+        &["--shards", "2", "--no-pin", "--fsync", "always"],
+    );
     block_on(async {
         let mut client = bus::Client::connect(server.addr).await.unwrap();
         client.create_stream(1, "debian").await.unwrap();
-        client.create_topic(1, 1, "packages", u32::from(PARTITION_COUNT)).await.unwrap();
+        client
+            .create_topic(1, 1, "packages", u32::from(PARTITION_COUNT))
+            .await
+            .unwrap();
         for (partition_id, records) in expected.iter().enumerate() {
             let namespace = Namespace::new(1, 1, partition_id as u16);
             let mut next_offset = 0;
@@ -71,7 +91,10 @@ fn debian_corpus_round_trips_across_partitions_and_restart() {
                 for (id, payload) in chunk {
                     builder.push(*id, 1_700_000_000_000_000 + id, payload);
                 }
-                let ack = client.send_messages(namespace, builder.finish()).await.unwrap();
+                let ack = client
+                    .send_messages(namespace, builder.finish())
+                    .await
+                    .unwrap();
                 assert_eq!(ack.base_offset, next_offset);
                 assert_eq!(ack.message_count as usize, chunk.len());
                 next_offset += chunk.len() as u64;

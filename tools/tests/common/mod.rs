@@ -14,7 +14,9 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_shardline");
 
 /// The shared corpus beside the repository (`../shared/data`).
 pub fn shared_data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/data")
+        .join(name)
 }
 
 pub struct Server {
@@ -32,7 +34,11 @@ impl Server {
 
     pub fn start_with(mut command: Command, data_dir: &Path, extra: &[&str]) -> Server {
         let stderr_log = data_dir.with_extension(format!("stderr.{}.log", std::process::id()));
-        let stderr_file = std::fs::OpenOptions::new().create(true).append(true).open(&stderr_log).unwrap();
+        let stderr_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&stderr_log)
+            .unwrap();
         let mut child = command
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
@@ -52,20 +58,24 @@ impl Server {
             }
             for _ in lines {}
         });
-        let line = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(line) => line,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("server did not start; stderr:\n{}", std::fs::read_to_string(&stderr_log).unwrap_or_default());
-            }
+        let Ok(line) = rx.recv_timeout(Duration::from_mins(1)) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "server did not start; stderr:\n{}",
+                std::fs::read_to_string(&stderr_log).unwrap_or_default()
+            );
         };
         let addr = line
             .strip_prefix("listening on ")
             .unwrap_or_else(|| panic!("unexpected first stdout line {line:?}"))
             .parse()
             .unwrap();
-        Server { child, addr, stderr_log }
+        Server {
+            child,
+            addr,
+            stderr_log,
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -109,7 +119,10 @@ pub fn block_on<T>(future: impl Future<Output = T>) -> T {
 }
 
 /// Reads every message of a partition from offset 0: (offset, id, payload).
-pub async fn read_all(client: &mut bus::Client, namespace: bus::Namespace) -> Vec<(u64, u64, Vec<u8>)> {
+pub async fn read_all(
+    client: &mut bus::Client,
+    namespace: bus::Namespace,
+) -> Vec<(u64, u64, Vec<u8>)> {
     let mut out = Vec::new();
     let mut offset = 0;
     loop {
@@ -119,7 +132,11 @@ pub async fn read_all(client: &mut bus::Client, namespace: bus::Namespace) -> Ve
             return out;
         }
         for message in messages {
-            assert!(message.verify(), "checksum of message at offset {} in {namespace}", message.offset);
+            assert!(
+                message.verify(),
+                "checksum of message at offset {} in {namespace}",
+                message.offset
+            );
             assert_eq!(message.offset, offset, "gap or duplicate in {namespace}");
             out.push((message.offset, message.id, message.payload.to_vec()));
             offset += 1;
