@@ -38,8 +38,13 @@ pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: Soc
             );
             return;
         }
-        let reply = handle_request(&shard, frame).await;
-        let compio::BufResult(result, _) = stream.write_all(reply).await;
+        let (head, body) = handle_request(&shard, frame).await;
+        let compio::BufResult(result, ()) = if body.is_empty() {
+            stream.write_all(head).await.map_buffer(drop)
+        } else {
+            // Header and body in one vectored write: a poll reply is never copied again.
+            stream.write_vectored_all([head, body]).await.map_buffer(drop)
+        };
         if let Err(e) = result {
             tracing::debug!(shard = shard.id.0, %peer, error = %e, "closing connection: write failed");
             return;
@@ -52,17 +57,24 @@ fn name_from(body: &[u8]) -> Result<String, ShardReply> {
         .map_err(|_| ShardReply::error(ErrorCode::InvalidArgument, "name is not valid UTF-8"))
 }
 
-/// Routes one validated request and returns the encoded reply frame.
-async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> Vec<u8> {
+/// An encoded reply: header bytes (or a whole small frame) and a body written after it.
+type EncodedReply = (Vec<u8>, Vec<u8>);
+
+fn error_reply(request: &bus::Header, code: ErrorCode, message: &str) -> EncodedReply {
+    (bus::reply::error_reply(request, code, message), Vec::new())
+}
+
+/// Routes one validated request and returns the encoded reply.
+async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
     let Frame { header, body } = frame;
     let header = &header;
     let Some(operation) = Operation::from_u8(header.operation) else {
         // read_frame rejects unknown operations; reaching this is a bus bug.
-        return bus::reply::error_reply(header, ErrorCode::Internal, "unknown operation");
+        return error_reply(header, ErrorCode::Internal, "unknown operation");
     };
     let namespace = Namespace(header.namespace);
     let reply = match operation {
-        Operation::Ping => return encode_ok(header, &[], 0, 0),
+        Operation::Ping => return encode_ok(header, Vec::new(), 0, 0),
         Operation::CreateStream => match name_from(&body) {
             Ok(name) => {
                 metadata(
@@ -152,16 +164,14 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> Vec<u8> {
         ShardReply::Sent {
             base_offset,
             message_count,
-        } => encode_ok(header, &[], base_offset, message_count),
+        } => encode_ok(header, Vec::new(), base_offset, message_count),
         ShardReply::Polled {
             batches,
             message_count,
-        } => encode_ok(header, &batches, header.offset, message_count),
-        ShardReply::MetadataDone => encode_ok(header, &[], 0, 0),
-        ShardReply::Error { code, message } => bus::reply::error_reply(header, code, &message),
-        ShardReply::Offsets(_) => {
-            bus::reply::error_reply(header, ErrorCode::Internal, "unexpected reply")
-        }
+        } => encode_ok(header, batches, header.offset, message_count),
+        ShardReply::MetadataDone => encode_ok(header, Vec::new(), 0, 0),
+        ShardReply::Error { code, message } => error_reply(header, code, &message),
+        ShardReply::Offsets(_) => error_reply(header, ErrorCode::Internal, "unexpected reply"),
     }
 }
 
@@ -169,7 +179,7 @@ async fn metadata(shard: &Rc<Shard>, op: MetadataOp) -> ShardReply {
     shard.call(ShardId(0), ShardRequest::Metadata(op)).await
 }
 
-async fn get_metadata(shard: &Rc<Shard>, header: &bus::Header) -> Vec<u8> {
+async fn get_metadata(shard: &Rc<Shard>, header: &bus::Header) -> EncodedReply {
     let mut offsets = ahash::AHashMap::new();
     for target in 0..shard.shard_count {
         match shard
@@ -177,20 +187,19 @@ async fn get_metadata(shard: &Rc<Shard>, header: &bus::Header) -> Vec<u8> {
             .await
         {
             ShardReply::Offsets(list) => offsets.extend(list),
-            ShardReply::Error { code, message } => {
-                return bus::reply::error_reply(header, code, &message);
-            }
-            _ => return bus::reply::error_reply(header, ErrorCode::Internal, "unexpected reply"),
+            ShardReply::Error { code, message } => return error_reply(header, code, &message),
+            _ => return error_reply(header, ErrorCode::Internal, "unexpected reply"),
         }
     }
     let metadata = shard.metadata_wire(|namespace| offsets.get(&namespace).copied().unwrap_or(0));
     let body = serde_json::to_vec(&metadata).expect("metadata serializes: plain data");
-    encode_ok(header, &body, 0, 0)
+    encode_ok(header, body, 0, 0)
 }
 
-fn encode_ok(request: &bus::Header, body: &[u8], offset: u64, count: u32) -> Vec<u8> {
+fn encode_ok(request: &bus::Header, body: Vec<u8>, offset: u64, count: u32) -> EncodedReply {
     let mut header = bus::reply::reply_header(request);
     header.offset = offset;
     header.count = count;
-    bus::encode_frame(&mut header, body)
+    header.set_checksums(&body);
+    (bytemuck::bytes_of(&header).to_vec(), body)
 }

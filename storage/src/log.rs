@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 
 use compio::fs::File;
 
-use crate::durable::read_exact_at;
+use crate::durable::read_exact_append;
+use compio::BufResult;
 use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, payload_checksum};
 use crate::limits::{
     APPEND_QUEUE_BYTES_MAX, APPEND_QUEUE_ENTRY_COUNT_MAX, ENTRY_SIZE_MAX, SEGMENT_SIZE_MAX_LIMIT,
@@ -436,14 +437,17 @@ impl PartitionLog {
         let mut bytes = Vec::with_capacity(total_bytes as usize);
         for span in spans {
             let start = bytes.len();
-            let chunk = read_exact_at(&span.file, span.position, span.size_bytes as usize)
-                .await
-                .map_err(|source| LogError::Io {
-                    path: span.path.clone(),
-                    op: "read",
-                    source,
-                })?;
-            bytes.extend_from_slice(&chunk);
+            // Straight into the reply buffer: the poll path copies each byte once, page cache to
+            // user space.
+            let BufResult(result, filled) =
+                read_exact_append(&span.file, span.position, span.size_bytes as usize, bytes)
+                    .await;
+            bytes = filled;
+            result.map_err(|source| LogError::Io {
+                path: span.path.clone(),
+                op: "read",
+                source,
+            })?;
             check_read_entries(&span, &bytes[start..])?;
         }
         Ok(bytes)
