@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use runtime::limits::INBOX_CAPACITY_DEFAULT;
-use runtime::{PumpEvent, ShardId, allowed_cpus, mesh};
+use runtime::{PumpEvent, ShardId, allowed_cpus, block_on_with_idle_poll, mesh};
 
 const SHARD_A: ShardId = ShardId(0);
 const SHARD_B: ShardId = ShardId(1);
@@ -21,7 +21,16 @@ fn pin_current_thread(cpu: Option<usize>) {
     }
 }
 
+/// Idle poll window of the idle-poll variant: long enough to cover a round trip on a slow VM.
+const IDLE_POLL: Duration = Duration::from_micros(200);
+
 fn mesh_round_trip(c: &mut Criterion) {
+    round_trip(c, Duration::ZERO);
+    round_trip(c, IDLE_POLL);
+}
+
+/// One round-trip benchmark; `idle_poll` zero parks idle shards at once (the server default).
+fn round_trip(c: &mut Criterion, idle_poll: Duration) {
     let allowed = allowed_cpus().expect("read the affinity mask");
     let (cpu_a, cpu_b) = if allowed.len() >= 2 {
         (Some(allowed[0]), Some(allowed[1]))
@@ -39,54 +48,66 @@ fn mesh_round_trip(c: &mut Criterion) {
         .spawn(move || {
             pin_current_thread(cpu_b);
             let runtime = compio::runtime::Runtime::new().expect("shard B runtime");
-            runtime.block_on(async move {
-                loop {
-                    match pump_b.next().await {
-                        PumpEvent::Stop => return,
-                        PumpEvent::Inbox(batch) => {
-                            for envelope in batch {
-                                // One frame is in flight at a time, so the reply lane has room.
-                                endpoint_b
-                                    .try_send_reply(envelope.from, envelope.frame)
-                                    .expect("reply lane has room");
+            block_on_with_idle_poll(
+                &runtime,
+                async move {
+                    loop {
+                        match pump_b.next().await {
+                            PumpEvent::Stop => return,
+                            PumpEvent::Inbox(batch) => {
+                                for envelope in batch {
+                                    // One frame is in flight at a time, so the reply lane has room.
+                                    endpoint_b
+                                        .try_send_reply(envelope.from, envelope.frame)
+                                        .expect("reply lane has room");
+                                }
                             }
+                            PumpEvent::Tick | PumpEvent::Reply(_) => {}
                         }
-                        PumpEvent::Tick | PumpEvent::Reply(_) => {}
                     }
-                }
-            });
+                },
+                idle_poll,
+            );
         })
         .expect("spawn shard B");
 
     // Shard A is the benchmark thread itself, so criterion's clock wraps the whole round trip.
     pin_current_thread(cpu_a);
     let runtime = compio::runtime::Runtime::new().expect("shard A runtime");
-    let name = if cpu_a.is_some() {
-        "mesh/round_trip_pinned"
-    } else {
-        "mesh/round_trip_unpinned"
-    };
-    c.bench_function(name, |bencher| {
+    let name = format!(
+        "mesh/round_trip_{}_idle_poll_{}us",
+        if cpu_a.is_some() {
+            "pinned"
+        } else {
+            "unpinned"
+        },
+        idle_poll.as_micros()
+    );
+    c.bench_function(&name, |bencher| {
         bencher.iter_custom(|iteration_count| {
-            runtime.block_on(async {
-                let started = Instant::now();
-                for frame in 0..iteration_count {
-                    endpoint_a.try_send(SHARD_B, frame).expect("inbox has room");
-                    loop {
-                        match pump_a.next().await {
-                            PumpEvent::Reply(batch) => {
-                                assert_eq!(batch.len(), 1);
-                                assert_eq!((batch[0].from, batch[0].to), (SHARD_B, SHARD_A));
-                                assert_eq!(batch[0].frame, frame);
-                                break;
+            block_on_with_idle_poll(
+                &runtime,
+                async {
+                    let started = Instant::now();
+                    for frame in 0..iteration_count {
+                        endpoint_a.try_send(SHARD_B, frame).expect("inbox has room");
+                        loop {
+                            match pump_a.next().await {
+                                PumpEvent::Reply(batch) => {
+                                    assert_eq!(batch.len(), 1);
+                                    assert_eq!((batch[0].from, batch[0].to), (SHARD_B, SHARD_A));
+                                    assert_eq!(batch[0].frame, frame);
+                                    break;
+                                }
+                                PumpEvent::Tick => {}
+                                other => panic!("shard A got {other:?}"),
                             }
-                            PumpEvent::Tick => {}
-                            other => panic!("shard A got {other:?}"),
                         }
                     }
-                }
-                started.elapsed()
-            })
+                    started.elapsed()
+                },
+                idle_poll,
+            )
         });
     });
 

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use compio::driver::{DriverType, ProactorBuilder};
 use compio::runtime::{Runtime, RuntimeBuilder};
@@ -32,6 +33,9 @@ pub struct LaunchConfig {
     pub io_driver: IoDriver,
     /// Frames per inbox and per reply lane, `1..=INBOX_CAPACITY_MAX`.
     pub inbox_capacity: usize,
+    /// How long an idle shard keeps polling (ready tasks, io_uring completions, its lanes through
+    /// the waker) before it parks in the kernel; zero parks at once. See `block_on_with_idle_poll`.
+    pub idle_poll: Duration,
 }
 
 /// Handed to the shard future inside its thread.
@@ -333,6 +337,7 @@ impl ShardSet {
                 shard_count,
                 core: config.topology.shard_cores[index],
                 io_driver: config.io_driver,
+                idle_poll: config.idle_poll,
                 endpoint,
                 pump,
                 release_lane,
@@ -541,6 +546,7 @@ struct ShardThread<F: Send + 'static, M> {
     shard_count: u16,
     core: Option<usize>,
     io_driver: IoDriver,
+    idle_poll: Duration,
     endpoint: MeshEndpoint<F>,
     pump: Pump<F>,
     release_lane: WakeRx,
@@ -594,8 +600,13 @@ where
             events: self.events.clone(),
         };
         let make_shard = self.make_shard;
+        let idle_poll = self.idle_poll;
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            let result = runtime.block_on(async move { make_shard(context).await });
+            let result = block_on_with_idle_poll(
+                &runtime,
+                async move { make_shard(context).await },
+                idle_poll,
+            );
             // Dropped here so that the shard's files and sockets are closed before `join` returns.
             drop(runtime);
             result
@@ -610,6 +621,50 @@ where
         }
         let _ = self.events.send(ShardEvent::Exited { shard, exit });
     }
+}
+
+/// Runs `future` to completion on `runtime`, like `Runtime::block_on`, except that when nothing is
+/// ready the thread keeps polling (non-blocking: run ready tasks, reap io_uring completions, poll
+/// `future`, whose pump sees mesh frames as soon as they land) for up to `idle_poll` before it
+/// parks in the kernel. This is the idle poll of Seastar-style reactors: a cross-shard frame that
+/// arrives within the window is seen without a wakeup (a futex/eventfd wake plus a scheduler hop,
+/// tens of microseconds on virtual machines), at the price of CPU burnt while idle. Zero
+/// (the default) parks at once, which is what the bench's per-CPU-second figure rewards.
+///
+/// # Panics
+/// Propagates a panic of `future` or of a task, as `block_on` does.
+pub fn block_on_with_idle_poll<F: Future>(
+    runtime: &Runtime,
+    future: F,
+    idle_poll: Duration,
+) -> F::Output {
+    if idle_poll.is_zero() {
+        return runtime.block_on(future);
+    }
+    runtime.enter(|| {
+        let waker = runtime.waker();
+        let mut context = std::task::Context::from_waker(&waker);
+        let mut future = std::pin::pin!(future);
+        let mut idle_since: Option<std::time::Instant> = None;
+        loop {
+            if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut context) {
+                runtime.run();
+                return output;
+            }
+            if runtime.run() {
+                idle_since = None;
+                runtime.poll_with(Some(Duration::ZERO));
+                continue;
+            }
+            let now = std::time::Instant::now();
+            if now.duration_since(*idle_since.get_or_insert(now)) < idle_poll {
+                runtime.poll_with(Some(Duration::ZERO));
+            } else {
+                idle_since = None;
+                runtime.poll();
+            }
+        }
+    })
 }
 
 /// Pins the calling thread (when `core` is set) and builds its compio runtime with the driver

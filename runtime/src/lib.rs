@@ -12,7 +12,7 @@ pub mod topology;
 
 pub use launcher::{
     LaunchConfig, LaunchError, ReadyGate, ShardContext, ShardFuture, ShardResult, ShardSet,
-    StopHandle,
+    StopHandle, block_on_with_idle_poll,
 };
 pub use mesh::{Envelope, MeshEndpoint, MeshSendError, MeshStats, Pump, PumpEvent, ShardId, mesh};
 pub use probe::{IoDriver, IoUringUnavailable, probe_io_uring};

@@ -23,6 +23,7 @@ fn unpinned(shard_count: usize, io_driver: IoDriver) -> LaunchConfig {
         },
         io_driver,
         inbox_capacity: 16,
+        idle_poll: Duration::ZERO,
     }
 }
 
@@ -273,6 +274,7 @@ fn a_pinned_shard_runs_on_its_cpu() {
         },
         io_driver: IoDriver::IoUring,
         inbox_capacity: 4,
+        idle_poll: Duration::ZERO,
     };
     let (report_tx, report_rx) = mpsc::channel();
     let set = ShardSet::launch(&config, move |context: ShardContext<u32>| -> ShardFuture {
@@ -307,6 +309,7 @@ fn an_unusable_cpu_fails_the_launch_before_any_shard_runs() {
         },
         io_driver: IoDriver::IoUring,
         inbox_capacity: 4,
+        idle_poll: Duration::ZERO,
     };
     let ran = Arc::new(AtomicBool::new(false));
     let ran_in_shard = Arc::clone(&ran);

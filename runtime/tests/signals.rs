@@ -19,6 +19,7 @@ fn one_unpinned_shard() -> LaunchConfig {
         },
         io_driver: IoDriver::IoUring,
         inbox_capacity: 4,
+        idle_poll: Duration::ZERO,
     }
 }
 

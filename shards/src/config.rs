@@ -11,6 +11,8 @@ use storage::FsyncPolicy;
 pub const MESSAGE_SIZE_MIN: u32 = 1024;
 /// Largest accepted `max_message_size`: one batch becomes one storage entry.
 pub const MESSAGE_SIZE_MAX: u32 = storage::limits::ENTRY_SIZE_MAX;
+/// Longest idle poll window: beyond 10 ms an idle shard is simply a busy loop.
+pub const IDLE_POLL_MAX: std::time::Duration = std::time::Duration::from_millis(10);
 /// Smallest segment size (bytes); tests roll segments with small values.
 pub const SEGMENT_SIZE_MIN: u64 = 4096;
 
@@ -31,6 +33,8 @@ pub struct ServerConfig {
     pub max_message_size: u32,
     /// Partition segment size before rolling, bytes.
     pub segment_size_max: u64,
+    /// Idle poll window of every shard before it parks (see `runtime::block_on_with_idle_poll`).
+    pub idle_poll: std::time::Duration,
 }
 
 impl ServerConfig {
@@ -49,6 +53,7 @@ impl ServerConfig {
             fsync: FsyncPolicy::Always,
             max_message_size: bus::limits::MESSAGE_SIZE_MAX_DEFAULT,
             segment_size_max: storage::limits::SEGMENT_SIZE_MAX_DEFAULT,
+            idle_poll: std::time::Duration::ZERO,
         }
     }
 
@@ -86,6 +91,13 @@ impl ServerConfig {
                 "segment_size_max",
                 self.segment_size_max.to_string(),
                 format!("must be at least {SEGMENT_SIZE_MIN} bytes"),
+            ));
+        }
+        if self.idle_poll > IDLE_POLL_MAX {
+            return Err(invalid(
+                "idle_poll_us",
+                self.idle_poll.as_micros().to_string(),
+                format!("must be at most {} µs", IDLE_POLL_MAX.as_micros()),
             ));
         }
         if let runtime::ShardCountArg::Count(0) = self.topology.shards {

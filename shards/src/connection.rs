@@ -43,7 +43,10 @@ pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: Soc
             stream.write_all(head).await.map_buffer(drop)
         } else {
             // Header and body in one vectored write: a poll reply is never copied again.
-            stream.write_vectored_all([head, body]).await.map_buffer(drop)
+            stream
+                .write_vectored_all([head, body])
+                .await
+                .map_buffer(drop)
         };
         if let Err(e) = result {
             tracing::debug!(shard = shard.id.0, %peer, error = %e, "closing connection: write failed");

@@ -130,6 +130,7 @@ impl RunningServer {
             topology: topology.clone(),
             io_driver: config.io_driver,
             inbox_capacity: config.inbox_capacity,
+            idle_poll: config.idle_poll,
         };
         let config = Arc::new(config);
         let (report_tx, report_rx) = std_mpsc::channel::<StartupReport>();

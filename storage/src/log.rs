@@ -26,11 +26,11 @@ use std::time::{Duration, Instant};
 use compio::fs::File;
 
 use crate::durable::read_exact_append;
-use compio::BufResult;
 use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, payload_checksum};
 use crate::limits::{
     APPEND_QUEUE_BYTES_MAX, APPEND_QUEUE_ENTRY_COUNT_MAX, ENTRY_SIZE_MAX, SEGMENT_SIZE_MAX_LIMIT,
 };
+use compio::BufResult;
 use completion::Completion;
 use index::SegmentIndex;
 
@@ -440,8 +440,7 @@ impl PartitionLog {
             // Straight into the reply buffer: the poll path copies each byte once, page cache to
             // user space.
             let BufResult(result, filled) =
-                read_exact_append(&span.file, span.position, span.size_bytes as usize, bytes)
-                    .await;
+                read_exact_append(&span.file, span.position, span.size_bytes as usize, bytes).await;
             bytes = filled;
             result.map_err(|source| LogError::Io {
                 path: span.path.clone(),
