@@ -623,6 +623,9 @@ where
     }
 }
 
+/// Idle spins between two non-blocking kernel entries that reap io_uring completions.
+const IDLE_POLL_KERNEL_EVERY: u32 = 32;
+
 /// Runs `future` to completion on `runtime`, like `Runtime::block_on`, except that when nothing is
 /// ready the thread keeps polling (non-blocking: run ready tasks, reap io_uring completions, poll
 /// `future`, whose pump sees mesh frames as soon as they land) for up to `idle_poll` before it
@@ -646,6 +649,7 @@ pub fn block_on_with_idle_poll<F: Future>(
         let mut context = std::task::Context::from_waker(&waker);
         let mut future = std::pin::pin!(future);
         let mut idle_since: Option<std::time::Instant> = None;
+        let mut spin_count: u32 = 0;
         loop {
             if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut context) {
                 runtime.run();
@@ -658,7 +662,14 @@ pub fn block_on_with_idle_poll<F: Future>(
             }
             let now = std::time::Instant::now();
             if now.duration_since(*idle_since.get_or_insert(now)) < idle_poll {
-                runtime.poll_with(Some(Duration::ZERO));
+                // Entering the kernel costs microseconds; mesh frames need none (the pump polls
+                // the lanes in user space), so reap completions only every few spins.
+                spin_count = spin_count.wrapping_add(1);
+                if spin_count % IDLE_POLL_KERNEL_EVERY == 0 {
+                    runtime.poll_with(Some(Duration::ZERO));
+                } else {
+                    std::hint::spin_loop();
+                }
             } else {
                 idle_since = None;
                 runtime.poll();

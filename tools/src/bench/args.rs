@@ -64,6 +64,11 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N")]
     pub inbox_capacity: Option<u32>,
 
+    /// Embedded server: microseconds an idle shard keeps polling before it sleeps (0..=10000).
+    /// Lower cross-shard latency, more CPU burnt while idle.
+    #[arg(long, value_name = "US")]
+    pub idle_poll_us: Option<u32>,
+
     /// Embedded server: directory under which each run's fresh data directory is created (default:
     /// the system temp dir). Put it on the disk you mean to measure: /tmp is often tmpfs, where
     /// fsync costs nothing.
@@ -362,6 +367,7 @@ impl BenchArgs {
                     no_pin: self.no_pin,
                     io_driver: self.io_driver.clone(),
                     inbox_capacity: self.inbox_capacity,
+                    idle_poll_us: self.idle_poll_us,
                 },
                 data_root: self.data_root.clone(),
             });
@@ -378,6 +384,7 @@ impl BenchArgs {
             ("no-pin", self.no_pin),
             ("io-driver", self.io_driver.is_some()),
             ("inbox-capacity", self.inbox_capacity.is_some()),
+            ("idle-poll-us", self.idle_poll_us.is_some()),
             ("data-root", self.data_root.is_some()),
         ];
         if let Some((flag, _)) = embedded_only.iter().find(|(_, given)| *given) {

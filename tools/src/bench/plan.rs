@@ -107,6 +107,7 @@ impl BenchPlan {
             no_pin: options.no_pin,
             io_driver: options.io_driver,
             inbox_capacity: options.inbox_capacity,
+            idle_poll_us: options.idle_poll_us,
             stream_id: self.stream_id,
             cpu_note,
         }

@@ -104,6 +104,7 @@ pub struct RunConfig {
     pub no_pin: bool,
     pub io_driver: Option<String>,
     pub inbox_capacity: Option<u32>,
+    pub idle_poll_us: Option<u32>,
     pub stream_id: u32,
     /// Why CPU figures are missing or shared between phases; absent when they are complete.
     pub cpu_note: Option<String>,
@@ -421,6 +422,7 @@ mod tests {
             no_pin: false,
             io_driver: None,
             inbox_capacity: None,
+            idle_poll_us: None,
             stream_id: 1,
             cpu_note: None,
         }

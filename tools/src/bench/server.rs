@@ -26,6 +26,7 @@ pub struct ServerOptions {
     pub no_pin: bool,
     pub io_driver: Option<String>,
     pub inbox_capacity: Option<u32>,
+    pub idle_poll_us: Option<u32>,
 }
 
 impl ServerOptions {
@@ -49,6 +50,10 @@ impl ServerOptions {
         push(
             "--inbox-capacity",
             self.inbox_capacity.map(|value| value.to_string()),
+        );
+        push(
+            "--idle-poll-us",
+            self.idle_poll_us.map(|value| value.to_string()),
         );
         if self.no_pin {
             args.push("--no-pin".into());
