@@ -665,7 +665,7 @@ pub fn block_on_with_idle_poll<F: Future>(
                 // Entering the kernel costs microseconds; mesh frames need none (the pump polls
                 // the lanes in user space), so reap completions only every few spins.
                 spin_count = spin_count.wrapping_add(1);
-                if spin_count % IDLE_POLL_KERNEL_EVERY == 0 {
+                if spin_count.is_multiple_of(IDLE_POLL_KERNEL_EVERY) {
                     runtime.poll_with(Some(Duration::ZERO));
                 } else {
                     std::hint::spin_loop();
