@@ -292,6 +292,7 @@ mod tests {
             no_pin: true,
             io_driver: Some("poll".to_string()),
             inbox_capacity: Some(64),
+            idle_poll_us: Some(50),
         };
         let args: Vec<String> = options
             .serve_args(Path::new("/d"), "2")
@@ -301,7 +302,7 @@ mod tests {
         assert_eq!(
             args.join(" "),
             "serve --listen 127.0.0.1:0 --data-dir /d --shards 2 --fsync never --cpus 0-3 \
-             --io-driver poll --inbox-capacity 64 --no-pin"
+             --io-driver poll --inbox-capacity 64 --idle-poll-us 50 --no-pin"
         );
     }
 
