@@ -63,6 +63,7 @@ impl ServerConfig {
     /// `ConfigError::Invalid` naming the key, the value and the rule.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key: &'static str, value: String, rule: String| ConfigError::Invalid {
+            flag: flag_of(key),
             key,
             value,
             rule,
@@ -86,11 +87,16 @@ impl ServerConfig {
                 ),
             ));
         }
-        if self.segment_size_max < SEGMENT_SIZE_MIN {
+        if !(SEGMENT_SIZE_MIN..=storage::limits::SEGMENT_SIZE_MAX_LIMIT)
+            .contains(&self.segment_size_max)
+        {
             return Err(invalid(
                 "segment_size_max",
                 self.segment_size_max.to_string(),
-                format!("must be at least {SEGMENT_SIZE_MIN} bytes"),
+                format!(
+                    "must be between {SEGMENT_SIZE_MIN} and {} bytes",
+                    storage::limits::SEGMENT_SIZE_MAX_LIMIT
+                ),
             ));
         }
         if self.idle_poll > IDLE_POLL_MAX {
@@ -118,10 +124,25 @@ impl ServerConfig {
     }
 }
 
+/// The `serve` flag that sets a configuration key.
+fn flag_of(key: &'static str) -> &'static str {
+    match key {
+        "max_message_size" => "--max-message-size",
+        "inbox_capacity" => "--inbox-capacity",
+        "segment_size_max" => "--segment-size",
+        "idle_poll_us" => "--idle-poll-us",
+        "shards" => "--shards",
+        "data_dir" => "--data-dir",
+        _ => key,
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("invalid {key} {value:?}: {rule}")]
+    /// Names the flag, the configuration key, the value and the rule.
+    #[error("invalid {flag} ({key}) value {value:?}: {rule}")]
     Invalid {
+        flag: &'static str,
         key: &'static str,
         value: String,
         rule: String,
@@ -138,7 +159,9 @@ mod tests {
         config.max_message_size = 100;
         let message = config.validate().unwrap_err().to_string();
         assert!(
-            message.starts_with("invalid max_message_size \"100\": must be between 1024"),
+            message.starts_with(
+                "invalid --max-message-size (max_message_size) value \"100\": must be between 1024"
+            ),
             "{message}"
         );
     }
@@ -152,7 +175,7 @@ mod tests {
                 .validate()
                 .unwrap_err()
                 .to_string()
-                .contains("inbox_capacity \"0\"")
+                .contains("--inbox-capacity (inbox_capacity) value \"0\"")
         );
     }
 

@@ -11,23 +11,48 @@ use compio::net::TcpStream;
 use runtime::ShardId;
 
 use crate::frame::{ShardReply, ShardRequest};
+use crate::limits::{CONNECTION_IDLE_TIMEOUT, REPLY_WRITE_TIMEOUT};
 use crate::metadata::MetadataOp;
 use crate::shard::Shard;
 use crate::shard_for;
 
-/// Serves one connection until the peer closes it, sends a malformed frame, or the task is
-/// cancelled at shutdown.
+/// Releases the connection's slot in the shard's budget however the task ends (cancellation at
+/// shutdown included).
+struct ConnectionSlot(Rc<Shard>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.connection_closed();
+    }
+}
+
+/// Serves one connection until the peer closes it, sends a malformed frame, idles past
+/// `CONNECTION_IDLE_TIMEOUT`, leaves a reply unread past `REPLY_WRITE_TIMEOUT`, or the task is
+/// cancelled at shutdown. The caller admitted it with `Shard::try_admit_connection`.
 pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: SocketAddr) {
+    let _slot = ConnectionSlot(Rc::clone(&shard));
     let max_message_size = shard.config.max_message_size;
     loop {
-        let frame = match bus::read_frame(&mut stream, max_message_size).await {
-            Ok(frame) => frame,
-            Err(bus::FrameError::Closed) => {
+        let read = bus::read_frame(&mut stream, max_message_size);
+        let frame = match compio::time::timeout(CONNECTION_IDLE_TIMEOUT, read).await {
+            Ok(Ok(frame)) => frame,
+            Ok(Err(bus::FrameError::Closed)) => {
                 tracing::debug!(shard = shard.id.0, %peer, "connection closed by peer");
                 return;
             }
-            Err(e) => {
+            Ok(Err(bus::FrameError::Io(e))) => {
+                tracing::debug!(shard = shard.id.0, %peer, error = %e, "closing connection: read failed");
+                return;
+            }
+            Ok(Err(e)) => {
                 tracing::warn!(shard = shard.id.0, %peer, reason = %e, "closing connection: malformed frame");
+                return;
+            }
+            Err(_) => {
+                tracing::info!(
+                    shard = shard.id.0, %peer, idle_s = CONNECTION_IDLE_TIMEOUT.as_secs(),
+                    "closing connection: no complete frame within the idle timeout"
+                );
                 return;
             }
         };
@@ -39,14 +64,20 @@ pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: Soc
             return;
         }
         let (head, body) = handle_request(&shard, frame).await;
-        let compio::BufResult(result, ()) = if body.is_empty() {
-            stream.write_all(head).await.map_buffer(drop)
-        } else {
-            // Header and body in one vectored write: a poll reply is never copied again.
-            stream
-                .write_vectored_all([head, body])
-                .await
-                .map_buffer(drop)
+        let write = async {
+            if body.is_empty() {
+                stream.write_all(head).await.0
+            } else {
+                // Header and body in one vectored write: a poll reply is never copied again.
+                stream.write_vectored_all([head, body]).await.0
+            }
+        };
+        let Ok(result) = compio::time::timeout(REPLY_WRITE_TIMEOUT, write).await else {
+            tracing::info!(
+                shard = shard.id.0, %peer, timeout_s = REPLY_WRITE_TIMEOUT.as_secs(),
+                "closing connection: the client did not read its reply"
+            );
+            return;
         };
         if let Err(e) = result {
             tracing::debug!(shard = shard.id.0, %peer, error = %e, "closing connection: write failed");

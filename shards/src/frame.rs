@@ -19,8 +19,12 @@ pub enum ShardFrame {
     Reply { request_id: u64, reply: ShardReply },
     /// Shard 0 -> every other shard: apply this committed op, in op order.
     MetadataApply { op_number: u64, op: MetadataOp },
-    /// Every other shard -> shard 0, on the reply lane: the op is applied here.
-    MetadataApplied { op_number: u64 },
+    /// Every other shard -> shard 0, on the reply lane: the op is applied here (`error`: which
+    /// of its partitions could not be opened).
+    MetadataApplied {
+        op_number: u64,
+        error: Option<String>,
+    },
 }
 
 #[derive(Debug)]

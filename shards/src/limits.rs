@@ -19,5 +19,21 @@ pub const MESH_RETRY_SLEEP: Duration = Duration::from_micros(200);
 pub const MESH_RETRY_MAX: u32 = 50_000;
 /// Grace given to connections with a request in flight when the server stops.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// Name of the lock file that keeps a second server off the same data directory.
+pub const LOCK_FILE_NAME: &str = "LOCK";
+/// A connection with no complete frame for this long is closed (Kafka's
+/// `connections.max.idle.ms` default is the same 10 minutes). Also bounds how long a half-sent
+/// frame can hold its connection open.
+pub const CONNECTION_IDLE_TIMEOUT: Duration = Duration::from_mins(10);
+/// A reply the client does not read within this long closes the connection.
+pub const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// File descriptors kept out of the partition and connection budgets (listeners, io_uring rings,
+/// metadata, logs, stdio).
+pub const FD_RESERVE: u64 = 256;
+/// File descriptors budgeted per partition: its active segment and, while rolling, the next.
+pub const FDS_PER_PARTITION: u64 = 2;
+/// Fraction of the open-file limit (after the reserve) given to partitions; the rest is for
+/// client connections.
+pub const PARTITION_FD_SHARE_PERCENT: u64 = 50;
 /// Listen backlog of each shard's SO_REUSEPORT socket.
 pub const LISTEN_BACKLOG: i32 = 1024;

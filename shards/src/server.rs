@@ -23,6 +23,7 @@ use crate::connection::serve_connection;
 use crate::frame::ShardFrame;
 use crate::limits::{LISTEN_BACKLOG, PARTITIONS_DIR_NAME};
 use crate::metadata::{MetadataState, store};
+use crate::resources::{self, ResourceBudget};
 use crate::shard::Shard;
 
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +45,15 @@ pub enum ServerError {
         source: std::io::Error,
     },
     #[error(transparent)]
+    DataDirLock(#[from] crate::resources::LockError),
+    #[error(
+        "{metadata} is missing but {partitions} holds partition data: refusing to boot with empty metadata, which would orphan (and on re-creation delete) that data; restore {metadata}, or move {partitions} away to start empty"
+    )]
+    MetadataMissing {
+        metadata: String,
+        partitions: String,
+    },
+    #[error(transparent)]
     Launch(#[from] LaunchError),
     #[error("startup failed: {0}")]
     Startup(String),
@@ -55,7 +65,10 @@ pub struct RunningServer {
     pub local_addr: SocketAddr,
     pub shard_count: u16,
     pub topology: Topology,
+    pub budget: ResourceBudget,
     shard_set: ShardSet,
+    /// The exclusive lock on the data directory, held for the life of the server.
+    _data_dir_lock: std::fs::File,
 }
 
 /// How long startup (metadata recovery, opening every partition) may take before it is reported
@@ -106,19 +119,45 @@ impl RunningServer {
         if config.io_driver == IoDriver::IoUring {
             runtime::probe_io_uring()?;
         }
+        std::fs::create_dir_all(&config.data_dir).map_err(|source| ServerError::DataDir {
+            path: config.data_dir.display().to_string(),
+            source,
+        })?;
+        let data_dir_lock = resources::lock_data_dir(&config.data_dir)?;
         let partitions_dir = config.data_dir.join(PARTITIONS_DIR_NAME);
+        let metadata_path = store::metadata_path(&config.data_dir);
+        if !metadata_path.exists() && resources::has_entries(&partitions_dir) {
+            return Err(ServerError::MetadataMissing {
+                metadata: metadata_path.display().to_string(),
+                partitions: partitions_dir.display().to_string(),
+            });
+        }
         std::fs::create_dir_all(&partitions_dir).map_err(|source| ServerError::DataDir {
             path: partitions_dir.display().to_string(),
             source,
         })?;
-
-        // Reserve the port (port 0 picks one) so every shard binds the same one with SO_REUSEPORT.
-        // The reservation never listens, so it never takes a connection.
-        let reservation =
-            reuse_port_socket(config.listen).map_err(|source| ServerError::Listen {
+        let budget = ResourceBudget::from_open_file_limit(
+            resources::raise_open_file_limit(),
+            topology.shard_count(),
+        );
+        tracing::info!(
+            open_file_limit = budget.open_file_limit,
+            partitions_max = budget.partitions_max,
+            connections_per_shard_max = budget.connections_per_shard_max,
+            "resource budget"
+        );
+        let listen =
+            resources::probe_listen_addr(config.listen).map_err(|source| ServerError::Listen {
                 addr: config.listen,
                 source,
             })?;
+
+        // Reserve the port (port 0 picks one) so every shard binds the same one with SO_REUSEPORT.
+        // The reservation never listens, so it never takes a connection.
+        let reservation = reuse_port_socket(listen).map_err(|source| ServerError::Listen {
+            addr: listen,
+            source,
+        })?;
         let local_addr = reservation
             .local_addr()
             .ok()
@@ -141,7 +180,13 @@ impl RunningServer {
                 shard: ctx.shard_id.0,
                 report,
             };
-            Box::pin(run_shard(ctx, Arc::clone(&config), local_addr, guard))
+            Box::pin(run_shard(
+                ctx,
+                Arc::clone(&config),
+                budget,
+                local_addr,
+                guard,
+            ))
         })?;
 
         let mut listening = 0;
@@ -171,7 +216,9 @@ impl RunningServer {
             local_addr,
             shard_count,
             topology,
+            budget,
             shard_set,
+            _data_dir_lock: data_dir_lock,
         })
     }
 
@@ -194,6 +241,7 @@ impl RunningServer {
 async fn run_shard(
     ctx: ShardContext<ShardFrame>,
     config: Arc<ServerConfig>,
+    budget: ResourceBudget,
     listen_addr: SocketAddr,
     mut startup: StartupGuard,
 ) -> Result<(), String> {
@@ -226,6 +274,7 @@ async fn run_shard(
         Arc::clone(&config),
         endpoint,
         metadata,
+        budget,
     ));
     shard.open_owned_partitions().await?;
     ready_barrier.wait().await;
@@ -333,6 +382,14 @@ async fn accept_loop(
             Ok((stream, peer)) => {
                 if let Err(e) = stream.set_nodelay(true) {
                     tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+                }
+                if !shard.try_admit_connection() {
+                    tracing::warn!(
+                        shard = shard.id.0, %peer,
+                        "refusing connection: the shard is at its connection limit (open-file budget)"
+                    );
+                    drop(stream);
+                    continue;
                 }
                 tracing::debug!(shard = shard.id.0, %peer, "connection accepted");
                 let task =

@@ -21,6 +21,7 @@ use crate::limits::{
     MESH_RETRY_MAX, MESH_RETRY_SLEEP, METADATA_QUEUE_MAX, PARTITIONS_DIR_NAME, POLL_BYTES_MAX,
 };
 use crate::metadata::{MetadataOp, MetadataState, store};
+use crate::resources::ResourceBudget;
 use crate::shard_for;
 
 type MetadataQueueItem = (MetadataOp, TxOneshot<ShardReply>);
@@ -33,7 +34,9 @@ type MetadataQueue = (
 struct MetadataAck {
     op_number: u64,
     remaining: u16,
-    done: TxOneshot<()>,
+    /// Shards that could not apply the op, with why.
+    failures: Vec<String>,
+    done: TxOneshot<Vec<String>>,
 }
 
 /// Per-shard state, shared by the tasks of this shard through `Rc`.
@@ -49,6 +52,8 @@ pub struct Shard {
     /// Shard 0 only: metadata requests in arrival order, served one at a time.
     metadata_queue: Option<MetadataQueue>,
     metadata_ack: RefCell<Option<MetadataAck>>,
+    budget: ResourceBudget,
+    connection_count: Cell<u64>,
 }
 
 impl std::fmt::Debug for Shard {
@@ -69,14 +74,18 @@ pub fn partition_dir(data_dir: &std::path::Path, namespace: Namespace) -> PathBu
         .join(namespace.partition_id().to_string())
 }
 
-/// Sum of message counts over concatenated batch headers (bounds-checked; stops at damage).
-fn message_count_of(batches: &[u8]) -> u32 {
+/// Messages at or after `offset` in concatenated batches (whole batches are served, so the first
+/// may start below `offset`). Walks headers only, bounds-checked; stops at damage.
+fn message_count_from(batches: &[u8], offset: u64) -> u32 {
     let mut position = 0usize;
     let mut count = 0u32;
     while position + bus::BATCH_HEADER_SIZE <= batches.len() {
         let header: bus::BatchHeader =
             bytemuck::pod_read_unaligned(&batches[position..position + bus::BATCH_HEADER_SIZE]);
-        count = count.saturating_add(header.message_count);
+        let skipped = offset
+            .saturating_sub(header.base_offset)
+            .min(u64::from(header.message_count));
+        count = count.saturating_add(header.message_count - skipped as u32);
         position += bus::BATCH_HEADER_SIZE + header.length as usize;
     }
     count
@@ -89,6 +98,7 @@ impl Shard {
         config: Arc<ServerConfig>,
         endpoint: MeshEndpoint<ShardFrame>,
         metadata: MetadataState,
+        budget: ResourceBudget,
     ) -> Shard {
         let metadata_queue = (id == ShardId(0))
             .then(|| crossfire::mpsc::bounded_async::<MetadataQueueItem>(METADATA_QUEUE_MAX));
@@ -103,7 +113,24 @@ impl Shard {
             request_id_next: Cell::new(1),
             metadata_queue,
             metadata_ack: RefCell::new(None),
+            budget,
+            connection_count: Cell::new(0),
         }
+    }
+
+    /// Counts a new connection unless the shard is at its budget; the caller closes it then.
+    pub fn try_admit_connection(&self) -> bool {
+        let count = self.connection_count.get();
+        if count >= self.budget.connections_per_shard_max {
+            return false;
+        }
+        self.connection_count.set(count + 1);
+        true
+    }
+
+    /// A connection admitted by `try_admit_connection` ended.
+    pub fn connection_closed(&self) {
+        self.connection_count.set(self.connection_count.get() - 1);
     }
 
     fn log_config(&self) -> LogConfig {
@@ -137,6 +164,17 @@ impl Shard {
             .collect();
         for namespace in owned {
             let dir = partition_dir(&self.config.data_dir, namespace);
+            // Partition directories are created (durably) before the metadata that names them,
+            // so a missing one was removed outside shardline: recreating it empty would hide
+            // the loss and reuse offsets.
+            if !dir.is_dir() {
+                return Err(format!(
+                    "partition {namespace}: directory {} is missing although metadata.json lists the \
+                     partition; its data was removed outside shardline. Refusing to boot: restore \
+                     the directory, or delete the topic's entry deliberately",
+                    dir.display()
+                ));
+            }
             let (log, report) = PartitionLog::open(&dir, self.log_config())
                 .await
                 .map_err(|e| format!("partition {namespace}: {e}"))?;
@@ -272,7 +310,7 @@ impl Shard {
                     POLL_BYTES_MAX.min(self.config.max_message_size as usize - bus::HEADER_SIZE);
                 match log.read(offset, max_count, bytes_max).await {
                     Ok(batches) => {
-                        let message_count = message_count_of(&batches);
+                        let message_count = message_count_from(&batches, offset);
                         ShardReply::Polled {
                             batches,
                             message_count,
@@ -327,10 +365,11 @@ impl Shard {
         }
     }
 
-    /// Shard 0: validate, persist (durable replace), apply locally, broadcast to every shard and
-    /// wait until each applied it (DESIGN section 4: the reply comes after every shard applied).
+    /// Shard 0: validate, create the directories of new partitions (durably), persist the
+    /// metadata (durable replace), apply locally, broadcast to every shard and wait until each
+    /// applied it (DESIGN section 4: the reply comes after every shard applied it).
     async fn commit_metadata(self: &Rc<Self>, op: MetadataOp) -> ShardReply {
-        let (op_number, next_state) = {
+        let (op_number, next_state, created) = {
             let metadata = self.metadata.borrow();
             if let Err(rejection) = metadata.validate(&op) {
                 return ShardReply::Error {
@@ -338,10 +377,52 @@ impl Shard {
                     message: rejection.message,
                 };
             }
+            let created = match &op {
+                MetadataOp::CreateTopic { .. } => metadata.namespaces_of(&op),
+                _ => Vec::new(),
+            };
+            let partition_count_after = metadata.namespaces().len() as u64 + created.len() as u64;
+            if partition_count_after > self.budget.partitions_max {
+                return ShardReply::error(
+                    ErrorCode::InvalidArgument,
+                    format!(
+                        "the server would hold {partition_count_after} partitions, above its limit of {} \
+                         (half of the open-file limit {}, two descriptors per partition); raise the \
+                         open-file limit (ulimit -n) or use fewer partitions",
+                        self.budget.partitions_max, self.budget.open_file_limit
+                    ),
+                );
+            }
+            let Some(op_number) = metadata.op.checked_add(1) else {
+                return ShardReply::error(
+                    ErrorCode::Internal,
+                    "metadata op number space exhausted",
+                );
+            };
             let mut next_state = metadata.clone();
-            next_state.apply(metadata.op + 1, &op);
-            (metadata.op + 1, next_state)
+            next_state.apply(op_number, &op);
+            (op_number, next_state, created)
         };
+        if !created.is_empty() {
+            let data_dir = self.config.data_dir.clone();
+            let prepared = compio::runtime::spawn_blocking(move || {
+                prepare_partition_dirs(&data_dir, &created)
+            })
+            .await;
+            match prepared {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, ?op, "cannot create partition directories; change not applied");
+                    return ShardReply::error(ErrorCode::StorageFailure, e);
+                }
+                Err(_) => {
+                    return ShardReply::error(
+                        ErrorCode::Internal,
+                        "partition directory task failed",
+                    );
+                }
+            }
+        }
         if let Err(e) = store::save(&self.config.data_dir, &next_state).await {
             tracing::error!(error = %e, ?op, "metadata persist failed; change not applied");
             return ShardReply::error(
@@ -349,12 +430,16 @@ impl Shard {
                 format!("metadata not persisted: {e}"),
             );
         }
-        self.apply_metadata(op_number, &op).await;
+        let mut failures = Vec::new();
+        if let Err(e) = self.apply_metadata(op_number, &op).await {
+            failures.push(e);
+        }
         if self.shard_count > 1 {
             let (done_tx, done_rx) = oneshot();
             *self.metadata_ack.borrow_mut() = Some(MetadataAck {
                 op_number,
                 remaining: self.shard_count - 1,
+                failures: Vec::new(),
                 done: done_tx,
             });
             for target in 1..self.shard_count {
@@ -369,11 +454,14 @@ impl Shard {
                     );
                 }
             }
-            if done_rx.await.is_err() {
-                return ShardReply::error(
-                    ErrorCode::ShuttingDown,
-                    "shard 0 stopped during metadata broadcast",
-                );
+            match done_rx.await {
+                Ok(remote_failures) => failures.extend(remote_failures),
+                Err(_) => {
+                    return ShardReply::error(
+                        ErrorCode::ShuttingDown,
+                        "shard 0 stopped during metadata broadcast",
+                    );
+                }
             }
         }
         if let MetadataOp::DeleteStream { stream_id } | MetadataOp::DeleteTopic { stream_id, .. } =
@@ -389,34 +477,45 @@ impl Shard {
             }
             remove_dir_all(dir).await;
         }
+        if !failures.is_empty() {
+            tracing::error!(op_number, ?op, failures = ?failures, "metadata committed, but not every shard could apply it");
+            return ShardReply::error(
+                ErrorCode::StorageFailure,
+                format!(
+                    "the change is committed, but its partitions are not usable until the cause is fixed \
+                     and the server restarted: {}",
+                    failures.join("; ")
+                ),
+            );
+        }
         tracing::info!(op_number, ?op, "metadata committed");
         ShardReply::MetadataDone
     }
 
     /// Applies a committed op to this shard's copy and opens or closes the partitions it owns.
-    pub async fn apply_metadata(&self, op_number: u64, op: &MetadataOp) {
+    ///
+    /// # Errors
+    /// Partitions that could not be opened, each named with its cause; the op stays applied.
+    pub async fn apply_metadata(&self, op_number: u64, op: &MetadataOp) -> Result<(), String> {
         let namespaces: Vec<Namespace> = {
             let mut metadata = self.metadata.borrow_mut();
             let namespaces = metadata.namespaces_of(op);
             metadata.apply(op_number, op);
             namespaces.into_iter().filter(|n| self.owns(*n)).collect()
         };
+        let mut failures = Vec::new();
         match op {
             MetadataOp::CreateTopic { .. } => {
                 for namespace in namespaces {
                     let dir = partition_dir(&self.config.data_dir, namespace);
-                    // A leftover directory belongs to a deleted topic whose removal a crash cut
-                    // short: metadata is authoritative, so its data must not reappear.
-                    if std::fs::metadata(&dir).is_ok() {
-                        tracing::warn!(shard = self.id.0, %namespace, path = %dir.display(), "removing leftover partition data of a deleted topic");
-                        remove_dir_all(dir.clone()).await;
-                    }
                     match PartitionLog::open(&dir, self.log_config()).await {
                         Ok((log, _)) => {
                             self.partitions.borrow_mut().insert(namespace, Rc::new(log));
                         }
                         Err(e) => {
-                            tracing::error!(shard = self.id.0, %namespace, error = %e, "cannot create partition log");
+                            tracing::error!(shard = self.id.0, %namespace, error = %e, "cannot open partition log");
+                            failures
+                                .push(format!("shard {}: partition {namespace}: {e}", self.id.0));
                         }
                     }
                 }
@@ -433,6 +532,11 @@ impl Shard {
                 }
             }
             MetadataOp::CreateStream { .. } => {}
+        }
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(failures.join("; "))
         }
     }
 
@@ -455,9 +559,9 @@ impl Shard {
                 .detach();
             }
             ShardFrame::MetadataApply { op_number, op } => {
-                self.apply_metadata(op_number, &op).await;
+                let error = self.apply_metadata(op_number, &op).await.err();
                 if let Err(e) = self
-                    .send_reliably(from, ShardFrame::MetadataApplied { op_number }, true)
+                    .send_reliably(from, ShardFrame::MetadataApplied { op_number, error }, true)
                     .await
                 {
                     tracing::warn!(shard = self.id.0, error = %e, "metadata ack to shard 0 dropped");
@@ -478,10 +582,11 @@ impl Shard {
                     reply_tx.send(reply);
                 }
             }
-            ShardFrame::MetadataApplied { op_number } => {
+            ShardFrame::MetadataApplied { op_number, error } => {
                 let mut ack = self.metadata_ack.borrow_mut();
                 let finished = match ack.as_mut() {
                     Some(pending) if pending.op_number == op_number => {
+                        pending.failures.extend(error);
                         pending.remaining -= 1;
                         pending.remaining == 0
                     }
@@ -494,7 +599,7 @@ impl Shard {
                     }
                 };
                 if finished && let Some(done) = ack.take() {
-                    done.done.send(());
+                    done.done.send(done.failures);
                 }
             }
             other => {
@@ -514,6 +619,42 @@ impl Shard {
     pub fn logs(&self) -> Vec<Rc<PartitionLog>> {
         self.partitions.borrow().values().cloned().collect()
     }
+}
+
+/// Creates the directory of every new partition, removing leftovers of a deleted topic whose
+/// removal a crash cut short (metadata is authoritative: their data must not reappear), and
+/// fsyncs the parents so the directories exist durably before the metadata that names them.
+/// Blocking: run on the blocking pool.
+fn prepare_partition_dirs(
+    data_dir: &std::path::Path,
+    namespaces: &[Namespace],
+) -> Result<(), String> {
+    let mut parents = std::collections::BTreeSet::new();
+    for namespace in namespaces {
+        let dir = partition_dir(data_dir, *namespace);
+        if dir.exists() {
+            tracing::warn!(%namespace, path = %dir.display(), "removing leftover partition data of a deleted topic");
+            std::fs::remove_dir_all(&dir)
+                .map_err(|e| format!("cannot remove leftover {}: {e}", dir.display()))?;
+        }
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let mut parent = dir.parent();
+        while let Some(path) = parent {
+            parents.insert(path.to_path_buf());
+            if path == data_dir {
+                break;
+            }
+            parent = path.parent();
+        }
+    }
+    // Deepest first: each directory's entry is durable in its parent before the parent's own.
+    for parent in parents.iter().rev() {
+        std::fs::File::open(parent)
+            .and_then(|dir| dir.sync_all())
+            .map_err(|e| format!("cannot fsync directory {}: {e}", parent.display()))?;
+    }
+    Ok(())
 }
 
 async fn remove_dir_all(dir: PathBuf) {
@@ -559,11 +700,11 @@ mod tests {
     }
 
     #[test]
-    fn message_count_of_walks_headers() {
+    fn message_count_from_walks_headers_and_skips_below_offset() {
         let mut bytes = Vec::new();
-        for count in [2u32, 5] {
+        for (base_offset, count) in [(10u64, 2u32), (12, 5)] {
             let header = bus::BatchHeader {
-                base_offset: 0,
+                base_offset,
                 base_timestamp_us: 0,
                 message_count: count,
                 length: 3,
@@ -572,7 +713,9 @@ mod tests {
             bytes.extend_from_slice(bytemuck::bytes_of(&header));
             bytes.extend_from_slice(&[0, 0, 0]);
         }
-        assert_eq!(message_count_of(&bytes), 7);
-        assert_eq!(message_count_of(&bytes[..10]), 0);
+        assert_eq!(message_count_from(&bytes, 10), 7);
+        assert_eq!(message_count_from(&bytes, 11), 6);
+        assert_eq!(message_count_from(&bytes, 13), 4);
+        assert_eq!(message_count_from(&bytes[..10], 10), 0);
     }
 }

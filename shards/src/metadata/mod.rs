@@ -242,6 +242,47 @@ impl MetadataState {
         self.op = op_number;
     }
 
+    /// Checks a loaded state against the same rules every change passed: replays it as creates
+    /// into an empty state.
+    ///
+    /// # Errors
+    /// The first rule a stream or topic breaks, naming it.
+    pub fn check(&self) -> Result<(), String> {
+        let mut replay = MetadataState::new();
+        let mut op_number = 0;
+        for (stream_id, stream) in &self.streams {
+            let mut ops = vec![MetadataOp::CreateStream {
+                stream_id: *stream_id,
+                name: stream.name.clone(),
+            }];
+            ops.extend(
+                stream
+                    .topics
+                    .iter()
+                    .map(|(topic_id, topic)| MetadataOp::CreateTopic {
+                        stream_id: *stream_id,
+                        topic_id: *topic_id,
+                        name: topic.name.clone(),
+                        partition_count: topic.partition_count,
+                    }),
+            );
+            for op in ops {
+                replay
+                    .validate(&op)
+                    .map_err(|rejection| format!("{op:?} breaks a rule: {}", rejection.message))?;
+                op_number += 1;
+                replay.apply(op_number, &op);
+            }
+        }
+        if self.op < op_number && self.op != 0 {
+            return Err(format!(
+                "op {} is below the {op_number} changes the state holds",
+                self.op
+            ));
+        }
+        Ok(())
+    }
+
     /// True when the namespace names an existing partition.
     pub fn partition_exists(&self, namespace: Namespace) -> bool {
         self.streams
@@ -435,6 +476,62 @@ mod tests {
             state.validate(&missing).unwrap_err().code,
             ErrorCode::TopicNotFound
         );
+    }
+
+    #[test]
+    fn check_rejects_states_no_sequence_of_valid_ops_produces() {
+        let mut state = MetadataState::new();
+        state.apply(1, &create_stream(1, "orders"));
+        state.apply(
+            2,
+            &MetadataOp::CreateTopic {
+                stream_id: 1,
+                topic_id: 1,
+                name: "t".into(),
+                partition_count: 2,
+            },
+        );
+        state.check().unwrap();
+        let mut zero = state.clone();
+        zero.streams
+            .get_mut(&1)
+            .unwrap()
+            .topics
+            .get_mut(&1)
+            .unwrap()
+            .partition_count = 0;
+        assert!(
+            zero.check()
+                .unwrap_err()
+                .contains("partition count must be between 1")
+        );
+        let mut huge = state.clone();
+        huge.streams
+            .get_mut(&1)
+            .unwrap()
+            .topics
+            .get_mut(&1)
+            .unwrap()
+            .partition_count = 100_000;
+        assert!(huge.check().is_err());
+        let mut id_zero = state.clone();
+        let stream = id_zero.streams.remove(&1).unwrap();
+        id_zero.streams.insert(0, stream);
+        assert!(
+            id_zero
+                .check()
+                .unwrap_err()
+                .contains("stream id 0 is reserved")
+        );
+        let mut duplicate = state.clone();
+        duplicate.streams.insert(
+            2,
+            StreamState {
+                name: "orders".into(),
+                topics: BTreeMap::new(),
+            },
+        );
+        assert!(duplicate.check().unwrap_err().contains("already exists"));
     }
 
     #[test]

@@ -37,6 +37,10 @@ pub async fn load(data_dir: &Path) -> Result<MetadataState, MetadataStoreError> 
             path: path.clone(),
             reason: e.to_string(),
         })?;
+    state.check().map_err(|reason| MetadataStoreError::Decode {
+        path: path.clone(),
+        reason,
+    })?;
     if state.version != METADATA_VERSION {
         return Err(MetadataStoreError::Version {
             path,

@@ -1,0 +1,160 @@
+//! What the server takes from the host at startup: the data-directory lock, the listen address
+//! (checked free before SO_REUSEPORT binds), and the open-file budget that bounds partitions and
+//! connections. Never touches partition data.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::limits::{FD_RESERVE, FDS_PER_PARTITION, LOCK_FILE_NAME, PARTITION_FD_SHARE_PERCENT};
+
+/// Budgets derived from the open-file limit, so that creating topics or accepting connections can
+/// never exhaust file descriptors and leave the server unable to open its own partitions, or to
+/// restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResourceBudget {
+    /// The soft RLIMIT_NOFILE after raising it to the hard limit.
+    pub open_file_limit: u64,
+    /// Partitions (over all topics) the server accepts.
+    pub partitions_max: u64,
+    /// Client connections each shard keeps open at once; more are closed at accept.
+    pub connections_per_shard_max: u64,
+}
+
+impl ResourceBudget {
+    pub fn from_open_file_limit(open_file_limit: u64, shard_count: u16) -> ResourceBudget {
+        let usable = open_file_limit.saturating_sub(FD_RESERVE).max(64);
+        let partition_fds = usable * PARTITION_FD_SHARE_PERCENT / 100;
+        let connection_fds = usable - partition_fds;
+        ResourceBudget {
+            open_file_limit,
+            partitions_max: (partition_fds / FDS_PER_PARTITION).max(1),
+            connections_per_shard_max: (connection_fds / u64::from(shard_count.max(1))).max(1),
+        }
+    }
+}
+
+/// Raises the soft open-file limit to the hard one (what Kafka and Redpanda ask operators to do by
+/// hand) and returns the resulting soft limit.
+pub fn raise_open_file_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read or write the plain struct passed to them.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) != 0 {
+            return 1024;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raw const raised) == 0 {
+                limit.rlim_cur = limit.rlim_max;
+            }
+        }
+    }
+    limit.rlim_cur
+}
+
+/// Why the data directory cannot be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error(
+        "data directory {data_dir} is in use by another shardline process (lock file {lock}); stop it or choose another --data-dir"
+    )]
+    InUse { data_dir: String, lock: String },
+    #[error("cannot lock data directory through {lock}: {source}")]
+    Io {
+        lock: String,
+        source: std::io::Error,
+    },
+}
+
+/// Takes the exclusive lock (flock) that keeps a second server off this data directory. The lock
+/// lives as long as the returned file; the kernel drops it when the process dies, even by kill -9.
+pub fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File, LockError> {
+    let lock_path = data_dir.join(LOCK_FILE_NAME);
+    let lock = lock_path.display().to_string();
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|source| LockError::Io {
+            lock: lock.clone(),
+            source,
+        })?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(LockError::InUse {
+            data_dir: data_dir.display().to_string(),
+            lock,
+        }),
+        Err(std::fs::TryLockError::Error(source)) => Err(LockError::Io { lock, source }),
+    }
+}
+
+/// Whether a directory exists and holds at least one entry.
+pub fn has_entries(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some())
+}
+
+/// Binds a plain socket (no SO_REUSEPORT) to learn whether the address is free and which port
+/// port 0 picks. Without it a second server would silently join the first one's SO_REUSEPORT
+/// group, and the kernel would split connections between two processes.
+pub fn probe_listen_addr(addr: SocketAddr) -> std::io::Result<SocketAddr> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket
+        .local_addr()?
+        .as_socket()
+        .ok_or_else(|| std::io::Error::other("bound socket has no inet address"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_splits_the_open_file_limit() {
+        let budget = ResourceBudget::from_open_file_limit(20_256, 2);
+        assert_eq!(budget.partitions_max, 5_000);
+        assert_eq!(budget.connections_per_shard_max, 5_000);
+        let tiny = ResourceBudget::from_open_file_limit(10, 4);
+        assert_eq!(
+            (tiny.partitions_max, tiny.connections_per_shard_max),
+            (16, 8)
+        );
+    }
+
+    #[test]
+    fn second_lock_on_a_data_dir_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let _held = lock_data_dir(dir.path()).unwrap();
+        let message = lock_data_dir(dir.path()).unwrap_err().to_string();
+        assert!(
+            message.contains("is in use by another shardline process"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_listening_port_is_not_free() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = listener.local_addr().unwrap();
+        let error = probe_listen_addr(taken).unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::AddrInUse);
+        assert_ne!(
+            probe_listen_addr("127.0.0.1:0".parse().unwrap())
+                .unwrap()
+                .port(),
+            0
+        );
+    }
+}
