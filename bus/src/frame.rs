@@ -81,6 +81,23 @@ pub async fn read_frame<R: AsyncRead + ?Sized>(
     reader: &mut R,
     max_message_size: u32,
 ) -> Result<Frame, FrameError> {
+    let header = read_header(reader, max_message_size).await?;
+    let body = read_body(reader, &header).await?;
+    Ok(Frame { header, body })
+}
+
+/// Reads and validates one header (the first half of `read_frame`), so a server can account for
+/// the body's memory before reading it.
+///
+/// # Errors
+/// As `read_frame`, for the header: `Closed`, `Truncated`, `Io`, and every prefix check.
+///
+/// # Cancel safety
+/// Not cancel safe: close the connection if the future is dropped.
+pub async fn read_header<R: AsyncRead + ?Sized>(
+    reader: &mut R,
+    max_message_size: u32,
+) -> Result<Header, FrameError> {
     let BufResult(result, header_bytes) = read_exactly(reader, HEADER_SIZE).await;
     if let Err(error) = result {
         return Err(match error.kind() {
@@ -95,7 +112,21 @@ pub async fn read_frame<R: AsyncRead + ?Sized>(
     assert_eq!(header_bytes.len(), HEADER_SIZE);
     let header: Header = bytemuck::pod_read_unaligned(&header_bytes);
     header.validate_prefix(max_message_size)?;
+    Ok(header)
+}
 
+/// Reads and verifies the body announced by a header from `read_header` (the second half of
+/// `read_frame`).
+///
+/// # Errors
+/// `Truncated` (EOF inside the body), `Io`, `BodyChecksum`.
+///
+/// # Cancel safety
+/// Not cancel safe: close the connection if the future is dropped.
+pub async fn read_body<R: AsyncRead + ?Sized>(
+    reader: &mut R,
+    header: &Header,
+) -> Result<Vec<u8>, FrameError> {
     let body_size = header.body_size();
     let body = if body_size == 0 {
         Vec::new()
@@ -116,7 +147,7 @@ pub async fn read_frame<R: AsyncRead + ?Sized>(
     if !header.valid_checksum_body(&body) {
         return Err(FrameError::BodyChecksum);
     }
-    Ok(Frame { header, body })
+    Ok(body)
 }
 
 /// Writes all of `bytes` (normally one or more encoded frames) and flushes.

@@ -23,7 +23,7 @@ pub use batch::{
 };
 pub use client::{Client, ClientError, SendAck};
 pub use command::{Command, ErrorCode, Operation};
-pub use frame::{Frame, FrameError, encode_frame, read_frame, write_frame};
+pub use frame::{Frame, FrameError, encode_frame, read_body, read_frame, read_header, write_frame};
 pub use header::{HEADER_SIZE, Header, PROTOCOL_VERSION};
 pub use namespace::Namespace;
 pub use reply::{error_reply, reply_header};

@@ -11,7 +11,7 @@ use compio::net::TcpStream;
 use runtime::ShardId;
 
 use crate::frame::{ShardReply, ShardRequest};
-use crate::limits::{CONNECTION_IDLE_TIMEOUT, REPLY_WRITE_TIMEOUT};
+use crate::limits::{CONNECTION_IDLE_TIMEOUT, FRAME_BODY_TIMEOUT, REPLY_WRITE_TIMEOUT};
 use crate::metadata::MetadataOp;
 use crate::shard::Shard;
 use crate::shard_for;
@@ -33,9 +33,9 @@ pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: Soc
     let _slot = ConnectionSlot(Rc::clone(&shard));
     let max_message_size = shard.config.max_message_size;
     loop {
-        let read = bus::read_frame(&mut stream, max_message_size);
-        let frame = match compio::time::timeout(CONNECTION_IDLE_TIMEOUT, read).await {
-            Ok(Ok(frame)) => frame,
+        let read = bus::read_header(&mut stream, max_message_size);
+        let header = match compio::time::timeout(CONNECTION_IDLE_TIMEOUT, read).await {
+            Ok(Ok(header)) => header,
             Ok(Err(bus::FrameError::Closed)) => {
                 tracing::debug!(shard = shard.id.0, %peer, "connection closed by peer");
                 return;
@@ -56,13 +56,34 @@ pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: Soc
                 return;
             }
         };
-        if frame.header.command != Command::Request as u8 {
+        if header.command != Command::Request as u8 {
             tracing::warn!(
-                shard = shard.id.0, %peer, command = frame.header.command,
+                shard = shard.id.0, %peer, command = header.command,
                 "closing connection: clients may only send requests"
             );
             return;
         }
+        let _permit = shard.reserve_receive_bytes(header.body_size() as u64).await;
+        let read = bus::read_body(&mut stream, &header);
+        let body = match compio::time::timeout(FRAME_BODY_TIMEOUT, read).await {
+            Ok(Ok(body)) => body,
+            Ok(Err(bus::FrameError::Io(e))) => {
+                tracing::debug!(shard = shard.id.0, %peer, error = %e, "closing connection: read failed");
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(shard = shard.id.0, %peer, reason = %e, "closing connection: malformed frame");
+                return;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    shard = shard.id.0, %peer, size = header.size, timeout_s = FRAME_BODY_TIMEOUT.as_secs(),
+                    "closing connection: body not received within the frame timeout"
+                );
+                return;
+            }
+        };
+        let frame = Frame { header, body };
         let (head, body) = handle_request(&shard, frame).await;
         let write = async {
             if body.is_empty() {

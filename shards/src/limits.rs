@@ -25,6 +25,15 @@ pub const LOCK_FILE_NAME: &str = "LOCK";
 /// `connections.max.idle.ms` default is the same 10 minutes). Also bounds how long a half-sent
 /// frame can hold its connection open.
 pub const CONNECTION_IDLE_TIMEOUT: Duration = Duration::from_mins(10);
+/// Once a header arrived, its body must arrive within this long (a slow-sending client cannot
+/// hold a body's worth of memory indefinitely).
+pub const FRAME_BODY_TIMEOUT: Duration = Duration::from_mins(1);
+/// Request bodies a shard holds in memory at once, over all its connections (4 messages of the
+/// default 64 MiB maximum). A connection whose body does not fit waits, without reading its
+/// socket (TCP backpressure), until others finish; one body is always admitted when none is held.
+pub const RECEIVE_BYTES_MAX_PER_SHARD: u64 = 256 * 1024 * 1024;
+/// How often a connection waiting for receive budget checks again.
+pub const RECEIVE_BUDGET_RETRY: Duration = Duration::from_millis(1);
 /// A reply the client does not read within this long closes the connection.
 pub const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// File descriptors kept out of the partition and connection budgets (listeners, io_uring rings,

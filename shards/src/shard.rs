@@ -19,6 +19,7 @@ use crate::config::ServerConfig;
 use crate::frame::{ShardFrame, ShardReply, ShardRequest};
 use crate::limits::{
     MESH_RETRY_MAX, MESH_RETRY_SLEEP, METADATA_QUEUE_MAX, PARTITIONS_DIR_NAME, POLL_BYTES_MAX,
+    RECEIVE_BUDGET_RETRY, RECEIVE_BYTES_MAX_PER_SHARD,
 };
 use crate::metadata::{MetadataOp, MetadataState, store};
 use crate::resources::ResourceBudget;
@@ -54,6 +55,20 @@ pub struct Shard {
     metadata_ack: RefCell<Option<MetadataAck>>,
     budget: ResourceBudget,
     connection_count: Cell<u64>,
+    receive_bytes_in_flight: Rc<Cell<u64>>,
+}
+
+/// Request-body bytes a connection holds against its shard's receive budget; released on drop.
+#[derive(Debug)]
+pub struct ReceivePermit {
+    bytes: u64,
+    in_flight: Rc<Cell<u64>>,
+}
+
+impl Drop for ReceivePermit {
+    fn drop(&mut self) {
+        self.in_flight.set(self.in_flight.get() - self.bytes);
+    }
 }
 
 impl std::fmt::Debug for Shard {
@@ -115,6 +130,27 @@ impl Shard {
             metadata_ack: RefCell::new(None),
             budget,
             connection_count: Cell::new(0),
+            receive_bytes_in_flight: Rc::new(Cell::new(0)),
+        }
+    }
+
+    /// Waits until `bytes` of request body fit the shard's receive budget, then holds them until
+    /// the permit drops. One body is always admitted when none is held, so any frame within
+    /// `max_message_size` makes progress.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is reserved until it returns.
+    pub async fn reserve_receive_bytes(&self, bytes: u64) -> ReceivePermit {
+        loop {
+            let in_flight = self.receive_bytes_in_flight.get();
+            if in_flight == 0 || in_flight + bytes <= RECEIVE_BYTES_MAX_PER_SHARD {
+                self.receive_bytes_in_flight.set(in_flight + bytes);
+                return ReceivePermit {
+                    bytes,
+                    in_flight: Rc::clone(&self.receive_bytes_in_flight),
+                };
+            }
+            compio::time::sleep(RECEIVE_BUDGET_RETRY).await;
         }
     }
 
