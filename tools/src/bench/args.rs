@@ -117,7 +117,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub concurrent: bool,
 
-    /// Also write the report as JSON to this file.
+    /// Also write the report as JSON to this file (opened before the first run: a path that
+    /// cannot be created fails at once).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
 
