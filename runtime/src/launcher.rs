@@ -453,6 +453,10 @@ impl ShardSet {
     /// Stops the shards on SIGINT/SIGTERM (a watcher thread, ended by `join`). A second signal
     /// while stopping exits the process at once with code 130.
     ///
+    /// The watcher acts first and logs after, and a log statement that panics (a subscriber whose
+    /// write to a closed stderr pipe fails, e.g. `serve 2>&1 | head`) cannot end it: signals are
+    /// never left handled by a thread that is gone.
+    ///
     /// # Errors
     /// Registering the signal handlers or spawning the watcher thread failed.
     pub fn stop_on_signals(&self) -> std::io::Result<()> {
@@ -468,12 +472,16 @@ impl ShardSet {
                 let mut stopping = false;
                 for signal in signals.forever() {
                     if stopping {
-                        tracing::error!(signal, "second signal while stopping: exiting now");
+                        log_without_unwinding(|| {
+                            tracing::error!(signal, "second signal while stopping: exiting now");
+                        });
                         std::process::exit(130);
                     }
                     stopping = true;
-                    tracing::info!(signal, "signal received: stopping the shards");
                     stop.stop();
+                    log_without_unwinding(|| {
+                        tracing::info!(signal, "signal received: stopping the shards");
+                    });
                 }
             });
         if let Err(error) = watcher {
@@ -709,6 +717,15 @@ fn start_runtime(
         })?;
     tracing::info!(shard, driver = ?runtime.driver_type(), core = ?core, "shard runtime started");
     Ok(runtime)
+}
+
+/// Runs one log statement on a thread that must outlive it (the signal watcher). The subscriber
+/// is the application's: it may panic when its write fails (tracing-subscriber's fmt layer reports
+/// a failed write with `eprintln!`, which panics when stderr is a closed pipe), and that panic must
+/// not end the thread that still owns the process's signal handlers.
+fn log_without_unwinding(log: impl FnOnce()) {
+    // Err: the subscriber panicked; the panic hook already reported it wherever it still could.
+    let _ = catch_unwind(AssertUnwindSafe(log));
 }
 
 /// Joins threads that are about to end (their go lane was dropped), ignoring their results.

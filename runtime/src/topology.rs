@@ -8,7 +8,7 @@ use std::str::FromStr;
 
 use crate::limits::{CPU_ID_MAX, SHARD_COUNT_MAX};
 
-/// A parsed CPU list such as `0-3,8`: sorted, deduplicated CPU ids, each at most `CPU_ID_MAX`.
+/// A parsed CPU list such as `0-3,8`: sorted, distinct CPU ids, each at most `CPU_ID_MAX`.
 ///
 /// `Display` writes the compact form (`0-3,8`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,7 +22,8 @@ impl FromStr for CpuList {
     /// # Errors
     /// `TopologyError::CpuListSyntax` naming the value and the rule: an empty list or entry, an
     /// entry that is not a number, a range whose start is above its end (`3-1`), a CPU id above
-    /// `CPU_ID_MAX`.
+    /// `CPU_ID_MAX`, a CPU listed more than once (`1,1`, or overlapping ranges `0-3,2`: each CPU
+    /// runs one shard, so a repeat is a typo, never a request for two shards on it).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let syntax = |rule: String| TopologyError::CpuListSyntax {
             value: s.to_owned(),
@@ -65,7 +66,9 @@ impl FromStr for CpuList {
             }
         }
         cpus.sort_unstable();
-        cpus.dedup();
+        if let Some(cpu) = first_repeated_cpu(&cpus) {
+            return Err(syntax(repeated_cpu_rule(cpu)));
+        }
         Ok(CpuList(cpus))
     }
 }
@@ -74,6 +77,20 @@ impl fmt::Display for CpuList {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&compact_cpu_list(&self.0))
     }
+}
+
+/// The smallest CPU id that `cpus` holds more than once, if any.
+fn first_repeated_cpu(cpus: &[usize]) -> Option<usize> {
+    let mut sorted = cpus.to_vec();
+    sorted.sort_unstable();
+    sorted
+        .windows(2)
+        .find(|pair| pair[0] == pair[1])
+        .map(|pair| pair[0])
+}
+
+fn repeated_cpu_rule(cpu: usize) -> String {
+    format!("CPU {cpu} is listed more than once")
 }
 
 /// Writes sorted CPU ids in the kernel's list format: runs of two or more as `a-b`, e.g. `0-3,8`.
@@ -166,8 +183,8 @@ impl Topology {
     ///
     /// # Errors
     /// Each variant names the flag, the value and the rule (`--shards 0`, more shards than allowed
-    /// cores without `--no-pin`, a `--cpus` entry outside the allowed set), or `Affinity` when the
-    /// mask cannot be read.
+    /// cores without `--no-pin`, a `--cpus` entry outside the allowed set, `--cpus` with
+    /// `--no-pin`), or `Affinity` when the mask cannot be read.
     pub fn resolve(config: &TopologyConfig) -> Result<Topology, TopologyError> {
         let allowed = allowed_cpus()?;
         let quota_cpu_count = cgroup_cpu_quota_count();
@@ -184,9 +201,13 @@ impl Topology {
     ///   `SHARD_COUNT_MAX`; `N` takes the first N allowed cores, and more than allowed is
     ///   `TooManyShards` unless `--no-pin`.
     /// - `--no-pin`: the same counts, but every shard is unpinned (`None`) and any N is accepted.
+    /// - `--cpus` with `--no-pin` is `CpusWithoutPin`: the list only says where to pin, so
+    ///   accepting both would silently drop one of them.
+    /// - a CPU listed twice in `--cpus` is `CpuListSyntax` (the parser rejects it; this checks
+    ///   a `CpuList` built by hand).
     ///
     /// # Errors
-    /// `CpuNotAllowed`, `TooManyShards`.
+    /// `CpusWithoutPin`, `CpuListSyntax`, `CpuNotAllowed`, `TooManyShards`.
     ///
     /// # Panics
     /// If `allowed` is empty: the kernel never runs a process with an empty affinity mask.
@@ -199,6 +220,17 @@ impl Topology {
         let allowed_text = compact_cpu_list(allowed);
         let candidates: Vec<usize> = match &config.cpus {
             Some(list) => {
+                if !config.pin {
+                    return Err(TopologyError::CpusWithoutPin {
+                        value: list.to_string(),
+                    });
+                }
+                if let Some(cpu) = first_repeated_cpu(&list.0) {
+                    return Err(TopologyError::CpuListSyntax {
+                        value: list.to_string(),
+                        rule: repeated_cpu_rule(cpu),
+                    });
+                }
                 for &cpu in &list.0 {
                     if allowed.binary_search(&cpu).is_err() {
                         return Err(TopologyError::CpuNotAllowed {
@@ -365,6 +397,9 @@ pub enum TopologyError {
         allowed_count: usize,
         allowed: String,
     },
+    /// `--cpus` together with `--no-pin`: drop one of them.
+    #[error("--cpus {value} pins shards to CPUs; it cannot be combined with --no-pin")]
+    CpusWithoutPin { value: String },
     /// `sched_getaffinity` failed.
     #[error("cannot read the process affinity mask: {0}")]
     Affinity(std::io::Error),
@@ -399,8 +434,8 @@ mod tests {
     }
 
     #[test]
-    fn cpu_list_parses_ranges_sorted_and_deduplicated() {
-        let list: CpuList = "8,0-3,2, 5".parse().unwrap();
+    fn cpu_list_parses_ranges_sorted() {
+        let list: CpuList = "8,0-3, 5".parse().unwrap();
         assert_eq!(list, CpuList(vec![0, 1, 2, 3, 5, 8]));
         assert_eq!(list.to_string(), "0-3,5,8");
         assert_eq!("7".parse::<CpuList>().unwrap(), CpuList(vec![7]));
@@ -427,6 +462,18 @@ mod tests {
         assert_eq!(
             text("3-1"),
             r#"invalid --cpus value "3-1": range start 3 is above range end 1"#
+        );
+        assert_eq!(
+            text("1,1,1"),
+            r#"invalid --cpus value "1,1,1": CPU 1 is listed more than once"#
+        );
+        assert_eq!(
+            text("8,0-3,2,5"),
+            r#"invalid --cpus value "8,0-3,2,5": CPU 2 is listed more than once"#
+        );
+        assert_eq!(
+            text("4-6,0-5"),
+            r#"invalid --cpus value "4-6,0-5": CPU 4 is listed more than once"#
         );
         assert_eq!(
             text("0-4096"),
@@ -522,8 +569,36 @@ mod tests {
             "--cpus 99: CPU 99 is not in the allowed set 0-1 (affinity mask)"
         );
         assert_eq!(
-            error_text("1", Some("0-2,7"), false, &[0, 1, 2, 4]),
+            error_text("1", Some("0-2,7"), true, &[0, 1, 2, 4]),
             "--cpus 0-2,7: CPU 7 is not in the allowed set 0-2,4 (affinity mask)"
+        );
+    }
+
+    #[test]
+    fn cpus_with_no_pin_is_rejected() {
+        assert_eq!(
+            error_text("all", Some("0-1"), false, &[0, 1]),
+            "--cpus 0-1 pins shards to CPUs; it cannot be combined with --no-pin"
+        );
+        assert_eq!(
+            error_text("1", Some("5"), false, &[0, 1]),
+            "--cpus 5 pins shards to CPUs; it cannot be combined with --no-pin",
+            "the conflict is reported before the CPU check"
+        );
+    }
+
+    #[test]
+    fn a_hand_built_cpu_list_with_a_repeat_is_rejected() {
+        let config = TopologyConfig {
+            shards: ShardCountArg::All,
+            cpus: Some(CpuList(vec![1, 1, 1])),
+            pin: true,
+        };
+        assert_eq!(
+            Topology::resolve_with(&config, &[0, 1], None)
+                .unwrap_err()
+                .to_string(),
+            r#"invalid --cpus value "1,1,1": CPU 1 is listed more than once"#
         );
     }
 

@@ -279,7 +279,8 @@ impl PartitionLog {
     /// # Errors
     /// `InvalidConfig` for a `segment_size_max` of 0 or above [`SEGMENT_SIZE_MAX_LIMIT`]; `Io`
     /// naming the path and step; `Corrupt` naming the file and byte position for damage inside a
-    /// closed segment or segments that do not follow each other.
+    /// closed segment, segments that do not follow each other, or a first segment that does not
+    /// start at offset 0 (the segments before it are missing; storage/FORMAT.md section 3).
     ///
     /// # Panics
     /// Outside a compio runtime.

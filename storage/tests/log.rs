@@ -689,6 +689,39 @@ fn missing_segment_is_an_error_naming_the_next_file() {
 }
 
 #[test]
+fn missing_first_segment_is_an_error_naming_the_new_first_file() {
+    // 10 entries: segments 0, 6, 12 closed and 18 open; 4 entries: segment 0 closed, 6 open (the
+    // first remaining segment is then the last one, which open scans differently).
+    for (entry_count, segment_count) in [(10, 4), (4, 2)] {
+        let dir = tempfile::tempdir().unwrap();
+        rolled_log(dir.path(), entry_count);
+        assert!(segment(dir.path(), 6 * (segment_count - 1)).exists());
+        std::fs::remove_file(segment(dir.path(), 0)).unwrap();
+        let error = block_on(PartitionLog::open(dir.path(), small_segments())).unwrap_err();
+        match &error {
+            LogError::Corrupt {
+                path,
+                position: 0,
+                reason,
+            } => {
+                assert_eq!(path, &segment(dir.path(), 6));
+                assert_eq!(
+                    reason,
+                    &format!(
+                        "the first segment starts at offset 6 but a partition log starts at \
+                         offset 0: the segments before it (from {}) are missing",
+                        segment(dir.path(), 0).display()
+                    )
+                );
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+        // Refusing changed nothing: no segment 0 was created in its place.
+        assert!(!segment(dir.path(), 0).exists());
+    }
+}
+
+#[test]
 fn empty_last_segment_after_a_crashed_roll_is_fine() {
     let dir = tempfile::tempdir().unwrap();
     let written = rolled_log(dir.path(), 9);

@@ -1,10 +1,14 @@
 //! `shardline`: the server (`serve`), the load generator (`bench`), and client commands.
 //!
 //! Logs go to stderr (`RUST_LOG` or `--log` filters them); stdout carries only command output, so
-//! scripts can parse it.
+//! scripts can parse it. A write to stderr that fails (a closed pipe, as under `2>&1 | head`) is
+//! dropped: logging must never panic, since a panic on the signal watcher or a shard thread would
+//! take down what it was logging about.
 
 mod client_cmds;
 mod serve;
+
+use std::io::Write as _;
 
 use clap::{Parser, Subcommand};
 
@@ -42,16 +46,61 @@ enum Command {
     Metadata(client_cmds::AddrArgs),
 }
 
+/// A writer that drops its failures: every write reports the whole buffer written. Log lines are
+/// best effort; tracing-subscriber reports a failed write with `eprintln!`, which panics when
+/// stderr is the very thing that failed.
+#[derive(Debug)]
+struct LossyWriter<W>(W);
+
+impl<W: std::io::Write> std::io::Write for LossyWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        // Err: nowhere left to report it; the line is lost, which is all a log line can lose.
+        let _ = self.0.write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = self.0.flush();
+        Ok(())
+    }
+}
+
+/// The process's log subscriber: `filter`, plain or ANSI text, to stderr through a `LossyWriter`.
+fn log_subscriber(
+    filter: tracing_subscriber::EnvFilter,
+    ansi: bool,
+) -> impl tracing::Subscriber + Send + Sync + 'static {
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(|| LossyWriter(std::io::stderr()))
+        // The writer never fails, and this report would be an `eprintln!` that panics if it did.
+        .log_internal_errors(false)
+        .finish()
+}
+
 fn init_logging(filter: Option<&str>) {
     let filter = filter.map_or_else(
         || tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         tracing_subscriber::EnvFilter::new,
     );
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::util::SubscriberInitExt::init(log_subscriber(filter, ansi));
+}
+
+/// `error` as one line: its message, then each cause in the chain whose text the line does not
+/// already hold (our `thiserror` variants embed their source in their message; `anyhow` context
+/// does not), joined by `: `.
+fn error_line(error: &anyhow::Error) -> String {
+    let mut line = error.to_string();
+    for cause in error.chain().skip(1) {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+    }
+    line
 }
 
 fn main() -> std::process::ExitCode {
@@ -68,9 +117,115 @@ fn main() -> std::process::ExitCode {
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
+        Err(error) => {
+            // Err: stderr is gone; the exit code still says it failed.
+            let _ = writeln!(std::io::stderr(), "error: {}", error_line(&error));
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use super::*;
+
+    const BROKEN_STDERR_CHILD_ENV: &str = "SHARDLINE_BROKEN_STDERR_CHILD";
+
+    #[derive(Debug, thiserror::Error)]
+    enum OpenError {
+        #[error("cannot open {path}: {source}")]
+        Open {
+            path: String,
+            source: std::io::Error,
+        },
+    }
+
+    fn not_a_directory() -> std::io::Error {
+        std::io::Error::from_raw_os_error(libc::ENOTDIR)
+    }
+
+    #[test]
+    fn error_line_skips_a_cause_its_message_already_holds() {
+        let error = anyhow::Error::new(OpenError::Open {
+            path: "/etc/hosts/data".to_owned(),
+            source: not_a_directory(),
+        })
+        .context("cannot start the server");
+        assert_eq!(
+            error_line(&error),
+            "cannot start the server: cannot open /etc/hosts/data: Not a directory (os error 20)"
+        );
+    }
+
+    #[test]
+    fn error_line_appends_a_cause_its_message_lacks() {
+        let error = anyhow::Error::new(not_a_directory()).context("cannot create --data-dir x");
+        assert_eq!(
+            error_line(&error),
+            "cannot create --data-dir x: Not a directory (os error 20)"
+        );
+        assert_eq!(
+            error_line(&anyhow::anyhow!("no cause")),
+            "no cause",
+            "a lone message is printed as is"
+        );
+    }
+
+    #[derive(Debug)]
+    struct BrokenPipe;
+
+    impl std::io::Write for BrokenPipe {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+    }
+
+    #[test]
+    fn lossy_writer_reports_a_failed_write_as_written() {
+        let mut writer = LossyWriter(BrokenPipe);
+        assert_eq!(writer.write(b"line\n").unwrap(), 5);
+        writer.write_all(b"line\n").unwrap();
+        writer.flush().unwrap();
+    }
+
+    /// Only does something in the child of `logging_to_a_closed_stderr_does_not_panic`: logs
+    /// through the process's subscriber with stderr a closed pipe, then exits 0.
+    #[test]
+    fn broken_stderr_child() {
+        if std::env::var_os(BROKEN_STDERR_CHILD_ENV).is_none() {
+            return;
+        }
+        let subscriber = log_subscriber(tracing_subscriber::EnvFilter::new("info"), false);
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!("a line nobody reads");
+            tracing::error!("and another");
+        });
+    }
+
+    #[test]
+    fn logging_to_a_closed_stderr_does_not_panic() {
+        if std::env::var_os(BROKEN_STDERR_CHILD_ENV).is_some() {
+            return;
+        }
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "tests::broken_stderr_child",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env(BROKEN_STDERR_CHILD_ENV, "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(writer)
+            .status()
+            .unwrap();
+        assert_eq!(status.code(), Some(0), "{status:?}");
     }
 }

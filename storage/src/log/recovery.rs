@@ -84,6 +84,7 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
         return Ok(Recovered { segments, report });
     };
 
+    check_starts_at_zero(dir, base_offsets[0])?;
     let mut expected_base_offset = None;
     for &base_offset in closed_base_offsets {
         let path = segment_path(dir, base_offset);
@@ -166,6 +167,23 @@ async fn list_segments(dir: &Path) -> Result<Vec<u64>, LogError> {
     }
     base_offsets.sort_unstable();
     Ok(base_offsets)
+}
+
+/// A partition log starts at offset 0 (no retention deletes segments yet), so a first segment
+/// with a later base offset means the files before it were lost: reading on would serve a gap.
+fn check_starts_at_zero(dir: &Path, first_base_offset: u64) -> Result<(), LogError> {
+    if first_base_offset == 0 {
+        return Ok(());
+    }
+    Err(LogError::Corrupt {
+        path: segment_path(dir, first_base_offset),
+        position: 0,
+        reason: format!(
+            "the first segment starts at offset {first_base_offset} but a partition log starts \
+             at offset 0: the segments before it (from {}) are missing",
+            segment_path(dir, 0).display()
+        ),
+    })
 }
 
 fn check_follows(path: &Path, base_offset: u64, expected: Option<u64>) -> Result<(), LogError> {

@@ -117,7 +117,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub concurrent: bool,
 
-    /// Also write the report as JSON to this file.
+    /// Also write the report as JSON to this file (opened before the first run: a path that
+    /// cannot be created fails at once).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
 
@@ -164,6 +165,9 @@ pub enum BenchArgsError {
     Fsync { value: String },
     #[error("--io-driver {value}: expected io-uring or poll")]
     IoDriver { value: String },
+    /// The server's own `--cpus` parser rejected the list (its message names value and rule).
+    #[error("{reason}")]
+    Cpus { reason: String },
     #[error(
         "--batch {batch} messages of up to {payload_len_max} payload bytes make a {request_bytes}-byte request, above the server's default max_message_size {max}; lower --batch or the payload size"
     )]
@@ -360,6 +364,20 @@ impl BenchArgs {
             if self.server_pid.is_some() {
                 return Err(BenchArgsError::ServerPidWithoutAddr);
             }
+            // The embedded server would reject these too, but only after the bench started it.
+            if let Some(cpus) = &self.cpus {
+                if self.no_pin {
+                    return Err(BenchArgsError::Conflict {
+                        first: "cpus",
+                        second: "no-pin",
+                        rule: "--cpus pins shards to CPUs",
+                    });
+                }
+                cpus.parse::<runtime::CpuList>()
+                    .map_err(|error| BenchArgsError::Cpus {
+                        reason: error.to_string(),
+                    })?;
+            }
             return Ok(ServerTarget::Embedded {
                 options: ServerOptions {
                     fsync: self.fsync.clone(),
@@ -500,6 +518,19 @@ mod tests {
             "--messages and --duration cannot both be given: a run stops after a message count \
              or after a time, not both"
         );
+    }
+
+    #[test]
+    fn server_cpu_flags_are_checked_before_the_server_starts() {
+        assert_eq!(
+            error(&["--cpus", "0-1", "--no-pin"]),
+            "--cpus and --no-pin cannot both be given: --cpus pins shards to CPUs"
+        );
+        assert_eq!(
+            error(&["--cpus", "1,1,1"]),
+            r#"invalid --cpus value "1,1,1": CPU 1 is listed more than once"#
+        );
+        assert!(parse(&["--cpus", "0-1"]).validate().is_ok());
     }
 
     #[test]

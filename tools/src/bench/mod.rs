@@ -8,6 +8,7 @@
 pub mod ack;
 pub mod args;
 pub mod cpu;
+pub mod json_file;
 pub mod limits;
 pub mod payload;
 pub mod phase;
@@ -24,6 +25,7 @@ use anyhow::{Context as _, bail};
 use bus::{Client, ClientError, ErrorCode};
 
 use self::ack::AckLedger;
+use self::json_file::JsonReportFile;
 use self::payload::PayloadSource;
 use self::phase::{PhaseOutcome, latest_finish, progress_bar, run_phase};
 use self::report::{
@@ -41,11 +43,13 @@ pub use self::plan::{BenchPlan, PayloadChoice, ServerTarget, ShardRequest};
 /// `--json`, and fails if any acknowledged message was not read back intact.
 ///
 /// # Errors
-/// Invalid arguments (naming the flag and the rule), a server that fails to start or stop, a
+/// Invalid arguments (naming the flag and the rule), a `--json` path that cannot be created
+/// (checked before anything starts), a server that fails to start or stop, a
 /// worker's request failing beyond its retry budget, an existing stream on `--addr`, or a failed
 /// verification (naming the counts and the first bad partition and offset).
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let plan = args.validate()?;
+    let json_file = plan.json.as_deref().map(JsonReportFile::open).transpose()?;
     let payload = match &plan.payload {
         PayloadChoice::Size(size_bytes) => PayloadSource::fixed(*size_bytes as usize),
         PayloadChoice::File(path) => PayloadSource::from_file(path)?,
@@ -57,7 +61,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         print!("{}", render_run(&run));
         runs.push(run);
         if !summary.is_clean() {
-            write_json(&plan, &runs)?;
+            write_json(json_file, &runs)?;
             bail!(
                 "verification failed with {} shards: {summary}",
                 runs.last().map_or(0, |r| r.shards)
@@ -67,19 +71,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if let Some(ratios) = render_ratios(&runs) {
         println!("\n{ratios}");
     }
-    write_json(&plan, &runs)
+    write_json(json_file, &runs)
 }
 
-fn write_json(plan: &BenchPlan, runs: &[RunReport]) -> anyhow::Result<()> {
-    let Some(path) = &plan.json else {
+fn write_json(json_file: Option<JsonReportFile>, runs: &[RunReport]) -> anyhow::Result<()> {
+    let Some(json_file) = json_file else {
         return Ok(());
     };
-    let report = BenchReport {
+    json_file.write(&BenchReport {
         runs: runs.to_vec(),
-    };
-    let text = serde_json::to_string_pretty(&report).context("cannot serialize the report")?;
-    std::fs::write(path, text + "\n")
-        .with_context(|| format!("cannot write --json {}", path.display()))
+    })
 }
 
 /// The server of one run: where to connect and whose CPU to measure.
@@ -435,4 +436,41 @@ fn build_report(
         config: plan.run_config(request, server_label, pid, payload, cpu_note),
     };
     (report, summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    #[test]
+    fn an_unwritable_json_path_fails_before_any_server_is_reached() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("missing").join("x.json");
+        // Nothing listens on port 1: a bench that got as far as the server would fail connecting.
+        let args = Cli::try_parse_from([
+            "bench",
+            "--addr",
+            "127.0.0.1:1",
+            "--json",
+            path.to_str().unwrap(),
+        ])
+        .unwrap()
+        .bench;
+        let error = run(&args).unwrap_err();
+        assert_eq!(
+            format!("{error:#}"),
+            format!(
+                "cannot create --json {}: No such file or directory (os error 2)",
+                path.display()
+            )
+        );
+    }
 }

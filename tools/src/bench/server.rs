@@ -7,7 +7,7 @@
 //! running: a failure or a drop kills it, and a failure keeps its directory and names the log.
 
 use std::ffi::OsString;
-use std::io::BufRead as _;
+use std::io::{BufRead as _, Write as _};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -132,7 +132,10 @@ impl EmbeddedServer {
                         Some(addr) => {
                             let _ = addr_sender.send(addr);
                         }
-                        None => eprintln!("server stdout: {line}"),
+                        // Err: stderr is gone (a closed pipe); the line is only informative.
+                        None => {
+                            let _ = writeln!(std::io::stderr(), "server stdout: {line}");
+                        }
                     }
                 }
             })

@@ -1,0 +1,141 @@
+//! The `--json` file: opened before the first run, so that a path that cannot be written fails at
+//! once, naming the path, instead of after the whole bench; written once, when the report exists.
+//!
+//! Must never leave a file it created behind without a report (a bench that fails before its
+//! report removes it) and never empties a file that existed until the report replaces its contents.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+
+use super::report::BenchReport;
+
+/// An open `--json` file, waiting for its report.
+#[derive(Debug)]
+pub struct JsonReportFile {
+    path: PathBuf,
+    file: File,
+    /// This bench created the file (it did not exist), so removes it if no report comes.
+    created: bool,
+    /// The report is in the file.
+    written: bool,
+}
+
+impl JsonReportFile {
+    /// Opens `path` for writing, creating it if missing; an existing file keeps its contents.
+    ///
+    /// # Errors
+    /// `cannot create --json PATH` with the OS error: a missing parent directory, no write
+    /// permission, a directory at `path`.
+    pub fn open(path: &Path) -> anyhow::Result<JsonReportFile> {
+        let context = || format!("cannot create --json {}", path.display());
+        let (file, created) = match OpenOptions::new().write(true).create_new(true).open(path) {
+            Ok(file) => (file, true),
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => (
+                OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .with_context(context)?,
+                false,
+            ),
+            Err(error) => return Err(error).with_context(context),
+        };
+        Ok(JsonReportFile {
+            path: path.to_path_buf(),
+            file,
+            created,
+            written: false,
+        })
+    }
+
+    /// Replaces the file's contents with `report` as pretty JSON and a final newline.
+    ///
+    /// # Errors
+    /// The report cannot be serialized, or `cannot write --json PATH` with the OS error.
+    pub fn write(mut self, report: &BenchReport) -> anyhow::Result<()> {
+        let text = serde_json::to_string_pretty(report).context("cannot serialize the report")?;
+        self.file
+            .set_len(0)
+            .and_then(|()| self.file.write_all(text.as_bytes()))
+            .and_then(|()| self.file.write_all(b"\n"))
+            .with_context(|| format!("cannot write --json {}", self.path.display()))?;
+        self.written = true;
+        Ok(())
+    }
+}
+
+impl Drop for JsonReportFile {
+    fn drop(&mut self) {
+        if self.created && !self.written {
+            // Err: it is gone already or its directory changed; an empty file is all that stays.
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn empty_report() -> BenchReport {
+        BenchReport { runs: Vec::new() }
+    }
+
+    #[test]
+    fn a_missing_directory_fails_at_open_naming_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("missing").join("x.json");
+        let error = JsonReportFile::open(&path).unwrap_err();
+        assert_eq!(
+            format!("{error:#}"),
+            format!(
+                "cannot create --json {}: No such file or directory (os error 2)",
+                path.display()
+            )
+        );
+    }
+
+    #[test]
+    fn a_directory_at_the_path_fails_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = JsonReportFile::open(dir.path()).unwrap_err();
+        assert_eq!(
+            format!("{error:#}"),
+            format!(
+                "cannot create --json {}: Is a directory (os error 21)",
+                dir.path().display()
+            )
+        );
+    }
+
+    #[test]
+    fn the_report_replaces_an_existing_file_only_when_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.json");
+        std::fs::write(&path, "an older, longer report\n").unwrap();
+        let file = JsonReportFile::open(&path).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "an older, longer report\n"
+        );
+        file.write(&empty_report()).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\n  \"runs\": []\n}\n"
+        );
+    }
+
+    #[test]
+    fn an_unwritten_file_is_removed_only_if_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let created = dir.path().join("new.json");
+        drop(JsonReportFile::open(&created).unwrap());
+        assert!(!created.exists());
+        let existing = dir.path().join("old.json");
+        std::fs::write(&existing, "kept").unwrap();
+        drop(JsonReportFile::open(&existing).unwrap());
+        assert_eq!(std::fs::read_to_string(&existing).unwrap(), "kept");
+    }
+}
