@@ -96,9 +96,14 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         .map(|core| core.map_or_else(|| "unpinned".to_owned(), |c| c.to_string()))
         .collect();
     tracing::info!(shards = server.shard_count, cores = %cores.join(","), "ready");
+    // A closed stdout (`serve | head -1`) must not take the server down: the line is a
+    // convenience for scripts, the server keeps serving.
     let mut stdout = std::io::stdout().lock();
-    writeln!(stdout, "listening on {}", server.local_addr)?;
-    stdout.flush()?;
+    if let Err(e) =
+        writeln!(stdout, "listening on {}", server.local_addr).and_then(|()| stdout.flush())
+    {
+        tracing::warn!(error = %e, "cannot print the listening line on stdout; serving anyway");
+    }
     drop(stdout);
     server.join()?;
     tracing::info!("shut down cleanly");
