@@ -36,6 +36,8 @@ pub struct LaunchConfig {
     /// How long an idle shard keeps polling (ready tasks, io_uring completions, its lanes through
     /// the waker) before it parks in the kernel; zero parks at once. See `block_on_with_idle_poll`.
     pub idle_poll: Duration,
+    /// How long `join` waits for the shards once stop fired (`SHUTDOWN_DEADLINE` in servers).
+    pub shutdown_deadline: Duration,
 }
 
 /// Handed to the shard future inside its thread.
@@ -233,6 +235,7 @@ pub struct ShardSet {
     tracker: Mutex<Tracker>,
     signal_handles: Mutex<Vec<signal_hook::iterator::Handle>>,
     joined: bool,
+    shutdown_deadline: Duration,
 }
 
 impl fmt::Debug for ShardSet {
@@ -398,6 +401,7 @@ impl ShardSet {
         }
         Ok(ShardSet {
             threads,
+            shutdown_deadline: config.shutdown_deadline,
             stop,
             tracker: Mutex::new(Tracker {
                 events: events_rx,
@@ -508,11 +512,33 @@ impl ShardSet {
             .tracker
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner);
+        // DESIGN section 3: threads are joined with a deadline. Once stop fired, shards that do
+        // not exit within SHUTDOWN_DEADLINE are reported and left to die with the process.
+        let mut stop_deadline: Option<std::time::Instant> = None;
+        let mut stuck: Vec<u16> = Vec::new();
         while tracker.exits.iter().any(Option::is_none) {
-            match tracker.events.recv() {
-                Ok(event) => tracker.record(event, &self.stop),
-                Err(_) => break,
+            if self.stop.is_stopped() {
+                let deadline = *stop_deadline
+                    .get_or_insert_with(|| std::time::Instant::now() + self.shutdown_deadline);
+                if std::time::Instant::now() >= deadline {
+                    stuck = (0..tracker.exits.len())
+                        .filter(|index| tracker.exits[*index].is_none())
+                        .map(|index| index as u16)
+                        .collect();
+                    break;
+                }
             }
+            match tracker.events.recv_timeout(JOIN_POLL_INTERVAL) {
+                Ok(event) => tracker.record(event, &self.stop),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        if !stuck.is_empty() {
+            return Err(LaunchError::ShutdownDeadline {
+                shards: stuck,
+                deadline_s: self.shutdown_deadline.as_secs(),
+            });
         }
         let mut error = tracker.first_error();
         for (shard, handle) in std::mem::take(&mut self.threads) {
@@ -630,6 +656,12 @@ where
         let _ = self.events.send(ShardEvent::Exited { shard, exit });
     }
 }
+
+/// How long `join` waits for shards to finish once stop fired (DESIGN section 3: "threads are
+/// joined with a deadline"). Generous: a shard flushes and fsyncs every partition log first.
+pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(30);
+/// How often `join` checks the stop signal while waiting for shard exits.
+const JOIN_POLL_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Idle spins between two non-blocking kernel entries that reap io_uring completions.
 const IDLE_POLL_KERNEL_EVERY: u32 = 32;
@@ -771,6 +803,11 @@ pub enum LaunchError {
         driver: IoDriver,
         source: std::io::Error,
     },
+    /// Stop fired but these shards did not finish (flush and fsync) within the deadline.
+    #[error(
+        "shards {shards:?} did not stop within {deadline_s} s of the stop signal; exiting without them (their last writes may not be fsynced)"
+    )]
+    ShutdownDeadline { shards: Vec<u16>, deadline_s: u64 },
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ fn unpinned(shard_count: usize, io_driver: IoDriver) -> LaunchConfig {
         io_driver,
         inbox_capacity: 16,
         idle_poll: Duration::ZERO,
+        shutdown_deadline: Duration::from_secs(30),
     }
 }
 
@@ -275,6 +276,7 @@ fn a_pinned_shard_runs_on_its_cpu() {
         io_driver: IoDriver::IoUring,
         inbox_capacity: 4,
         idle_poll: Duration::ZERO,
+        shutdown_deadline: Duration::from_secs(30),
     };
     let (report_tx, report_rx) = mpsc::channel();
     let set = ShardSet::launch(&config, move |context: ShardContext<u32>| -> ShardFuture {
@@ -310,6 +312,7 @@ fn an_unusable_cpu_fails_the_launch_before_any_shard_runs() {
         io_driver: IoDriver::IoUring,
         inbox_capacity: 4,
         idle_poll: Duration::ZERO,
+        shutdown_deadline: Duration::from_secs(30),
     };
     let ran = Arc::new(AtomicBool::new(false));
     let ran_in_shard = Arc::clone(&ran);
@@ -327,4 +330,30 @@ fn an_unusable_cpu_fails_the_launch_before_any_shard_runs() {
         format!("failed to start shard 1: cannot pin its thread to CPU {cpu}")
     );
     assert!(!ran.load(Ordering::SeqCst));
+}
+
+#[test]
+fn a_shard_that_ignores_stop_is_reported_after_the_shutdown_deadline() {
+    let mut config = unpinned(2, IoDriver::IoUring);
+    config.shutdown_deadline = Duration::from_millis(300);
+    let set = ShardSet::launch(&config, |mut context| -> ShardFuture {
+        Box::pin(async move {
+            context.ready_barrier().await;
+            if context.shard_id == ShardId(1) {
+                // Never looks at its pump again: a shard stuck in a flush.
+                loop {
+                    compio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            until_stop(&mut context).await;
+            Ok(())
+        })
+    })
+    .unwrap();
+    set.wait_ready().unwrap();
+    set.stop_handle().stop();
+    match set.join() {
+        Err(LaunchError::ShutdownDeadline { shards, .. }) => assert_eq!(shards, vec![1]),
+        other => panic!("expected ShutdownDeadline for shard 1, got {other:?}"),
+    }
 }

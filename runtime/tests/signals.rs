@@ -28,6 +28,7 @@ fn one_unpinned_shard() -> LaunchConfig {
         io_driver: IoDriver::IoUring,
         inbox_capacity: 4,
         idle_poll: Duration::ZERO,
+        shutdown_deadline: Duration::from_secs(30),
     }
 }
 

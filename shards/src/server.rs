@@ -170,6 +170,7 @@ impl RunningServer {
             io_driver: config.io_driver,
             inbox_capacity: config.inbox_capacity,
             idle_poll: config.idle_poll,
+            shutdown_deadline: runtime::launcher::SHUTDOWN_DEADLINE,
         };
         let config = Arc::new(config);
         let (report_tx, report_rx) = std_mpsc::channel::<StartupReport>();
