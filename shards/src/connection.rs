@@ -174,10 +174,7 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
         Operation::GetMetadata => return get_metadata(shard, header).await,
         Operation::SendMessages => {
             if !shard.partition_exists(namespace) {
-                ShardReply::error(
-                    ErrorCode::PartitionNotFound,
-                    format!("partition {namespace} does not exist"),
-                )
+                shard.missing_partition(namespace)
             } else if let Err(e) = bus::BatchView::parse(&body) {
                 ShardReply::error(ErrorCode::InvalidBatch, e.to_string())
             } else {
@@ -195,10 +192,7 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
         }
         Operation::PollMessages => {
             if !shard.partition_exists(namespace) {
-                ShardReply::error(
-                    ErrorCode::PartitionNotFound,
-                    format!("partition {namespace} does not exist"),
-                )
+                shard.missing_partition(namespace)
             } else if header.count == 0 {
                 ShardReply::error(
                     ErrorCode::InvalidArgument,

@@ -119,6 +119,12 @@ impl RunningServer {
         if config.io_driver == IoDriver::IoUring {
             runtime::probe_io_uring()?;
         }
+        // The port first: a start that fails on a busy port leaves nothing on disk.
+        let listen =
+            resources::probe_listen_addr(config.listen).map_err(|source| ServerError::Listen {
+                addr: config.listen,
+                source,
+            })?;
         std::fs::create_dir_all(&config.data_dir).map_err(|source| ServerError::DataDir {
             path: config.data_dir.display().to_string(),
             source,
@@ -146,11 +152,6 @@ impl RunningServer {
             connections_per_shard_max = budget.connections_per_shard_max,
             "resource budget"
         );
-        let listen =
-            resources::probe_listen_addr(config.listen).map_err(|source| ServerError::Listen {
-                addr: config.listen,
-                source,
-            })?;
 
         // Reserve the port (port 0 picks one) so every shard binds the same one with SO_REUSEPORT.
         // The reservation never listens, so it never takes a connection.

@@ -185,6 +185,15 @@ impl Shard {
         shard_for(namespace, self.shard_count) == self.id
     }
 
+    /// The error reply for a namespace that names no partition (which level is missing).
+    pub fn missing_partition(&self, namespace: Namespace) -> ShardReply {
+        let rejection = self.metadata.borrow().missing(namespace);
+        ShardReply::Error {
+            code: rejection.code,
+            message: rejection.message,
+        }
+    }
+
     pub fn partition_exists(&self, namespace: Namespace) -> bool {
         self.metadata.borrow().partition_exists(namespace)
     }

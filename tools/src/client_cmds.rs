@@ -111,7 +111,11 @@ fn block_on<T>(future: impl Future<Output = anyhow::Result<T>>) -> anyhow::Resul
 }
 
 async fn connect(addr: SocketAddr) -> anyhow::Result<Client> {
-    Ok(Client::connect(addr).await?)
+    Client::connect(addr).await.with_context(|| {
+        format!(
+            "is `shardline serve` running at {addr}? pass --addr HOST:PORT or set SHARDLINE_ADDR"
+        )
+    })
 }
 
 pub fn stream(command: StreamCommand) -> anyhow::Result<()> {
@@ -151,8 +155,9 @@ pub fn topic(command: TopicCommand) -> anyhow::Result<()> {
                     .await?
                     .create_topic(stream_id, topic_id, &name, partitions)
                     .await?;
+                let plural = if partitions == 1 { "" } else { "s" };
                 println!(
-                    "created topic {stream_id}/{topic_id} {name:?} with {partitions} partitions"
+                    "created topic {stream_id}/{topic_id} {name:?} with {partitions} partition{plural}"
                 );
             }
             TopicCommand::Delete {
@@ -241,6 +246,12 @@ pub fn poll(args: &PollArgs) -> anyhow::Result<()> {
                 printed += 1;
                 offset = message.offset + 1;
             }
+        }
+        if printed == 0 {
+            eprintln!(
+                "no messages at or after offset {} in {namespace}",
+                args.offset
+            );
         }
         Ok(())
     })

@@ -24,7 +24,7 @@ pub struct ServeArgs {
     #[arg(long, env = "SHARDLINE_CPUS", value_name = "LIST")]
     pub cpus: Option<CpuList>,
     /// Do not pin shards to cores (allows more shards than cores, for shared hosts).
-    #[arg(long, env = "SHARDLINE_NO_PIN")]
+    #[arg(long, env = "SHARDLINE_NO_PIN", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
     pub no_pin: bool,
     /// Client listen address; every shard accepts on it (SO_REUSEPORT). Port 0 picks a free port.
     #[arg(long, env = "SHARDLINE_LISTEN", default_value = "127.0.0.1:8090")]

@@ -283,6 +283,36 @@ impl MetadataState {
         Ok(())
     }
 
+    /// Why a namespace names no partition: the stream, the topic, or the partition is missing.
+    pub fn missing(&self, namespace: Namespace) -> Rejection {
+        let Some(stream) = self.streams.get(&namespace.stream_id()) else {
+            return reject(
+                ErrorCode::StreamNotFound,
+                format!("stream {} does not exist", namespace.stream_id()),
+            );
+        };
+        let Some(topic) = stream.topics.get(&namespace.topic_id()) else {
+            return reject(
+                ErrorCode::TopicNotFound,
+                format!(
+                    "topic {} does not exist in stream {}",
+                    namespace.topic_id(),
+                    namespace.stream_id()
+                ),
+            );
+        };
+        reject(
+            ErrorCode::PartitionNotFound,
+            format!(
+                "partition {} does not exist: topic {}/{} has partitions 0..{}",
+                namespace.partition_id(),
+                namespace.stream_id(),
+                namespace.topic_id(),
+                topic.partition_count
+            ),
+        )
+    }
+
     /// True when the namespace names an existing partition.
     pub fn partition_exists(&self, namespace: Namespace) -> bool {
         self.streams
@@ -475,6 +505,40 @@ mod tests {
         assert_eq!(
             state.validate(&missing).unwrap_err().code,
             ErrorCode::TopicNotFound
+        );
+    }
+
+    #[test]
+    fn missing_names_the_level_that_is_missing() {
+        let mut state = MetadataState::new();
+        state.apply(1, &create_stream(1, "orders"));
+        let topic = MetadataOp::CreateTopic {
+            stream_id: 1,
+            topic_id: 1,
+            name: "t".into(),
+            partition_count: 2,
+        };
+        state.apply(2, &topic);
+        let stream = state.missing(Namespace::new(9, 1, 0));
+        assert_eq!(
+            (stream.code, stream.message.as_str()),
+            (ErrorCode::StreamNotFound, "stream 9 does not exist")
+        );
+        let topic = state.missing(Namespace::new(1, 5, 0));
+        assert_eq!(
+            (topic.code, topic.message.as_str()),
+            (
+                ErrorCode::TopicNotFound,
+                "topic 5 does not exist in stream 1"
+            )
+        );
+        let partition = state.missing(Namespace::new(1, 1, 7));
+        assert_eq!(
+            (partition.code, partition.message.as_str()),
+            (
+                ErrorCode::PartitionNotFound,
+                "partition 7 does not exist: topic 1/1 has partitions 0..2"
+            )
         );
     }
 
