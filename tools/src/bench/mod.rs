@@ -103,6 +103,19 @@ fn start_server(plan: &BenchPlan, request: ShardRequest) -> anyhow::Result<RunSe
             })
         }
         ServerTarget::External { addr, pid } => {
+            if let Some(pid) = pid {
+                // Otherwise a wrong pid silently reports 0.00 CPU-seconds.
+                let comm_path = format!("/proc/{pid}/comm");
+                let comm = std::fs::read_to_string(&comm_path)
+                    .with_context(|| format!("--server-pid {pid}: cannot read {comm_path}"))?;
+                if comm.trim() != "shardline" {
+                    bail!(
+                        "--server-pid {pid} is not a shardline process (its command is {:?}); \
+                         pass the pid of `shardline serve`",
+                        comm.trim()
+                    );
+                }
+            }
             let resolved = addr
                 .to_socket_addrs()
                 .with_context(|| format!("--addr {addr}: cannot resolve"))?
@@ -123,16 +136,16 @@ fn run_one(
     payload: &PayloadSource,
 ) -> anyhow::Result<(RunReport, VerificationSummary)> {
     let mut server = start_server(plan, request)?;
-    let measured = setup_topic(server.addr, plan).and_then(|layout| {
-        if let (ShardRequest::Count(count), ServerTarget::External { addr, .. }) =
-            (request, &plan.server)
-            && count != layout.shard_count
-        {
-            bail!(
-                "--shards {count} but the server at {addr} runs {} shards",
-                layout.shard_count
-            );
+    if let (ShardRequest::Count(count), ServerTarget::External { addr, .. }) =
+        (request, &plan.server)
+    {
+        // Checked before the stream is created, so a refused run leaves nothing behind.
+        let shard_count = server_shard_count(server.addr)?;
+        if count != shard_count {
+            bail!("--shards {count} but the server at {addr} runs {shard_count} shards");
         }
+    }
+    let measured = setup_topic(server.addr, plan).and_then(|layout| {
         let measured = measure(plan, &server, &layout, payload)?;
         Ok((layout, measured))
     });
@@ -162,6 +175,21 @@ fn server_label(plan: &BenchPlan) -> String {
         ServerTarget::Embedded { .. } => "embedded".to_string(),
         ServerTarget::External { addr, .. } => addr.clone(),
     }
+}
+
+/// The shard count a running server reports.
+fn server_shard_count(addr: SocketAddr) -> anyhow::Result<u16> {
+    let runtime = compio::runtime::Runtime::new().context("cannot create a compio runtime")?;
+    runtime.block_on(async {
+        let mut client = Client::connect(addr)
+            .await
+            .with_context(|| format!("cannot connect to {addr}"))?;
+        let metadata = client
+            .get_metadata()
+            .await
+            .context("cannot read the metadata")?;
+        Ok(metadata.shard_count)
+    })
 }
 
 /// Creates the bench stream and topic and reads back their layout.
