@@ -40,12 +40,8 @@ pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: Soc
                 tracing::debug!(shard = shard.id.0, %peer, "connection closed by peer");
                 return;
             }
-            Ok(Err(bus::FrameError::Io(e))) => {
-                tracing::debug!(shard = shard.id.0, %peer, error = %e, "closing connection: read failed");
-                return;
-            }
             Ok(Err(e)) => {
-                tracing::warn!(shard = shard.id.0, %peer, reason = %e, "closing connection: malformed frame");
+                log_read_error(&shard, peer, &e);
                 return;
             }
             Err(_) => {
@@ -67,12 +63,8 @@ pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: Soc
         let read = bus::read_body(&mut stream, &header);
         let body = match compio::time::timeout(FRAME_BODY_TIMEOUT, read).await {
             Ok(Ok(body)) => body,
-            Ok(Err(bus::FrameError::Io(e))) => {
-                tracing::debug!(shard = shard.id.0, %peer, error = %e, "closing connection: read failed");
-                return;
-            }
             Ok(Err(e)) => {
-                tracing::warn!(shard = shard.id.0, %peer, reason = %e, "closing connection: malformed frame");
+                log_read_error(&shard, peer, &e);
                 return;
             }
             Err(_) => {
@@ -104,6 +96,16 @@ pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: Soc
             tracing::debug!(shard = shard.id.0, %peer, error = %e, "closing connection: write failed");
             return;
         }
+    }
+}
+
+/// Logs why a read ended the connection: a transport error at debug, a malformed frame (the
+/// peer's fault, worth an operator's look) at warn with the reason.
+fn log_read_error(shard: &Shard, peer: SocketAddr, error: &bus::FrameError) {
+    if let bus::FrameError::Io(e) = error {
+        tracing::debug!(shard = shard.id.0, %peer, error = %e, "closing connection: read failed");
+    } else {
+        tracing::warn!(shard = shard.id.0, %peer, reason = %error, "closing connection: malformed frame");
     }
 }
 
