@@ -60,6 +60,42 @@ pub fn raise_open_file_limit() -> u64 {
     limit.rlim_cur
 }
 
+/// Largest allocation glibc serves from its heaps after `tune_allocator` (bytes): the 32 MiB
+/// ceiling glibc allows on 64-bit (`DEFAULT_MMAP_THRESHOLD_MAX`).
+pub const MALLOC_MMAP_THRESHOLD_BYTES: i32 = 32 * 1024 * 1024;
+/// Free heap top glibc keeps instead of returning it to the kernel after `tune_allocator`.
+pub const MALLOC_TRIM_THRESHOLD_BYTES: i32 = 1024 * 1024 * 1024;
+
+/// Process-wide allocator policy for the server and the bench; call once, before threads start.
+///
+/// Batches and poll replies are megabyte buffers allocated and freed per request. By default
+/// glibc serves such sizes with a fresh `mmap` each time (or trims its heaps back to the kernel
+/// right after the free), so every request paid ~256 page faults per MiB plus kernel zeroing: in
+/// `shardline bench` that was most of the shard threads' CPU (0.5-0.75 CPU-s per GB moved, against
+/// ~0.2 with this policy). Keeping such buffers in the heaps trades resident memory (up to the
+/// high-water mark of in-flight buffers, bounded by the receive budget) for that CPU. No-op on
+/// non-glibc targets.
+pub fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallopt only changes allocator parameters; it is called before other threads
+        // allocate concurrently (and glibc serializes it against allocations anyway).
+        let (mmap_ok, trim_ok) = unsafe {
+            (
+                libc::mallopt(libc::M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES),
+                libc::mallopt(libc::M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES),
+            )
+        };
+        if mmap_ok != 1 || trim_ok != 1 {
+            tracing::warn!(
+                mmap_ok,
+                trim_ok,
+                "glibc refused the allocator thresholds; large buffers stay mmap-backed"
+            );
+        }
+    }
+}
+
 /// Why the data directory cannot be taken.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {

@@ -80,6 +80,7 @@ impl ServeArgs {
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
+    shards::resources::tune_allocator();
     let config = args.to_config();
     tracing::info!(
         data_dir = %config.data_dir.display(), fsync = ?config.fsync, io_driver = ?config.io_driver,

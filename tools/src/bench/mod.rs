@@ -49,6 +49,8 @@ pub use self::plan::{BenchPlan, PayloadChoice, ServerTarget, ShardRequest};
 /// verification (naming the counts and the first bad partition and offset).
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let plan = args.validate()?;
+    // The load generator builds and verifies megabyte batches too.
+    shards::resources::tune_allocator();
     let json_file = plan.json.as_deref().map(JsonReportFile::open).transpose()?;
     let payload = match &plan.payload {
         PayloadChoice::Size(size_bytes) => PayloadSource::fixed(*size_bytes as usize),
