@@ -55,7 +55,14 @@ pub struct Shard {
     metadata_ack: RefCell<Option<MetadataAck>>,
     budget: ResourceBudget,
     connection_count: Cell<u64>,
-    receive_bytes_in_flight: Rc<Cell<u64>>,
+    receive_budget: ReceiveBudget,
+}
+
+/// The bytes of request bodies a shard holds at once, over all its connections.
+#[derive(Debug, Clone)]
+pub struct ReceiveBudget {
+    in_flight: Rc<Cell<u64>>,
+    bytes_max: u64,
 }
 
 /// Request-body bytes a connection holds against its shard's receive budget; released on drop.
@@ -68,6 +75,39 @@ pub struct ReceivePermit {
 impl Drop for ReceivePermit {
     fn drop(&mut self) {
         self.in_flight.set(self.in_flight.get() - self.bytes);
+    }
+}
+
+impl ReceiveBudget {
+    pub fn new(bytes_max: u64) -> ReceiveBudget {
+        ReceiveBudget {
+            in_flight: Rc::new(Cell::new(0)),
+            bytes_max,
+        }
+    }
+
+    /// Bytes held by live permits.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.get()
+    }
+
+    /// Waits until `bytes` fit the budget, then holds them until the permit drops. One body is
+    /// always admitted when none is held, so any frame within `max_message_size` makes progress.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is reserved until it returns.
+    pub async fn reserve(&self, bytes: u64) -> ReceivePermit {
+        loop {
+            let in_flight = self.in_flight.get();
+            if in_flight == 0 || in_flight + bytes <= self.bytes_max {
+                self.in_flight.set(in_flight + bytes);
+                return ReceivePermit {
+                    bytes,
+                    in_flight: Rc::clone(&self.in_flight),
+                };
+            }
+            compio::time::sleep(RECEIVE_BUDGET_RETRY).await;
+        }
     }
 }
 
@@ -130,28 +170,16 @@ impl Shard {
             metadata_ack: RefCell::new(None),
             budget,
             connection_count: Cell::new(0),
-            receive_bytes_in_flight: Rc::new(Cell::new(0)),
+            receive_budget: ReceiveBudget::new(RECEIVE_BYTES_MAX_PER_SHARD),
         }
     }
 
-    /// Waits until `bytes` of request body fit the shard's receive budget, then holds them until
-    /// the permit drops. One body is always admitted when none is held, so any frame within
-    /// `max_message_size` makes progress.
+    /// Waits until `bytes` of request body fit the shard's receive budget (`ReceiveBudget`).
     ///
     /// # Cancel safety
     /// Cancel safe: nothing is reserved until it returns.
     pub async fn reserve_receive_bytes(&self, bytes: u64) -> ReceivePermit {
-        loop {
-            let in_flight = self.receive_bytes_in_flight.get();
-            if in_flight == 0 || in_flight + bytes <= RECEIVE_BYTES_MAX_PER_SHARD {
-                self.receive_bytes_in_flight.set(in_flight + bytes);
-                return ReceivePermit {
-                    bytes,
-                    in_flight: Rc::clone(&self.receive_bytes_in_flight),
-                };
-            }
-            compio::time::sleep(RECEIVE_BUDGET_RETRY).await;
-        }
+        self.receive_budget.reserve(bytes).await
     }
 
     /// Counts a new connection unless the shard is at its budget; the caller closes it then.
@@ -742,6 +770,35 @@ mod tests {
             ),
             (1, 2, 3, 4, 5)
         );
+    }
+
+    #[test]
+    fn receive_budget_makes_a_body_wait_until_others_release_bytes() {
+        use futures_util::FutureExt;
+        compio::runtime::Runtime::new().unwrap().block_on(async {
+            let budget = ReceiveBudget::new(100);
+            let first = budget
+                .reserve(70)
+                .now_or_never()
+                .expect("fits an empty budget");
+            assert!(
+                budget.reserve(40).now_or_never().is_none(),
+                "70 + 40 exceeds 100: must wait"
+            );
+            let second = budget.reserve(30).now_or_never().expect("70 + 30 fits");
+            assert_eq!(budget.in_flight(), 100);
+            drop(first);
+            drop(second);
+            assert_eq!(budget.in_flight(), 0);
+            let huge = budget
+                .reserve(1_000)
+                .now_or_never()
+                .expect("one body always fits when none is held");
+            assert!(budget.reserve(1).now_or_never().is_none());
+            drop(huge);
+            let _small = budget.reserve(40).await;
+            assert_eq!(budget.in_flight(), 40);
+        });
     }
 
     #[test]
