@@ -13,6 +13,10 @@ pub const MESSAGE_SIZE_MIN: u32 = 1024;
 pub const MESSAGE_SIZE_MAX: u32 = storage::limits::ENTRY_SIZE_MAX;
 /// Longest idle poll window: beyond 10 ms an idle shard is simply a busy loop.
 pub const IDLE_POLL_MAX: std::time::Duration = std::time::Duration::from_millis(10);
+/// Shortest connection idle timeout: clients need some time between requests.
+pub const CONNECTION_IDLE_TIMEOUT_MIN: std::time::Duration = std::time::Duration::from_secs(1);
+/// Longest connection idle timeout (one day).
+pub const CONNECTION_IDLE_TIMEOUT_MAX: std::time::Duration = std::time::Duration::from_hours(24);
 /// Smallest segment size (bytes); tests roll segments with small values.
 pub const SEGMENT_SIZE_MIN: u64 = 4096;
 
@@ -35,6 +39,8 @@ pub struct ServerConfig {
     pub segment_size_max: u64,
     /// Idle poll window of every shard before it parks (see `runtime::block_on_with_idle_poll`).
     pub idle_poll: std::time::Duration,
+    /// A connection with no complete frame header for this long is closed.
+    pub connection_idle_timeout: std::time::Duration,
 }
 
 impl ServerConfig {
@@ -54,6 +60,7 @@ impl ServerConfig {
             max_message_size: bus::limits::MESSAGE_SIZE_MAX_DEFAULT,
             segment_size_max: storage::limits::SEGMENT_SIZE_MAX_DEFAULT,
             idle_poll: std::time::Duration::ZERO,
+            connection_idle_timeout: crate::limits::CONNECTION_IDLE_TIMEOUT,
         }
     }
 
@@ -106,6 +113,19 @@ impl ServerConfig {
                 format!("must be at most {} µs", IDLE_POLL_MAX.as_micros()),
             ));
         }
+        if !(CONNECTION_IDLE_TIMEOUT_MIN..=CONNECTION_IDLE_TIMEOUT_MAX)
+            .contains(&self.connection_idle_timeout)
+        {
+            return Err(invalid(
+                "connection_idle_timeout_s",
+                self.connection_idle_timeout.as_secs().to_string(),
+                format!(
+                    "must be between {} and {} seconds",
+                    CONNECTION_IDLE_TIMEOUT_MIN.as_secs(),
+                    CONNECTION_IDLE_TIMEOUT_MAX.as_secs()
+                ),
+            ));
+        }
         if let runtime::ShardCountArg::Count(0) = self.topology.shards {
             return Err(invalid(
                 "shards",
@@ -131,6 +151,7 @@ fn flag_of(key: &'static str) -> &'static str {
         "inbox_capacity" => "--inbox-capacity",
         "segment_size_max" => "--segment-size",
         "idle_poll_us" => "--idle-poll-us",
+        "connection_idle_timeout_s" => "--idle-timeout-s",
         "shards" => "--shards",
         "data_dir" => "--data-dir",
         _ => key,

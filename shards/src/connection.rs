@@ -11,7 +11,7 @@ use compio::net::TcpStream;
 use runtime::ShardId;
 
 use crate::frame::{ShardReply, ShardRequest};
-use crate::limits::{CONNECTION_IDLE_TIMEOUT, FRAME_BODY_TIMEOUT, REPLY_WRITE_TIMEOUT};
+use crate::limits::{FRAME_BODY_TIMEOUT, REPLY_WRITE_TIMEOUT};
 use crate::metadata::MetadataOp;
 use crate::shard::Shard;
 use crate::shard_for;
@@ -26,15 +26,16 @@ impl Drop for ConnectionSlot {
     }
 }
 
-/// Serves one connection until the peer closes it, sends a malformed frame, idles past
-/// `CONNECTION_IDLE_TIMEOUT`, leaves a reply unread past `REPLY_WRITE_TIMEOUT`, or the task is
+/// Serves one connection until the peer closes it, sends a malformed frame, idles past the
+/// configured idle timeout, leaves a reply unread past `REPLY_WRITE_TIMEOUT`, or the task is
 /// cancelled at shutdown. The caller admitted it with `Shard::try_admit_connection`.
 pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: SocketAddr) {
     let _slot = ConnectionSlot(Rc::clone(&shard));
     let max_message_size = shard.config.max_message_size;
     loop {
         let read = bus::read_header(&mut stream, max_message_size);
-        let header = match compio::time::timeout(CONNECTION_IDLE_TIMEOUT, read).await {
+        let idle_timeout = shard.config.connection_idle_timeout;
+        let header = match compio::time::timeout(idle_timeout, read).await {
             Ok(Ok(header)) => header,
             Ok(Err(bus::FrameError::Closed)) => {
                 tracing::debug!(shard = shard.id.0, %peer, "connection closed by peer");
@@ -46,7 +47,7 @@ pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: Soc
             }
             Err(_) => {
                 tracing::info!(
-                    shard = shard.id.0, %peer, idle_s = CONNECTION_IDLE_TIMEOUT.as_secs(),
+                    shard = shard.id.0, %peer, idle_s = idle_timeout.as_secs(),
                     "closing connection: no complete frame within the idle timeout"
                 );
                 return;

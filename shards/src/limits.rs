@@ -21,7 +21,7 @@ pub const MESH_RETRY_MAX: u32 = 50_000;
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// Name of the lock file that keeps a second server off the same data directory.
 pub const LOCK_FILE_NAME: &str = "LOCK";
-/// A connection with no complete frame for this long is closed (Kafka's
+/// Default `--idle-timeout-s`: a connection with no complete frame for this long is closed (Kafka's
 /// `connections.max.idle.ms` default is the same 10 minutes). Also bounds how long a half-sent
 /// frame can hold its connection open.
 pub const CONNECTION_IDLE_TIMEOUT: Duration = Duration::from_mins(10);

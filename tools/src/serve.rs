@@ -58,6 +58,10 @@ pub struct ServeArgs {
     /// and I/O latency (no wakeup needed) at the cost of CPU burnt while idle; 0 sleeps at once.
     #[arg(long, env = "SHARDLINE_IDLE_POLL_US", default_value_t = 0)]
     pub idle_poll_us: u64,
+    /// Seconds a client connection may stay without sending a complete frame header before the
+    /// server closes it (1..=86400). Also bounds half-sent headers.
+    #[arg(long, env = "SHARDLINE_IDLE_TIMEOUT_S", default_value_t = shards::limits::CONNECTION_IDLE_TIMEOUT.as_secs())]
+    pub idle_timeout_s: u64,
 }
 
 impl ServeArgs {
@@ -75,6 +79,7 @@ impl ServeArgs {
         config.max_message_size = self.max_message_size;
         config.segment_size_max = self.segment_size;
         config.idle_poll = std::time::Duration::from_micros(self.idle_poll_us);
+        config.connection_idle_timeout = std::time::Duration::from_secs(self.idle_timeout_s);
         config
     }
 }

@@ -115,3 +115,33 @@ fn malformed_frames_close_only_their_connection() {
     }
     assert_eq!(server.stop(), Some(0));
 }
+
+#[test]
+fn idle_and_half_sent_connections_are_closed_after_the_idle_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(
+        &dir.path().join("data"),
+        &["--shards", "1", "--idle-timeout-s", "1"],
+    );
+    let (_, valid) = ping_frame();
+    // One connection sends nothing, one sends half a header; both must be closed by the server
+    // (the read timeout below is only a hang guard).
+    assert_closed(server.addr, &[], false);
+    assert_closed(server.addr, &valid[..100], false);
+    // A client that keeps talking is not affected.
+    block_on(async {
+        let mut client = bus::Client::connect(server.addr).await.unwrap();
+        for _ in 0..3 {
+            client.ping().await.unwrap();
+            compio::time::sleep(Duration::from_millis(400)).await;
+        }
+    });
+    assert!(
+        server
+            .stderr()
+            .contains("closing connection: no complete frame within the idle timeout"),
+        "{}",
+        server.stderr()
+    );
+    assert_eq!(server.stop(), Some(0));
+}
