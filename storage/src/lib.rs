@@ -9,7 +9,12 @@ pub mod durable;
 pub mod entry;
 pub mod limits;
 pub mod log;
+pub mod superblock;
 
 pub use durable::{DurableError, durable_replace, read_verified};
 pub use entry::{ENTRY_HEADER_SIZE, EntryHeader, build_entry, payload_checksum};
 pub use log::{AppendFuture, FsyncPolicy, LogConfig, LogError, PartitionLog, RecoveryReport};
+pub use superblock::{
+    CopyDefect, CopyStatus, OpenReport, SUPERBLOCK_FILE_NAME, Superblock, SuperblockError,
+    SuperblockState,
+};

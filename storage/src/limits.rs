@@ -38,3 +38,16 @@ const _: () = assert!(SEGMENT_SIZE_MAX_LIMIT >= ENTRY_SIZE_MAX as u64);
 const _: () = assert!(SEGMENT_SIZE_MAX_LIMIT / 2 + 48 + 8 <= DURABLE_FILE_SIZE_MAX);
 const _: () = assert!(SEGMENT_SIZE_MAX_DEFAULT <= SEGMENT_SIZE_MAX_LIMIT);
 const _: () = assert!(SCAN_CHUNK_BYTES >= ENTRY_HEADER_SIZE);
+
+/// Bytes of one superblock copy: one 4 KiB page, the sector size of common SSDs and the alignment
+/// `O_DIRECT` needs, so each copy is written as whole sectors and a torn write damages at most the
+/// copy being written. The 128-byte header is zero-padded to this size.
+pub const SUPERBLOCK_COPY_SIZE: usize = 4096;
+/// Redundant superblock copies. At least two are needed so a torn write always leaves one valid
+/// copy; four (TigerBeetle's default) also survive a damaged sector in a second copy, for 16 KiB.
+pub const SUPERBLOCK_COPY_COUNT: usize = 4;
+/// Bytes of the superblock file: every copy, back to back. Open reads this much into memory.
+pub const SUPERBLOCK_FILE_SIZE: usize = SUPERBLOCK_COPY_SIZE * SUPERBLOCK_COPY_COUNT;
+
+const _: () = assert!(SUPERBLOCK_COPY_COUNT >= 2);
+const _: () = assert!(SUPERBLOCK_COPY_SIZE.is_multiple_of(4096));

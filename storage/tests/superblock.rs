@@ -1,0 +1,656 @@
+//! Superblock behaviour a booting replica observes: create/open round trips, writes that survive a
+//! reopen, every single-copy damage survived and named in the report, all-copies damage refused
+//! naming the file, a crash between copies opening the newest valid sequence, VSR monotonicity
+//! asserted, and a property test that random byte flips never panic open nor invent a state.
+
+use std::path::{Path, PathBuf};
+
+use proptest::prelude::*;
+use storage::limits::{SUPERBLOCK_COPY_COUNT, SUPERBLOCK_COPY_SIZE, SUPERBLOCK_FILE_SIZE};
+use storage::{
+    CopyDefect, CopyStatus, OpenReport, SUPERBLOCK_FILE_NAME, Superblock, SuperblockError,
+    SuperblockState,
+};
+
+fn block_on<F: Future>(future: F) -> F::Output {
+    compio::runtime::Runtime::new().unwrap().block_on(future)
+}
+
+fn initial() -> SuperblockState {
+    SuperblockState {
+        sequence: 0,
+        cluster: 0xfeed_0000_0000_0000_0000_0000_0000_beef,
+        replica_id: 1,
+        replica_count: 3,
+        view: 0,
+        log_view: 0,
+        commit_max: 0,
+        checkpoint_op: 0,
+        snapshot_checksum: 0,
+    }
+}
+
+/// `initial()` advanced `step` times: each step raises view, log_view, commit_max and the
+/// checkpoint pairing, so every step's state is distinct.
+fn advanced(step: u64) -> SuperblockState {
+    SuperblockState {
+        view: step as u32 * 2,
+        log_view: step as u32,
+        commit_max: step * 10,
+        checkpoint_op: step * 5,
+        snapshot_checksum: step.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        ..initial()
+    }
+}
+
+fn with_sequence(state: SuperblockState, sequence: u64) -> SuperblockState {
+    SuperblockState { sequence, ..state }
+}
+
+fn superblock_path(dir: &tempfile::TempDir) -> PathBuf {
+    dir.path().join(SUPERBLOCK_FILE_NAME)
+}
+
+/// Creates the file and writes `advanced(1..=writes)`; returns the file bytes after each sequence
+/// (index 0 is sequence 1).
+fn create_and_write(path: &Path, writes: u64) -> Vec<Vec<u8>> {
+    block_on(async {
+        let mut superblock = Superblock::create(path, initial()).await.unwrap();
+        let mut images = vec![std::fs::read(path).unwrap()];
+        for step in 1..=writes {
+            superblock.write(advanced(step)).await.unwrap();
+            images.push(std::fs::read(path).unwrap());
+        }
+        superblock.close().await.unwrap();
+        images
+    })
+}
+
+fn open(path: &Path) -> Result<(SuperblockState, OpenReport), SuperblockError> {
+    block_on(async {
+        let (superblock, report) = Superblock::open(path).await?;
+        let state = *superblock.state();
+        superblock.close().await.unwrap();
+        Ok((state, report))
+    })
+}
+
+fn copy_range(copy_index: usize) -> std::ops::Range<usize> {
+    copy_index * SUPERBLOCK_COPY_SIZE..(copy_index + 1) * SUPERBLOCK_COPY_SIZE
+}
+
+#[test]
+fn create_then_open_round_trips_at_sequence_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    let created = block_on(async {
+        let superblock = Superblock::create(&path, with_sequence(advanced(3), 42))
+            .await
+            .unwrap();
+        *superblock.state()
+    });
+    assert_eq!(created, with_sequence(advanced(3), 1));
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        SUPERBLOCK_FILE_SIZE as u64
+    );
+    assert!(
+        !dir.path().join("superblock.tmp").exists(),
+        "the temporary file was unlinked"
+    );
+    let (state, report) = open(&path).unwrap();
+    assert_eq!(state, with_sequence(advanced(3), 1));
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.copies, [CopyStatus::Current; SUPERBLOCK_COPY_COUNT]);
+}
+
+#[test]
+fn create_refuses_an_existing_file_and_leaves_it_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    let before = create_and_write(&path, 2).pop().unwrap();
+    let error = block_on(Superblock::create(&path, initial())).unwrap_err();
+    assert!(
+        matches!(&error, SuperblockError::AlreadyExists { path: named } if *named == path),
+        "{error}"
+    );
+    assert_eq!(
+        error.to_string(),
+        format!("{}: superblock file already exists", path.display())
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+    assert!(!dir.path().join("superblock.tmp").exists());
+}
+
+#[test]
+fn create_truncates_a_leftover_temporary_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    // A crash during an earlier create, before the link, leaves only the temporary file.
+    std::fs::write(dir.path().join("superblock.tmp"), vec![0xa5; 40_000]).unwrap();
+    assert!(matches!(open(&path), Err(SuperblockError::NotFound { .. })));
+    block_on(Superblock::create(&path, initial())).unwrap();
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        SUPERBLOCK_FILE_SIZE as u64
+    );
+    assert_eq!(open(&path).unwrap().0, with_sequence(initial(), 1));
+}
+
+#[test]
+fn open_of_a_missing_file_is_not_found_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    let error = open(&path).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!("{}: superblock file does not exist", path.display())
+    );
+}
+
+#[test]
+fn write_advances_the_sequence_and_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    block_on(async {
+        let mut superblock = Superblock::create(&path, initial()).await.unwrap();
+        // The sequence passed in is ignored.
+        superblock
+            .write(with_sequence(advanced(1), 999))
+            .await
+            .unwrap();
+        assert_eq!(*superblock.state(), with_sequence(advanced(1), 2));
+        superblock.write(advanced(2)).await.unwrap();
+        assert_eq!(*superblock.state(), with_sequence(advanced(2), 3));
+        superblock.close().await.unwrap();
+    });
+    let (state, report) = open(&path).unwrap();
+    assert_eq!(state, with_sequence(advanced(2), 3));
+    assert!(report.is_clean(), "{report}");
+    // A reopened superblock continues the sequence.
+    block_on(async {
+        let (mut superblock, _) = Superblock::open(&path).await.unwrap();
+        superblock.write(advanced(3)).await.unwrap();
+        assert_eq!(superblock.state().sequence, 4);
+    });
+    assert_eq!(open(&path).unwrap().0, with_sequence(advanced(3), 4));
+}
+
+#[test]
+fn an_equal_state_may_be_rewritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    block_on(async {
+        let mut superblock = Superblock::create(&path, advanced(1)).await.unwrap();
+        superblock.write(advanced(1)).await.unwrap();
+        assert_eq!(*superblock.state(), with_sequence(advanced(1), 2));
+    });
+}
+
+/// Whether a defect is the kind a test expects.
+type DefectCheck = fn(&CopyDefect) -> bool;
+
+#[test]
+fn a_flipped_byte_in_any_one_copy_is_survived_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    let image = create_and_write(&path, 3).pop().unwrap();
+    let expected = with_sequence(advanced(3), 4);
+    // A byte in the checksummed fields, in the checksum, in the magic, and in the padding.
+    let cases: [(usize, DefectCheck); 4] = [
+        (40, |defect| matches!(defect, CopyDefect::Checksum { .. })),
+        (120, |defect| matches!(defect, CopyDefect::Checksum { .. })),
+        (3, |defect| matches!(defect, CopyDefect::Magic { .. })),
+        (2000, |defect| *defect == CopyDefect::Padding),
+    ];
+    for copy_index in 0..SUPERBLOCK_COPY_COUNT {
+        for (offset_in_copy, is_expected_defect) in cases {
+            let mut damaged = image.clone();
+            damaged[copy_index * SUPERBLOCK_COPY_SIZE + offset_in_copy] ^= 0x40;
+            std::fs::write(&path, &damaged).unwrap();
+            let (state, report) = open(&path).unwrap();
+            assert_eq!(state, expected, "copy {copy_index} byte {offset_in_copy}");
+            let invalid: Vec<(usize, CopyDefect)> = report.invalid_copies().collect();
+            assert_eq!(invalid.len(), 1, "{report}");
+            assert_eq!(invalid[0].0, copy_index, "{report}");
+            assert!(is_expected_defect(&invalid[0].1), "{report}");
+            for (other, status) in report.copies.iter().enumerate() {
+                if other != copy_index {
+                    assert_eq!(*status, CopyStatus::Current, "{report}");
+                }
+            }
+            assert!(
+                report
+                    .to_string()
+                    .contains(&format!("copy {copy_index}: invalid")),
+                "{report}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_zeroed_copy_is_survived_and_rewritten_by_the_next_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    let mut image = create_and_write(&path, 1).pop().unwrap();
+    image[copy_range(2)].fill(0);
+    std::fs::write(&path, &image).unwrap();
+    let (state, report) = open(&path).unwrap();
+    assert_eq!(state, with_sequence(advanced(1), 2));
+    assert_eq!(report.copies[2], CopyStatus::Invalid(CopyDefect::Zeroed));
+    assert_eq!(
+        report.to_string(),
+        "copy 0: current; copy 1: current; copy 2: invalid (zeroed); copy 3: current"
+    );
+    block_on(async {
+        let (mut superblock, _) = Superblock::open(&path).await.unwrap();
+        superblock.write(advanced(2)).await.unwrap();
+    });
+    let (state, report) = open(&path).unwrap();
+    assert_eq!(state, with_sequence(advanced(2), 3));
+    assert!(report.is_clean(), "{report}");
+}
+
+#[test]
+fn damage_to_every_copy_is_refused_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    let mut image = create_and_write(&path, 2).pop().unwrap();
+    image[50] ^= 0x01; // copy 0: a field
+    image[SUPERBLOCK_COPY_SIZE] ^= 0x01; // copy 1: the magic
+    image[copy_range(2)].fill(0); // copy 2: zeroed
+    image[3 * SUPERBLOCK_COPY_SIZE + 3000] = 7; // copy 3: the padding
+    std::fs::write(&path, &image).unwrap();
+    let error = open(&path).unwrap_err();
+    match &error {
+        SuperblockError::AllCopiesInvalid {
+            path: named,
+            reasons,
+        } => {
+            assert_eq!(named, &path);
+            assert!(matches!(reasons[0], CopyDefect::Checksum { .. }));
+            assert!(matches!(reasons[1], CopyDefect::Magic { .. }));
+            assert_eq!(reasons[2], CopyDefect::Zeroed);
+            assert_eq!(reasons[3], CopyDefect::Padding);
+        }
+        other => panic!("expected AllCopiesInvalid, got {other}"),
+    }
+    let message = error.to_string();
+    assert!(
+        message.starts_with(&format!(
+            "{}: all 4 superblock copies are invalid: copy 0: checksum mismatch",
+            path.display()
+        )),
+        "{message}"
+    );
+    assert!(
+        message.ends_with("copy 2: zeroed; copy 3: padding after the header is not zero"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_crash_after_the_first_copy_of_a_write_opens_the_new_sequence() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    let images = create_and_write(&path, 2);
+    // The write of sequence 3 reached copy 0 only.
+    let mut image = images[1].clone();
+    image[copy_range(0)].copy_from_slice(&images[2][copy_range(0)]);
+    std::fs::write(&path, &image).unwrap();
+    let (state, report) = open(&path).unwrap();
+    assert_eq!(state, with_sequence(advanced(2), 3));
+    assert_eq!(
+        report.copies,
+        [
+            CopyStatus::Current,
+            CopyStatus::Stale { sequence: 2 },
+            CopyStatus::Stale { sequence: 2 },
+            CopyStatus::Stale { sequence: 2 },
+        ]
+    );
+    // Copy 1 was torn half way as well: still the new sequence from copy 0.
+    image[SUPERBLOCK_COPY_SIZE..SUPERBLOCK_COPY_SIZE + 60]
+        .copy_from_slice(&images[2][SUPERBLOCK_COPY_SIZE..SUPERBLOCK_COPY_SIZE + 60]);
+    std::fs::write(&path, &image).unwrap();
+    let (state, report) = open(&path).unwrap();
+    assert_eq!(state, with_sequence(advanced(2), 3));
+    assert!(matches!(
+        report.copies[1],
+        CopyStatus::Invalid(CopyDefect::Checksum { .. })
+    ));
+    // The next write starts from the recovered state and rewrites every copy.
+    block_on(async {
+        let (mut superblock, _) = Superblock::open(&path).await.unwrap();
+        superblock.write(advanced(4)).await.unwrap();
+    });
+    let (state, report) = open(&path).unwrap();
+    assert_eq!(state, with_sequence(advanced(4), 4));
+    assert!(report.is_clean(), "{report}");
+}
+
+#[test]
+fn a_torn_first_copy_opens_the_old_sequence() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    let images = create_and_write(&path, 2);
+    let mut image = images[1].clone();
+    // The write of sequence 3 tore copy 0: its first 32 bytes are new, the rest old.
+    image[..32].copy_from_slice(&images[2][..32]);
+    std::fs::write(&path, &image).unwrap();
+    let (state, report) = open(&path).unwrap();
+    assert_eq!(state, with_sequence(advanced(1), 2));
+    assert!(matches!(
+        report.copies[0],
+        CopyStatus::Invalid(CopyDefect::Checksum { .. })
+    ));
+}
+
+#[test]
+fn a_truncated_file_opens_from_the_copies_that_remain() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    let image = create_and_write(&path, 1).pop().unwrap();
+    std::fs::write(&path, &image[..6000]).unwrap();
+    let (state, report) = open(&path).unwrap();
+    assert_eq!(state, with_sequence(advanced(1), 2));
+    let missing = CopyStatus::Invalid(CopyDefect::Missing {
+        file_size_bytes: 6000,
+    });
+    assert_eq!(
+        report.copies,
+        [CopyStatus::Current, missing, missing, missing]
+    );
+    std::fs::write(&path, b"").unwrap();
+    assert!(matches!(
+        open(&path),
+        Err(SuperblockError::AllCopiesInvalid { reasons, .. })
+            if *reasons == [CopyDefect::Missing { file_size_bytes: 0 }; SUPERBLOCK_COPY_COUNT]
+    ));
+}
+
+#[test]
+fn a_copy_moved_to_another_slot_is_invalid() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    let images = create_and_write(&path, 1);
+    // A misdirected write put the new copy 0 into slot 3.
+    let mut image = images[0].clone();
+    image[copy_range(3)].copy_from_slice(&images[1][copy_range(0)]);
+    std::fs::write(&path, &image).unwrap();
+    let (state, report) = open(&path).unwrap();
+    assert_eq!(state, with_sequence(initial(), 1));
+    assert_eq!(
+        report.copies[3],
+        CopyStatus::Invalid(CopyDefect::CopyIndex { found: 0 })
+    );
+}
+
+#[test]
+fn copies_of_the_same_sequence_that_differ_are_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    let first = create_and_write(&path, 1).pop().unwrap();
+    let other_dir = tempfile::tempdir().unwrap();
+    let other_path = superblock_path(&other_dir);
+    // Another history that also reached sequence 2, with a different state.
+    let second = block_on(async {
+        let mut superblock = Superblock::create(&other_path, initial()).await.unwrap();
+        superblock.write(advanced(5)).await.unwrap();
+        std::fs::read(&other_path).unwrap()
+    });
+    let mut image = first;
+    image[copy_range(2)].copy_from_slice(&second[copy_range(2)]);
+    std::fs::write(&path, &image).unwrap();
+    let error = open(&path).unwrap_err();
+    assert!(
+        matches!(&error, SuperblockError::Corrupt { path: named, reason }
+            if *named == path && reason.starts_with("copies 0 and 2 both have sequence 2 but differ")),
+        "{error}"
+    );
+    assert!(
+        error
+            .to_string()
+            .starts_with(&format!("{}: corrupt superblock:", path.display()))
+    );
+}
+
+#[test]
+fn a_stale_copy_ahead_of_the_newest_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    // Sequence 3 holds advanced(2) (view 4).
+    let mut image = create_and_write(&path, 2).pop().unwrap();
+    // A sequence-2 copy from another history whose view (18) is ahead of sequence 3's.
+    let ahead = block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let path = superblock_path(&dir);
+        let mut superblock = Superblock::create(&path, initial()).await.unwrap();
+        superblock.write(advanced(9)).await.unwrap();
+        std::fs::read(&path).unwrap()
+    });
+    image[copy_range(1)].copy_from_slice(&ahead[copy_range(1)]);
+    std::fs::write(&path, &image).unwrap();
+    let error = open(&path).unwrap_err();
+    assert!(
+        matches!(&error, SuperblockError::Corrupt { reason, .. }
+            if reason == "copy 0 (sequence 3) contradicts older copy 1 (sequence 2): view decreased"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_copy_from_another_cluster_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    let mut image = create_and_write(&path, 1).pop().unwrap();
+    let foreign = block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let path = superblock_path(&dir);
+        Superblock::create(
+            &path,
+            SuperblockState {
+                cluster: 7,
+                ..initial()
+            },
+        )
+        .await
+        .unwrap();
+        std::fs::read(&path).unwrap()
+    });
+    image[copy_range(3)].copy_from_slice(&foreign[copy_range(3)]);
+    std::fs::write(&path, &image).unwrap();
+    assert!(matches!(
+        open(&path),
+        Err(SuperblockError::Corrupt { reason, .. }) if reason.ends_with("cluster changed")
+    ));
+}
+
+fn write_after(change: impl FnOnce(&mut SuperblockState)) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    block_on(async {
+        let mut superblock = Superblock::create(&path, advanced(4)).await.unwrap();
+        let mut next = *superblock.state();
+        change(&mut next);
+        let _ = superblock.write(next).await;
+    });
+}
+
+#[test]
+#[should_panic(expected = "view decreased")]
+fn a_decreasing_view_panics() {
+    write_after(|state| state.view -= 1);
+}
+
+#[test]
+#[should_panic(expected = "log_view decreased")]
+fn a_decreasing_log_view_panics() {
+    write_after(|state| state.log_view -= 1);
+}
+
+#[test]
+#[should_panic(expected = "commit_max decreased")]
+fn a_decreasing_commit_max_panics() {
+    write_after(|state| state.commit_max -= 1);
+}
+
+#[test]
+#[should_panic(expected = "checkpoint_op decreased")]
+fn a_decreasing_checkpoint_op_panics() {
+    write_after(|state| state.checkpoint_op -= 1);
+}
+
+#[test]
+#[should_panic(expected = "replica_id changed")]
+fn a_changed_replica_id_panics() {
+    write_after(|state| state.replica_id = 0);
+}
+
+#[test]
+#[should_panic(expected = "log_view is above view")]
+fn a_log_view_above_view_panics() {
+    write_after(|state| state.log_view = state.view + 1);
+}
+
+#[test]
+#[should_panic(expected = "replica_id is not below replica_count")]
+fn create_with_an_impossible_replica_id_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    let _ = block_on(Superblock::create(
+        &path,
+        SuperblockState {
+            replica_id: 3,
+            ..initial()
+        },
+    ));
+}
+
+#[test]
+fn a_cancelled_write_poisons_the_handle_until_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    block_on(async {
+        let mut superblock = Superblock::create(&path, initial()).await.unwrap();
+        // One poll submits the first copy's write; dropping the future cancels the rest.
+        let polled = futures_util::FutureExt::now_or_never(superblock.write(advanced(1)));
+        assert!(polled.is_none(), "a write needs more than one poll");
+        let error = superblock.write(advanced(2)).await.unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "{}: an earlier superblock write did not complete; reopen the superblock",
+                path.display()
+            )
+        );
+        assert_eq!(*superblock.state(), with_sequence(initial(), 1));
+        drop(superblock);
+        // The file holds the old or the new state; a reopened handle writes again.
+        let (mut superblock, _) = Superblock::open(&path).await.unwrap();
+        let reopened = *superblock.state();
+        assert!(
+            reopened == with_sequence(initial(), 1) || reopened == with_sequence(advanced(1), 2),
+            "{reopened:?}"
+        );
+        superblock.write(advanced(2)).await.unwrap();
+        assert_eq!(superblock.state().sequence, reopened.sequence + 1);
+    });
+    let (state, report) = open(&path).unwrap();
+    assert_eq!(state.view, advanced(2).view);
+    assert!(report.is_clean(), "{report}");
+}
+
+#[derive(Debug, Clone)]
+struct Flip {
+    copy_index: usize,
+    offset_in_copy: usize,
+    mask: u8,
+}
+
+fn flip() -> impl Strategy<Value = Flip> {
+    (0..SUPERBLOCK_COPY_COUNT, 0..SUPERBLOCK_COPY_SIZE, 1u8..=255).prop_map(
+        |(copy_index, offset_in_copy, mask)| Flip {
+            copy_index,
+            offset_in_copy,
+            mask,
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// After `writes` writes and a crash that left `copies_reached` copies of one further write on
+    /// disk, random byte flips never make open panic or invent a state: it returns exactly the
+    /// newest state among the undamaged copies, or `AllCopiesInvalid` when every copy is damaged.
+    #[test]
+    fn random_flips_open_the_newest_undamaged_state_or_refuse(
+        writes in 0u64..4,
+        copies_reached in 0..=SUPERBLOCK_COPY_COUNT,
+        flips in proptest::collection::vec(flip(), 0..8),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = superblock_path(&dir);
+        let images = create_and_write(&path, writes + 1);
+        let old = &images[writes as usize];
+        let new = &images[writes as usize + 1];
+        let mut image = old.clone();
+        let mut copy_states = [with_sequence(advanced(writes), writes + 1); SUPERBLOCK_COPY_COUNT];
+        for copy_index in 0..copies_reached {
+            image[copy_range(copy_index)].copy_from_slice(&new[copy_range(copy_index)]);
+            copy_states[copy_index] = with_sequence(advanced(writes + 1), writes + 2);
+        }
+        let mut damaged = [false; SUPERBLOCK_COPY_COUNT];
+        for flip in &flips {
+            image[flip.copy_index * SUPERBLOCK_COPY_SIZE + flip.offset_in_copy] ^= flip.mask;
+        }
+        // Two flips at the same byte may cancel out: a copy is damaged if its bytes differ.
+        let intact = {
+            let mut intact = old.clone();
+            for copy_index in 0..copies_reached {
+                intact[copy_range(copy_index)].copy_from_slice(&new[copy_range(copy_index)]);
+            }
+            intact
+        };
+        for (copy_index, is_damaged) in damaged.iter_mut().enumerate() {
+            *is_damaged = image[copy_range(copy_index)] != intact[copy_range(copy_index)];
+        }
+        std::fs::write(&path, &image).unwrap();
+
+        let expected = (0..SUPERBLOCK_COPY_COUNT)
+            .filter(|&copy_index| !damaged[copy_index])
+            .map(|copy_index| copy_states[copy_index])
+            .max_by_key(|state| state.sequence);
+        match (open(&path), expected) {
+            (Ok((state, report)), Some(expected)) => {
+                prop_assert_eq!(state, expected);
+                for (copy_index, status) in report.copies.iter().enumerate() {
+                    prop_assert_eq!(
+                        matches!(status, CopyStatus::Invalid(_)),
+                        damaged[copy_index],
+                        "copy {}: {}", copy_index, report
+                    );
+                }
+            }
+            (Err(SuperblockError::AllCopiesInvalid { path: named, .. }), None) => {
+                prop_assert_eq!(named, path);
+            }
+            (result, expected) => {
+                return Err(TestCaseError::fail(format!(
+                    "open gave {result:?}, expected {expected:?}"
+                )));
+            }
+        }
+    }
+
+    /// The copy decoder never panics on arbitrary bytes, and accepts none of them.
+    #[test]
+    fn decode_copy_rejects_arbitrary_bytes(
+        bytes in proptest::collection::vec(any::<u8>(), 0..SUPERBLOCK_COPY_SIZE + 16),
+        copy_index in 0..SUPERBLOCK_COPY_COUNT,
+    ) {
+        prop_assert!(storage::superblock::decode_copy(&bytes, copy_index).is_err());
+    }
+}
