@@ -7,9 +7,14 @@
 
 pub mod durable;
 pub mod entry;
+pub mod journal;
 pub mod limits;
 pub mod log;
 
 pub use durable::{DurableError, durable_replace, read_verified};
 pub use entry::{ENTRY_HEADER_SIZE, EntryHeader, build_entry, payload_checksum};
+pub use journal::{
+    JOURNAL_HEADER_SIZE, Journal, JournalConfig, JournalError, JournalHeader, JournalRecovery,
+    Prepare,
+};
 pub use log::{AppendFuture, FsyncPolicy, LogConfig, LogError, PartitionLog, RecoveryReport};
