@@ -7,12 +7,17 @@
 
 pub mod durable;
 pub mod entry;
+pub mod journal;
 pub mod limits;
 pub mod log;
 pub mod superblock;
 
 pub use durable::{DurableError, durable_replace, read_verified};
 pub use entry::{ENTRY_HEADER_SIZE, EntryHeader, build_entry, payload_checksum};
+pub use journal::{
+    JOURNAL_HEADER_SIZE, Journal, JournalConfig, JournalError, JournalHeader, JournalRecovery,
+    Prepare,
+};
 pub use log::{AppendFuture, FsyncPolicy, LogConfig, LogError, PartitionLog, RecoveryReport};
 pub use superblock::{
     CopyDefect, CopyStatus, OpenReport, SUPERBLOCK_FILE_NAME, Superblock, SuperblockError,

@@ -51,3 +51,21 @@ pub const SUPERBLOCK_FILE_SIZE: usize = SUPERBLOCK_COPY_SIZE * SUPERBLOCK_COPY_C
 
 const _: () = assert!(SUPERBLOCK_COPY_COUNT >= 2);
 const _: () = assert!(SUPERBLOCK_COPY_SIZE.is_multiple_of(4096));
+
+/// Largest body of one metadata journal record (bytes): a serialized metadata prepare (create a
+/// topic, register a client) is small; 1 MiB bounds what one append writes and what a torn tail
+/// can be, and the tail search on open scans at most one record's bytes.
+pub const JOURNAL_BODY_SIZE_MAX: u32 = 1 << 20;
+/// Largest journal record: 64-byte header + the largest body (bytes).
+pub const JOURNAL_RECORD_SIZE_MAX: usize =
+    crate::journal::JOURNAL_HEADER_SIZE + JOURNAL_BODY_SIZE_MAX as usize;
+/// Default and largest `segment_size_max` of the metadata journal (bytes). Open reads one whole
+/// segment into memory at a time (checked against this before allocating), so this bounds the
+/// transient memory of recovery besides the replayed prepares themselves; 64 MiB holds at least
+/// 63 maximal records and many thousands of typical ones.
+pub const JOURNAL_SEGMENT_SIZE_MAX: u64 = 64 * 1024 * 1024;
+
+// A maximal record must fit a segment of the largest size, so a segment file is never larger
+// than JOURNAL_SEGMENT_SIZE_MAX (a record larger than a configured size gets its own segment).
+const _: () = assert!(JOURNAL_RECORD_SIZE_MAX as u64 <= JOURNAL_SEGMENT_SIZE_MAX);
+const _: () = assert!(JOURNAL_BODY_SIZE_MAX as u64 <= u32::MAX as u64);

@@ -1,0 +1,390 @@
+//! The metadata journal (WAL) of shard 0: VSR prepares `(op, view, commit, body)` appended in op
+//! order to segment files `{first_op:020}.wal`, each fsynced before `append` returns, replayed on
+//! open, and released below a checkpoint.
+//!
+//! It must never return from `append` before the record is durable (VSR Revisited, Liskov and
+//! Cowling 2012, section 4.1: a replica appends the prepare to its log before it sends
+//! PrepareOk, and the primary executes it only after a quorum of PrepareOks; with
+//! `replica_count = 1` the local fsync is that quorum), never skip or truncate a record that a
+//! torn write cannot explain, and never keep writing after a failed write or fsync (a failed
+//! fsync may have dropped the dirty pages; see FORMAT.md section 1). Byte layout, write order and
+//! crash cases: `storage/FORMAT.md` section 8. It never interprets a prepare's body.
+
+mod record;
+mod recovery;
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use compio::BufResult;
+use compio::fs::{File, OpenOptions};
+use compio::io::AsyncWriteAtExt;
+
+use crate::durable::sync_dir;
+use crate::limits::{JOURNAL_BODY_SIZE_MAX, JOURNAL_SEGMENT_SIZE_MAX};
+pub use record::{JOURNAL_HEADER_SIZE, JournalHeader, Prepare, header_checksum, parse_record};
+
+/// How a [`Journal`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JournalConfig {
+    /// A segment is closed and a new one started when the next record would make it larger than
+    /// this (bytes); a record larger than this gets a segment of its own. 1 ..=
+    /// [`JOURNAL_SEGMENT_SIZE_MAX`].
+    pub segment_size_max: u64,
+}
+
+impl Default for JournalConfig {
+    fn default() -> Self {
+        JournalConfig {
+            segment_size_max: JOURNAL_SEGMENT_SIZE_MAX,
+        }
+    }
+}
+
+/// What `Journal::open` found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JournalRecovery {
+    /// Every record in the journal, in op order (ops `first_op()..=last_op()`), for replay. It
+    /// may start at or below the checkpoint op (a crash during `release_below`); the caller
+    /// skips ops `<= checkpoint_op`. Bounded by what the journal holds: the ops since the
+    /// oldest unreleased segment.
+    pub prepares: Vec<Prepare>,
+    /// Bytes cut from a torn tail of the last segment (0 if clean).
+    pub truncated_bytes: u64,
+    /// Segment files after open (a new journal has one, empty).
+    pub segment_count: u32,
+}
+
+/// Why a journal operation failed; the variants say how the caller recovers.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// An I/O step failed; `op` names the step, `path` the file or directory. After a failed
+    /// append or release the journal is poisoned (every later append and release fails with
+    /// [`JournalError::Poisoned`]) and must be reopened.
+    #[error("{path}: {op} failed: {source}")]
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        source: io::Error,
+    },
+    /// Stored bytes are damaged where a torn append cannot explain them (a closed segment, a
+    /// record followed by a valid later record, an op gap between segments). Refuses to boot;
+    /// never skipped. `position` is the byte offset in `path`.
+    #[error("{path}: corrupt journal record at byte {position}: {reason}")]
+    Corrupt {
+        path: PathBuf,
+        position: u64,
+        reason: String,
+    },
+    /// The prepare's body is larger than [`JOURNAL_BODY_SIZE_MAX`]; nothing was written and the
+    /// journal is unchanged.
+    #[error("journal body of {size_bytes} bytes exceeds the {JOURNAL_BODY_SIZE_MAX}-byte limit")]
+    BodyTooLarge { size_bytes: usize },
+    /// An earlier append or release failed (or was cancelled) at `op` on `path`; the state of
+    /// the files is unknown until the journal is reopened, which rescans them.
+    #[error("journal poisoned by an earlier failure: {path}: {op} failed: {reason}")]
+    Poisoned {
+        path: PathBuf,
+        op: &'static str,
+        reason: String,
+    },
+    /// The `JournalConfig` passed to `open_with_config` is out of bounds.
+    #[error("invalid journal config: {0}")]
+    InvalidConfig(String),
+}
+
+fn io_error(path: &Path, op: &'static str) -> impl FnOnce(io::Error) -> JournalError {
+    let path = path.to_path_buf();
+    move |source| JournalError::Io { path, op, source }
+}
+
+/// `{first_op:020}.wal` in `dir`: 20 digits, the width of `u64::MAX`, so names sort by op.
+pub fn segment_path(dir: &Path, first_op: u64) -> PathBuf {
+    dir.join(format!("{first_op:020}.wal"))
+}
+
+/// The failure that poisoned the journal.
+#[derive(Debug, Clone)]
+struct Failure {
+    path: PathBuf,
+    op: &'static str,
+    reason: String,
+}
+
+/// The metadata journal of one replica, owned by shard 0 (`!Send`: its file belongs to the
+/// runtime that opened it). Holds ops `first_op()..=last_op()`; empty when
+/// `last_op() == first_op() - 1`.
+#[derive(Debug)]
+pub struct Journal {
+    dir: PathBuf,
+    config: JournalConfig,
+    /// First op of each segment file, ascending; the last one is the active segment.
+    segment_first_ops: Vec<u64>,
+    active_path: PathBuf,
+    active_file: File,
+    /// Bytes of valid records in the active segment; the next record is written here.
+    active_size_bytes: u64,
+    last_op: u64,
+    /// Reused for every append's record bytes (handed to the kernel and back).
+    write_buffer: Vec<u8>,
+    failure: Option<Failure>,
+}
+
+impl Journal {
+    /// Opens (or creates) the journal in `dir` with the default [`JournalConfig`]; see
+    /// [`Journal::open_with_config`].
+    ///
+    /// # Errors
+    /// As [`Journal::open_with_config`].
+    ///
+    /// # Cancel safety
+    /// As [`Journal::open_with_config`].
+    pub async fn open(dir: &Path) -> Result<(Journal, JournalRecovery), JournalError> {
+        Journal::open_with_config(dir, JournalConfig::default()).await
+    }
+
+    /// Opens the journal in `dir`, creating the directory (and missing ancestors, fsynced) and
+    /// a first segment `00000000000000000001.wal` if it has none. Reads every segment in op
+    /// order, checks every record, and returns them for replay. The first invalid record of the
+    /// **last** segment starts a torn tail, which is truncated and fsynced
+    /// (`truncated_bytes`), unless a valid record for a later op follows it or more bytes follow
+    /// it than one append writes: that is interior damage. Rules: `storage/FORMAT.md` section 8.
+    ///
+    /// # Errors
+    /// - `Corrupt { path, position, reason }`: an invalid record in a segment other than the
+    ///   last, interior damage in the last one, a segment whose first op is not where the
+    ///   previous one ends (op gap) or is 0, or a segment larger than
+    ///   [`JOURNAL_SEGMENT_SIZE_MAX`]. The server must refuse to boot; nothing was changed.
+    /// - `Io`: creating, listing, opening, reading, truncating or fsyncing failed (path + step).
+    /// - `InvalidConfig`: `segment_size_max` is 0 or above [`JOURNAL_SEGMENT_SIZE_MAX`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe, but safe to retry: a dropped open leaves the files as they were, or
+    /// with the torn tail cut (possibly not yet fsynced); the next open redoes the cut.
+    pub async fn open_with_config(
+        dir: &Path,
+        config: JournalConfig,
+    ) -> Result<(Journal, JournalRecovery), JournalError> {
+        if config.segment_size_max == 0 || config.segment_size_max > JOURNAL_SEGMENT_SIZE_MAX {
+            return Err(JournalError::InvalidConfig(format!(
+                "segment_size_max {} is not in 1..={JOURNAL_SEGMENT_SIZE_MAX}",
+                config.segment_size_max
+            )));
+        }
+        let recovered = recovery::recover(dir).await?;
+        let active_first_op = *recovered
+            .segment_first_ops
+            .last()
+            .expect("recovery leaves at least one segment");
+        let journal = Journal {
+            dir: dir.to_path_buf(),
+            config,
+            active_path: segment_path(dir, active_first_op),
+            segment_first_ops: recovered.segment_first_ops,
+            active_file: recovered.active_file,
+            active_size_bytes: recovered.active_size_bytes,
+            last_op: recovered.last_op,
+            write_buffer: Vec::new(),
+            failure: None,
+        };
+        Ok((journal, recovered.recovery))
+    }
+
+    /// The lowest op the journal holds (the first segment's first op); when the journal is
+    /// empty, the op the next append must carry.
+    pub fn first_op(&self) -> u64 {
+        self.segment_first_ops[0]
+    }
+
+    /// The highest op appended (durable); `first_op() - 1` when the journal is empty.
+    pub fn last_op(&self) -> u64 {
+        self.last_op
+    }
+
+    /// Segment files the journal has now.
+    pub fn segment_count(&self) -> usize {
+        self.segment_first_ops.len()
+    }
+
+    /// The journal's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Appends `prepare` as one record (header + body, one write at the end of the active
+    /// segment), then `fdatasync`s it; returns only once the record is durable, so the caller
+    /// may then send PrepareOk / apply it (VSR Revisited section 4.1). If the active segment is
+    /// non-empty and the record would make it exceed `segment_size_max`, the journal first rolls:
+    /// fsync the active segment, create `{op:020}.wal` (`O_CREAT|O_EXCL`), fsync the directory.
+    ///
+    /// # Errors
+    /// - `BodyTooLarge`: the body exceeds [`JOURNAL_BODY_SIZE_MAX`]; nothing written.
+    /// - `Io`: a write, fsync, segment creation or directory fsync failed. The record may or may
+    ///   not be on disk; the journal is poisoned and must be reopened (which keeps the record
+    ///   only if it is complete and valid).
+    /// - `Poisoned`: an earlier append or release failed or was cancelled.
+    ///
+    /// # Panics
+    /// If `prepare.op != last_op() + 1` or `prepare.commit >= prepare.op` (bugs of the caller).
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a dropped append poisons the journal (the record may be partly written);
+    /// reopen it.
+    pub async fn append(&mut self, prepare: &Prepare) -> Result<(), JournalError> {
+        if let Some(failure) = &self.failure {
+            return Err(JournalError::Poisoned {
+                path: failure.path.clone(),
+                op: failure.op,
+                reason: failure.reason.clone(),
+            });
+        }
+        if prepare.body.len() > JOURNAL_BODY_SIZE_MAX as usize {
+            return Err(JournalError::BodyTooLarge {
+                size_bytes: prepare.body.len(),
+            });
+        }
+        assert_eq!(
+            prepare.op,
+            self.last_op + 1,
+            "journal append of op {} but the last op is {}",
+            prepare.op,
+            self.last_op
+        );
+        assert!(
+            prepare.commit < prepare.op,
+            "prepare op {} carries commit {}, but a prepare's commit number is below its op",
+            prepare.op,
+            prepare.commit
+        );
+        // Poisoned until this append completes, so a dropped future leaves it poisoned.
+        self.failure = Some(Failure {
+            path: self.active_path.clone(),
+            op: "append",
+            reason: "the append was cancelled before it completed".to_owned(),
+        });
+        let record_size = (record::JOURNAL_HEADER_SIZE + prepare.body.len()) as u64;
+        if self.active_size_bytes > 0
+            && self.active_size_bytes + record_size > self.config.segment_size_max
+        {
+            self.roll(prepare.op).await?;
+        }
+        let mut buffer = std::mem::take(&mut self.write_buffer);
+        buffer.clear();
+        record::encode_record(prepare, &mut buffer);
+        let BufResult(result, buffer) = (&self.active_file)
+            .write_all_at(buffer, self.active_size_bytes)
+            .await;
+        self.write_buffer = buffer;
+        if let Err(error) = result {
+            return Err(self.poison(self.active_path.clone(), "write record", error));
+        }
+        if let Err(error) = self.active_file.sync_data().await {
+            return Err(self.poison(self.active_path.clone(), "fsync segment", error));
+        }
+        self.active_size_bytes += record_size;
+        self.last_op = prepare.op;
+        self.failure = None;
+        Ok(())
+    }
+
+    /// Closes the active segment and makes `{first_op:020}.wal` the new one.
+    async fn roll(&mut self, first_op: u64) -> Result<(), JournalError> {
+        if let Err(error) = self.active_file.sync_data().await {
+            return Err(self.poison(self.active_path.clone(), "fsync segment before roll", error));
+        }
+        let path = segment_path(&self.dir, first_op);
+        let file = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .await
+        {
+            Ok(file) => file,
+            Err(error) => return Err(self.poison(path, "create segment", error)),
+        };
+        if let Err(error) = sync_dir(&self.dir).await {
+            return Err(self.poison(
+                self.dir.clone(),
+                "fsync journal directory after creating a segment",
+                error,
+            ));
+        }
+        let closed = std::mem::replace(&mut self.active_file, file);
+        // The closed segment was fsynced above; a close error cannot lose its data.
+        let _ = closed.close().await;
+        tracing::debug!(
+            closed = %self.active_path.display(),
+            next = %path.display(),
+            closed_size_bytes = self.active_size_bytes,
+            "rolled journal segment"
+        );
+        self.active_path = path;
+        self.active_size_bytes = 0;
+        self.segment_first_ops.push(first_op);
+        Ok(())
+    }
+
+    /// Deletes, oldest first, every segment whose ops are all below `op` (the checkpoint op),
+    /// fsyncing the directory after each deletion; returns how many were deleted. Never deletes
+    /// the active (last) segment, nor any segment holding `op` or a later op. Deleting oldest
+    /// first with a directory fsync after each means a crash leaves a contiguous run of
+    /// segments: some old segments may survive, which open accepts (their ops are contiguous)
+    /// and the caller's replay skips (ops `<= checkpoint_op`).
+    ///
+    /// # Errors
+    /// - `Io`: a deletion or directory fsync failed; the journal is poisoned (a later release
+    ///   could otherwise make a later deletion durable while an earlier one is not, leaving an
+    ///   op gap after a crash).
+    /// - `Poisoned`: an earlier append or release failed or was cancelled.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a dropped release poisons the journal; the files stay a contiguous run.
+    pub async fn release_below(&mut self, op: u64) -> Result<usize, JournalError> {
+        if let Some(failure) = &self.failure {
+            return Err(JournalError::Poisoned {
+                path: failure.path.clone(),
+                op: failure.op,
+                reason: failure.reason.clone(),
+            });
+        }
+        let mut deleted_count = 0;
+        // Segment 0 holds ops segment_first_ops[0] .. segment_first_ops[1] - 1.
+        while self.segment_first_ops.len() > 1 && self.segment_first_ops[1] <= op {
+            let path = segment_path(&self.dir, self.segment_first_ops[0]);
+            self.failure = Some(Failure {
+                path: path.clone(),
+                op: "release",
+                reason: "the release was cancelled before it completed".to_owned(),
+            });
+            if let Err(error) = compio::fs::remove_file(&path).await {
+                return Err(self.poison(path, "delete released segment", error));
+            }
+            self.segment_first_ops.remove(0);
+            if let Err(error) = sync_dir(&self.dir).await {
+                return Err(self.poison(
+                    self.dir.clone(),
+                    "fsync journal directory after deleting a segment",
+                    error,
+                ));
+            }
+            self.failure = None;
+            deleted_count += 1;
+        }
+        Ok(deleted_count)
+    }
+
+    /// Records `error` as the failure that poisons the journal and returns it as `Io`.
+    fn poison(&mut self, path: PathBuf, op: &'static str, error: io::Error) -> JournalError {
+        self.failure = Some(Failure {
+            path: path.clone(),
+            op,
+            reason: error.to_string(),
+        });
+        JournalError::Io {
+            path,
+            op,
+            source: error,
+        }
+    }
+}
