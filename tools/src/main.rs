@@ -6,6 +6,7 @@
 //! take down what it was logging about.
 
 mod client_cmds;
+mod inspect;
 mod serve;
 
 use std::io::Write as _;
@@ -44,6 +45,8 @@ enum Command {
     Poll(client_cmds::PollArgs),
     /// Print streams, topics, partitions with their owner shard and next offset (JSON).
     Metadata(client_cmds::AddrArgs),
+    /// Check a data file offline, read-only: superblock, wal, segment or metadata (exit 1 on damage).
+    Inspect(inspect::InspectArgs),
 }
 
 /// A writer that drops its failures: every write reports the whole buffer written. Log lines are
@@ -114,6 +117,7 @@ fn main() -> std::process::ExitCode {
         Command::Send(args) => client_cmds::send(&args),
         Command::Poll(args) => client_cmds::poll(&args),
         Command::Metadata(args) => client_cmds::metadata(&args),
+        Command::Inspect(args) => return inspect::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,0 +1,310 @@
+//! `shardline inspect`: offline checks of the files `storage` writes (superblock, metadata journal,
+//! partition log segments with their index files, `metadata.json`), decoded and verified by the
+//! rules of `storage/FORMAT.md`, printed as aligned text or one JSON document.
+//!
+//! It must never modify what it inspects: every file and directory is opened read-only with
+//! `std::fs` (no truncation of a torn tail, no index rewrite, no lock taken), so it is safe to run
+//! on the data directory of a stopped server or on a copy. It runs no server code and no runtime.
+
+mod metadata;
+mod segment;
+mod superblock;
+mod wal;
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Exit status when every check passed.
+const EXIT_CLEAN: u8 = 0;
+/// Exit status when damage was found (or a file could not be read).
+const EXIT_DAMAGE: u8 = 1;
+/// Exit status of a usage error (clap uses the same for bad arguments).
+const EXIT_USAGE: u8 = 2;
+
+const AFTER_HELP: &str = "\
+What each KIND checks (all by the rules of storage/FORMAT.md):
+  superblock  PATH is the superblock file or its directory. Decodes all 4 copies (magic, version,
+              copy index, XXH3-128 checksum, padding, field invariants), says which is current,
+              stale or invalid and why, and prints the state open would choose.
+  wal         PATH is a journal directory or one .wal segment. Lists every record (op, view,
+              commit, body size, checksums), checks ops follow each other across segments, and
+              tells a torn tail of the last segment (open would truncate it) from interior damage
+              (open refuses to boot).
+  segment     PATH is a partition directory or one .log segment. Walks every entry (offset rule,
+              size bounds, XXH3-64 payload checksum), reports a torn tail or corruption with file
+              and byte position, and checks each .index file against the entries it describes.
+  metadata    PATH is metadata.json or the data directory. Verifies the XXH3-64 trailer, decodes
+              the JSON, checks it by the server's rules, and counts streams, topics, partitions.
+
+Files are opened read-only and never modified: a torn tail is reported, not truncated.
+
+Exit status:
+  0  clean: every check passed
+  1  damage found (each finding names the file and byte position), or a file could not be read
+  2  usage error (bad arguments, PATH does not exist)";
+
+/// Arguments of `shardline inspect`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = AFTER_HELP)]
+pub struct InspectArgs {
+    /// What PATH holds.
+    #[arg(value_enum)]
+    kind: Kind,
+    /// The file or directory to check; opened read-only, never modified.
+    path: PathBuf,
+    /// Print one JSON document (same information) instead of aligned text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The kinds of file `inspect` understands.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Kind {
+    /// The 4-copy superblock file (or its directory).
+    Superblock,
+    /// The metadata journal: a directory of `.wal` segments, or one segment.
+    Wal,
+    /// A partition log: a directory of `.log` segments and `.index` files, or one segment.
+    Segment,
+    /// `metadata.json` (or the data directory holding it).
+    Metadata,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Superblock => "superblock",
+            Kind::Wal => "wal",
+            Kind::Segment => "segment",
+            Kind::Metadata => "metadata",
+        }
+    }
+}
+
+/// One problem found: where (file, byte position when known) and what.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct Damage {
+    pub(crate) file: String,
+    /// Byte position in `file` where the damage starts, when one byte range is to blame.
+    pub(crate) position: Option<u64>,
+    /// True when this is a torn tail of the last segment that open would truncate.
+    pub(crate) torn_tail: bool,
+    pub(crate) reason: String,
+}
+
+impl Damage {
+    pub(crate) fn new(file: &Path, position: Option<u64>, reason: impl Into<String>) -> Damage {
+        Damage {
+            file: file.display().to_string(),
+            position,
+            torn_tail: false,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Damage {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(&self.file)?;
+        if let Some(position) = self.position {
+            write!(formatter, " at byte {position}")?;
+        }
+        write!(formatter, ": {}", self.reason)
+    }
+}
+
+/// What one kind found: a serializable report that can also render itself as text.
+pub(crate) trait Report: serde::Serialize {
+    /// Appends the aligned text lines (one per copy/record/entry, then a summary line).
+    fn write_text(&self, out: &mut String);
+}
+
+/// The JSON document: common fields, then the kind's report flattened in.
+#[derive(serde::Serialize)]
+struct Document<'a, R: serde::Serialize> {
+    kind: &'static str,
+    path: String,
+    clean: bool,
+    damage: &'a [Damage],
+    #[serde(flatten)]
+    report: &'a R,
+}
+
+/// Runs `shardline inspect` and returns the process exit status (0 clean, 1 damage, 2 usage).
+pub fn run(args: &InspectArgs) -> ExitCode {
+    if std::fs::symlink_metadata(&args.path).is_err() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "error: {}: no such file or directory",
+            args.path.display()
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let result = match args.kind {
+        Kind::Superblock => superblock::inspect(&args.path).map(|(r, d)| emit(args, &r, &d)),
+        Kind::Wal => wal::inspect(&args.path).map(|(r, d)| emit(args, &r, &d)),
+        Kind::Segment => segment::inspect(&args.path).map(|(r, d)| emit(args, &r, &d)),
+        Kind::Metadata => metadata::inspect(&args.path).map(|(r, d)| emit(args, &r, &d)),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(error) => {
+            let _ = writeln!(std::io::stderr(), "error: {error:#}");
+            ExitCode::from(EXIT_DAMAGE)
+        }
+    }
+}
+
+/// Prints the report (text or JSON) to stdout and returns the exit status it implies.
+fn emit<R: Report>(args: &InspectArgs, report: &R, damage: &[Damage]) -> u8 {
+    let clean = damage.is_empty();
+    let mut out = String::new();
+    if args.json {
+        let document = Document {
+            kind: args.kind.name(),
+            path: args.path.display().to_string(),
+            clean,
+            damage,
+            report,
+        };
+        match serde_json::to_string_pretty(&document) {
+            Ok(json) => out.push_str(&json),
+            // Err: only a non-string map key could fail, and the reports have none.
+            Err(error) => {
+                let _ = write!(out, "{{\"error\": \"{error}\"}}");
+            }
+        }
+        out.push('\n');
+    } else {
+        let _ = writeln!(out, "{} {}", args.kind.name(), args.path.display());
+        report.write_text(&mut out);
+        for finding in damage {
+            let label = if finding.torn_tail {
+                "torn tail"
+            } else {
+                "damage"
+            };
+            let _ = writeln!(out, "{label}: {finding}");
+        }
+        if clean {
+            out.push_str("result: clean\n");
+        } else {
+            let _ = writeln!(out, "result: {} problem(s) found", damage.len());
+        }
+    }
+    // Err: stdout is closed (e.g. `| head`); the exit status still tells the result.
+    let _ = std::io::stdout().lock().write_all(out.as_bytes());
+    if clean { EXIT_CLEAN } else { EXIT_DAMAGE }
+}
+
+/// Opens `path` read-only; the error names the path.
+pub(crate) fn open_read_only(path: &Path) -> anyhow::Result<std::fs::File> {
+    std::fs::File::open(path)
+        .map_err(|error| anyhow::anyhow!("{}: cannot open: {error}", path.display()))
+}
+
+/// The whole content of `path`, refused before allocating when larger than `size_max_bytes`.
+pub(crate) fn read_bounded(
+    path: &Path,
+    size_max_bytes: u64,
+) -> anyhow::Result<Result<Vec<u8>, u64>> {
+    use std::io::Read as _;
+    let file = open_read_only(path)?;
+    let size_bytes = file
+        .metadata()
+        .map_err(|error| anyhow::anyhow!("{}: cannot stat: {error}", path.display()))?
+        .len();
+    if size_bytes > size_max_bytes {
+        return Ok(Err(size_bytes));
+    }
+    let mut bytes = Vec::with_capacity(size_bytes as usize);
+    file.take(size_max_bytes)
+        .read_to_end(&mut bytes)
+        .map_err(|error| anyhow::anyhow!("{}: cannot read: {error}", path.display()))?;
+    Ok(Ok(bytes))
+}
+
+/// `(number, path)` of each file in `dir` named exactly `{number:020}.{extension}`, ascending.
+pub(crate) fn numbered_files(dir: &Path, extension: &str) -> anyhow::Result<Vec<(u64, PathBuf)>> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|error| anyhow::anyhow!("{}: cannot list: {error}", dir.display()))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry =
+            entry.map_err(|error| anyhow::anyhow!("{}: cannot list: {error}", dir.display()))?;
+        let name = entry.file_name();
+        if let Some(number) = name
+            .to_str()
+            .and_then(|name| parse_numbered(name, extension))
+        {
+            files.push((number, entry.path()));
+        }
+    }
+    files.sort_unstable();
+    Ok(files)
+}
+
+/// The number in a name that is exactly 20 decimal digits, a dot, then `extension`.
+pub(crate) fn parse_numbered(name: &str, extension: &str) -> Option<u64> {
+    let digits = name.strip_suffix(extension)?.strip_suffix('.')?;
+    if digits.len() != 20 || !digits.bytes().all(|byte| byte.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The directory holding `path` (`.` for a bare file name).
+pub(crate) fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    }
+}
+
+/// Segment files to inspect: the number from each name (when it has one) and the path.
+pub(crate) type SegmentFiles = Vec<(Option<u64>, PathBuf)>;
+
+/// The segments to inspect for PATH: every numbered file of a directory, or the one file (its
+/// number from its name when it has one) plus whether a higher-numbered sibling exists (then it is
+/// a closed segment, not the last).
+pub(crate) fn segments_for(path: &Path, extension: &str) -> anyhow::Result<(SegmentFiles, bool)> {
+    if path.is_dir() {
+        let files = numbered_files(path, extension)?;
+        return Ok((
+            files
+                .into_iter()
+                .map(|(number, file)| (Some(number), file))
+                .collect(),
+            true,
+        ));
+    }
+    let number = path
+        .file_name()
+        .and_then(|name| name.to_str())
+        .and_then(|name| parse_numbered(name, extension));
+    let siblings = numbered_files(parent_dir(path), extension).unwrap_or_default();
+    let is_last = match number {
+        Some(number) => siblings.iter().all(|(sibling, _)| *sibling <= number),
+        None => true,
+    };
+    Ok((vec![(number, path.to_path_buf())], is_last))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbered_names_are_exact() {
+        assert_eq!(parse_numbered("00000000000000000042.wal", "wal"), Some(42));
+        assert_eq!(parse_numbered("00000000000000000042.log", "wal"), None);
+        assert_eq!(parse_numbered("42.wal", "wal"), None);
+        assert_eq!(parse_numbered("99999999999999999999.log", "log"), None);
+        assert_eq!(
+            parse_numbered("00000000000000000042.index.tmp", "index"),
+            None
+        );
+    }
+}

@@ -1,0 +1,255 @@
+//! `inspect superblock`: decodes each of the four copies with `storage::superblock::decode_copy`
+//! and applies the open rule of `storage/FORMAT.md` section 7 (highest valid sequence wins; valid
+//! copies must agree). Reads the file read-only; never rewrites a copy.
+
+use std::fmt::Write as _;
+use std::io::Read as _;
+use std::path::Path;
+
+use storage::SuperblockState;
+use storage::limits::{SUPERBLOCK_COPY_COUNT, SUPERBLOCK_COPY_SIZE, SUPERBLOCK_FILE_SIZE};
+use storage::superblock::{SUPERBLOCK_FILE_NAME, decode_copy};
+
+use super::{Damage, Report, open_read_only};
+
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct SuperblockReport {
+    file: String,
+    file_size_bytes: u64,
+    copies: Vec<CopyReport>,
+    /// The copy open would boot from (lowest index among the current ones).
+    chosen_copy: Option<usize>,
+    state: Option<StateReport>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct CopyReport {
+    copy_index: usize,
+    position: u64,
+    /// `current`, `stale` or `invalid`.
+    status: &'static str,
+    sequence: Option<u64>,
+    reason: Option<String>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct StateReport {
+    sequence: u64,
+    /// Hex, since a u128 does not fit a JSON number.
+    cluster: String,
+    replica_id: u8,
+    replica_count: u8,
+    view: u32,
+    log_view: u32,
+    commit_max: u64,
+    checkpoint_op: u64,
+    snapshot_checksum: String,
+}
+
+impl StateReport {
+    fn new(state: &SuperblockState) -> StateReport {
+        StateReport {
+            sequence: state.sequence,
+            cluster: format!("{:#034x}", state.cluster),
+            replica_id: state.replica_id,
+            replica_count: state.replica_count,
+            view: state.view,
+            log_view: state.log_view,
+            commit_max: state.commit_max,
+            checkpoint_op: state.checkpoint_op,
+            snapshot_checksum: format!("{:#018x}", state.snapshot_checksum),
+        }
+    }
+}
+
+/// The first way `newer` goes back from `older` or changes the identity fixed at create; the same
+/// rule `Superblock::open` applies (FORMAT.md section 7, open step 4).
+fn regression(older: &SuperblockState, newer: &SuperblockState) -> Option<&'static str> {
+    if newer.cluster != older.cluster {
+        Some("cluster changed")
+    } else if newer.replica_id != older.replica_id {
+        Some("replica_id changed")
+    } else if newer.replica_count != older.replica_count {
+        Some("replica_count changed")
+    } else if newer.view < older.view {
+        Some("view decreased")
+    } else if newer.log_view < older.log_view {
+        Some("log_view decreased")
+    } else if newer.commit_max < older.commit_max {
+        Some("commit_max decreased")
+    } else if newer.checkpoint_op < older.checkpoint_op {
+        Some("checkpoint_op decreased")
+    } else {
+        None
+    }
+}
+
+pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SuperblockReport, Vec<Damage>)> {
+    let file_path = if path.is_dir() {
+        path.join(SUPERBLOCK_FILE_NAME)
+    } else {
+        path.to_path_buf()
+    };
+    let file = open_read_only(&file_path)?;
+    let file_size_bytes = file
+        .metadata()
+        .map_err(|error| anyhow::anyhow!("{}: cannot stat: {error}", file_path.display()))?
+        .len();
+    // Open reads only the first SUPERBLOCK_FILE_SIZE bytes; so does this.
+    let mut bytes = Vec::with_capacity(SUPERBLOCK_FILE_SIZE);
+    file.take(SUPERBLOCK_FILE_SIZE as u64)
+        .read_to_end(&mut bytes)
+        .map_err(|error| anyhow::anyhow!("{}: cannot read: {error}", file_path.display()))?;
+
+    let decoded: Vec<Result<SuperblockState, String>> = (0..SUPERBLOCK_COPY_COUNT)
+        .map(|copy_index| {
+            let start = copy_index * SUPERBLOCK_COPY_SIZE;
+            match bytes.get(start..) {
+                Some(copy) if copy.len() >= SUPERBLOCK_COPY_SIZE => {
+                    decode_copy(copy, copy_index).map_err(|defect| defect.to_string())
+                }
+                _ => Err(format!("missing: the file is only {file_size_bytes} bytes")),
+            }
+        })
+        .collect();
+    let newest = decoded
+        .iter()
+        .enumerate()
+        .filter_map(|(copy_index, copy)| copy.as_ref().ok().map(|state| (copy_index, state)))
+        // `max_by_key` keeps the last of equal maxima; reversed, that is the lowest copy index.
+        .rev()
+        .max_by_key(|(_, state)| state.sequence);
+
+    let mut damage = Vec::new();
+    let mut copies = Vec::new();
+    for (copy_index, copy) in decoded.iter().enumerate() {
+        let position = (copy_index * SUPERBLOCK_COPY_SIZE) as u64;
+        let (status, sequence, reason) = match (copy, newest) {
+            (Err(reason), _) => {
+                let consequence = match newest {
+                    Some((chosen, _)) => format!(
+                        "; open still boots from copy {chosen} and the next write rewrites this copy"
+                    ),
+                    None => String::new(),
+                };
+                damage.push(Damage::new(
+                    &file_path,
+                    Some(position),
+                    format!("copy {copy_index} is invalid: {reason}{consequence}"),
+                ));
+                ("invalid", None, Some(reason.clone()))
+            }
+            (Ok(state), Some((chosen, newest))) if state.sequence == newest.sequence => {
+                if state != newest {
+                    damage.push(Damage::new(
+                        &file_path,
+                        Some(position),
+                        format!(
+                            "copies {chosen} and {copy_index} both have sequence {} but differ: \
+                             open refuses this file",
+                            state.sequence
+                        ),
+                    ));
+                }
+                ("current", Some(state.sequence), None)
+            }
+            (Ok(state), Some((chosen, newest))) => {
+                if let Some(regression) = regression(state, newest) {
+                    damage.push(Damage::new(
+                        &file_path,
+                        Some(position),
+                        format!(
+                            "copy {chosen} (sequence {}) contradicts older copy {copy_index} \
+                             (sequence {}): {regression}: open refuses this file",
+                            newest.sequence, state.sequence
+                        ),
+                    ));
+                }
+                ("stale", Some(state.sequence), None)
+            }
+            (Ok(_), None) => unreachable!("a valid copy makes `newest` Some"),
+        };
+        copies.push(CopyReport {
+            copy_index,
+            position,
+            status,
+            sequence,
+            reason,
+        });
+    }
+    if newest.is_none() {
+        damage.push(Damage::new(
+            &file_path,
+            None,
+            format!(
+                "all {SUPERBLOCK_COPY_COUNT} superblock copies are invalid: the replica cannot \
+                 boot from this file"
+            ),
+        ));
+    }
+    let report = SuperblockReport {
+        file: file_path.display().to_string(),
+        file_size_bytes,
+        copies,
+        chosen_copy: newest.map(|(copy_index, _)| copy_index),
+        state: newest.map(|(_, state)| StateReport::new(state)),
+    };
+    Ok((report, damage))
+}
+
+impl Report for SuperblockReport {
+    fn write_text(&self, out: &mut String) {
+        let _ = writeln!(out, "file: {} ({} bytes)", self.file, self.file_size_bytes);
+        let _ = writeln!(
+            out,
+            "{:<5} {:>8}  {:<8} {:>9}  reason",
+            "copy", "byte", "status", "sequence"
+        );
+        for copy in &self.copies {
+            let sequence = copy
+                .sequence
+                .map_or_else(|| "-".to_owned(), |sequence| sequence.to_string());
+            let line = format!(
+                "{:<5} {:>8}  {:<8} {:>9}  {}",
+                copy.copy_index,
+                copy.position,
+                copy.status,
+                sequence,
+                copy.reason.as_deref().unwrap_or("")
+            );
+            let _ = writeln!(out, "{}", line.trim_end());
+        }
+        match (&self.state, self.chosen_copy) {
+            (Some(state), Some(chosen)) => {
+                let _ = writeln!(
+                    out,
+                    "state (copy {chosen}): sequence {} cluster {} replica {}/{} view {} log_view {} \
+                     commit_max {} checkpoint_op {} snapshot_checksum {}",
+                    state.sequence,
+                    state.cluster,
+                    state.replica_id,
+                    state.replica_count,
+                    state.view,
+                    state.log_view,
+                    state.commit_max,
+                    state.checkpoint_op,
+                    state.snapshot_checksum
+                );
+            }
+            _ => out.push_str("state: none (no valid copy)\n"),
+        }
+        let count = |status: &str| {
+            self.copies
+                .iter()
+                .filter(|copy| copy.status == status)
+                .count()
+        };
+        let _ = writeln!(
+            out,
+            "summary: {} current, {} stale, {} invalid",
+            count("current"),
+            count("stale"),
+            count("invalid")
+        );
+    }
+}

@@ -1,0 +1,247 @@
+//! `inspect wal`: checks the metadata journal by the open rules of `storage/FORMAT.md` section 8
+//! (segment names and op contiguity, every record through `storage::journal::parse_record`, torn
+//! tail versus interior damage in the last segment). Reads only; never truncates a torn tail.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use storage::journal::{JOURNAL_HEADER_SIZE, JournalHeader, parse_record};
+use storage::limits::{JOURNAL_BODY_SIZE_MAX, JOURNAL_RECORD_SIZE_MAX, JOURNAL_SEGMENT_SIZE_MAX};
+
+use super::{Damage, Report, read_bounded, segments_for};
+
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct WalReport {
+    segments: Vec<WalSegment>,
+    segment_count: usize,
+    record_count: u64,
+    /// The first segment's first op (from its name).
+    first_op: Option<u64>,
+    /// The op of the last valid record (`first_op - 1` when there is none).
+    last_op: Option<u64>,
+    size_bytes: u64,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct WalSegment {
+    file: String,
+    first_op: Option<u64>,
+    size_bytes: u64,
+    /// The active segment, where a torn tail is possible.
+    last: bool,
+    records: Vec<WalRecord>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct WalRecord {
+    position: u64,
+    op: u64,
+    view: u32,
+    commit: u64,
+    body_size_bytes: u32,
+    /// Header and body checksums verify (only valid records are listed).
+    checksums_ok: bool,
+}
+
+/// Whether the first invalid record of the last segment, at `position`, is interior damage, by the
+/// rule of `Journal::open` (FORMAT.md section 8, open step 5): more bytes follow than one append
+/// can tear, or a valid record for `next_op` or later starts after it.
+fn interior_damage(bytes: &[u8], position: usize, next_op: u64) -> Option<String> {
+    let tail_size = bytes.len() - position;
+    if tail_size > JOURNAL_RECORD_SIZE_MAX {
+        return Some(format!(
+            "{tail_size} bytes follow, more than one {JOURNAL_RECORD_SIZE_MAX}-byte append can tear"
+        ));
+    }
+    for candidate in position + 1..bytes.len() {
+        let Some(header) = JournalHeader::decode(&bytes[candidate..]) else {
+            break;
+        };
+        if header.reserved != 0 || header.size > JOURNAL_BODY_SIZE_MAX || header.op < next_op {
+            continue;
+        }
+        if let Ok((header, _)) = parse_record(&bytes[candidate..]) {
+            return Some(format!(
+                "a valid record for op {} follows at byte {candidate}",
+                header.op
+            ));
+        }
+    }
+    None
+}
+
+pub(crate) fn inspect(path: &Path) -> anyhow::Result<(WalReport, Vec<Damage>)> {
+    let (files, final_is_last) = segments_for(path, "wal")?;
+    let mut damage = Vec::new();
+    if files.is_empty() {
+        damage.push(Damage::new(
+            path,
+            None,
+            "no {first_op:020}.wal segment here (open would start a new, empty journal)",
+        ));
+    }
+    let mut segments = Vec::new();
+    let mut record_count = 0;
+    let mut size_bytes = 0;
+    // The op the next record must carry; `None` until known.
+    let mut next_op: Option<u64> = None;
+    let file_count = files.len();
+    for (segment_index, (first_op, file)) in files.into_iter().enumerate() {
+        let last = final_is_last && segment_index + 1 == file_count;
+        if first_op == Some(0) {
+            damage.push(Damage::new(
+                &file,
+                Some(0),
+                "the segment starts at op 0, but op 0 is VSR's root prepare and is never journaled",
+            ));
+        }
+        if let (Some(first_op), Some(expected)) = (first_op, next_op)
+            && first_op != expected
+        {
+            damage.push(Damage::new(
+                &file,
+                Some(0),
+                format!(
+                    "op gap: the segment starts at op {first_op} but the previous segment ends \
+                     before op {expected}"
+                ),
+            ));
+        }
+        if first_op.is_some() {
+            next_op = first_op;
+        }
+        let mut segment = WalSegment {
+            file: file.display().to_string(),
+            first_op,
+            size_bytes: 0,
+            last,
+            records: Vec::new(),
+        };
+        let bytes = match read_bounded(&file, JOURNAL_SEGMENT_SIZE_MAX)? {
+            Ok(bytes) => bytes,
+            Err(file_size_bytes) => {
+                damage.push(Damage::new(
+                    &file,
+                    Some(0),
+                    format!(
+                        "{file_size_bytes} bytes exceeds the {JOURNAL_SEGMENT_SIZE_MAX}-byte \
+                         segment limit"
+                    ),
+                ));
+                segment.size_bytes = file_size_bytes;
+                segments.push(segment);
+                continue;
+            }
+        };
+        segment.size_bytes = bytes.len() as u64;
+        size_bytes += bytes.len() as u64;
+        let mut position = 0;
+        let invalid = loop {
+            if position == bytes.len() {
+                break None;
+            }
+            let (header, body) = match parse_record(&bytes[position..]) {
+                Ok(record) => record,
+                Err(reason) => break Some(reason),
+            };
+            let expected = *next_op.get_or_insert(header.op);
+            if header.op != expected {
+                break Some(format!("op {} where op {expected} was expected", header.op));
+            }
+            segment.records.push(WalRecord {
+                position: position as u64,
+                op: header.op,
+                view: header.view,
+                commit: header.commit,
+                body_size_bytes: header.size,
+                checksums_ok: true,
+            });
+            record_count += 1;
+            position += JOURNAL_HEADER_SIZE + body.len();
+            next_op = Some(expected + 1);
+        };
+        if let Some(reason) = invalid {
+            if !last {
+                damage.push(Damage::new(
+                    &file,
+                    Some(position as u64),
+                    format!("{reason} (in a closed segment: open refuses to boot)"),
+                ));
+            } else if let Some(why) = interior_damage(&bytes, position, next_op.unwrap_or(1)) {
+                damage.push(Damage::new(
+                    &file,
+                    Some(position as u64),
+                    format!("{reason} ({why}: interior damage, open refuses to boot)"),
+                ));
+            } else {
+                let torn_bytes = bytes.len() - position;
+                damage.push(Damage {
+                    torn_tail: true,
+                    ..Damage::new(
+                        &file,
+                        Some(position as u64),
+                        format!(
+                            "{reason}; a torn tail of {torn_bytes} bytes in the last segment, \
+                             which open would truncate (the prepare was never acknowledged)"
+                        ),
+                    )
+                });
+            }
+        }
+        segments.push(segment);
+    }
+    let first_op = segments.first().and_then(|segment| segment.first_op);
+    let last_op = next_op
+        .map(|next_op| next_op - 1)
+        .or(first_op.map(|op| op - 1));
+    let report = WalReport {
+        segment_count: segments.len(),
+        segments,
+        record_count,
+        first_op,
+        last_op,
+        size_bytes,
+    };
+    Ok((report, damage))
+}
+
+impl Report for WalReport {
+    fn write_text(&self, out: &mut String) {
+        for segment in &self.segments {
+            let _ = writeln!(
+                out,
+                "segment {} ({} bytes{})",
+                segment.file,
+                segment.size_bytes,
+                if segment.last { ", last" } else { "" }
+            );
+            let _ = writeln!(
+                out,
+                "  {:>10} {:>12} {:>6} {:>12} {:>10}  checksums",
+                "byte", "op", "view", "commit", "body_bytes"
+            );
+            for record in &segment.records {
+                let _ = writeln!(
+                    out,
+                    "  {:>10} {:>12} {:>6} {:>12} {:>10}  {}",
+                    record.position,
+                    record.op,
+                    record.view,
+                    record.commit,
+                    record.body_size_bytes,
+                    if record.checksums_ok { "ok" } else { "BAD" }
+                );
+            }
+        }
+        let show = |op: Option<u64>| op.map_or_else(|| "-".to_owned(), |op| op.to_string());
+        let _ = writeln!(
+            out,
+            "summary: {} segment(s), {} record(s), first_op {}, last_op {}, {} bytes",
+            self.segment_count,
+            self.record_count,
+            show(self.first_op),
+            show(self.last_op),
+            self.size_bytes
+        );
+    }
+}

@@ -1,0 +1,542 @@
+//! `shardline inspect` on files written by the real storage code: a clean file exits 0 with its
+//! exact figures, a flipped byte or a torn tail exits 1 naming the file and the byte position, and
+//! `--json` is one parseable document. The inspected files are never modified.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use storage::journal::{JournalConfig, Prepare};
+use storage::{FsyncPolicy, Journal, LogConfig, PartitionLog, Superblock, SuperblockState};
+
+const BIN: &str = env!("CARGO_BIN_EXE_shardline");
+
+fn block_on<T>(future: impl Future<Output = T>) -> T {
+    compio::runtime::Runtime::new().unwrap().block_on(future)
+}
+
+/// Runs `shardline inspect ARGS`; returns (exit code, stdout, stderr).
+fn inspect(args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(BIN)
+        .arg("inspect")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        output.status.code().unwrap(),
+        String::from_utf8(output.stdout).unwrap(),
+        String::from_utf8(output.stderr).unwrap(),
+    )
+}
+
+fn inspect_path(kind: &str, path: &Path) -> (i32, String, String) {
+    inspect(&[kind, path.to_str().unwrap()])
+}
+
+fn inspect_json(kind: &str, path: &Path) -> (i32, serde_json::Value) {
+    let (code, stdout, stderr) = inspect(&[kind, path.to_str().unwrap(), "--json"]);
+    let value = serde_json::from_str(&stdout).unwrap_or_else(|error| {
+        panic!("--json output does not parse: {error}\nstdout: {stdout}\nstderr: {stderr}")
+    });
+    (code, value)
+}
+
+fn flip_byte(path: &Path, position: usize) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[position] ^= 0x40;
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn truncate_by(path: &Path, bytes_count: u64) {
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    let size = file.metadata().unwrap().len();
+    file.set_len(size - bytes_count).unwrap();
+}
+
+// ---------------------------------------------------------------- superblock
+
+/// A superblock at sequence 3 (created, then written twice).
+fn superblock(dir: &Path) -> PathBuf {
+    let path = dir.join("superblock");
+    block_on(async {
+        let state = SuperblockState {
+            sequence: 0,
+            cluster: 0xabcd,
+            replica_id: 0,
+            replica_count: 1,
+            view: 0,
+            log_view: 0,
+            commit_max: 0,
+            checkpoint_op: 0,
+            snapshot_checksum: 0,
+        };
+        let mut superblock = Superblock::create(&path, state).await.unwrap();
+        for step in 1..=2u32 {
+            superblock
+                .write(SuperblockState {
+                    view: step * 2,
+                    log_view: step,
+                    commit_max: u64::from(step) * 10,
+                    checkpoint_op: u64::from(step) * 5,
+                    snapshot_checksum: 0xbeef,
+                    ..state
+                })
+                .await
+                .unwrap();
+        }
+        superblock.close().await.unwrap();
+    });
+    path
+}
+
+#[test]
+fn superblock_clean_shows_four_current_copies_and_the_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock(dir.path());
+    // The directory works as well as the file.
+    let (code, stdout, stderr) = inspect_path("superblock", dir.path());
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains(
+            "state (copy 0): sequence 3 cluster 0x0000000000000000000000000000abcd replica 0/1 \
+             view 4 log_view 2 commit_max 20 checkpoint_op 10 snapshot_checksum \
+             0x000000000000beef"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("summary: 4 current, 0 stale, 0 invalid"),
+        "{stdout}"
+    );
+    assert!(stdout.ends_with("result: clean\n"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("file: {} (16384 bytes)", path.display())),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn superblock_flipped_byte_names_the_file_copy_and_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock(dir.path());
+    flip_byte(&path, 4096 + 50);
+    let before = std::fs::read(&path).unwrap();
+    let (code, stdout, _) = inspect_path("superblock", &path);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "damage: {} at byte 4096: copy 1 is invalid: checksum mismatch",
+            path.display()
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains("open still boots from copy 0"), "{stdout}");
+    assert!(
+        stdout.contains("summary: 3 current, 0 stale, 1 invalid"),
+        "{stdout}"
+    );
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "inspect modified the file"
+    );
+}
+
+#[test]
+fn superblock_all_copies_invalid_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock(dir.path());
+    for copy_index in 0..4 {
+        flip_byte(&path, copy_index * 4096 + 30);
+    }
+    let (code, stdout, _) = inspect_path("superblock", &path);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "damage: {}: all 4 superblock copies are invalid",
+            path.display()
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains("state: none (no valid copy)"), "{stdout}");
+}
+
+#[test]
+fn superblock_json_has_copies_and_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock(dir.path());
+    flip_byte(&path, 3 * 4096 + 8);
+    let (code, json) = inspect_json("superblock", &path);
+    assert_eq!(code, 1);
+    assert_eq!(json["kind"], "superblock");
+    assert_eq!(json["clean"], false);
+    assert_eq!(json["chosen_copy"], 0);
+    assert_eq!(json["state"]["sequence"], 3);
+    assert_eq!(json["state"]["commit_max"], 20);
+    assert_eq!(json["copies"].as_array().unwrap().len(), 4);
+    assert_eq!(json["copies"][3]["status"], "invalid");
+    assert_eq!(json["copies"][3]["reason"], "unsupported version 65");
+    assert_eq!(json["damage"][0]["position"], 12288);
+    assert_eq!(json["damage"][0]["torn_tail"], false);
+}
+
+// ---------------------------------------------------------------- wal
+
+/// A journal of ops 1..=5 with 50-byte bodies (114-byte records) in 256-byte segments: two records
+/// per segment, so segments 1, 3 and 5.
+fn journal(dir: &Path) {
+    block_on(async {
+        let (mut journal, _) = Journal::open_with_config(
+            dir,
+            JournalConfig {
+                segment_size_max: 256,
+            },
+        )
+        .await
+        .unwrap();
+        for op in 1..=5u64 {
+            journal
+                .append(&Prepare {
+                    op,
+                    view: 7,
+                    commit: op - 1,
+                    body: vec![op as u8; 50],
+                })
+                .await
+                .unwrap();
+        }
+    });
+}
+
+fn wal_segment(dir: &Path, first_op: u64) -> PathBuf {
+    dir.join(format!("{first_op:020}.wal"))
+}
+
+#[test]
+fn wal_clean_lists_every_record() {
+    let dir = tempfile::tempdir().unwrap();
+    journal(dir.path());
+    let (code, stdout, stderr) = inspect_path("wal", dir.path());
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("summary: 3 segment(s), 5 record(s), first_op 1, last_op 5, 570 bytes"),
+        "{stdout}"
+    );
+    // Record of op 2: second in the first segment, at byte 114.
+    assert!(
+        stdout.contains("         114            2      7            1         50  ok"),
+        "{stdout}"
+    );
+    assert!(stdout.ends_with("result: clean\n"), "{stdout}");
+}
+
+#[test]
+fn wal_damage_in_a_closed_segment_names_file_and_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    journal(dir.path());
+    let closed = wal_segment(dir.path(), 1);
+    flip_byte(&closed, 114 + 64 + 3);
+    let (code, stdout, _) = inspect_path("wal", dir.path());
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "damage: {} at byte 114: body checksum",
+            closed.display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("in a closed segment: open refuses to boot"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn wal_torn_tail_is_reported_as_such_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    journal(dir.path());
+    let last = wal_segment(dir.path(), 5);
+    truncate_by(&last, 10);
+    let before = std::fs::read(&last).unwrap();
+    // One segment file given directly: it is the last, so a torn tail is possible.
+    let (code, stdout, _) = inspect_path("wal", &last);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "torn tail: {} at byte 0: body of 50 bytes but only 40 bytes left after the header; \
+             a torn tail of 104 bytes in the last segment, which open would truncate",
+            last.display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("summary: 1 segment(s), 0 record(s), first_op 5, last_op 4"),
+        "{stdout}"
+    );
+    assert_eq!(
+        std::fs::read(&last).unwrap(),
+        before,
+        "inspect modified the file"
+    );
+}
+
+#[test]
+fn wal_json_has_records_and_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    journal(dir.path());
+    let (code, json) = inspect_json("wal", dir.path());
+    assert_eq!(code, 0);
+    assert_eq!(json["clean"], true);
+    assert_eq!(json["record_count"], 5);
+    assert_eq!(json["first_op"], 1);
+    assert_eq!(json["last_op"], 5);
+    assert_eq!(json["segment_count"], 3);
+    let record = &json["segments"][1]["records"][1];
+    assert_eq!(record["op"], 4);
+    assert_eq!(record["view"], 7);
+    assert_eq!(record["commit"], 3);
+    assert_eq!(record["body_size_bytes"], 50);
+    assert_eq!(record["position"], 114);
+    assert_eq!(record["checksums_ok"], true);
+    assert_eq!(json["segments"][2]["last"], true);
+    assert_eq!(json["damage"].as_array().unwrap().len(), 0);
+}
+
+// ---------------------------------------------------------------- segment
+
+/// A partition log of 5 entries of 3 messages and 100 payload bytes (132-byte entries) in
+/// 300-byte segments: segments 0 and 6 closed (with index files), 12 last.
+fn partition_log(dir: &Path) {
+    block_on(async {
+        let (log, _) = PartitionLog::open(
+            dir,
+            LogConfig {
+                fsync: FsyncPolicy::Always,
+                segment_size_max: 300,
+            },
+        )
+        .await
+        .unwrap();
+        for seed in 0..5u64 {
+            let entry = storage::build_entry(1_000 + seed, 3, &[seed as u8; 100]);
+            log.append(entry).await.unwrap();
+        }
+        log.close().await.unwrap();
+    });
+}
+
+fn log_segment(dir: &Path, base_offset: u64) -> PathBuf {
+    dir.join(format!("{base_offset:020}.log"))
+}
+
+#[test]
+fn segment_clean_walks_entries_and_matches_indexes() {
+    let dir = tempfile::tempdir().unwrap();
+    partition_log(dir.path());
+    let (code, stdout, stderr) = inspect_path("segment", dir.path());
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("summary: 3 segment(s), 5 entries, 15 messages, next_offset 15, 660 bytes"),
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout.matches("index matches (2 rows)").count(),
+        2,
+        "{stdout}"
+    );
+    assert!(stdout.contains("132 bytes, last; no index)"), "{stdout}");
+    // Entry at offset 9: second in segment 6, at byte 132.
+    assert!(
+        stdout.contains("           132            9        3        100               1003  ok"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn segment_damage_in_a_closed_segment_names_file_and_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    partition_log(dir.path());
+    let closed = log_segment(dir.path(), 0);
+    flip_byte(&closed, 132 + 40);
+    let (code, stdout, _) = inspect_path("segment", dir.path());
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "damage: {} at byte 132: payload checksum",
+            closed.display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("(in a closed segment: open refuses it)"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn segment_torn_tail_and_damaged_index_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    partition_log(dir.path());
+    let last = log_segment(dir.path(), 12);
+    truncate_by(&last, 1);
+    let index = dir.path().join(format!("{:020}.index", 6));
+    flip_byte(&index, 20);
+    let before = std::fs::read(&last).unwrap();
+    let (code, stdout, _) = inspect_path("segment", dir.path());
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "torn tail: {} at byte 0: payload of 100 bytes but only 99 bytes left after the \
+             header; a torn tail of 131 bytes in the last segment, which open would truncate",
+            last.display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "damage: {}: index does not match its closed segment: trailer at byte 80",
+            index.display()
+        )),
+        "{stdout}"
+    );
+    assert_eq!(
+        std::fs::read(&last).unwrap(),
+        before,
+        "inspect modified the file"
+    );
+    let (_, json) = inspect_json("segment", dir.path());
+    assert_eq!(json["segments"][1]["index"]["status"], "mismatch");
+    assert_eq!(json["segments"][0]["index"]["status"], "matches");
+    assert_eq!(json["damage"][0]["torn_tail"], false);
+    assert_eq!(json["damage"][1]["torn_tail"], true);
+    assert_eq!(json["damage"][1]["position"], 0);
+}
+
+#[test]
+fn segment_json_has_entries_and_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    partition_log(dir.path());
+    let (code, json) = inspect_json("segment", &log_segment(dir.path(), 6));
+    assert_eq!(code, 0);
+    assert_eq!(json["kind"], "segment");
+    assert_eq!(json["entry_count"], 2);
+    assert_eq!(json["message_count"], 6);
+    assert_eq!(json["next_offset"], 12);
+    assert_eq!(json["size_bytes"], 264);
+    let entry = &json["segments"][0]["entries"][1];
+    assert_eq!(entry["base_offset"], 9);
+    assert_eq!(entry["position"], 132);
+    assert_eq!(entry["message_count"], 3);
+    assert_eq!(entry["length_bytes"], 100);
+    assert_eq!(entry["checksum_ok"], true);
+    assert_eq!(json["segments"][0]["last"], false);
+    assert_eq!(json["segments"][0]["index"]["row_count"], 2);
+}
+
+// ---------------------------------------------------------------- metadata
+
+const METADATA: &str = r#"{"version":1,"op":3,"streams":{"1":{"name":"orders","topics":{"1":{"name":"events","partition_count":8},"2":{"name":"audit","partition_count":4}}}}}"#;
+
+fn metadata(dir: &Path) -> PathBuf {
+    let path = dir.join("metadata.json");
+    block_on(storage::durable_replace(
+        &path,
+        METADATA.as_bytes().to_vec(),
+    ))
+    .unwrap();
+    path
+}
+
+#[test]
+fn metadata_clean_counts_streams_topics_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    metadata(dir.path());
+    let (code, stdout, stderr) = inspect_path("metadata", dir.path());
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("version 1, op 3"), "{stdout}");
+    assert!(
+        stdout.contains("           1        2          4  audit"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("summary: 1 stream(s), 2 topic(s), 12 partition(s)"),
+        "{stdout}"
+    );
+    let (code, json) = inspect_json("metadata", &dir.path().join("metadata.json"));
+    assert_eq!(code, 0);
+    assert_eq!(json["trailer_ok"], true);
+    assert_eq!(json["partition_count"], 12);
+    assert_eq!(json["streams"][0]["topics"][0]["name"], "events");
+}
+
+#[test]
+fn metadata_flipped_byte_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = metadata(dir.path());
+    flip_byte(&path, 20);
+    let (code, stdout, _) = inspect_path("metadata", &path);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "damage: {} at byte {}: checksum mismatch",
+            path.display(),
+            METADATA.len()
+        )),
+        "{stdout}"
+    );
+    let (code, json) = inspect_json("metadata", &path);
+    assert_eq!(code, 1);
+    assert_eq!(json["trailer_ok"], false);
+    assert_eq!(json["damage"][0]["file"], path.display().to_string());
+}
+
+// ---------------------------------------------------------------- usage
+
+#[test]
+fn help_teaches_kinds_and_exit_codes_and_usage_errors_exit_2() {
+    let (code, stdout, _) = inspect(&["--help"]);
+    assert_eq!(code, 0);
+    for needle in [
+        "superblock",
+        "wal",
+        "segment",
+        "metadata",
+        "Exit status",
+        "read-only",
+    ] {
+        assert!(stdout.contains(needle), "{needle} missing from:\n{stdout}");
+    }
+    let (code, _, stderr) = inspect(&["bogus", "x"]);
+    assert_eq!(code, 2, "{stderr}");
+    let (code, _, stderr) = inspect(&["wal", "/nonexistent/shardline-inspect"]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("/nonexistent/shardline-inspect: no such file"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn wal_damage_before_a_valid_record_in_the_last_segment_is_interior() {
+    let dir = tempfile::tempdir().unwrap();
+    journal(dir.path());
+    let last = wal_segment(dir.path(), 3);
+    // Ops 3 and 4 in segment 3; with segment 5 removed, segment 3 is the last one.
+    std::fs::remove_file(wal_segment(dir.path(), 5)).unwrap();
+    flip_byte(&last, 64 + 10);
+    let (code, stdout, _) = inspect_path("wal", dir.path());
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "damage: {} at byte 0: body checksum",
+            last.display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "(a valid record for op 4 follows at byte 114: interior damage, open refuses to boot)"
+        ),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("torn tail:"), "{stdout}");
+}
