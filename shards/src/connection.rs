@@ -11,7 +11,7 @@ use compio::net::TcpStream;
 use runtime::ShardId;
 
 use crate::frame::{ShardReply, ShardRequest};
-use crate::limits::{FRAME_BODY_TIMEOUT, REPLY_WRITE_TIMEOUT};
+use crate::limits::{FRAME_BODY_TIMEOUT, RECEIVE_BUDGET_WAIT_MAX, REPLY_WRITE_TIMEOUT};
 use crate::metadata::MetadataOp;
 use crate::shard::Shard;
 use crate::shard_for;
@@ -60,7 +60,15 @@ pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: Soc
             );
             return;
         }
-        let _permit = shard.reserve_receive_bytes(header.body_size() as u64).await;
+        let reserve = shard.reserve_receive_bytes(header.body_size() as u64);
+        let Ok(_body_permit) = compio::time::timeout(RECEIVE_BUDGET_WAIT_MAX, reserve).await else {
+            // The body is still in the socket, so there is no way to answer and go on.
+            tracing::warn!(
+                shard = shard.id.0, %peer, size = header.size, wait_s = RECEIVE_BUDGET_WAIT_MAX.as_secs(),
+                "closing connection: the shard's receive budget stayed full (other connections hold request memory)"
+            );
+            return;
+        };
         let read = bus::read_body(&mut stream, &header);
         let body = match compio::time::timeout(FRAME_BODY_TIMEOUT, read).await {
             Ok(Ok(body)) => body,
@@ -77,27 +85,62 @@ pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: Soc
             }
         };
         let frame = Frame { header, body };
+        // A poll reply is up to `poll_bytes_max` of memory held until the client reads it: it
+        // counts against the same budget, so clients that never read cannot grow memory.
+        let mut reply_permit = None;
+        if frame.header.operation == Operation::PollMessages as u8 {
+            let reserve = shard.reserve_receive_bytes(shard.poll_bytes_max() as u64);
+            let Ok(permit) = compio::time::timeout(RECEIVE_BUDGET_WAIT_MAX, reserve).await else {
+                let busy = bus::reply::error_reply(
+                    &frame.header,
+                    ErrorCode::Busy,
+                    "the shard's reply memory budget is full (clients are not reading their replies); retry",
+                );
+                if !write_reply(&shard, &mut stream, peer, busy, Vec::new()).await {
+                    return;
+                }
+                continue;
+            };
+            reply_permit = Some(permit);
+        }
         let (head, body) = handle_request(&shard, frame).await;
-        let write = async {
-            if body.is_empty() {
-                stream.write_all(head).await.0
-            } else {
-                // Header and body in one vectored write: a poll reply is never copied again.
-                stream.write_vectored_all([head, body]).await.0
-            }
-        };
-        let Ok(result) = compio::time::timeout(REPLY_WRITE_TIMEOUT, write).await else {
-            tracing::info!(
-                shard = shard.id.0, %peer, timeout_s = REPLY_WRITE_TIMEOUT.as_secs(),
-                "closing connection: the client did not read its reply"
-            );
-            return;
-        };
-        if let Err(e) = result {
-            tracing::debug!(shard = shard.id.0, %peer, error = %e, "closing connection: write failed");
+        if let Some(permit) = reply_permit.as_mut() {
+            permit.shrink_to(body.len() as u64);
+        }
+        if !write_reply(&shard, &mut stream, peer, head, body).await {
             return;
         }
     }
+}
+
+/// Writes one reply within `REPLY_WRITE_TIMEOUT`; false when the connection must close.
+async fn write_reply(
+    shard: &Shard,
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    head: Vec<u8>,
+    body: Vec<u8>,
+) -> bool {
+    let write = async {
+        if body.is_empty() {
+            stream.write_all(head).await.0
+        } else {
+            // Header and body in one vectored write: a poll reply is never copied again.
+            stream.write_vectored_all([head, body]).await.0
+        }
+    };
+    let Ok(result) = compio::time::timeout(REPLY_WRITE_TIMEOUT, write).await else {
+        tracing::info!(
+            shard = shard.id.0, %peer, timeout_s = REPLY_WRITE_TIMEOUT.as_secs(),
+            "closing connection: the client did not read its reply"
+        );
+        return false;
+    };
+    if let Err(e) = result {
+        tracing::debug!(shard = shard.id.0, %peer, error = %e, "closing connection: write failed");
+        return false;
+    }
+    true
 }
 
 /// Logs why a read ended the connection: a transport error at debug, a malformed frame (the

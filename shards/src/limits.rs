@@ -28,12 +28,14 @@ pub const CONNECTION_IDLE_TIMEOUT: Duration = Duration::from_mins(10);
 /// Once a header arrived, its body must arrive within this long (a slow-sending client cannot
 /// hold a body's worth of memory indefinitely).
 pub const FRAME_BODY_TIMEOUT: Duration = Duration::from_mins(1);
-/// Request bodies a shard holds in memory at once, over all its connections (4 messages of the
-/// default 64 MiB maximum). A connection whose body does not fit waits, without reading its
-/// socket (TCP backpressure), until others finish; one body is always admitted when none is held.
+/// Request bodies and poll replies a shard's connections hold in memory at once (4 messages of the
+/// default 64 MiB maximum). A request body that does not fit waits, without reading its socket
+/// (TCP backpressure), until others finish, at most `RECEIVE_BUDGET_WAIT_MAX` (then the connection
+/// closes); a poll that does not fit within that time is answered `Busy`. One request is always
+/// admitted when none is held.
 pub const RECEIVE_BYTES_MAX_PER_SHARD: u64 = 256 * 1024 * 1024;
-/// How often a connection waiting for receive budget checks again.
-pub const RECEIVE_BUDGET_RETRY: Duration = Duration::from_millis(1);
+/// Longest wait for receive budget before the request is refused.
+pub const RECEIVE_BUDGET_WAIT_MAX: Duration = Duration::from_secs(10);
 /// A reply the client does not read within this long closes the connection.
 pub const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// File descriptors kept out of the partition and connection budgets (listeners, io_uring rings,

@@ -63,8 +63,9 @@ pub fn raise_open_file_limit() -> u64 {
 /// Largest allocation glibc serves from its heaps after `tune_allocator` (bytes): the 32 MiB
 /// ceiling glibc allows on 64-bit (`DEFAULT_MMAP_THRESHOLD_MAX`).
 pub const MALLOC_MMAP_THRESHOLD_BYTES: i32 = 32 * 1024 * 1024;
-/// Free heap top glibc keeps instead of returning it to the kernel after `tune_allocator`.
-pub const MALLOC_TRIM_THRESHOLD_BYTES: i32 = 1024 * 1024 * 1024;
+/// Free heap top glibc keeps instead of returning it to the kernel after `tune_allocator`: the
+/// per-shard receive budget, so buffers freed after a burst are reused rather than refaulted.
+pub const MALLOC_TRIM_THRESHOLD_BYTES: i32 = 256 * 1024 * 1024;
 
 /// Process-wide allocator policy for the server and the bench; call once, before threads start.
 ///
@@ -72,9 +73,9 @@ pub const MALLOC_TRIM_THRESHOLD_BYTES: i32 = 1024 * 1024 * 1024;
 /// glibc serves such sizes with a fresh `mmap` each time (or trims its heaps back to the kernel
 /// right after the free), so every request paid ~256 page faults per MiB plus kernel zeroing: in
 /// `shardline bench` that was most of the shard threads' CPU (0.5-0.75 CPU-s per GB moved, against
-/// ~0.2 with this policy). Keeping such buffers in the heaps trades resident memory (up to the
-/// high-water mark of in-flight buffers, bounded by the receive budget) for that CPU. No-op on
-/// non-glibc targets.
+/// ~0.2 with this policy). Keeping such buffers in the heaps trades resident memory for that CPU:
+/// in-flight request bodies and poll replies are bounded by each shard's receive budget, and at
+/// most `MALLOC_TRIM_THRESHOLD_BYTES` of free heap is kept per heap. No-op on non-glibc targets.
 pub fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {

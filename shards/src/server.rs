@@ -263,7 +263,12 @@ async fn run_shard(
         }
         metadata
     } else {
-        wait_for_bootstrap(&mut pump).await?
+        // None: stopped before shard 0 sent the metadata (it failed, or a signal came). Not this
+        // shard's failure: returning Ok lets the shard that failed name the cause.
+        let Some(metadata) = wait_for_bootstrap(&mut pump).await? else {
+            return Ok(());
+        };
+        metadata
     };
     tracing::debug!(
         shard = shard_id.0,
@@ -281,7 +286,8 @@ async fn run_shard(
     shard.open_owned_partitions().await?;
     ready_barrier.wait().await;
     if shard.endpoint_stopped() {
-        return Err("stopped before every shard was ready".into());
+        // Another shard failed (it reports why) or a signal came: not this shard's failure.
+        return Ok(());
     }
     let listener =
         bind_listener(listen_addr).map_err(|e| format!("listen on {listen_addr}: {e}"))?;
@@ -346,16 +352,18 @@ async fn run_shard(
 }
 
 /// Waits for shard 0's metadata copy; any other frame before it is a bug in the startup order.
-async fn wait_for_bootstrap(pump: &mut runtime::Pump<ShardFrame>) -> Result<MetadataState, String> {
+async fn wait_for_bootstrap(
+    pump: &mut runtime::Pump<ShardFrame>,
+) -> Result<Option<MetadataState>, String> {
     loop {
         match pump.next().await {
-            PumpEvent::Stop => return Err("stopped before startup finished".into()),
+            PumpEvent::Stop => return Ok(None),
             PumpEvent::Tick => {}
             PumpEvent::Inbox(envelopes) | PumpEvent::Reply(envelopes) => {
                 // Shard 0 sends nothing before the bootstrap, so it is the first frame.
                 if let Some(envelope) = envelopes.into_iter().next() {
                     return match envelope.frame {
-                        ShardFrame::Bootstrap(metadata) => Ok(*metadata),
+                        ShardFrame::Bootstrap(metadata) => Ok(Some(*metadata)),
                         other => Err(format!(
                             "frame before bootstrap from shard {}: {other:?}",
                             envelope.from.0

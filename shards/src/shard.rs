@@ -19,7 +19,7 @@ use crate::config::ServerConfig;
 use crate::frame::{ShardFrame, ShardReply, ShardRequest};
 use crate::limits::{
     MESH_RETRY_MAX, MESH_RETRY_SLEEP, METADATA_QUEUE_MAX, PARTITIONS_DIR_NAME, POLL_BYTES_MAX,
-    RECEIVE_BUDGET_RETRY, RECEIVE_BYTES_MAX_PER_SHARD,
+    RECEIVE_BYTES_MAX_PER_SHARD,
 };
 use crate::metadata::{MetadataOp, MetadataState, store};
 use crate::resources::ResourceBudget;
@@ -58,56 +58,92 @@ pub struct Shard {
     receive_budget: ReceiveBudget,
 }
 
-/// The bytes of request bodies a shard holds at once, over all its connections.
+/// The bytes of request bodies and poll replies a shard's connections hold at once: a
+/// single-threaded byte semaphore. Waiters are woken when bytes are released (no polling).
 #[derive(Debug, Clone)]
 pub struct ReceiveBudget {
-    in_flight: Rc<Cell<u64>>,
-    bytes_max: u64,
+    state: Rc<BudgetState>,
 }
 
-/// Request-body bytes a connection holds against its shard's receive budget; released on drop.
+#[derive(Debug)]
+struct BudgetState {
+    in_flight: Cell<u64>,
+    bytes_max: u64,
+    waiters: RefCell<Vec<std::task::Waker>>,
+}
+
+/// Bytes a connection holds against its shard's budget; released (waking waiters) on drop.
 #[derive(Debug)]
 pub struct ReceivePermit {
     bytes: u64,
-    in_flight: Rc<Cell<u64>>,
+    state: Rc<BudgetState>,
+}
+
+impl ReceivePermit {
+    /// Gives back what the request turned out not to need (a poll reply smaller than its maximum).
+    pub fn shrink_to(&mut self, bytes: u64) {
+        if bytes < self.bytes {
+            self.state.release(self.bytes - bytes);
+            self.bytes = bytes;
+        }
+    }
 }
 
 impl Drop for ReceivePermit {
     fn drop(&mut self) {
-        self.in_flight.set(self.in_flight.get() - self.bytes);
+        self.state.release(self.bytes);
+    }
+}
+
+impl BudgetState {
+    fn release(&self, bytes: u64) {
+        self.in_flight.set(self.in_flight.get() - bytes);
+        for waker in self.waiters.borrow_mut().drain(..) {
+            waker.wake();
+        }
     }
 }
 
 impl ReceiveBudget {
     pub fn new(bytes_max: u64) -> ReceiveBudget {
         ReceiveBudget {
-            in_flight: Rc::new(Cell::new(0)),
-            bytes_max,
+            state: Rc::new(BudgetState {
+                in_flight: Cell::new(0),
+                bytes_max,
+                waiters: RefCell::default(),
+            }),
         }
     }
 
     /// Bytes held by live permits.
     pub fn in_flight(&self) -> u64 {
-        self.in_flight.get()
+        self.state.in_flight.get()
     }
 
-    /// Waits until `bytes` fit the budget, then holds them until the permit drops. One body is
-    /// always admitted when none is held, so any frame within `max_message_size` makes progress.
+    /// Waits until `bytes` fit the budget, then holds them until the permit drops. One request
+    /// is always admitted when none is held, so any frame within `max_message_size` makes
+    /// progress. Callers bound the wait with a timeout.
     ///
     /// # Cancel safety
     /// Cancel safe: nothing is reserved until it returns.
     pub async fn reserve(&self, bytes: u64) -> ReceivePermit {
-        loop {
-            let in_flight = self.in_flight.get();
-            if in_flight == 0 || in_flight + bytes <= self.bytes_max {
-                self.in_flight.set(in_flight + bytes);
-                return ReceivePermit {
+        std::future::poll_fn(|context| {
+            let in_flight = self.state.in_flight.get();
+            if in_flight == 0 || in_flight + bytes <= self.state.bytes_max {
+                self.state.in_flight.set(in_flight + bytes);
+                std::task::Poll::Ready(ReceivePermit {
                     bytes,
-                    in_flight: Rc::clone(&self.in_flight),
-                };
+                    state: Rc::clone(&self.state),
+                })
+            } else {
+                self.state
+                    .waiters
+                    .borrow_mut()
+                    .push(context.waker().clone());
+                std::task::Poll::Pending
             }
-            compio::time::sleep(RECEIVE_BUDGET_RETRY).await;
-        }
+        })
+        .await
     }
 }
 
@@ -180,6 +216,12 @@ impl Shard {
     /// Cancel safe: nothing is reserved until it returns.
     pub async fn reserve_receive_bytes(&self, bytes: u64) -> ReceivePermit {
         self.receive_budget.reserve(bytes).await
+    }
+
+    /// Largest poll reply body (bytes): `POLL_BYTES_MAX`, clamped so header + body fit
+    /// `max_message_size`.
+    pub fn poll_bytes_max(&self) -> usize {
+        POLL_BYTES_MAX.min(self.config.max_message_size as usize - bus::HEADER_SIZE)
     }
 
     /// Counts a new connection unless the shard is at its budget; the caller closes it then.
@@ -379,9 +421,7 @@ impl Shard {
                         format!("partition {namespace} does not exist"),
                     );
                 };
-                let bytes_max =
-                    POLL_BYTES_MAX.min(self.config.max_message_size as usize - bus::HEADER_SIZE);
-                match log.read(offset, max_count, bytes_max).await {
+                match log.read(offset, max_count, self.poll_bytes_max()).await {
                     Ok(batches) => {
                         let message_count = message_count_from(&batches, offset);
                         ShardReply::Polled {
@@ -460,9 +500,11 @@ impl Shard {
                     ErrorCode::InvalidArgument,
                     format!(
                         "the server would hold {partition_count_after} partitions, above its limit of {} \
-                         (half of the open-file limit {}, two descriptors per partition); raise the \
-                         open-file limit (ulimit -n) or use fewer partitions",
-                        self.budget.partitions_max, self.budget.open_file_limit
+                         (half of the open-file limit {} after a reserve of {} descriptors, two per \
+                         partition); raise the open-file limit (ulimit -n) or use fewer partitions",
+                        self.budget.partitions_max,
+                        self.budget.open_file_limit,
+                        crate::limits::FD_RESERVE
                     ),
                 );
             }
@@ -796,8 +838,10 @@ mod tests {
                 .expect("one body always fits when none is held");
             assert!(budget.reserve(1).now_or_never().is_none());
             drop(huge);
-            let _small = budget.reserve(40).await;
+            let mut small = budget.reserve(40).await;
             assert_eq!(budget.in_flight(), 40);
+            small.shrink_to(10);
+            assert_eq!(budget.in_flight(), 10);
         });
     }
 

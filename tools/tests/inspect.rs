@@ -367,7 +367,7 @@ fn segment_damage_in_a_closed_segment_names_file_and_byte() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("(in a closed segment: open refuses it)"),
+        stdout.contains("(in a closed segment: reads of it fail; open refuses it when the segment must be rescanned"),
         "{stdout}"
     );
 }
@@ -539,4 +539,42 @@ fn wal_damage_before_a_valid_record_in_the_last_segment_is_interior() {
         "{stdout}"
     );
     assert!(!stdout.contains("torn tail:"), "{stdout}");
+}
+
+#[test]
+fn fifos_and_devices_are_refused_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("metadata.json");
+    let name = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo reads a NUL-terminated path we own.
+    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+    for (kind, expected) in [
+        ("metadata", "not a regular file"),
+        ("superblock", "not a regular file"),
+        ("wal", "expected a .wal file"),
+        ("segment", "expected a .log file"),
+    ] {
+        let (code, stdout, stderr) = inspect_path(kind, &fifo);
+        assert_ne!(code, 0, "{kind}: {stdout}");
+        assert!(
+            format!("{stdout}{stderr}").contains(expected),
+            "{kind}: {stdout}{stderr}"
+        );
+    }
+    let log_fifo = dir.path().join("00000000000000000000.log");
+    let name = std::ffi::CString::new(log_fifo.to_str().unwrap()).unwrap();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+    let (code, stdout, stderr) = inspect_path("segment", &log_fifo);
+    assert_ne!(code, 0);
+    assert!(
+        format!("{stdout}{stderr}").contains("not a regular file"),
+        "{stdout}{stderr}"
+    );
+    let (code, stdout, stderr) = inspect_path("metadata", Path::new("/dev/zero"));
+    assert_ne!(code, 0);
+    assert!(
+        format!("{stdout}{stderr}").contains("not a regular file"),
+        "{stdout}{stderr}"
+    );
 }

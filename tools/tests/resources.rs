@@ -186,3 +186,20 @@ fn connections_beyond_the_budget_are_closed_at_accept() {
     );
     assert_eq!(server.stop(), Some(0));
 }
+
+#[test]
+fn a_corrupt_metadata_file_is_the_error_reported_whichever_shard_stops_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    std::fs::create_dir_all(&data_dir).unwrap();
+    std::fs::write(
+        data_dir.join("metadata.json"),
+        b"garbage that is no metadata",
+    )
+    .unwrap();
+    for _ in 0..5 {
+        let message = serve_output(&data_dir, "127.0.0.1:0", &["--shards", "2", "--no-pin"]);
+        assert!(message.contains("metadata.json"), "{message}");
+        assert!(message.contains("corrupt"), "{message}");
+    }
+}

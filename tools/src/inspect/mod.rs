@@ -199,8 +199,17 @@ fn emit<R: Report>(args: &InspectArgs, report: &R, damage: &[Damage]) -> u8 {
     if clean { EXIT_CLEAN } else { EXIT_DAMAGE }
 }
 
-/// Opens `path` read-only; the error names the path.
+/// Opens `path` read-only; the error names the path. Only regular files: opening a FIFO would
+/// block until a writer appears, and a device such as /dev/zero is no data file.
 pub(crate) fn open_read_only(path: &Path) -> anyhow::Result<std::fs::File> {
+    let metadata = std::fs::metadata(path)
+        .map_err(|error| anyhow::anyhow!("{}: cannot stat: {error}", path.display()))?;
+    if !metadata.is_file() {
+        anyhow::bail!(
+            "{}: not a regular file (a FIFO, device or socket is no data file)",
+            path.display()
+        );
+    }
     std::fs::File::open(path)
         .map_err(|error| anyhow::anyhow!("{}: cannot open: {error}", path.display()))
 }
@@ -279,6 +288,12 @@ pub(crate) fn segments_for(path: &Path, extension: &str) -> anyhow::Result<(Segm
                 .collect(),
             true,
         ));
+    }
+    if path.extension().and_then(|e| e.to_str()) != Some(extension) {
+        anyhow::bail!(
+            "{}: expected a .{extension} file or a directory of them; use the inspect kind that matches the file",
+            path.display()
+        );
     }
     let number = path
         .file_name()

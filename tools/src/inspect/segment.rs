@@ -316,7 +316,10 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SegmentReport, Vec<Damage>
                 damage.push(Damage::new(
                     &file,
                     Some(*position),
-                    format!("{reason} (in a closed segment: open refuses it)"),
+                    format!(
+                        "{reason} (in a closed segment: reads of it fail; open refuses it when the \
+                         segment must be rescanned, i.e. its index file is missing or stale)"
+                    ),
                 ));
             }
         }
