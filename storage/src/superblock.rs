@@ -263,8 +263,8 @@ fn state_violation(state: &SuperblockState) -> Option<&'static str> {
 
 /// The first way in which `newer` goes back from `older`, if any (VSR Revisited sections 4.2 and
 /// 4.3: a replica never goes back in view, and what it recorded as committed or checkpointed stays
-/// so), or changes the identity fixed at create.
-fn regression(older: &SuperblockState, newer: &SuperblockState) -> Option<&'static str> {
+/// so), or changes the identity fixed at create. Public so offline tools apply the same rule.
+pub fn regression(older: &SuperblockState, newer: &SuperblockState) -> Option<&'static str> {
     if newer.cluster != older.cluster {
         Some("cluster changed")
     } else if newer.replica_id != older.replica_id {

@@ -62,28 +62,6 @@ impl StateReport {
     }
 }
 
-/// The first way `newer` goes back from `older` or changes the identity fixed at create; the same
-/// rule `Superblock::open` applies (FORMAT.md section 7, open step 4).
-fn regression(older: &SuperblockState, newer: &SuperblockState) -> Option<&'static str> {
-    if newer.cluster != older.cluster {
-        Some("cluster changed")
-    } else if newer.replica_id != older.replica_id {
-        Some("replica_id changed")
-    } else if newer.replica_count != older.replica_count {
-        Some("replica_count changed")
-    } else if newer.view < older.view {
-        Some("view decreased")
-    } else if newer.log_view < older.log_view {
-        Some("log_view decreased")
-    } else if newer.commit_max < older.commit_max {
-        Some("commit_max decreased")
-    } else if newer.checkpoint_op < older.checkpoint_op {
-        Some("checkpoint_op decreased")
-    } else {
-        None
-    }
-}
-
 pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SuperblockReport, Vec<Damage>)> {
     let file_path = if path.is_dir() {
         path.join(SUPERBLOCK_FILE_NAME)
@@ -154,7 +132,7 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SuperblockReport, Vec<Dama
                 ("current", Some(state.sequence), None)
             }
             (Ok(state), Some((chosen, newest))) => {
-                if let Some(regression) = regression(state, newest) {
+                if let Some(regression) = storage::superblock::regression(state, newest) {
                     damage.push(Damage::new(
                         &file_path,
                         Some(position),
