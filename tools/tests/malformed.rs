@@ -121,7 +121,7 @@ fn idle_and_half_sent_connections_are_closed_after_the_idle_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(
         &dir.path().join("data"),
-        &["--shards", "1", "--idle-timeout-s", "1"],
+        &["--shards", "1", "--idle-timeout-s", "3"],
     );
     let (_, valid) = ping_frame();
     // One connection sends nothing, one sends half a header; both must be closed by the server
@@ -133,7 +133,7 @@ fn idle_and_half_sent_connections_are_closed_after_the_idle_timeout() {
         let mut client = bus::Client::connect(server.addr).await.unwrap();
         for _ in 0..3 {
             client.ping().await.unwrap();
-            compio::time::sleep(Duration::from_millis(400)).await;
+            compio::time::sleep(Duration::from_millis(300)).await;
         }
     });
     assert!(
