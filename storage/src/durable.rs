@@ -53,6 +53,65 @@ fn parent_dir(path: &Path) -> &Path {
     }
 }
 
+/// Which step of `create_dir_durable` failed, on which path.
+#[derive(Debug)]
+pub(crate) struct DirStepError {
+    pub path: PathBuf,
+    pub step: &'static str,
+    pub source: io::Error,
+}
+
+/// Creates `dir` and any missing ancestors, fsyncing each directory whose entries changed so the
+/// new directories survive a crash (used by the partition log and the journal).
+pub(crate) async fn create_dir_durable(dir: &Path) -> Result<(), DirStepError> {
+    let mut missing = Vec::new();
+    let mut ancestor = Some(dir);
+    while let Some(path) = ancestor {
+        if path.as_os_str().is_empty() || compio::fs::metadata(path).await.is_ok() {
+            break;
+        }
+        missing.push(path);
+        ancestor = path.parent();
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    compio::fs::create_dir_all(dir)
+        .await
+        .map_err(|source| DirStepError {
+            path: dir.to_path_buf(),
+            step: "create directory",
+            source,
+        })?;
+    for created in missing {
+        let parent = match created.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        sync_dir(parent).await.map_err(|source| DirStepError {
+            path: parent.to_path_buf(),
+            step: "fsync directory after creating a subdirectory",
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// Names of the entries of `dir`. Listing uses `std::fs::read_dir` on compio's blocking pool:
+/// `io_uring` has no getdents operation.
+pub(crate) async fn list_dir_names(dir: &Path) -> io::Result<Vec<String>> {
+    let listed_dir = dir.to_path_buf();
+    compio::runtime::spawn_blocking(move || -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&listed_dir)? {
+            names.push(entry?.file_name().to_string_lossy().into_owned());
+        }
+        Ok(names)
+    })
+    .await
+    .map_err(|error| io::Error::other(error.to_string()))?
+}
+
 /// Fsyncs directory `dir`, making renames, creations and removals of its entries durable
 /// (fsync(2): "Calling `fsync()` does not necessarily ensure that the entry in the directory containing
 /// the file has also reached disk. For that an explicit `fsync()` on a file descriptor for the

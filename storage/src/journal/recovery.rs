@@ -2,14 +2,13 @@
 //! every record, and truncate a torn tail of the last segment. Damage anywhere a torn write
 //! cannot explain is an error here, never skipped or truncated.
 
-use std::io;
 use std::path::Path;
 
 use compio::fs::{File, OpenOptions};
 
 use super::record::{JOURNAL_HEADER_SIZE, JournalHeader, Prepare, parse_record};
 use super::{JournalError, JournalRecovery, io_error, segment_path};
-use crate::durable::{read_exact_at, sync_dir};
+use crate::durable::{create_dir_durable, list_dir_names, read_exact_at, sync_dir};
 use crate::limits::{JOURNAL_BODY_SIZE_MAX, JOURNAL_RECORD_SIZE_MAX, JOURNAL_SEGMENT_SIZE_MAX};
 
 /// The first op of a segment file name, if `name` is exactly `{first_op:020}.wal`.
@@ -137,52 +136,20 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, JournalError> {
     })
 }
 
-/// Creates `dir` and any missing ancestors, fsyncing each directory whose entries changed so the
-/// new directories survive a crash.
+/// Creates the journal directory durably (see `durable::create_dir_durable`).
 async fn create_journal_dir(dir: &Path) -> Result<(), JournalError> {
-    let mut missing = Vec::new();
-    let mut ancestor = Some(dir);
-    while let Some(path) = ancestor {
-        if path.as_os_str().is_empty() || compio::fs::metadata(path).await.is_ok() {
-            break;
-        }
-        missing.push(path);
-        ancestor = path.parent();
-    }
-    if missing.is_empty() {
-        return Ok(());
-    }
-    compio::fs::create_dir_all(dir)
+    create_dir_durable(dir)
         .await
-        .map_err(io_error(dir, "create journal directory"))?;
-    for created in missing {
-        let parent = match created.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => parent,
-            _ => Path::new("."),
-        };
-        sync_dir(parent).await.map_err(io_error(
-            parent,
-            "fsync directory after creating the journal directory",
-        ))?;
-    }
-    Ok(())
+        .map_err(|failed| io_error(&failed.path, failed.step)(failed.source))
 }
 
 /// First ops of the segment files in `dir`, ascending; other files are skipped (a `*.wal` file
 /// with a malformed name is logged). Listing uses `std::fs::read_dir` on compio's blocking pool:
 /// `io_uring` has no getdents operation.
 async fn list_segments(dir: &Path) -> Result<Vec<u64>, JournalError> {
-    let listed_dir = dir.to_path_buf();
-    let names = compio::runtime::spawn_blocking(move || -> io::Result<Vec<String>> {
-        let mut names = Vec::new();
-        for entry in std::fs::read_dir(&listed_dir)? {
-            names.push(entry?.file_name().to_string_lossy().into_owned());
-        }
-        Ok(names)
-    })
-    .await
-    .map_err(|error| io_error(dir, "list journal directory")(io::Error::other(error.to_string())))?
-    .map_err(io_error(dir, "list journal directory"))?;
+    let names = list_dir_names(dir)
+        .await
+        .map_err(io_error(dir, "list journal directory"))?;
     let mut first_ops = Vec::new();
     for name in names {
         if let Some(first_op) = parse_segment_name(&name) {

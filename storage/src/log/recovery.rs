@@ -10,7 +10,10 @@ use compio::fs::{File, OpenOptions};
 
 use super::index::SegmentIndex;
 use super::{LogError, RecoveryReport, Segment};
-use crate::durable::{DurableError, durable_replace, read_exact_append, read_verified, sync_dir};
+use crate::durable::{
+    DurableError, create_dir_durable, durable_replace, list_dir_names, read_exact_append,
+    read_verified, sync_dir,
+};
 use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, payload_checksum};
 use crate::limits::{ENTRY_SIZE_MAX, SCAN_CHUNK_BYTES};
 
@@ -108,52 +111,20 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
     Ok(Recovered { segments, report })
 }
 
-/// Creates `dir` and any missing ancestors, fsyncing each directory whose entries changed so the
-/// new directories survive a crash.
+/// Creates the partition directory durably (see `durable::create_dir_durable`).
 async fn create_log_dir(dir: &Path) -> Result<(), LogError> {
-    let mut missing = Vec::new();
-    let mut ancestor = Some(dir);
-    while let Some(path) = ancestor {
-        if path.as_os_str().is_empty() || compio::fs::metadata(path).await.is_ok() {
-            break;
-        }
-        missing.push(path);
-        ancestor = path.parent();
-    }
-    if missing.is_empty() {
-        return Ok(());
-    }
-    compio::fs::create_dir_all(dir)
+    create_dir_durable(dir)
         .await
-        .map_err(io_error(dir, "create log directory"))?;
-    for created in missing {
-        let parent = match created.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => parent,
-            _ => Path::new("."),
-        };
-        sync_dir(parent).await.map_err(io_error(
-            parent,
-            "fsync directory after creating the log directory",
-        ))?;
-    }
-    Ok(())
+        .map_err(|failed| io_error(&failed.path, failed.step)(failed.source))
 }
 
 /// Base offsets of the segment files in `dir`, ascending. Other files (index files, `.tmp` files
 /// of an interrupted index write) are skipped. Listing uses `std::fs::read_dir` on compio's
 /// blocking pool: `io_uring` has no getdents operation.
 async fn list_segments(dir: &Path) -> Result<Vec<u64>, LogError> {
-    let listed_dir = dir.to_path_buf();
-    let names = compio::runtime::spawn_blocking(move || -> io::Result<Vec<String>> {
-        let mut names = Vec::new();
-        for entry in std::fs::read_dir(&listed_dir)? {
-            names.push(entry?.file_name().to_string_lossy().into_owned());
-        }
-        Ok(names)
-    })
-    .await
-    .map_err(|error| io_error(dir, "list log directory")(io::Error::other(error.to_string())))?
-    .map_err(io_error(dir, "list log directory"))?;
+    let names = list_dir_names(dir)
+        .await
+        .map_err(io_error(dir, "list log directory"))?;
     let mut base_offsets = Vec::new();
     for name in names {
         if let Some(base_offset) = parse_segment_name(&name) {
