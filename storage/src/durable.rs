@@ -4,6 +4,7 @@
 //! Also the two I/O helpers the log shares with it: fsync of a directory and an exact positional
 //! read. Nothing here may leave `X` in any state but the old or the new complete file.
 
+use std::hash::Hasher;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -13,7 +14,7 @@ use compio::fs::{File, OpenOptions};
 use compio::io::{AsyncReadAtExt, AsyncWriteAtExt};
 use twox_hash::XxHash3_64;
 
-use crate::limits::DURABLE_FILE_SIZE_MAX;
+use crate::limits::{DURABLE_FILE_SIZE_MAX, HASH_INLINE_BYTES_MAX};
 
 /// Bytes of the XXH3-64 trailer (little-endian) that ends every durably replaced file.
 pub const TRAILER_SIZE: usize = 8;
@@ -160,10 +161,143 @@ pub(crate) async fn read_exact_append(
     BufResult(result, buffer)
 }
 
-/// Replaces `path` durably with `payload` + 8-byte XXH3-64 trailer.
+/// A step of a durable replace that has just completed, reported to the observer of
+/// [`durable_replace_observed`] in this order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplaceStep {
+    /// `X.tmp` holds payload + trailer (written, not yet fsynced).
+    TmpWritten,
+    /// `X.tmp` is fsynced.
+    TmpSynced,
+    /// `X.tmp` was renamed over `X` (the rename is not yet durable).
+    Renamed,
+    /// The directory of `X` is fsynced: the replace is durable.
+    DirSynced,
+}
+
+/// An I/O step of [`replace_parts`] failed: the path it acted on, the step, the error.
+#[derive(Debug)]
+pub(crate) struct ReplaceIoError {
+    pub path: PathBuf,
+    pub op: &'static str,
+    pub source: io::Error,
+}
+
+impl From<ReplaceIoError> for DurableError {
+    fn from(error: ReplaceIoError) -> Self {
+        DurableError::Io {
+            path: error.path,
+            op: error.op,
+            source: error.source,
+        }
+    }
+}
+
+fn replace_error(path: &Path, op: &'static str) -> impl FnOnce(io::Error) -> ReplaceIoError {
+    let path = path.to_path_buf();
+    move |source| ReplaceIoError { path, op, source }
+}
+
+/// XXH3-64 of `parts` concatenated.
+pub(crate) fn xxh3_of_parts(parts: &[&[u8]]) -> u64 {
+    if let [single] = parts {
+        return XxHash3_64::oneshot(single);
+    }
+    let mut hasher = XxHash3_64::new();
+    for part in parts {
+        hasher.write(part);
+    }
+    hasher.finish()
+}
+
+/// Runs `work` on the calling thread when `size_bytes` is at most [`HASH_INLINE_BYTES_MAX`],
+/// otherwise on compio's blocking pool, so a shard's reactor never hashes a big file itself.
 ///
-/// Steps, each only after the previous succeeded: create/truncate `X.tmp`, write payload + trailer,
-/// fsync `X.tmp`, rename `X.tmp` over `X`, fsync the parent directory.
+/// # Errors
+/// `Other` if the blocking task could not deliver its result (it panicked).
+pub(crate) async fn off_reactor_if_large<T: Send + 'static>(
+    size_bytes: usize,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> io::Result<T> {
+    if size_bytes <= HASH_INLINE_BYTES_MAX {
+        return Ok(work());
+    }
+    compio::runtime::spawn_blocking(work)
+        .await
+        .map_err(|error| io::Error::other(format!("blocking hash task failed: {error:?}")))
+}
+
+/// Replaces `path` durably with `parts` concatenated + the 8-byte XXH3-64 trailer of them, and
+/// returns the trailer value. The parts go to the kernel in one vectored write, never copied into
+/// one buffer; the hash runs off the reactor above [`HASH_INLINE_BYTES_MAX`]. `observer` is called
+/// right after each step completes (see [`ReplaceStep`]).
+pub(crate) async fn replace_parts(
+    path: &Path,
+    parts: Vec<Vec<u8>>,
+    observer: &mut dyn FnMut(ReplaceStep),
+) -> Result<u64, ReplaceIoError> {
+    let tmp = tmp_path(path);
+    let size_bytes = parts.iter().map(Vec::len).sum();
+    let (mut parts, checksum) = off_reactor_if_large(size_bytes, move || {
+        let slices: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+        let checksum = xxh3_of_parts(&slices);
+        (parts, checksum)
+    })
+    .await
+    .map_err(replace_error(path, "checksum the payload"))?;
+    parts.push(checksum.to_le_bytes().to_vec());
+
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .await
+        .map_err(replace_error(&tmp, "create temporary file"))?;
+    let BufResult(result, parts) = (&file).write_vectored_all_at(parts, 0).await;
+    result.map_err(replace_error(&tmp, "write temporary file"))?;
+    drop(parts);
+    observer(ReplaceStep::TmpWritten);
+    file.sync_all()
+        .await
+        .map_err(replace_error(&tmp, "fsync temporary file"))?;
+    observer(ReplaceStep::TmpSynced);
+    file.close()
+        .await
+        .map_err(replace_error(&tmp, "close temporary file"))?;
+    compio::fs::rename(&tmp, path)
+        .await
+        .map_err(replace_error(path, "rename of the .tmp file over it"))?;
+    observer(ReplaceStep::Renamed);
+    let dir = parent_dir(path);
+    sync_dir(dir)
+        .await
+        .map_err(replace_error(dir, "fsync directory after rename"))?;
+    observer(ReplaceStep::DirSynced);
+    Ok(checksum)
+}
+
+/// Replaces `path` durably with `payload` + 8-byte XXH3-64 trailer; [`durable_replace_observed`]
+/// with an observer that does nothing.
+///
+/// # Errors
+/// As [`durable_replace_observed`].
+///
+/// # Cancel safety
+/// As [`durable_replace_observed`]: not cancel safe.
+pub async fn durable_replace(path: &Path, payload: Vec<u8>) -> Result<(), DurableError> {
+    durable_replace_observed(path, payload, &mut |_| {}).await
+}
+
+/// Replaces `path` durably with `payload` + 8-byte XXH3-64 trailer, calling `observer(step)`
+/// synchronously right after each step completes, so a test can kill the process at each step.
+///
+/// Steps, each only after the previous succeeded: checksum the payload (on compio's blocking pool
+/// when it is larger than [`HASH_INLINE_BYTES_MAX`] bytes, so the reactor does no O(payload) work),
+/// create/truncate `X.tmp`, write payload + trailer (one vectored write, no copy) then
+/// [`ReplaceStep::TmpWritten`], fsync `X.tmp` then [`ReplaceStep::TmpSynced`], close it, rename
+/// `X.tmp` over `X` then [`ReplaceStep::Renamed`], fsync the parent directory then
+/// [`ReplaceStep::DirSynced`].
 ///
 /// # Errors
 /// `Io` naming the path and the failed step. After a failure `X` is the old or the new file (the
@@ -172,39 +306,18 @@ pub(crate) async fn read_exact_append(
 /// # Cancel safety
 /// Not cancel safe: a dropped future may leave `X.tmp` behind (ignored and replaced next time);
 /// `X` is always either the old or the new file.
-pub async fn durable_replace(path: &Path, payload: Vec<u8>) -> Result<(), DurableError> {
-    let tmp = tmp_path(path);
-    let checksum = XxHash3_64::oneshot(&payload);
-    let mut bytes = payload;
-    bytes.extend_from_slice(&checksum.to_le_bytes());
-
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)
-        .await
-        .map_err(io_error(&tmp, "create temporary file"))?;
-    let BufResult(result, _) = (&file).write_all_at(bytes, 0).await;
-    result.map_err(io_error(&tmp, "write temporary file"))?;
-    file.sync_all()
-        .await
-        .map_err(io_error(&tmp, "fsync temporary file"))?;
-    file.close()
-        .await
-        .map_err(io_error(&tmp, "close temporary file"))?;
-    compio::fs::rename(&tmp, path)
-        .await
-        .map_err(io_error(path, "rename of the .tmp file over it"))?;
-    let dir = parent_dir(path);
-    sync_dir(dir)
-        .await
-        .map_err(io_error(dir, "fsync directory after rename"))?;
+pub async fn durable_replace_observed(
+    path: &Path,
+    payload: Vec<u8>,
+    observer: &mut dyn FnMut(ReplaceStep),
+) -> Result<(), DurableError> {
+    replace_parts(path, vec![payload], observer).await?;
     Ok(())
 }
 
 /// Reads `path` and verifies its trailer; returns the payload without the trailer, or `None` if the
-/// file does not exist. A leftover `X.tmp` is never looked at.
+/// file does not exist. A leftover `X.tmp` is never looked at. A payload larger than
+/// [`HASH_INLINE_BYTES_MAX`] is hashed on compio's blocking pool, not on the reactor.
 ///
 /// # Errors
 /// `Corrupt` (naming the path) when shorter than the trailer, larger than
@@ -233,7 +346,7 @@ pub async fn read_verified(path: &Path) -> Result<Option<Vec<u8>>, DurableError>
             "{size_bytes} bytes exceeds the {DURABLE_FILE_SIZE_MAX}-byte limit"
         )));
     }
-    let mut bytes = read_exact_at(&file, 0, size_bytes as usize)
+    let bytes = read_exact_at(&file, 0, size_bytes as usize)
         .await
         .map_err(io_error(path, "read"))?;
     // A close error on a read-only descriptor cannot lose data; the bytes are verified below.
@@ -242,7 +355,12 @@ pub async fn read_verified(path: &Path) -> Result<Option<Vec<u8>>, DurableError>
     let mut trailer = [0u8; TRAILER_SIZE];
     trailer.copy_from_slice(&bytes[payload_size..]);
     let stored = u64::from_le_bytes(trailer);
-    let computed = XxHash3_64::oneshot(&bytes[..payload_size]);
+    let (mut bytes, computed) = off_reactor_if_large(payload_size, move || {
+        let computed = XxHash3_64::oneshot(&bytes[..payload_size]);
+        (bytes, computed)
+    })
+    .await
+    .map_err(io_error(path, "checksum"))?;
     if stored != computed {
         return Err(corrupt(format!(
             "checksum mismatch: trailer has {stored:#018x}, the {payload_size} payload bytes hash to \
@@ -281,6 +399,99 @@ mod tests {
         assert_eq!(raw.len(), 6 + TRAILER_SIZE);
         assert_eq!(&raw[6..], &XxHash3_64::oneshot(b"second").to_le_bytes());
         assert!(!tmp_path(&path).exists(), "the .tmp file was renamed away");
+    }
+
+    #[test]
+    fn observer_sees_the_four_steps_in_order_with_the_file_state_of_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metadata.json");
+        block_on(durable_replace(&path, b"old".to_vec())).unwrap();
+        let mut seen = Vec::new();
+        block_on(durable_replace_observed(
+            &path,
+            b"new".to_vec(),
+            &mut |step| {
+                // Synchronously after each step: what the step did is already visible.
+                let tmp_exists = tmp_path(&path).exists();
+                let current = std::fs::read(&path).unwrap();
+                seen.push((step, tmp_exists, current[..3].to_vec()));
+            },
+        ))
+        .unwrap();
+        assert_eq!(
+            seen,
+            vec![
+                (ReplaceStep::TmpWritten, true, b"old".to_vec()),
+                (ReplaceStep::TmpSynced, true, b"old".to_vec()),
+                (ReplaceStep::Renamed, false, b"new".to_vec()),
+                (ReplaceStep::DirSynced, false, b"new".to_vec()),
+            ]
+        );
+    }
+
+    #[test]
+    fn observer_is_not_called_past_a_failed_step() {
+        let dir = tempfile::tempdir().unwrap();
+        // The target is an existing non-empty directory: the rename fails after the tmp steps.
+        let path = dir.path().join("occupied");
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("inside"), b"x").unwrap();
+        let mut seen = Vec::new();
+        let error = block_on(durable_replace_observed(
+            &path,
+            b"new".to_vec(),
+            &mut |step| seen.push(step),
+        ))
+        .unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                DurableError::Io {
+                    op: "rename of the .tmp file over it",
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        assert_eq!(seen, vec![ReplaceStep::TmpWritten, ReplaceStep::TmpSynced]);
+    }
+
+    #[test]
+    fn payload_above_the_inline_hash_bound_round_trips() {
+        // Hashed on the blocking pool; the trailer must be the same XXH3-64 as inline.
+        let payload: Vec<u8> = (0..HASH_INLINE_BYTES_MAX + 4097)
+            .map(|index| (index % 253) as u8)
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big");
+        block_on(async {
+            durable_replace(&path, payload.clone()).await.unwrap();
+            assert_eq!(read_verified(&path).await.unwrap(), Some(payload.clone()));
+        });
+        let raw = std::fs::read(&path).unwrap();
+        assert_eq!(raw.len(), payload.len() + TRAILER_SIZE);
+        assert_eq!(
+            &raw[payload.len()..],
+            &XxHash3_64::oneshot(&payload).to_le_bytes()
+        );
+        // A flipped byte of a big file is still found (verification on the blocking pool).
+        let mut damaged = raw;
+        damaged[HASH_INLINE_BYTES_MAX + 5] ^= 0x80;
+        std::fs::write(&path, &damaged).unwrap();
+        assert!(matches!(
+            block_on(read_verified(&path)),
+            Err(DurableError::Corrupt { reason, .. }) if reason.starts_with("checksum mismatch")
+        ));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn hash_of_parts_equals_hash_of_their_concatenation(
+            parts in proptest::collection::vec(proptest::collection::vec(0u8.., 0..300), 0..5)
+        ) {
+            let slices: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+            proptest::prop_assert_eq!(xxh3_of_parts(&slices), XxHash3_64::oneshot(&parts.concat()));
+        }
     }
 
     #[test]

@@ -12,7 +12,9 @@ pub mod limits;
 pub mod log;
 pub mod superblock;
 
-pub use durable::{DurableError, durable_replace, read_verified};
+pub use durable::{
+    DurableError, ReplaceStep, durable_replace, durable_replace_observed, read_verified,
+};
 pub use entry::{ENTRY_HEADER_SIZE, EntryHeader, build_entry, payload_checksum};
 pub use journal::{
     JOURNAL_HEADER_SIZE, Journal, JournalConfig, JournalError, JournalHeader, JournalRecovery,

@@ -16,6 +16,12 @@ pub const READ_BYTES_MAX_DEFAULT: usize = 8 * 1024 * 1024;
 /// Largest file `read_verified` loads (bytes, trailer included). The size comes from the disk, so it
 /// is checked before allocating; the largest legitimate file is a full segment's index.
 pub const DURABLE_FILE_SIZE_MAX: u64 = 1 << 30;
+/// Largest buffer hashed (XXH3-64) on the calling thread by a durable replace or a snapshot read;
+/// anything larger is hashed on compio's blocking pool so a shard's reactor never does O(size) work
+/// for a big file. XXH3-64 runs at roughly 10-30 GB/s, so 1 MiB is at most ~100 us of reactor time,
+/// the same order as handing the work to a pool thread and back; a 64 MiB snapshot hashed inline
+/// would stall every connection of shard 0 for several milliseconds.
+pub const HASH_INLINE_BYTES_MAX: usize = 1 << 20;
 /// Bytes read per I/O while scanning a segment on open. One buffer of this size (grown to one
 /// whole entry when an entry is larger) lives for the duration of a scan.
 pub const SCAN_CHUNK_BYTES: usize = 1 << 20;
@@ -38,6 +44,13 @@ const _: () = assert!(SEGMENT_SIZE_MAX_LIMIT >= ENTRY_SIZE_MAX as u64);
 const _: () = assert!(SEGMENT_SIZE_MAX_LIMIT / 2 + 48 + 8 <= DURABLE_FILE_SIZE_MAX);
 const _: () = assert!(SEGMENT_SIZE_MAX_DEFAULT <= SEGMENT_SIZE_MAX_LIMIT);
 const _: () = assert!(SCAN_CHUNK_BYTES >= ENTRY_HEADER_SIZE);
+const _: () = assert!(HASH_INLINE_BYTES_MAX as u64 <= DURABLE_FILE_SIZE_MAX);
+
+/// Largest snapshot file (bytes: 64-byte header, payload, 8-byte trailer) that `write_snapshot`
+/// writes and `read_snapshot` loads; the size comes from the disk, so it is checked before
+/// allocating. The payload (metadata and client table) is far smaller; the bound is what
+/// `read_verified` accepts for any durably replaced file.
+pub const SNAPSHOT_FILE_SIZE_MAX: u64 = DURABLE_FILE_SIZE_MAX;
 
 /// Bytes of one superblock copy: one 4 KiB page, the sector size of common SSDs and the alignment
 /// `O_DIRECT` needs, so each copy is written as whole sectors and a torn write damages at most the

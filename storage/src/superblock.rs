@@ -561,6 +561,26 @@ impl Superblock {
     /// Not cancel safe: a dropped future poisons the handle (as a failure does). The file still
     /// holds a valid copy of the old or the new state.
     pub async fn write(&mut self, new_state: SuperblockState) -> Result<(), SuperblockError> {
+        self.write_observed(new_state, &mut |_| {}).await
+    }
+
+    /// [`Superblock::write`], calling `observer(copy_index)` synchronously right after copy
+    /// `copy_index` is written and fsynced (0, 1, 2, 3 in order), so a test can kill the process
+    /// between copies. Not called for a copy whose write or fsync failed, nor after it.
+    ///
+    /// # Errors
+    /// As [`Superblock::write`].
+    ///
+    /// # Panics
+    /// As [`Superblock::write`].
+    ///
+    /// # Cancel safety
+    /// As [`Superblock::write`]: not cancel safe; a dropped future poisons the handle.
+    pub async fn write_observed(
+        &mut self,
+        new_state: SuperblockState,
+        observer: &mut dyn FnMut(usize),
+    ) -> Result<(), SuperblockError> {
         if self.poisoned {
             return Err(SuperblockError::Poisoned {
                 path: self.path.clone(),
@@ -591,6 +611,7 @@ impl Superblock {
                 .sync_data()
                 .await
                 .map_err(io_error(&self.path, "fsync superblock copy"))?;
+            observer(copy_index);
         }
         self.state = new_state;
         self.poisoned = false;
@@ -701,6 +722,58 @@ mod tests {
             checkpoint_op: 64,
             snapshot_checksum: 0xdead_beef,
         }
+    }
+
+    #[test]
+    fn write_observed_reports_each_copy_after_it_is_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(SUPERBLOCK_FILE_NAME);
+        let runtime = compio::runtime::Runtime::new().unwrap();
+        let initial = SuperblockState {
+            commit_max: 10,
+            checkpoint_op: 0,
+            snapshot_checksum: 0,
+            ..state()
+        };
+        let advanced = SuperblockState {
+            commit_max: 20,
+            checkpoint_op: 16,
+            snapshot_checksum: 0x1234,
+            ..state()
+        };
+        let mut seen = Vec::new();
+        runtime.block_on(async {
+            let mut superblock = Superblock::create(&path, initial).await.unwrap();
+            superblock
+                .write_observed(advanced, &mut |copy_index| {
+                    // Copies up to this one hold sequence 2, the rest still sequence 1.
+                    let bytes = std::fs::read(&path).unwrap();
+                    let sequences: Vec<u64> = (0..SUPERBLOCK_COPY_COUNT)
+                        .map(|index| {
+                            let range =
+                                index * SUPERBLOCK_COPY_SIZE..(index + 1) * SUPERBLOCK_COPY_SIZE;
+                            decode_copy(&bytes[range], index).unwrap().sequence
+                        })
+                        .collect();
+                    seen.push((copy_index, sequences));
+                })
+                .await
+                .unwrap();
+            assert_eq!(superblock.state().sequence, 2);
+            // `write` is the same with a no-op observer.
+            superblock.write(advanced).await.unwrap();
+            assert_eq!(superblock.state().sequence, 3);
+            superblock.close().await.unwrap();
+        });
+        assert_eq!(
+            seen,
+            vec![
+                (0, vec![2, 1, 1, 1]),
+                (1, vec![2, 2, 1, 1]),
+                (2, vec![2, 2, 2, 1]),
+                (3, vec![2, 2, 2, 2]),
+            ]
+        );
     }
 
     #[test]
