@@ -1,6 +1,7 @@
 //! Durable storage: partition segment logs (append through `io_uring`, offset index, torn-tail
 //! recovery, fsync policies with group commit) and the durable file replace with a verified
-//! trailer used for metadata (later: superblock, WAL, snapshots).
+//! trailer used for metadata, the superblock, the metadata journal (WAL) and the checkpoint
+//! snapshot.
 //!
 //! `storage` never touches sockets and never depends on `bus`. Byte layouts and crash cases:
 //! `storage/FORMAT.md`.
@@ -10,6 +11,7 @@ pub mod entry;
 pub mod journal;
 pub mod limits;
 pub mod log;
+pub mod snapshot;
 pub mod superblock;
 
 pub use durable::{
@@ -21,6 +23,9 @@ pub use journal::{
     Prepare,
 };
 pub use log::{AppendFuture, FsyncPolicy, LogConfig, LogError, PartitionLog, RecoveryReport};
+pub use snapshot::{
+    SNAPSHOT_FILE_NAME, Snapshot, SnapshotDefect, SnapshotError, read_snapshot, write_snapshot,
+};
 pub use superblock::{
     CopyDefect, CopyStatus, OpenReport, SUPERBLOCK_FILE_NAME, Superblock, SuperblockError,
     SuperblockState,
