@@ -46,7 +46,7 @@ pub fn eviction(request: &Header, reason: &str) -> Vec<u8> {
 
 /// `message` (or `code.message()` if empty) cut to `ERROR_MESSAGE_SIZE_MAX` bytes at a character
 /// boundary.
-fn error_text<'a>(code: ErrorCode, message: &'a str) -> &'a [u8] {
+fn error_text(code: ErrorCode, message: &str) -> &[u8] {
     let message = if message.is_empty() {
         code.message()
     } else {
