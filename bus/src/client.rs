@@ -6,7 +6,30 @@
 //! earlier one (a call that failed mid-frame or was cancelled marks it broken), and never
 //! allocates more than `max_message_size` for a reply.
 
+//! Async client library over compio TCP, used by the bench and the CLI. One request in flight per
+//! connection.
+//!
+//! Every call sends one Request and reads exactly one answer, which must echo the request number
+//! and operation: a `Reply`, or an `Eviction` when a session-tracked request finds no session.
+//!
+//! Sessions: the metadata changes (`Operation::is_session_tracked`) are deduplicated by the server
+//! by (client id, request number) through the client's session, so the client registers
+//! (`Operation::Register`, request number 0) before its first such request and again after an
+//! Eviction. One request counter numbers every request, tracked or not.
+//!
+//! Retries: within a retry budget, with backoff doubling from `RETRY_BACKOFF_MIN` to
+//! `RETRY_BACKOFF_MAX`, a call resends the same bytes (same client id and request number) after
+//! `Busy`, and for session-tracked operations, Register and reads also after `ShuttingDown` or a
+//! connection failure, reconnecting to the same address first.
+//!
+//! This module must never resend a `SendMessages` whose bytes may have reached the server
+//! (data-plane sends are not deduplicated), never send on a connection that may hold bytes of an
+//! earlier exchange (it reconnects first), and never allocate more than `max_message_size` for a
+//! reply.
+
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use compio::BufResult;
 use compio::io::AsyncWriteExt;
@@ -16,20 +39,32 @@ use crate::batch::BatchView;
 use crate::command::{Command, ErrorCode, Operation};
 use crate::frame::{Frame, FrameError, read_frame};
 use crate::header::{HEADER_SIZE, Header};
-use crate::limits::MESSAGE_SIZE_MAX_DEFAULT;
+use crate::limits::{
+    MESSAGE_SIZE_MAX_DEFAULT, RETRY_BACKOFF_MAX, RETRY_BACKOFF_MIN, RETRY_BUDGET_DEFAULT,
+};
 use crate::namespace::Namespace;
 use crate::wire::Metadata;
 
-/// A connection to one server. Not `Sync`; use one per task.
+/// A connection to one server, reconnected to the same address when it fails. Not `Sync`; use
+/// one per task.
 #[derive(Debug)]
 pub struct Client {
     stream: TcpStream,
+    /// Where `stream` goes; reconnects go to the same address with the same client id.
+    addr: SocketAddr,
     id: u128,
-    /// Number of the last request sent; the next one is this plus 1 (the first is 1).
+    /// Number of the last request sent; the next one is this plus 1 (the first is 1). Register
+    /// is sent with request number 0 and does not change it.
     request_last: u64,
+    /// Session number of the last successful Register (the op that committed it); `None` before
+    /// the first Register and after an Eviction.
+    session: Option<u64>,
     /// Bounds both the requests this client sends and the replies it accepts.
     max_message_size: u32,
-    /// A request was started and its reply not fully read: the stream position is unknown.
+    /// How long one call keeps retrying before it returns its last error.
+    retry_budget: Duration,
+    /// A request was started and its reply not fully read: the stream position is unknown, so the
+    /// next attempt reconnects first.
     broken: bool,
 }
 
@@ -53,15 +88,84 @@ pub enum ClientError {
     Server { code: ErrorCode, message: String },
     #[error("protocol violation by server: {0}")]
     Protocol(String),
-    /// An earlier call failed or was cancelled in the middle of a frame; reconnect.
+    /// An earlier call failed or was cancelled in the middle of a frame. Calls no longer return
+    /// it (they reconnect instead); kept so that callers matching on it still compile.
     #[error("connection unusable after an earlier request failed or was cancelled mid-frame")]
     Broken,
+    /// The server answered with an Eviction: this client has no session (never registered, or
+    /// evicted from the full client table) and the request was not applied. The client's session
+    /// is cleared; its next session-tracked call registers a new one. `reason` is the server's
+    /// text.
+    #[error("client session evicted: {reason}")]
+    Evicted { reason: String },
 }
 
 impl ClientError {
-    /// Whether the same request may succeed if sent again (on this connection).
+    /// Whether the same request may succeed if sent again later (the server applied nothing).
+    /// The client has already retried these itself until its retry budget was spent.
     pub fn is_retryable(&self) -> bool {
         matches!(self, ClientError::Server { code, .. } if code.is_retryable())
+    }
+
+    /// Whether the error says the connection failed (rather than the server answering).
+    fn is_connection_failure(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Connect { .. }
+                | ClientError::Broken
+                | ClientError::Frame(
+                    FrameError::Closed | FrameError::Truncated { .. } | FrameError::Io(_)
+                )
+        )
+    }
+}
+
+/// Which failures of one call the client retries by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RetryPolicy {
+    /// Safe to apply twice or deduplicated by the session: resend after `Busy`, `ShuttingDown`
+    /// or a connection failure.
+    Resend,
+    /// Not deduplicated (`SendMessages`): resend after `Busy` (nothing applied) or a failure
+    /// before any byte was written, never after a failure once bytes may have been sent.
+    Unsent,
+}
+
+impl RetryPolicy {
+    /// The policy of header `operation`; numbers no `Operation` has get the cautious one.
+    fn of(operation: u8) -> RetryPolicy {
+        match Operation::from_u8(operation) {
+            Some(
+                Operation::Ping
+                | Operation::CreateStream
+                | Operation::DeleteStream
+                | Operation::CreateTopic
+                | Operation::DeleteTopic
+                | Operation::GetMetadata
+                | Operation::PollMessages
+                | Operation::Register,
+            ) => RetryPolicy::Resend,
+            Some(Operation::SendMessages) | None => RetryPolicy::Unsent,
+        }
+    }
+
+    /// Whether an attempt that failed with `error` may be sent again. `written`: some request
+    /// bytes may have reached the server.
+    fn allows(self, error: &ClientError, written: bool) -> bool {
+        match error {
+            ClientError::Server {
+                code: ErrorCode::Busy,
+                ..
+            } => true,
+            // A shutting-down server closes the connection next, so for a send the resend would
+            // fail after writing and hide this clearer error.
+            ClientError::Server {
+                code: ErrorCode::ShuttingDown,
+                ..
+            } => self == RetryPolicy::Resend,
+            error if error.is_connection_failure() => !written || self == RetryPolicy::Resend,
+            _ => false,
+        }
     }
 }
 
@@ -90,27 +194,37 @@ fn client_id_new() -> u128 {
     twox_hash::XxHash3_128::oneshot(&seed).max(1)
 }
 
+/// Opens a TCP connection to `addr` with `TCP_NODELAY` (requests are small and latency-bound).
+async fn open(addr: SocketAddr) -> Result<TcpStream, ClientError> {
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|source| ClientError::Connect { addr, source })?;
+    stream
+        .set_nodelay(true)
+        .map_err(|source| ClientError::Connect { addr, source })?;
+    Ok(stream)
+}
+
 impl Client {
-    /// Connects with `TCP_NODELAY` (requests are small and latency-bound) and a reply limit of
-    /// `MESSAGE_SIZE_MAX_DEFAULT`.
+    /// Connects with `TCP_NODELAY` (requests are small and latency-bound), a reply limit of
+    /// `MESSAGE_SIZE_MAX_DEFAULT` and a retry budget of `RETRY_BUDGET_DEFAULT`. Registers
+    /// nothing: the session is opened by `register` or by the first session-tracked call.
     ///
     /// # Errors
-    /// `Connect` if the connection or setting `TCP_NODELAY` fails.
+    /// `Connect` if the connection or setting `TCP_NODELAY` fails (not retried).
     ///
     /// # Cancel safety
     /// Cancel safe: nothing was sent.
     pub async fn connect(addr: std::net::SocketAddr) -> Result<Client, ClientError> {
-        let stream = TcpStream::connect(addr)
-            .await
-            .map_err(|source| ClientError::Connect { addr, source })?;
-        stream
-            .set_nodelay(true)
-            .map_err(|source| ClientError::Connect { addr, source })?;
+        let stream = open(addr).await?;
         Ok(Client {
             stream,
+            addr,
             id: client_id_new(),
             request_last: 0,
+            session: None,
             max_message_size: MESSAGE_SIZE_MAX_DEFAULT,
+            retry_budget: RETRY_BUDGET_DEFAULT,
             broken: false,
         })
     }
@@ -129,7 +243,16 @@ impl Client {
         self
     }
 
-    /// This connection's client id (header `client` of every request).
+    /// Sets how long one call keeps retrying (waits included) before it returns its last error.
+    /// `Duration::ZERO` makes one attempt per call, except that a connection left broken by an
+    /// earlier call is still reconnected before sending.
+    #[must_use]
+    pub fn with_retry_budget(mut self, retry_budget: Duration) -> Client {
+        self.retry_budget = retry_budget;
+        self
+    }
+
+    /// This client's id (header `client` of every request, kept across reconnects).
     pub fn client_id(&self) -> u128 {
         self.id
     }
@@ -139,30 +262,75 @@ impl Client {
         self.max_message_size
     }
 
+    /// How long one call keeps retrying before it returns its last error.
+    pub fn retry_budget(&self) -> Duration {
+        self.retry_budget
+    }
+
+    /// The session number of the last successful Register (the op number that committed it), or
+    /// `None` before the first Register and after an Eviction.
+    pub fn session(&self) -> Option<u64> {
+        self.session
+    }
+
+    /// Opens a new session: sends Register with request number 0 (no number of the request
+    /// counter is used), stores the reply's `offset` as the session and returns it. Registering
+    /// again replaces the session. Retried like a session-tracked call.
+    ///
+    /// # Errors
+    /// As `request`.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: if dropped, the server may or may not have opened a session, and
+    /// `session()` is unchanged; the next call reconnects if the connection was left mid-frame.
+    pub async fn register(&mut self) -> Result<u64, ClientError> {
+        let header = Client::request_header(Operation::Register, Namespace(0));
+        let frame = self.send(header, Vec::new()).await?;
+        Ok(frame.header.offset)
+    }
+
     /// Sends `header` with `body` and returns the validated reply. Sets the header's `client`,
-    /// `request` (next number), `timestamp_us`, `size` and checksums; every other field is sent
-    /// as given. The reply must be a `Reply` echoing `request` and `operation`.
+    /// `request` (next number; 0 for `Register`), `timestamp_us`, `size` and checksums; every
+    /// other field is sent as given. The reply must be a `Reply` echoing `request` and
+    /// `operation`. A session-tracked `operation` first registers if there is no session; a
+    /// `Register` stores the session from the reply's `offset`. Retries as the operation allows
+    /// (see the module doc); an operation number no `Operation` has is retried only after `Busy`
+    /// or a failure before sending.
     ///
     /// # Errors
     /// - `Frame(SizeTooLarge)` before sending, if the request exceeds `max_message_size`.
-    /// - `Frame(_)`: the write or the reply read failed (see `read_frame`); the connection is
-    ///   then broken.
-    /// - `Protocol`: the reply is no `Reply`, answers another request or operation (connection
-    ///   then broken), or carries an unknown error code.
+    /// - `Frame(_)`: the write or the reply read failed (see `read_frame`) and was not retried
+    ///   (or the retry budget ran out).
+    /// - `Connect`: a reconnect failed and the retry budget ran out.
+    /// - `Protocol`: the answer is no `Reply`/`Eviction`, answers another request or operation,
+    ///   or carries an unknown error code.
     /// - `Server { code, message }`: the reply carries `error_code` != 0; `message` is its body.
-    /// - `Broken`: an earlier call left the connection mid-frame.
+    ///   `Busy`/`ShuttingDown` only once the retry budget ran out.
+    /// - `Evicted { reason }`: the server answered with an Eviction; the session is cleared.
     ///
     /// # Cancel safety
-    /// Not cancel safe: a dropped call marks the connection broken; later calls fail `Broken`.
+    /// Not cancel safe: a dropped call may or may not have been applied, and its request number
+    /// is used up; the next call reconnects if the connection was left mid-frame.
     pub async fn request(&mut self, header: Header, body: &[u8]) -> Result<Frame, ClientError> {
         self.exchange(header, body.to_vec()).await
     }
 
-    async fn exchange(&mut self, mut header: Header, body: Vec<u8>) -> Result<Frame, ClientError> {
-        if self.broken {
-            return Err(ClientError::Broken);
+    /// `send`, after registering first if `header` is a session-tracked operation and there is
+    /// no session.
+    async fn exchange(&mut self, header: Header, body: Vec<u8>) -> Result<Frame, ClientError> {
+        self.check_size(body.len())?;
+        let tracked =
+            Operation::from_u8(header.operation).is_some_and(Operation::is_session_tracked);
+        if tracked && self.session.is_none() {
+            self.register().await?;
         }
-        let size = HEADER_SIZE.saturating_add(body.len());
+        self.send(header, body).await
+    }
+
+    /// `Frame(SizeTooLarge)` if a request with a body of `body_size` bytes exceeds
+    /// `max_message_size`.
+    fn check_size(&self, body_size: usize) -> Result<(), ClientError> {
+        let size = HEADER_SIZE.saturating_add(body_size);
         if size > self.max_message_size as usize {
             let size = u32::try_from(size).unwrap_or(u32::MAX);
             return Err(FrameError::SizeTooLarge {
@@ -171,34 +339,117 @@ impl Client {
             }
             .into());
         }
-        self.request_last += 1;
+        Ok(())
+    }
+
+    /// Numbers and seals one request, sends it with retries, and keeps the session in step with
+    /// the answer (Register sets it, Eviction clears it).
+    async fn send(&mut self, mut header: Header, body: Vec<u8>) -> Result<Frame, ClientError> {
+        self.check_size(body.len())?;
+        let register = header.operation == Operation::Register as u8;
         header.client = self.id;
-        header.request = self.request_last;
+        header.request = if register {
+            0
+        } else {
+            self.request_last += 1;
+            self.request_last
+        };
         header.timestamp_us = now_us();
         header.set_checksums(&body);
-        let operation = header.operation;
+        let result = self.send_with_retries(&header, body).await;
+        match &result {
+            Ok(frame) if register => self.session = Some(frame.header.offset),
+            Err(ClientError::Evicted { .. }) => self.session = None,
+            _ => {}
+        }
+        result
+    }
 
+    /// Sends the sealed `header` and `body` until an attempt succeeds, fails in a way the
+    /// operation's `RetryPolicy` does not retry, or the next wait would overrun the retry budget.
+    /// Every attempt sends the same bytes.
+    async fn send_with_retries(
+        &mut self,
+        header: &Header,
+        body: Vec<u8>,
+    ) -> Result<Frame, ClientError> {
+        let policy = RetryPolicy::of(header.operation);
+        let started = Instant::now();
+        let mut backoff = RETRY_BACKOFF_MIN;
+        let mut buffers = [bytemuck::bytes_of(header).to_vec(), body];
+        loop {
+            let (result, returned) = self.attempt(header, buffers).await;
+            buffers = returned;
+            let (error, written) = match result {
+                Ok(frame) => return Ok(frame),
+                Err(failure) => failure,
+            };
+            if !policy.allows(&error, written)
+                || started.elapsed().saturating_add(backoff) > self.retry_budget
+            {
+                return Err(error);
+            }
+            tracing::debug!(
+                addr = %self.addr, request = header.request, operation = header.operation,
+                backoff_ms = backoff.as_millis() as u64, %error, "retrying request"
+            );
+            compio::time::sleep(backoff).await;
+            backoff = backoff.saturating_mul(2).min(RETRY_BACKOFF_MAX);
+        }
+    }
+
+    /// One attempt: reconnects if the connection is broken, writes `buffers` (sealed header and
+    /// body) and reads and validates the answer. Returns the buffers for a resend; an error comes
+    /// with whether request bytes may have reached the server.
+    async fn attempt(
+        &mut self,
+        header: &Header,
+        buffers: [Vec<u8>; 2],
+    ) -> (Result<Frame, (ClientError, bool)>, [Vec<u8>; 2]) {
+        if self.broken {
+            match open(self.addr).await {
+                Ok(stream) => {
+                    self.stream = stream;
+                    self.broken = false;
+                }
+                Err(error) => return (Err((error, false)), buffers),
+            }
+        }
         self.broken = true;
-        let header_bytes = bytemuck::bytes_of(&header).to_vec();
         // One vectored write: the body (a batch, possibly megabytes) is never copied.
-        let BufResult(result, _) = self.stream.write_vectored_all([header_bytes, body]).await;
-        result.map_err(FrameError::Io)?;
-        let frame = read_frame(&mut self.stream, self.max_message_size).await?;
+        let BufResult(result, buffers) = self.stream.write_vectored_all(buffers).await;
+        if let Err(error) = result {
+            return (Err((FrameError::Io(error).into(), true)), buffers);
+        }
+        let result = match read_frame(&mut self.stream, self.max_message_size).await {
+            Ok(frame) => self.validate(header, frame),
+            Err(error) => Err(error.into()),
+        };
+        (result.map_err(|error| (error, true)), buffers)
+    }
 
+    /// Checks that `frame` answers `header` and maps it to the call's result; marks the
+    /// connection usable again when it does.
+    fn validate(&mut self, header: &Header, frame: Frame) -> Result<Frame, ClientError> {
         let reply = &frame.header;
-        if reply.command != Command::Reply as u8 {
+        let evicted = reply.command == Command::Eviction as u8;
+        if reply.command != Command::Reply as u8 && !evicted {
             return Err(ClientError::Protocol(format!(
                 "expected a Reply to request {}, got command {}",
                 header.request, reply.command
             )));
         }
-        if reply.request != header.request || reply.operation != operation {
+        if reply.request != header.request || reply.operation != header.operation {
             return Err(ClientError::Protocol(format!(
                 "reply to request {} operation {} while waiting for request {} operation {}",
-                reply.request, reply.operation, header.request, operation
+                reply.request, reply.operation, header.request, header.operation
             )));
         }
         self.broken = false;
+        if evicted {
+            let reason = String::from_utf8_lossy(&frame.body).into_owned();
+            return Err(ClientError::Evicted { reason });
+        }
         if reply.error_code != 0 {
             let Some(code) = ErrorCode::from_u32(reply.error_code) else {
                 return Err(ClientError::Protocol(format!(
@@ -218,7 +469,8 @@ impl Client {
         header
     }
 
-    /// Round trip with an empty body.
+    /// Round trip with an empty body. Retried after `Busy`, `ShuttingDown` and connection
+    /// failures.
     ///
     /// # Errors
     /// As `request`.
@@ -232,8 +484,13 @@ impl Client {
 
     /// Creates stream `stream_id` named `name` (body: the UTF-8 name).
     ///
+    /// Session-tracked: registers first if there is no session, and is retried (same request
+    /// number) after `Busy`, `ShuttingDown` and connection failures; the server's deduplication
+    /// makes the resend apply at most once.
+    ///
     /// # Errors
-    /// As `request`; e.g. `Server { code: StreamAlreadyExists, .. }`.
+    /// As `request`; e.g. `Server { code: StreamAlreadyExists, .. }`, `Evicted`, or
+    /// `Server { code: RequestStale, .. }` when the reply to a resend is no longer cached.
     ///
     /// # Cancel safety
     /// Not cancel safe (see `request`).
@@ -247,8 +504,13 @@ impl Client {
 
     /// Deletes stream `stream_id` and its topics.
     ///
+    /// Session-tracked: registers first if there is no session, and is retried (same request
+    /// number) after `Busy`, `ShuttingDown` and connection failures; the server's deduplication
+    /// makes the resend apply at most once.
+    ///
     /// # Errors
-    /// As `request`; e.g. `Server { code: StreamNotFound, .. }`.
+    /// As `request`; e.g. `Server { code: StreamNotFound, .. }`, `Evicted`, or
+    /// `Server { code: RequestStale, .. }` when the reply to a resend is no longer cached.
     ///
     /// # Cancel safety
     /// Not cancel safe (see `request`).
@@ -261,8 +523,13 @@ impl Client {
     /// Creates topic `topic_id` named `name` in stream `stream_id` with `partition_count`
     /// partitions (header `count`).
     ///
+    /// Session-tracked: registers first if there is no session, and is retried (same request
+    /// number) after `Busy`, `ShuttingDown` and connection failures; the server's deduplication
+    /// makes the resend apply at most once.
+    ///
     /// # Errors
-    /// As `request`; e.g. `Server { code: TopicAlreadyExists | StreamNotFound, .. }`.
+    /// As `request`; e.g. `Server { code: TopicAlreadyExists | StreamNotFound, .. }`, `Evicted`, or
+    /// `Server { code: RequestStale, .. }` when the reply to a resend is no longer cached.
     ///
     /// # Cancel safety
     /// Not cancel safe (see `request`).
@@ -285,8 +552,13 @@ impl Client {
 
     /// Deletes topic `topic_id` of stream `stream_id`.
     ///
+    /// Session-tracked: registers first if there is no session, and is retried (same request
+    /// number) after `Busy`, `ShuttingDown` and connection failures; the server's deduplication
+    /// makes the resend apply at most once.
+    ///
     /// # Errors
-    /// As `request`; e.g. `Server { code: TopicNotFound, .. }`.
+    /// As `request`; e.g. `Server { code: TopicNotFound, .. }`, `Evicted`, or
+    /// `Server { code: RequestStale, .. }` when the reply to a resend is no longer cached.
     ///
     /// # Cancel safety
     /// Not cancel safe (see `request`).
@@ -298,7 +570,8 @@ impl Client {
         self.exchange(header, Vec::new()).await.map(drop)
     }
 
-    /// Streams, topics, partitions and owner shards (reply body: JSON of `Metadata`).
+    /// Streams, topics, partitions and owner shards (reply body: JSON of `Metadata`). Retried
+    /// after `Busy`, `ShuttingDown` and connection failures.
     ///
     /// # Errors
     /// As `request`; `Protocol` if the body is not `Metadata` JSON.
@@ -315,8 +588,16 @@ impl Client {
     /// Sends one batch built with `BatchBuilder`; the ack carries the base offset the owner
     /// shard assigned (reply `offset`) and the message count it appended (reply `count`).
     ///
+    /// Data-plane sends are not deduplicated by the server, so the batch is resent only when
+    /// nothing was applied: after a `Busy` reply, or when reconnecting a connection an earlier
+    /// call left broken fails before any byte was written. A connection failure after the request
+    /// was (partly) written is returned: the batch may or may not have been appended, and only
+    /// the caller can decide whether a duplicate is acceptable.
+    ///
     /// # Errors
-    /// As `request`; e.g. `Server { code: Busy | InvalidBatch | PartitionNotFound, .. }`.
+    /// As `request`; e.g. `Server { code: Busy | ShuttingDown | InvalidBatch | PartitionNotFound,
+    /// .. }` (`Busy` once the retry budget ran out), or `Frame(Closed | Truncated | Io)` when the
+    /// connection failed with the batch possibly appended.
     ///
     /// # Cancel safety
     /// Not cancel safe (see `request`): the batch may or may not have been appended.
@@ -334,7 +615,8 @@ impl Client {
     }
 
     /// Returns the reply body: concatenated batches starting at the batch containing `offset`
-    /// (callers skip messages below `offset`); empty when nothing is there yet.
+    /// (callers skip messages below `offset`); empty when nothing is there yet. Retried after
+    /// `Busy`, `ShuttingDown` and connection failures.
     ///
     /// # Errors
     /// As `request`; e.g. `Server { code: PartitionNotFound, .. }`.

@@ -10,6 +10,11 @@
 pub enum Command {
     Request = 1,
     Reply = 2,
+    /// Sent by the server instead of a `Reply` to a session-tracked request whose client has no
+    /// session (never registered, or evicted from the full client table). It echoes the request's
+    /// `client`, `request` and `operation`; `error_code` is `SessionEvicted`; the body is the
+    /// UTF-8 reason. The client must `Register` again before its next session-tracked request.
+    Eviction = 3,
 }
 
 /// Header `operation` of a client Request/Reply (v1).
@@ -24,6 +29,10 @@ pub enum Operation {
     GetMetadata = 6,
     SendMessages = 7,
     PollMessages = 8,
+    /// Opens a client session. Request: `client` = the client id (non-zero), `request` = 0, empty
+    /// body. Success reply: `offset` = the session number (the op number that committed the
+    /// Register), empty body.
+    Register = 9,
 }
 
 /// Stable numeric error codes (never renumbered). `Busy` and `ShuttingDown` are retryable.
@@ -41,17 +50,24 @@ pub enum ErrorCode {
     ShuttingDown = 9,
     StorageFailure = 10,
     Internal = 11,
+    /// The client has no session (never registered, or evicted); register again. Carried by an
+    /// `Eviction` message.
+    SessionEvicted = 12,
+    /// The request number is at or below the session's last committed request but its reply is
+    /// no longer cached: the request was applied once and its answer is gone.
+    RequestStale = 13,
 }
 
 impl Command {
     /// Every command, in numeric order.
-    pub const ALL: [Command; 2] = [Command::Request, Command::Reply];
+    pub const ALL: [Command; 3] = [Command::Request, Command::Reply, Command::Eviction];
 
     /// The command numbered `value`, or `None` for a number no command has.
     pub fn from_u8(value: u8) -> Option<Command> {
         match value {
             1 => Some(Command::Request),
             2 => Some(Command::Reply),
+            3 => Some(Command::Eviction),
             _ => None,
         }
     }
@@ -59,7 +75,7 @@ impl Command {
 
 impl Operation {
     /// Every v1 operation, in numeric order.
-    pub const ALL: [Operation; 8] = [
+    pub const ALL: [Operation; 9] = [
         Operation::Ping,
         Operation::CreateStream,
         Operation::DeleteStream,
@@ -68,6 +84,7 @@ impl Operation {
         Operation::GetMetadata,
         Operation::SendMessages,
         Operation::PollMessages,
+        Operation::Register,
     ];
 
     /// The operation numbered `value`, or `None` for a number no operation has.
@@ -81,14 +98,29 @@ impl Operation {
             6 => Some(Operation::GetMetadata),
             7 => Some(Operation::SendMessages),
             8 => Some(Operation::PollMessages),
+            9 => Some(Operation::Register),
             _ => None,
         }
+    }
+
+    /// Whether the server deduplicates this operation by (client, request) through the client's
+    /// session: the metadata changes. A retried request with a number at or below the session's
+    /// last committed one gets the cached reply (or `RequestStale`) instead of a second apply.
+    /// `Register` itself and every other operation are not deduplicated.
+    pub fn is_session_tracked(self) -> bool {
+        matches!(
+            self,
+            Operation::CreateStream
+                | Operation::DeleteStream
+                | Operation::CreateTopic
+                | Operation::DeleteTopic
+        )
     }
 }
 
 impl ErrorCode {
     /// Every error code, in numeric order.
-    pub const ALL: [ErrorCode; 11] = [
+    pub const ALL: [ErrorCode; 13] = [
         ErrorCode::Busy,
         ErrorCode::StreamNotFound,
         ErrorCode::StreamAlreadyExists,
@@ -100,6 +132,8 @@ impl ErrorCode {
         ErrorCode::ShuttingDown,
         ErrorCode::StorageFailure,
         ErrorCode::Internal,
+        ErrorCode::SessionEvicted,
+        ErrorCode::RequestStale,
     ];
 
     /// The error code numbered `value`, or `None` for 0 (success) and unknown numbers.
@@ -116,6 +150,8 @@ impl ErrorCode {
             9 => Some(ErrorCode::ShuttingDown),
             10 => Some(ErrorCode::StorageFailure),
             11 => Some(ErrorCode::Internal),
+            12 => Some(ErrorCode::SessionEvicted),
+            13 => Some(ErrorCode::RequestStale),
             _ => None,
         }
     }
@@ -140,6 +176,8 @@ impl ErrorCode {
             ErrorCode::ShuttingDown => "server shutting down, retry",
             ErrorCode::StorageFailure => "storage failure",
             ErrorCode::Internal => "internal server error",
+            ErrorCode::SessionEvicted => "client session evicted; register again",
+            ErrorCode::RequestStale => "request number older than the session's cached replies",
         }
     }
 }
@@ -176,25 +214,54 @@ mod tests {
             assert_eq!(Operation::from_u8(operation as u8), Some(operation));
         }
         assert_eq!(Operation::from_u8(0), None);
-        assert_eq!(Operation::from_u8(9), None);
+        assert_eq!(Operation::from_u8(10), None);
         assert_eq!(Operation::from_u8(u8::MAX), None);
         assert_eq!(
             (1..=u8::MAX)
                 .filter(|&v| Operation::from_u8(v).is_some())
                 .count(),
-            8
+            9
+        );
+    }
+
+    #[test]
+    fn wire_numbers_of_commands_and_operations_are_stable() {
+        let commands: Vec<u8> = Command::ALL.iter().map(|&c| c as u8).collect();
+        assert_eq!(commands, vec![1, 2, 3]);
+        let operations: Vec<u8> = Operation::ALL.iter().map(|&o| o as u8).collect();
+        assert_eq!(operations, (1..=9).collect::<Vec<u8>>());
+        assert_eq!(Command::Eviction as u8, 3);
+        assert_eq!(Operation::Register as u8, 9);
+    }
+
+    #[test]
+    fn only_metadata_changes_are_session_tracked() {
+        let tracked: Vec<Operation> = Operation::ALL
+            .into_iter()
+            .filter(|o| o.is_session_tracked())
+            .collect();
+        assert_eq!(
+            tracked,
+            vec![
+                Operation::CreateStream,
+                Operation::DeleteStream,
+                Operation::CreateTopic,
+                Operation::DeleteTopic
+            ]
         );
     }
 
     #[test]
     fn error_code_numbers_are_stable() {
         let numbers: Vec<u32> = ErrorCode::ALL.iter().map(|&c| c as u32).collect();
-        assert_eq!(numbers, (1..=11).collect::<Vec<u32>>());
+        assert_eq!(numbers, (1..=13).collect::<Vec<u32>>());
+        assert_eq!(ErrorCode::SessionEvicted as u32, 12);
+        assert_eq!(ErrorCode::RequestStale as u32, 13);
         for code in ErrorCode::ALL {
             assert_eq!(ErrorCode::from_u32(code as u32), Some(code));
         }
         assert_eq!(ErrorCode::from_u32(0), None);
-        assert_eq!(ErrorCode::from_u32(12), None);
+        assert_eq!(ErrorCode::from_u32(14), None);
         assert_eq!(ErrorCode::from_u32(u32::MAX), None);
     }
 
@@ -220,6 +287,14 @@ mod tests {
         assert_eq!(
             ErrorCode::Internal.to_string(),
             "Internal (11): internal server error"
+        );
+        assert_eq!(
+            ErrorCode::SessionEvicted.to_string(),
+            "SessionEvicted (12): client session evicted; register again"
+        );
+        assert_eq!(
+            ErrorCode::RequestStale.to_string(),
+            "RequestStale (13): request number older than the session's cached replies"
         );
     }
 }

@@ -16,7 +16,7 @@
 //! | 56..58   | `protocol_version` | u16, `PROTOCOL_VERSION`                                    |
 //! | 58       | `command`          | u8, `Command`                                              |
 //! | 59       | `replica`          | u8, sending replica id                                     |
-//! | 60       | `operation`        | u8, `Operation` of a Request/Reply                         |
+//! | 60       | `operation`        | u8, `Operation` of a Request/Reply/Eviction                |
 //! | 61..64   | `reserved_prefix`  | zero                                                       |
 //! | 64..80   | `client`           | u128, client id                                            |
 //! | 80..88   | `request`          | u64, client request number, echoed in the reply            |
@@ -132,7 +132,7 @@ impl Header {
     /// - `SizeTooLarge`: `size` > `max_message_size`.
     /// - `ProtocolVersion`: `protocol_version` != `PROTOCOL_VERSION`.
     /// - `UnknownCommand`: `command` is no `Command`.
-    /// - `UnknownOperation`: `operation` of a Request or Reply is no `Operation`.
+    /// - `UnknownOperation`: `operation` of a Request, Reply or Eviction is no `Operation`.
     pub fn validate_prefix(&self, max_message_size: u32) -> Result<(), FrameError> {
         if !self.valid_checksum() {
             return Err(FrameError::HeaderChecksum);
@@ -155,12 +155,14 @@ impl Header {
             None => Err(FrameError::UnknownCommand {
                 command: self.command,
             }),
-            Some(Command::Request | Command::Reply) => match Operation::from_u8(self.operation) {
-                None => Err(FrameError::UnknownOperation {
-                    operation: self.operation,
-                }),
-                Some(_) => Ok(()),
-            },
+            Some(Command::Request | Command::Reply | Command::Eviction) => {
+                match Operation::from_u8(self.operation) {
+                    None => Err(FrameError::UnknownOperation {
+                        operation: self.operation,
+                    }),
+                    Some(_) => Ok(()),
+                }
+            }
         }
     }
 }
@@ -288,10 +290,10 @@ mod tests {
             header.validate_prefix(MAX),
             Err(FrameError::ProtocolVersion { version: 2 })
         ));
-        let header = resealed(|h| h.command = 3);
+        let header = resealed(|h| h.command = 4);
         assert!(matches!(
             header.validate_prefix(MAX),
-            Err(FrameError::UnknownCommand { command: 3 })
+            Err(FrameError::UnknownCommand { command: 4 })
         ));
         let header = resealed(|h| h.operation = 0);
         assert!(matches!(
@@ -305,6 +307,23 @@ mod tests {
         assert!(matches!(
             header.validate_prefix(MAX),
             Err(FrameError::UnknownOperation { operation: 200 })
+        ));
+    }
+
+    #[test]
+    fn validate_prefix_accepts_eviction_and_checks_its_operation() {
+        let mut header = Header::new(Command::Eviction, Operation::CreateStream);
+        header.set_checksums(b"reason");
+        assert!(header.validate_prefix(MAX).is_ok());
+        let mut header = Header::new(Command::Request, Operation::Register);
+        header.set_checksums(b"");
+        assert!(header.validate_prefix(MAX).is_ok());
+        header.command = Command::Eviction as u8;
+        header.operation = 10;
+        header.checksum = header.calculate_checksum();
+        assert!(matches!(
+            header.validate_prefix(MAX),
+            Err(FrameError::UnknownOperation { operation: 10 })
         ));
     }
 
@@ -364,8 +383,8 @@ mod tests {
                 bytes in proptest::collection::vec(any::<u8>(), HEADER_SIZE),
                 size in prop_oneof![0u32..1200, any::<u32>()],
                 version in 0u16..3,
-                command in 0u8..4,
-                operation in prop_oneof![0u8..10, any::<u8>()],
+                command in 0u8..5,
+                operation in prop_oneof![0u8..11, any::<u8>()],
                 max in prop_oneof![256u32..1200, any::<u32>()],
             ) {
                 let mut header: Header = bytemuck::pod_read_unaligned(&bytes);
@@ -378,8 +397,8 @@ mod tests {
                 let expected_ok = size >= 256
                     && size <= max
                     && version == PROTOCOL_VERSION
-                    && (1..=2).contains(&command)
-                    && (1..=8).contains(&operation);
+                    && (1..=3).contains(&command)
+                    && (1..=9).contains(&operation);
                 prop_assert_eq!(verdict.is_ok(), expected_ok, "{:?}", verdict);
             }
         }

@@ -26,7 +26,7 @@ pub use command::{Command, ErrorCode, Operation};
 pub use frame::{Frame, FrameError, encode_frame, read_body, read_frame, read_header, write_frame};
 pub use header::{HEADER_SIZE, Header, PROTOCOL_VERSION};
 pub use namespace::Namespace;
-pub use reply::{error_reply, reply_header};
+pub use reply::{error_reply, eviction, reply_header};
 pub use wire::{Metadata, PartitionInfo, StreamInfo, TopicInfo};
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! Every bound of the wire protocol, with why it has its value. Relations between bounds are
 //! checked at compile time at the bottom. Nothing here may depend on configuration.
 
+use std::time::Duration;
+
 use crate::batch::{BATCH_HEADER_SIZE, MESSAGE_HEADER_SIZE};
 use crate::header::HEADER_SIZE;
 
@@ -18,6 +20,19 @@ pub const BATCH_MESSAGE_COUNT_MAX: u32 = 1 << 20;
 /// boundary. Error texts are for people and logs, not for data.
 pub const ERROR_MESSAGE_SIZE_MAX: usize = 4096;
 
+/// How long a client keeps retrying one call transparently (reconnects and resends after a
+/// connection failure, or resends after `Busy`/`ShuttingDown`) before it returns the last error.
+/// 30 s outlasts a server restart with a short WAL replay and a burst of full inboxes, and is short
+/// enough that a dead server is reported while a person is still watching.
+pub const RETRY_BUDGET_DEFAULT: Duration = Duration::from_secs(30);
+/// First wait between two attempts of one call: about a loopback round trip plus a shard inbox
+/// drain, so a momentary `Busy` costs little latency.
+pub const RETRY_BACKOFF_MIN: Duration = Duration::from_millis(10);
+/// Longest wait between two attempts (the wait doubles from `RETRY_BACKOFF_MIN` up to this): a
+/// restarting server is noticed within a second of coming back, and a client in a retry loop
+/// sends at most one request (or connect) a second.
+pub const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
 // A full batch of empty messages fits in a default-sized message.
 const _: () = assert!(
     BATCH_HEADER_SIZE + (BATCH_MESSAGE_COUNT_MAX as usize) * MESSAGE_HEADER_SIZE
@@ -26,3 +41,8 @@ const _: () = assert!(
 // An error reply always fits in the smallest sensible max_message_size.
 const _: () = assert!(HEADER_SIZE + ERROR_MESSAGE_SIZE_MAX <= 64 * 1024);
 const _: () = assert!(MESSAGE_SIZE_MAX_DEFAULT as usize >= HEADER_SIZE);
+// The backoff doubles from its minimum to its maximum, and the default budget allows several
+// attempts at the maximum wait.
+const _: () = assert!(RETRY_BACKOFF_MIN.as_nanos() > 0);
+const _: () = assert!(RETRY_BACKOFF_MIN.as_nanos() <= RETRY_BACKOFF_MAX.as_nanos());
+const _: () = assert!(RETRY_BACKOFF_MAX.as_nanos() * 4 <= RETRY_BUDGET_DEFAULT.as_nanos());

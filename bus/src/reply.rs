@@ -1,6 +1,7 @@
 //! Server-side helpers to answer a client Request: the reply header that echoes the request's
-//! identity, and a complete encoded error reply. Pure functions: no I/O, and never a reply that
-//! names another request than the one it answers.
+//! identity, a complete encoded error reply, and the Eviction sent instead of a reply to a client
+//! without a session. Pure functions: no I/O, and never an answer that names another request than
+//! the one it answers.
 
 use crate::command::{Command, ErrorCode};
 use crate::frame::encode_frame;
@@ -28,6 +29,24 @@ pub fn reply_header(request: &Header) -> Header {
 pub fn error_reply(request: &Header, code: ErrorCode, message: &str) -> Vec<u8> {
     let mut header = reply_header(request);
     header.error_code = code as u32;
+    encode_frame(&mut header, error_text(code, message))
+}
+
+/// An encoded Eviction answering `request` (header + body, checksums set), sent instead of a
+/// reply to a session-tracked request whose client has no session: command `Eviction`, the same
+/// `operation`, `request`, `client`, `namespace` and `cluster` as `reply_header`, `error_code` =
+/// `SessionEvicted`, body = `reason` as UTF-8, cut to at most `ERROR_MESSAGE_SIZE_MAX` bytes at a
+/// character boundary. An empty `reason` is replaced by `SessionEvicted.message()`.
+pub fn eviction(request: &Header, reason: &str) -> Vec<u8> {
+    let mut header = reply_header(request);
+    header.command = Command::Eviction as u8;
+    header.error_code = ErrorCode::SessionEvicted as u32;
+    encode_frame(&mut header, error_text(ErrorCode::SessionEvicted, reason))
+}
+
+/// `message` (or `code.message()` if empty) cut to `ERROR_MESSAGE_SIZE_MAX` bytes at a character
+/// boundary.
+fn error_text(code: ErrorCode, message: &str) -> &[u8] {
     let message = if message.is_empty() {
         code.message()
     } else {
@@ -37,7 +56,7 @@ pub fn error_reply(request: &Header, code: ErrorCode, message: &str) -> Vec<u8> 
     while !message.is_char_boundary(end) {
         end -= 1;
     }
-    encode_frame(&mut header, &message.as_bytes()[..end])
+    &message.as_bytes()[..end]
 }
 
 #[cfg(test)]
@@ -95,5 +114,28 @@ mod tests {
         let bytes = error_reply(&request(), ErrorCode::Internal, &odd);
         let body = std::str::from_utf8(&bytes[256..]).unwrap();
         assert_eq!(body.len(), ERROR_MESSAGE_SIZE_MAX - 1);
+    }
+
+    #[test]
+    fn eviction_echoes_the_request_with_session_evicted_and_reason() {
+        let bytes = eviction(&request(), "client table full");
+        let header: Header = bytemuck::pod_read_unaligned(&bytes[..256]);
+        header.validate_prefix(MESSAGE_SIZE_MAX_DEFAULT).unwrap();
+        assert!(header.valid_checksum_body(&bytes[256..]));
+        assert_eq!(&bytes[256..], b"client table full");
+        let mut expected = reply_header(&request());
+        expected.command = Command::Eviction as u8;
+        expected.error_code = ErrorCode::SessionEvicted as u32;
+        expected.size = header.size;
+        expected.checksum_body = header.checksum_body;
+        expected.checksum = expected.calculate_checksum();
+        assert_eq!(header, expected);
+        assert_eq!(header.operation, Operation::CreateTopic as u8);
+
+        let bytes = eviction(&request(), "");
+        assert_eq!(&bytes[256..], b"client session evicted; register again");
+        let long = "é".repeat(ERROR_MESSAGE_SIZE_MAX);
+        let bytes = eviction(&request(), &format!("a{long}"));
+        assert_eq!(bytes.len(), 256 + ERROR_MESSAGE_SIZE_MAX - 1);
     }
 }

@@ -1,14 +1,16 @@
-//! `Client` against a tiny fake server written here: it accepts one connection, records every
-//! request frame, and answers with what each test scripts (a reply, an error, garbage, or a
-//! close). Asserts what the client sends on the wire and how it maps each answer.
+//! `Client` against a tiny fake server written here: it accepts a given number of connections one
+//! after another, records every request frame, and answers with what each test scripts (a reply,
+//! an error, an Eviction, garbage, or a close). Asserts what the client sends on the wire, how it
+//! maps each answer, and when it registers, reconnects and resends.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use bus::client::messages_from;
 use bus::{
     BatchBuilder, Client, ClientError, Command, ErrorCode, Frame, FrameError, Header, Metadata,
     Namespace, Operation, PartitionInfo, StreamInfo, TopicInfo, encode_frame, error_reply,
-    read_frame, reply_header, write_frame,
+    eviction, read_frame, reply_header, write_frame,
 };
 use compio::net::TcpListener;
 use compio::runtime::JoinHandle;
@@ -23,12 +25,39 @@ fn run<F: Future>(future: F) -> F::Output {
 type Script = Box<dyn FnMut(&Frame) -> Option<Vec<u8>>>;
 
 /// Serves one connection with `script`; the task returns the request frames it received.
-async fn fake_server(mut script: Script) -> (SocketAddr, JoinHandle<Vec<Frame>>) {
+async fn fake_server(script: Script) -> (SocketAddr, JoinHandle<Vec<Frame>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = compio::runtime::spawn(async move {
+        serve(listener, 1, script)
+            .await
+            .into_iter()
+            .map(|(_, frame)| frame)
+            .collect()
+    });
+    (addr, task)
+}
+
+/// Serves `connection_count` connections one after another with one `script`; the task returns
+/// each request frame with the index of the connection it came on (0 = first accepted).
+async fn fake_server_connections(
+    connection_count: usize,
+    script: Script,
+) -> (SocketAddr, JoinHandle<Vec<(usize, Frame)>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = compio::runtime::spawn(serve(listener, connection_count, script));
+    (addr, task)
+}
+
+async fn serve(
+    listener: TcpListener,
+    connection_count: usize,
+    mut script: Script,
+) -> Vec<(usize, Frame)> {
+    let mut received = Vec::new();
+    for connection_index in 0..connection_count {
         let (mut stream, _) = listener.accept().await.unwrap();
-        let mut received = Vec::new();
         loop {
             let frame = match read_frame(&mut stream, bus::limits::MESSAGE_SIZE_MAX_DEFAULT).await {
                 Ok(frame) => frame,
@@ -37,15 +66,40 @@ async fn fake_server(mut script: Script) -> (SocketAddr, JoinHandle<Vec<Frame>>)
                 Err(error) => panic!("fake server read: {error}"),
             };
             let answer = script(&frame);
-            received.push(frame);
+            received.push((connection_index, frame));
             match answer {
                 Some(bytes) => write_frame(&mut stream, bytes).await.0.unwrap(),
                 None => break,
             }
         }
-        received
-    });
-    (addr, task)
+    }
+    received
+}
+
+/// (connection index, operation, client, request) of each received frame.
+fn identities(received: &[(usize, Frame)]) -> Vec<(usize, u8, u128, u64)> {
+    received
+        .iter()
+        .map(|(connection, f)| {
+            (
+                *connection,
+                f.header.operation,
+                f.header.client,
+                f.header.request,
+            )
+        })
+        .collect()
+}
+
+/// A success reply to a Register carrying session `session` in `offset`.
+fn registered(request: &Frame, session: u64) -> Vec<u8> {
+    let mut header = reply_header(&request.header);
+    header.offset = session;
+    encode_frame(&mut header, b"")
+}
+
+fn is_register(request: &Frame) -> bool {
+    request.header.operation == Operation::Register as u8
 }
 
 /// An empty success reply.
@@ -111,7 +165,12 @@ fn error_reply_maps_to_server_error_and_connection_stays_usable() {
             }
         });
         let (addr, server) = fake_server(script).await;
-        let mut client = Client::connect(addr).await.unwrap();
+        // No retry budget: the Busy reaches the caller after one attempt.
+        let mut client = Client::connect(addr)
+            .await
+            .unwrap()
+            .with_retry_budget(Duration::ZERO);
+        assert_eq!(client.retry_budget(), Duration::ZERO);
         let error = client.ping().await.unwrap_err();
         assert!(
             matches!(&error, ClientError::Server { code: ErrorCode::Busy, message } if message == "shard 3 inbox full"),
@@ -182,6 +241,7 @@ fn control_operations_put_ids_in_namespace_and_names_in_body() {
         assert_eq!(
             summary,
             vec![
+                (Operation::Register as u8, Namespace(0), 0, &b""[..]),
                 (
                     Operation::CreateStream as u8,
                     Namespace::new(7, 0, 0),
@@ -269,23 +329,34 @@ fn send_and_poll_messages() {
 }
 
 #[test]
-fn reply_to_another_request_is_a_protocol_error_and_breaks_the_connection() {
+fn reply_to_another_request_is_a_protocol_error_and_the_next_call_reconnects() {
     run(async {
-        let script: Script = Box::new(|request| {
+        let mut first = true;
+        let script: Script = Box::new(move |request| {
             let mut header = reply_header(&request.header);
-            header.request += 1;
+            if std::mem::take(&mut first) {
+                header.request += 1;
+            }
             Some(encode_frame(&mut header, b""))
         });
-        let (addr, server) = fake_server(script).await;
+        let (addr, server) = fake_server_connections(2, script).await;
         let mut client = Client::connect(addr).await.unwrap();
         let error = client.ping().await.unwrap_err();
         assert!(
             matches!(&error, ClientError::Protocol(text) if text.contains("request 2")),
             "{error:?}"
         );
-        assert!(matches!(client.ping().await, Err(ClientError::Broken)));
+        // The first connection may hold bytes of the bad exchange: the next call uses a new one.
+        client.ping().await.unwrap();
+        let id = client.client_id();
         drop(client);
-        assert_eq!(server.await.unwrap().len(), 1);
+        assert_eq!(
+            identities(&server.await.unwrap()),
+            vec![
+                (0, Operation::Ping as u8, id, 1),
+                (1, Operation::Ping as u8, id, 2)
+            ]
+        );
     });
 }
 
@@ -338,17 +409,25 @@ fn reply_with_wrong_operation_or_command_or_unknown_code_is_protocol() {
 }
 
 #[test]
-fn server_closing_mid_request_is_closed_then_broken() {
+fn reads_are_resent_on_a_new_connection_after_the_server_closes() {
     run(async {
-        let (addr, server) = fake_server(Box::new(|_| None)).await;
+        let mut request_count = 0;
+        let script: Script = Box::new(move |request| {
+            request_count += 1;
+            (request_count != 1).then(|| ok(request))
+        });
+        let (addr, server) = fake_server_connections(2, script).await;
         let mut client = Client::connect(addr).await.unwrap();
-        let error = client.ping().await.unwrap_err();
-        assert!(
-            matches!(error, ClientError::Frame(FrameError::Closed)),
-            "{error:?}"
+        client.ping().await.unwrap();
+        let id = client.client_id();
+        drop(client);
+        assert_eq!(
+            identities(&server.await.unwrap()),
+            vec![
+                (0, Operation::Ping as u8, id, 1),
+                (1, Operation::Ping as u8, id, 1)
+            ]
         );
-        assert!(matches!(client.ping().await, Err(ClientError::Broken)));
-        assert_eq!(server.await.unwrap().len(), 1);
     });
 }
 
@@ -432,6 +511,385 @@ fn connect_refused_names_the_address() {
             error
                 .to_string()
                 .starts_with(&format!("cannot connect to {addr}: "))
+        );
+    });
+}
+
+#[test]
+fn register_sets_the_session_from_offset_with_request_zero_and_uses_no_number() {
+    run(async {
+        let script: Script = Box::new(|request| {
+            if is_register(request) {
+                Some(registered(request, 77))
+            } else {
+                Some(ok(request))
+            }
+        });
+        let (addr, server) = fake_server(script).await;
+        let mut client = Client::connect(addr).await.unwrap();
+        assert_eq!(client.session(), None);
+        client.ping().await.unwrap();
+        assert_eq!(client.register().await.unwrap(), 77);
+        assert_eq!(client.session(), Some(77));
+        client.ping().await.unwrap();
+        let id = client.client_id();
+        drop(client);
+        let received = server.await.unwrap();
+        let summary: Vec<(u8, u128, u64, usize)> = received
+            .iter()
+            .map(|f| {
+                (
+                    f.header.operation,
+                    f.header.client,
+                    f.header.request,
+                    f.body.len(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (Operation::Ping as u8, id, 1, 0),
+                (Operation::Register as u8, id, 0, 0),
+                (Operation::Ping as u8, id, 2, 0),
+            ]
+        );
+        assert_eq!(received[1].header.command, Command::Request as u8);
+        assert_eq!(received[1].header.namespace, 0);
+    });
+}
+
+#[test]
+fn first_session_tracked_request_registers_once() {
+    run(async {
+        let script: Script = Box::new(|request| {
+            if is_register(request) {
+                Some(registered(request, 5))
+            } else {
+                Some(ok(request))
+            }
+        });
+        let (addr, server) = fake_server(script).await;
+        let mut client = Client::connect(addr).await.unwrap();
+        client.ping().await.unwrap();
+        assert_eq!(client.session(), None, "a ping needs no session");
+        client.create_stream(1, "s").await.unwrap();
+        assert_eq!(client.session(), Some(5));
+        client.create_topic(1, 2, "t", 3).await.unwrap();
+        client.delete_topic(1, 2).await.unwrap();
+        client.delete_stream(1).await.unwrap();
+        let id = client.client_id();
+        drop(client);
+        let received: Vec<(usize, Frame)> =
+            server.await.unwrap().into_iter().map(|f| (0, f)).collect();
+        assert_eq!(
+            identities(&received),
+            vec![
+                (0, Operation::Ping as u8, id, 1),
+                (0, Operation::Register as u8, id, 0),
+                (0, Operation::CreateStream as u8, id, 2),
+                (0, Operation::CreateTopic as u8, id, 3),
+                (0, Operation::DeleteTopic as u8, id, 4),
+                (0, Operation::DeleteStream as u8, id, 5),
+            ]
+        );
+    });
+}
+
+#[test]
+fn raw_request_of_a_session_tracked_operation_registers_first() {
+    run(async {
+        let script: Script = Box::new(|request| {
+            if is_register(request) {
+                Some(registered(request, 8))
+            } else {
+                Some(ok(request))
+            }
+        });
+        let (addr, server) = fake_server(script).await;
+        let mut client = Client::connect(addr).await.unwrap();
+        let mut header = Header::new(Command::Request, Operation::DeleteStream);
+        header.namespace = Namespace::new(4, 0, 0).0;
+        let reply = client.request(header, b"").await.unwrap();
+        assert_eq!(reply.header.request, 1);
+        assert_eq!(client.session(), Some(8));
+        drop(client);
+        let operations: Vec<(u8, u64)> = server
+            .await
+            .unwrap()
+            .iter()
+            .map(|f| (f.header.operation, f.header.request))
+            .collect();
+        assert_eq!(
+            operations,
+            vec![
+                (Operation::Register as u8, 0),
+                (Operation::DeleteStream as u8, 1)
+            ]
+        );
+    });
+}
+
+#[test]
+fn busy_and_shutting_down_replies_are_resent_with_the_same_request_number() {
+    run(async {
+        let mut attempt_count = 0;
+        let script: Script = Box::new(move |request| {
+            if is_register(request) {
+                return Some(registered(request, 1));
+            }
+            attempt_count += 1;
+            Some(match attempt_count {
+                1 => error_reply(&request.header, ErrorCode::Busy, ""),
+                2 => error_reply(&request.header, ErrorCode::ShuttingDown, ""),
+                _ => ok(request),
+            })
+        });
+        let (addr, server) = fake_server(script).await;
+        let mut client = Client::connect(addr).await.unwrap();
+        client.create_stream(3, "orders").await.unwrap();
+        client.ping().await.unwrap();
+        let id = client.client_id();
+        drop(client);
+        let received: Vec<(usize, Frame)> =
+            server.await.unwrap().into_iter().map(|f| (0, f)).collect();
+        assert_eq!(
+            identities(&received),
+            vec![
+                (0, Operation::Register as u8, id, 0),
+                (0, Operation::CreateStream as u8, id, 1),
+                (0, Operation::CreateStream as u8, id, 1),
+                (0, Operation::CreateStream as u8, id, 1),
+                (0, Operation::Ping as u8, id, 2),
+            ]
+        );
+        for (_, frame) in &received[1..4] {
+            assert_eq!(frame.body, b"orders");
+        }
+    });
+}
+
+#[test]
+fn dropped_connection_reconnects_and_resends_the_same_client_and_request() {
+    run(async {
+        let mut create_count = 0;
+        let script: Script = Box::new(move |request| {
+            if is_register(request) {
+                return Some(registered(request, 1));
+            }
+            if request.header.operation == Operation::CreateStream as u8 {
+                create_count += 1;
+                if create_count == 1 {
+                    return None;
+                }
+            }
+            Some(ok(request))
+        });
+        let (addr, server) = fake_server_connections(2, script).await;
+        let mut client = Client::connect(addr).await.unwrap();
+        client.create_stream(3, "orders").await.unwrap();
+        client.delete_stream(3).await.unwrap();
+        assert_eq!(client.session(), Some(1), "a reconnect keeps the session");
+        let id = client.client_id();
+        drop(client);
+        let received = server.await.unwrap();
+        assert_eq!(
+            identities(&received),
+            vec![
+                (0, Operation::Register as u8, id, 0),
+                (0, Operation::CreateStream as u8, id, 1),
+                (1, Operation::CreateStream as u8, id, 1),
+                (1, Operation::DeleteStream as u8, id, 2),
+            ]
+        );
+        assert_eq!(received[1].1.body, received[2].1.body);
+    });
+}
+
+#[test]
+fn eviction_returns_evicted_clears_the_session_and_the_next_call_registers_again() {
+    run(async {
+        let mut register_count = 0;
+        let mut create_count = 0;
+        let script: Script = Box::new(move |request| {
+            if is_register(request) {
+                register_count += 1;
+                return Some(registered(request, [5, 9][register_count - 1]));
+            }
+            create_count += 1;
+            if create_count == 1 {
+                Some(eviction(&request.header, "client table full"))
+            } else {
+                Some(ok(request))
+            }
+        });
+        let (addr, server) = fake_server(script).await;
+        let mut client = Client::connect(addr).await.unwrap();
+        let error = client.create_stream(3, "orders").await.unwrap_err();
+        assert!(
+            matches!(&error, ClientError::Evicted { reason } if reason == "client table full"),
+            "{error:?}"
+        );
+        assert!(!error.is_retryable());
+        assert_eq!(
+            error.to_string(),
+            "client session evicted: client table full"
+        );
+        assert_eq!(client.session(), None);
+        client.create_stream(3, "orders").await.unwrap();
+        assert_eq!(client.session(), Some(9));
+        let id = client.client_id();
+        drop(client);
+        let received: Vec<(usize, Frame)> =
+            server.await.unwrap().into_iter().map(|f| (0, f)).collect();
+        assert_eq!(
+            identities(&received),
+            vec![
+                (0, Operation::Register as u8, id, 0),
+                (0, Operation::CreateStream as u8, id, 1),
+                (0, Operation::Register as u8, id, 0),
+                (0, Operation::CreateStream as u8, id, 2),
+            ]
+        );
+    });
+}
+
+#[test]
+fn retry_budget_spent_on_busy_returns_busy() {
+    run(async {
+        let script: Script = Box::new(|request| {
+            if is_register(request) {
+                Some(registered(request, 1))
+            } else {
+                Some(error_reply(&request.header, ErrorCode::Busy, "still full"))
+            }
+        });
+        let (addr, server) = fake_server(script).await;
+        let mut client = Client::connect(addr)
+            .await
+            .unwrap()
+            .with_retry_budget(Duration::from_millis(200));
+        let error = client.create_topic(1, 1, "t", 1).await.unwrap_err();
+        assert!(
+            matches!(&error, ClientError::Server { code: ErrorCode::Busy, message } if message == "still full"),
+            "{error:?}"
+        );
+        drop(client);
+        let received = server.await.unwrap();
+        assert!(received.len() >= 3, "register, then at least two attempts");
+        for frame in &received[1..] {
+            assert_eq!(frame.header.operation, Operation::CreateTopic as u8);
+            assert_eq!(frame.header.request, 1);
+        }
+    });
+}
+
+#[test]
+fn retry_budget_spent_on_a_gone_server_returns_the_connection_error() {
+    run(async {
+        // One connection only: after closing it the server is gone, so reconnects fail.
+        let script: Script =
+            Box::new(|request| is_register(request).then(|| registered(request, 1)));
+        let (addr, server) = fake_server(script).await;
+        let mut client = Client::connect(addr)
+            .await
+            .unwrap()
+            .with_retry_budget(Duration::from_millis(200));
+        let error = client.create_stream(1, "s").await.unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                ClientError::Connect { .. }
+                    | ClientError::Frame(FrameError::Closed | FrameError::Io(_))
+            ),
+            "{error:?}"
+        );
+        drop(client);
+        let operations: Vec<u8> = server
+            .await
+            .unwrap()
+            .iter()
+            .map(|f| f.header.operation)
+            .collect();
+        assert_eq!(
+            operations,
+            vec![Operation::Register as u8, Operation::CreateStream as u8]
+        );
+    });
+}
+
+#[test]
+fn send_messages_is_resent_after_busy_with_the_same_bytes() {
+    run(async {
+        let mut first = true;
+        let script: Script = Box::new(move |request| {
+            if std::mem::take(&mut first) {
+                return Some(error_reply(&request.header, ErrorCode::Busy, ""));
+            }
+            let mut header = reply_header(&request.header);
+            header.offset = 40;
+            header.count = 1;
+            Some(encode_frame(&mut header, b""))
+        });
+        let (addr, server) = fake_server(script).await;
+        let mut client = Client::connect(addr).await.unwrap();
+        let mut builder = BatchBuilder::default();
+        builder.push(1, 1_000, b"alpha");
+        let batch = builder.finish();
+        let ack = client
+            .send_messages(Namespace::new(1, 1, 0), batch.clone())
+            .await
+            .unwrap();
+        assert_eq!(
+            ack,
+            bus::SendAck {
+                base_offset: 40,
+                message_count: 1
+            }
+        );
+        assert_eq!(client.session(), None, "sends are not session-tracked");
+        drop(client);
+        let received = server.await.unwrap();
+        assert_eq!(received.len(), 2);
+        for frame in &received {
+            assert_eq!(frame.header.operation, Operation::SendMessages as u8);
+            assert_eq!(frame.header.request, 1);
+            assert_eq!(frame.body, batch);
+        }
+        assert_eq!(received[0].header, received[1].header);
+    });
+}
+
+#[test]
+fn send_messages_is_not_resent_after_a_connection_failure() {
+    run(async {
+        let script: Script = Box::new(|request| {
+            if request.header.operation == Operation::SendMessages as u8 {
+                None
+            } else {
+                Some(ok(request))
+            }
+        });
+        let (addr, server) = fake_server_connections(2, script).await;
+        let mut client = Client::connect(addr).await.unwrap();
+        let error = client
+            .send_messages(Namespace::new(1, 1, 0), vec![1, 2, 3])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, ClientError::Frame(FrameError::Closed)),
+            "{error:?}"
+        );
+        // The next call reconnects instead of failing on the broken connection.
+        client.ping().await.unwrap();
+        let id = client.client_id();
+        drop(client);
+        assert_eq!(
+            identities(&server.await.unwrap()),
+            vec![
+                (0, Operation::SendMessages as u8, id, 1),
+                (1, Operation::Ping as u8, id, 2),
+            ]
         );
     });
 }
