@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use crate::limits::{CHECKPOINT_INTERVAL_LIMIT, CLIENTS_TABLE_MAX_LIMIT};
 use runtime::{IoDriver, TopologyConfig};
 use storage::FsyncPolicy;
 
@@ -41,6 +42,10 @@ pub struct ServerConfig {
     pub idle_poll: std::time::Duration,
     /// A connection with no complete frame header for this long is closed.
     pub connection_idle_timeout: std::time::Duration,
+    /// Client sessions shard 0 keeps; registering one more evicts the least recently committed.
+    pub clients_table_max: usize,
+    /// Committed metadata ops between checkpoints (snapshot, superblock, journal release).
+    pub checkpoint_interval: u64,
 }
 
 impl ServerConfig {
@@ -61,6 +66,8 @@ impl ServerConfig {
             segment_size_max: storage::limits::SEGMENT_SIZE_MAX_DEFAULT,
             idle_poll: std::time::Duration::ZERO,
             connection_idle_timeout: crate::limits::CONNECTION_IDLE_TIMEOUT,
+            clients_table_max: crate::limits::CLIENTS_TABLE_MAX_DEFAULT,
+            checkpoint_interval: crate::limits::CHECKPOINT_INTERVAL_DEFAULT,
         }
     }
 
@@ -126,6 +133,20 @@ impl ServerConfig {
                 ),
             ));
         }
+        if !(1..=CLIENTS_TABLE_MAX_LIMIT).contains(&self.clients_table_max) {
+            return Err(invalid(
+                "clients_table_max",
+                self.clients_table_max.to_string(),
+                format!("must be between 1 and {CLIENTS_TABLE_MAX_LIMIT} sessions"),
+            ));
+        }
+        if !(1..=CHECKPOINT_INTERVAL_LIMIT).contains(&self.checkpoint_interval) {
+            return Err(invalid(
+                "checkpoint_interval",
+                self.checkpoint_interval.to_string(),
+                format!("must be between 1 and {CHECKPOINT_INTERVAL_LIMIT} ops"),
+            ));
+        }
         if let runtime::ShardCountArg::Count(0) = self.topology.shards {
             return Err(invalid(
                 "shards",
@@ -152,6 +173,8 @@ fn flag_of(key: &'static str) -> &'static str {
         "segment_size_max" => "--segment-size",
         "idle_poll_us" => "--idle-poll-us",
         "connection_idle_timeout_s" => "--idle-timeout-s",
+        "clients_table_max" => "--clients-table-max",
+        "checkpoint_interval" => "--checkpoint-interval",
         "shards" => "--shards",
         "data_dir" => "--data-dir",
         _ => key,
@@ -197,6 +220,28 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("--inbox-capacity (inbox_capacity) value \"0\"")
+        );
+    }
+
+    #[test]
+    fn clients_table_max_and_checkpoint_interval_bounds() {
+        let mut config = ServerConfig::new(PathBuf::from("/tmp/x"));
+        config.clients_table_max = 0;
+        assert_eq!(
+            config.validate().unwrap_err().to_string(),
+            format!(
+                "invalid --clients-table-max (clients_table_max) value \"0\": must be between 1 and \
+                 {CLIENTS_TABLE_MAX_LIMIT} sessions"
+            )
+        );
+        config.clients_table_max = 1;
+        config.checkpoint_interval = CHECKPOINT_INTERVAL_LIMIT + 1;
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .starts_with("invalid --checkpoint-interval (checkpoint_interval) value")
         );
     }
 

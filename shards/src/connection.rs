@@ -15,6 +15,7 @@ use crate::limits::{FRAME_BODY_TIMEOUT, RECEIVE_BUDGET_WAIT_MAX, REPLY_WRITE_TIM
 use crate::metadata::MetadataOp;
 use crate::shard::Shard;
 use crate::shard_for;
+use crate::vsr::prepare::PrepareOperation;
 
 /// Releases the connection's slot in the shard's budget however the task ends (cancellation at
 /// shutdown included).
@@ -180,6 +181,7 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
             Ok(name) => {
                 metadata(
                     shard,
+                    header,
                     MetadataOp::CreateStream {
                         stream_id: namespace.stream_id(),
                         name,
@@ -192,6 +194,7 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
         Operation::DeleteStream => {
             metadata(
                 shard,
+                header,
                 MetadataOp::DeleteStream {
                     stream_id: namespace.stream_id(),
                 },
@@ -206,7 +209,7 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
                     name,
                     partition_count: header.count,
                 };
-                metadata(shard, op).await
+                metadata(shard, header, op).await
             }
             Err(reply) => reply,
         },
@@ -215,9 +218,17 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
                 stream_id: namespace.stream_id(),
                 topic_id: namespace.topic_id(),
             };
-            metadata(shard, op).await
+            metadata(shard, header, op).await
         }
         Operation::GetMetadata => return get_metadata(shard, header).await,
+        Operation::Register => {
+            let request = ShardRequest::Metadata {
+                client: header.client,
+                request: header.request,
+                operation: PrepareOperation::Register,
+            };
+            shard.call(ShardId(0), request).await
+        }
         Operation::SendMessages => {
             if !shard.partition_exists(namespace) {
                 shard.missing_partition(namespace)
@@ -265,13 +276,41 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
             message_count,
         } => encode_ok(header, batches, header.offset, message_count),
         ShardReply::MetadataDone => encode_ok(header, Vec::new(), 0, 0),
+        ShardReply::Registered { session } => encode_ok(header, Vec::new(), session, 0),
+        ShardReply::Cached(cached) => {
+            if cached.operation != header.operation {
+                // Same (client, request) with another operation: the client reused a request
+                // number, which its library never does. Refuse rather than answer wrongly.
+                return error_reply(
+                    header,
+                    ErrorCode::InvalidArgument,
+                    &format!(
+                        "request {} was committed as operation {}, not {}; request numbers must not be reused",
+                        header.request, cached.operation, header.operation
+                    ),
+                );
+            }
+            let mut reply = bus::reply::reply_header(header);
+            reply.error_code = cached.error_code;
+            reply.offset = cached.offset;
+            reply.count = cached.count;
+            reply.set_checksums(&cached.body);
+            (bytemuck::bytes_of(&reply).to_vec(), cached.body)
+        }
+        ShardReply::Evicted { reason } => (bus::reply::eviction(header, &reason), Vec::new()),
         ShardReply::Error { code, message } => error_reply(header, code, &message),
         ShardReply::Offsets(_) => error_reply(header, ErrorCode::Internal, "unexpected reply"),
     }
 }
 
-async fn metadata(shard: &Rc<Shard>, op: MetadataOp) -> ShardReply {
-    shard.call(ShardId(0), ShardRequest::Metadata(op)).await
+/// Sends a session-tracked metadata change of the request's client to shard 0.
+async fn metadata(shard: &Rc<Shard>, header: &bus::Header, op: MetadataOp) -> ShardReply {
+    let request = ShardRequest::Metadata {
+        client: header.client,
+        request: header.request,
+        operation: PrepareOperation::Metadata(op),
+    };
+    shard.call(ShardId(0), request).await
 }
 
 async fn get_metadata(shard: &Rc<Shard>, header: &bus::Header) -> EncodedReply {

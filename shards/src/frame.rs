@@ -4,6 +4,8 @@
 use bus::{ErrorCode, Namespace};
 
 use crate::metadata::{MetadataOp, MetadataState};
+use crate::vsr::client_table::CachedReply;
+use crate::vsr::prepare::PrepareOperation;
 
 #[derive(Debug)]
 pub enum ShardFrame {
@@ -40,8 +42,13 @@ pub enum ShardRequest {
         offset: u64,
         max_count: u32,
     },
-    /// Order and apply a metadata change (shard 0 only).
-    Metadata(MetadataOp),
+    /// Order, persist and apply a Register or metadata change of client `client`'s request
+    /// `request` (shard 0 only; deduplicated through the client table).
+    Metadata {
+        client: u128,
+        request: u64,
+        operation: PrepareOperation,
+    },
     /// Next offsets of every partition this shard owns (for GetMetadata).
     PartitionOffsets,
 }
@@ -57,6 +64,16 @@ pub enum ShardReply {
         message_count: u32,
     },
     MetadataDone,
+    /// A Register committed at op `session`.
+    Registered {
+        session: u64,
+    },
+    /// A duplicate of a committed request: its reply as first sent.
+    Cached(CachedReply),
+    /// The client has no session (never registered, or evicted): answer with an Eviction.
+    Evicted {
+        reason: String,
+    },
     Offsets(Vec<(Namespace, u64)>),
     Error {
         code: ErrorCode,

@@ -13,6 +13,7 @@ pub mod namespace;
 pub mod resources;
 pub mod server;
 pub mod shard;
+pub mod vsr;
 
 pub use config::{ConfigError, ServerConfig};
 pub use namespace::shard_for;

@@ -48,3 +48,22 @@ pub const FDS_PER_PARTITION: u64 = 2;
 pub const PARTITION_FD_SHARE_PERCENT: u64 = 50;
 /// Listen backlog of each shard's SO_REUSEPORT socket.
 pub const LISTEN_BACKLOG: i32 = 1024;
+/// Replies cached per client session: a client has one request in flight, so one would do; a
+/// few more let a client that pipelines in a later version, or retries late, still get its reply
+/// instead of `RequestStale`. Metadata replies are a header's worth of fields, so 8 cost little.
+pub const REPLY_RING_LEN_MAX: usize = 8;
+/// Default `--clients-table-max`: client sessions shard 0 keeps before it evicts the least
+/// recently committed one. A session is a few hundred bytes plus its cached replies.
+pub const CLIENTS_TABLE_MAX_DEFAULT: usize = 4096;
+/// Upper bound of `--clients-table-max` (1 Mi sessions: a few hundred MiB of snapshot at most).
+pub const CLIENTS_TABLE_MAX_LIMIT: usize = 1 << 20;
+/// Default `--checkpoint-interval`: committed metadata ops between checkpoints. Boot replays at
+/// most this many journal records above the snapshot, and the journal holds about as many.
+pub const CHECKPOINT_INTERVAL_DEFAULT: u64 = 1024;
+/// Upper bound of `--checkpoint-interval`; the journal keeps every op above the checkpoint, so
+/// this bounds its size (and boot's replay) by ops times the 1 MiB record limit in the worst case.
+pub const CHECKPOINT_INTERVAL_LIMIT: u64 = 1 << 20;
+/// Folder of the metadata journal (WAL) under the data directory (`storage/FORMAT.md` section 8).
+pub const JOURNAL_DIR_NAME: &str = "journal";
+/// Environment variable naming a failpoint for crash tests (`shards::vsr::failpoint`).
+pub const FAILPOINT_ENV: &str = "SHARDLINE_FAILPOINT";

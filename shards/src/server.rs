@@ -125,16 +125,26 @@ impl RunningServer {
                 addr: config.listen,
                 source,
             })?;
+        crate::vsr::failpoint::check_env();
         std::fs::create_dir_all(&config.data_dir).map_err(|source| ServerError::DataDir {
             path: config.data_dir.display().to_string(),
             source,
         })?;
         let data_dir_lock = resources::lock_data_dir(&config.data_dir)?;
         let partitions_dir = config.data_dir.join(PARTITIONS_DIR_NAME);
-        let metadata_path = store::metadata_path(&config.data_dir);
-        if !metadata_path.exists() && resources::has_entries(&partitions_dir) {
+        // A data directory is formatted by writing its superblock (or migrated from the earlier
+        // metadata.json format); partition data without either has lost its metadata.
+        let superblock_path = crate::vsr::superblock_path(&config.data_dir);
+        let legacy_path = store::metadata_path(&config.data_dir);
+        // (A journal or snapshot without a superblock is refused by shard 0's boot, which names it.)
+        if !superblock_path.exists()
+            && !legacy_path.exists()
+            && !crate::vsr::journal_dir(&config.data_dir).exists()
+            && !crate::vsr::snapshot_path(&config.data_dir).exists()
+            && resources::has_entries(&partitions_dir)
+        {
             return Err(ServerError::MetadataMissing {
-                metadata: metadata_path.display().to_string(),
+                metadata: superblock_path.display().to_string(),
                 partitions: partitions_dir.display().to_string(),
             });
         }
@@ -249,10 +259,8 @@ async fn run_shard(
 ) -> Result<(), String> {
     let (shard_id, shard_count) = (ctx.shard_id, ctx.shard_count);
     let (endpoint, mut pump, ready_barrier) = ctx.into_parts();
-    let metadata = if shard_id == ShardId(0) {
-        let metadata = store::load(&config.data_dir)
-            .await
-            .map_err(|e| e.to_string())?;
+    let (metadata, replica) = if shard_id == ShardId(0) {
+        let (replica, metadata) = crate::vsr::boot::open(&config).await?;
         for target in 1..shard_count {
             endpoint
                 .try_send(
@@ -261,14 +269,14 @@ async fn run_shard(
                 )
                 .map_err(|e| format!("bootstrap of shard {target}: {e}"))?;
         }
-        metadata
+        (metadata, Some(replica))
     } else {
         // None: stopped before shard 0 sent the metadata (it failed, or a signal came). Not this
         // shard's failure: returning Ok lets the shard that failed name the cause.
         let Some(metadata) = wait_for_bootstrap(&mut pump).await? else {
             return Ok(());
         };
-        metadata
+        (metadata, None)
     };
     tracing::debug!(
         shard = shard_id.0,
@@ -281,6 +289,7 @@ async fn run_shard(
         Arc::clone(&config),
         endpoint,
         metadata,
+        replica,
         budget,
     ));
     shard.open_owned_partitions().await?;
@@ -338,6 +347,14 @@ async fn run_shard(
     drop(metadata_task);
     connections.borrow_mut().clear();
     let mut close_failed = false;
+    if shard_id == ShardId(0) {
+        // The final checkpoint: the next boot starts from this snapshot and replays nothing. A
+        // failure loses nothing (the journal holds every committed op) but is reported.
+        if let Err(e) = shard.checkpoint().await {
+            tracing::error!(error = %e, "final checkpoint failed; the journal keeps every op");
+            close_failed = true;
+        }
+    }
     for log in shard.logs() {
         if let Err(e) = log.close().await {
             tracing::error!(shard = shard_id.0, path = %log.dir().display(), error = %e, "final fsync failed");
@@ -345,7 +362,10 @@ async fn run_shard(
         }
     }
     if close_failed {
-        return Err("a partition log failed its final fsync; see the log above".into());
+        return Err(
+            "a partition log failed its final fsync or the final checkpoint failed; see the log above"
+                .into(),
+        );
     }
     tracing::info!(shard = shard_id.0, "stopped");
     Ok(())

@@ -21,11 +21,16 @@ use crate::limits::{
     MESH_RETRY_MAX, MESH_RETRY_SLEEP, METADATA_QUEUE_MAX, PARTITIONS_DIR_NAME, POLL_BYTES_MAX,
     RECEIVE_BYTES_MAX_PER_SHARD,
 };
-use crate::metadata::{MetadataOp, MetadataState, store};
+use crate::metadata::{MetadataOp, MetadataState};
 use crate::resources::ResourceBudget;
 use crate::shard_for;
+use crate::vsr::Replica;
+use crate::vsr::boot::{Applied, apply_prepare};
+use crate::vsr::client_table::Lookup;
+use crate::vsr::prepare::{PrepareBody, PrepareOperation};
 
-type MetadataQueueItem = (MetadataOp, TxOneshot<ShardReply>);
+/// One metadata request waiting on shard 0: (client, request number, operation, reply).
+type MetadataQueueItem = (u128, u64, PrepareOperation, TxOneshot<ShardReply>);
 type MetadataQueue = (
     crossfire::MAsyncTx<crossfire::mpsc::Array<MetadataQueueItem>>,
     crossfire::AsyncRx<crossfire::mpsc::Array<MetadataQueueItem>>,
@@ -53,6 +58,8 @@ pub struct Shard {
     /// Shard 0 only: metadata requests in arrival order, served one at a time.
     metadata_queue: Option<MetadataQueue>,
     metadata_ack: RefCell<Option<MetadataAck>>,
+    /// Shard 0 only: the journal, superblock, checkpoint and client table.
+    replica: Option<Rc<Replica>>,
     budget: ResourceBudget,
     connection_count: Cell<u64>,
     receive_budget: ReceiveBudget,
@@ -182,6 +189,19 @@ fn message_count_from(batches: &[u8], offset: u64) -> u32 {
     count
 }
 
+/// The reply to a metadata request whose prepare could not be made durable.
+fn journal_failure(error: &storage::JournalError) -> ShardReply {
+    tracing::error!(
+        %error,
+        "metadata journal append failed; the change is not acknowledged, and every later change \
+         fails until the server restarts (boot keeps the record only if it is complete)"
+    );
+    ShardReply::error(
+        ErrorCode::StorageFailure,
+        format!("metadata not persisted: {error}"),
+    )
+}
+
 impl Shard {
     pub fn new(
         id: ShardId,
@@ -189,8 +209,14 @@ impl Shard {
         config: Arc<ServerConfig>,
         endpoint: MeshEndpoint<ShardFrame>,
         metadata: MetadataState,
+        replica: Option<Replica>,
         budget: ResourceBudget,
     ) -> Shard {
+        assert_eq!(
+            replica.is_some(),
+            id == ShardId(0),
+            "exactly shard 0 holds the replica"
+        );
         let metadata_queue = (id == ShardId(0))
             .then(|| crossfire::mpsc::bounded_async::<MetadataQueueItem>(METADATA_QUEUE_MAX));
         Shard {
@@ -204,6 +230,7 @@ impl Shard {
             request_id_next: Cell::new(1),
             metadata_queue,
             metadata_ack: RefCell::new(None),
+            replica: replica.map(Rc::new),
             budget,
             connection_count: Cell::new(0),
             receive_budget: ReceiveBudget::new(RECEIVE_BYTES_MAX_PER_SHARD),
@@ -284,7 +311,7 @@ impl Shard {
             // the loss and reuse offsets.
             if !dir.is_dir() {
                 return Err(format!(
-                    "partition {namespace}: directory {} is missing although metadata.json lists the \
+                    "partition {namespace}: directory {} is missing although the metadata lists the \
                      partition; its data was removed outside shardline. Refusing to boot: restore \
                      the directory, or delete the topic's entry deliberately",
                     dir.display()
@@ -438,7 +465,11 @@ impl Shard {
                     }
                 }
             }
-            ShardRequest::Metadata(op) => {
+            ShardRequest::Metadata {
+                client,
+                request,
+                operation,
+            } => {
                 let Some((queue_tx, _)) = &self.metadata_queue else {
                     return ShardReply::error(
                         ErrorCode::Internal,
@@ -446,7 +477,10 @@ impl Shard {
                     );
                 };
                 let (reply_tx, reply_rx) = oneshot();
-                if queue_tx.try_send((op, reply_tx)).is_err() {
+                if queue_tx
+                    .try_send((client, request, operation, reply_tx))
+                    .is_err()
+                {
                     return ShardReply::error(
                         ErrorCode::Busy,
                         "metadata queue on shard 0 is full; retry",
@@ -472,17 +506,139 @@ impl Shard {
         let Some((_, queue_rx)) = &self.metadata_queue else {
             return;
         };
-        while let Ok((op, reply_tx)) = queue_rx.recv().await {
-            let reply = self.commit_metadata(op).await;
+        while let Ok((client, request, operation, reply_tx)) = queue_rx.recv().await {
+            let reply = match operation {
+                PrepareOperation::Register => self.commit_register(client).await,
+                PrepareOperation::Metadata(op) => self.commit_metadata(client, request, op).await,
+            };
             reply_tx.send(reply);
         }
     }
 
-    /// Shard 0: validate, create the directories of new partitions (durably), persist the
-    /// metadata (durable replace), apply locally, broadcast to every shard and wait until each
-    /// applied it (DESIGN section 4: the reply comes after every shard applied it).
-    async fn commit_metadata(self: &Rc<Self>, op: MetadataOp) -> ShardReply {
-        let (op_number, next_state, created) = {
+    /// Shard 0: the replica (present on shard 0 only).
+    fn replica(&self) -> &Rc<Replica> {
+        self.replica
+            .as_ref()
+            .expect("metadata commits run on shard 0, which holds the replica")
+    }
+
+    /// Shard 0: commits a Register of `client` through the journal (DESIGN section 7) and
+    /// answers with the session number; a full client table evicts its least recently committed
+    /// session first.
+    async fn commit_register(self: &Rc<Self>, client: u128) -> ShardReply {
+        if client == 0 {
+            return ShardReply::error(ErrorCode::InvalidArgument, "client id 0 is reserved");
+        }
+        let body = PrepareBody::new(client, 0, PrepareOperation::Register);
+        let replica = Rc::clone(self.replica());
+        let op = match replica.append(&body).await {
+            Ok(op) => op,
+            Err(e) => return journal_failure(&e),
+        };
+        let applied = {
+            let mut metadata = self.metadata.borrow_mut();
+            let mut client_table = replica.client_table.borrow_mut();
+            apply_prepare(&mut metadata, &mut client_table, op, &body)
+        };
+        let reply = match applied {
+            Ok(Applied::Registered { session, evicted }) => {
+                if let Some(evicted) = evicted {
+                    tracing::info!(
+                        client = format_args!("{evicted:#x}"),
+                        clients_table_max = self.config.clients_table_max,
+                        "client session evicted: the client table is full; the client is told \
+                         on its next request"
+                    );
+                }
+                tracing::debug!(
+                    client = format_args!("{client:#x}"),
+                    session,
+                    "client registered"
+                );
+                ShardReply::Registered { session }
+            }
+            other => panic!("register prepare applied as {other:?}"),
+        };
+        self.committed(op);
+        reply
+    }
+
+    /// Records `op` as committed and starts a checkpoint when one is due.
+    fn committed(self: &Rc<Self>, op: u64) {
+        if self.replica().committed(op) {
+            let shard = Rc::clone(self);
+            compio::runtime::spawn(async move {
+                // A failure is logged inside and retried by the next due checkpoint.
+                let _ = shard.checkpoint().await;
+            })
+            .detach();
+        }
+    }
+
+    /// Shard 0: runs one checkpoint now (logged; a failure leaves the previous one valid).
+    ///
+    /// # Errors
+    /// The failed step, already logged.
+    pub async fn checkpoint(&self) -> Result<(), String> {
+        let replica = self.replica();
+        match replica.checkpoint(&self.metadata).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                tracing::error!(
+                    error = %e,
+                    checkpoint_op = replica.checkpoint_op(),
+                    "checkpoint failed; the previous checkpoint stays valid and the journal keeps \
+                     every op above it"
+                );
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// Shard 0: deduplicate through the client table, validate, create the directories of new
+    /// partitions (durably), append the prepare to the journal (fsynced: the commit, with one
+    /// replica), apply locally and to the client table, broadcast to every shard and wait until
+    /// each applied it (DESIGN section 4: the reply comes after every shard applied it).
+    async fn commit_metadata(
+        self: &Rc<Self>,
+        client: u128,
+        request: u64,
+        op: MetadataOp,
+    ) -> ShardReply {
+        let replica = Rc::clone(self.replica());
+        let lookup = replica.client_table.borrow().lookup(client, request);
+        match lookup {
+            Lookup::New => {}
+            Lookup::Cached(reply) => {
+                tracing::debug!(
+                    client = format_args!("{client:#x}"),
+                    request,
+                    "duplicate request: resending the committed reply"
+                );
+                return ShardReply::Cached(reply);
+            }
+            Lookup::Stale {
+                oldest_cached_request,
+            } => {
+                return ShardReply::error(
+                    ErrorCode::RequestStale,
+                    format!(
+                        "request {request} of client {client:#x} was committed, but its reply is no \
+                         longer cached (oldest cached: request {oldest_cached_request})"
+                    ),
+                );
+            }
+            Lookup::NoSession => {
+                return ShardReply::Evicted {
+                    reason: format!(
+                        "client {client:#x} has no session: it never registered, or it was evicted \
+                         because the client table was full (--clients-table-max {}); register again",
+                        self.config.clients_table_max
+                    ),
+                };
+            }
+        }
+        let created = {
             let metadata = self.metadata.borrow();
             if let Err(rejection) = metadata.validate(&op) {
                 return ShardReply::Error {
@@ -508,15 +664,7 @@ impl Shard {
                     ),
                 );
             }
-            let Some(op_number) = metadata.op.checked_add(1) else {
-                return ShardReply::error(
-                    ErrorCode::Internal,
-                    "metadata op number space exhausted",
-                );
-            };
-            let mut next_state = metadata.clone();
-            next_state.apply(op_number, &op);
-            (op_number, next_state, created)
+            created
         };
         if !created.is_empty() {
             let data_dir = self.config.data_dir.clone();
@@ -538,17 +686,22 @@ impl Shard {
                 }
             }
         }
-        if let Err(e) = store::save(&self.config.data_dir, &next_state).await {
-            tracing::error!(error = %e, ?op, "metadata persist failed; change not applied");
-            return ShardReply::error(
-                ErrorCode::StorageFailure,
-                format!("metadata not persisted: {e}"),
-            );
-        }
+        let body = PrepareBody::new(client, request, PrepareOperation::Metadata(op.clone()));
+        let op_number = match replica.append(&body).await {
+            Ok(op_number) => op_number,
+            Err(e) => return journal_failure(&e),
+        };
+        // The client table first: apply_metadata below applies the change to the state machine.
+        replica.client_table.borrow_mut().commit(
+            client,
+            op_number,
+            crate::vsr::boot::change_reply(request, &op),
+        );
         let mut failures = Vec::new();
         if let Err(e) = self.apply_metadata(op_number, &op).await {
             failures.push(e);
         }
+        self.committed(op_number);
         if self.shard_count > 1 {
             let (done_tx, done_rx) = oneshot();
             *self.metadata_ack.borrow_mut() = Some(MetadataAck {

@@ -62,6 +62,15 @@ pub struct ServeArgs {
     /// server closes it (1..=86400). Also bounds half-sent headers.
     #[arg(long, env = "SHARDLINE_IDLE_TIMEOUT_S", default_value_t = shards::limits::CONNECTION_IDLE_TIMEOUT.as_secs())]
     pub idle_timeout_s: u64,
+    /// Client sessions shard 0 keeps (1..=1048576). Registering one more evicts the session
+    /// whose latest commit is oldest; that client's next request is answered with an Eviction.
+    #[arg(long, env = "SHARDLINE_CLIENTS_TABLE_MAX", default_value_t = shards::limits::CLIENTS_TABLE_MAX_DEFAULT)]
+    pub clients_table_max: usize,
+    /// Committed metadata ops between checkpoints (1..=1048576). A checkpoint writes a snapshot
+    /// of metadata and client sessions, records it in the superblock and releases the journal
+    /// below it; boot replays at most this many ops. A clean shutdown always checkpoints.
+    #[arg(long, env = "SHARDLINE_CHECKPOINT_INTERVAL", default_value_t = shards::limits::CHECKPOINT_INTERVAL_DEFAULT)]
+    pub checkpoint_interval: u64,
 }
 
 impl ServeArgs {
@@ -80,6 +89,8 @@ impl ServeArgs {
         config.segment_size_max = self.segment_size;
         config.idle_poll = std::time::Duration::from_micros(self.idle_poll_us);
         config.connection_idle_timeout = std::time::Duration::from_secs(self.idle_timeout_s);
+        config.clients_table_max = self.clients_table_max;
+        config.checkpoint_interval = self.checkpoint_interval;
         config
     }
 }

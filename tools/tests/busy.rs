@@ -46,7 +46,11 @@ fn full_inbox_answers_busy_and_applies_nothing() {
             let (acked, refused) = (Arc::clone(&acked), Arc::clone(&refused));
             std::thread::spawn(move || {
                 block_on(async move {
-                    let mut client = bus::Client::connect(addr).await.unwrap();
+                    let mut client = bus::Client::connect(addr)
+                        .await
+                        .unwrap()
+                        // No transparent retry: this test counts the Busy answers themselves.
+                        .with_retry_budget(std::time::Duration::ZERO);
                     for index in 0..BATCHES_PER_SENDER {
                         let batch_id = sender * 1000 + index;
                         let partition_id = (batch_id % u64::from(PARTITION_COUNT)) as u16;

@@ -87,13 +87,27 @@ fn data_dir_with_a_topic(dir: &std::path::Path) -> std::path::PathBuf {
 fn missing_metadata_over_partition_data_refuses_to_boot() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = data_dir_with_a_topic(dir.path());
-    std::fs::remove_file(data_dir.join("metadata.json")).unwrap();
+    // Only the superblock lost: the journal and snapshot say the state existed.
+    std::fs::remove_file(data_dir.join("superblock")).unwrap();
     let message = serve_output(&data_dir, "127.0.0.1:0", &["--shards", "1"]);
     assert!(
-        message.contains("metadata.json is missing but"),
+        message.contains(&format!(
+            "{}: missing, but {} exists",
+            data_dir.join("superblock").display(),
+            data_dir.join("journal").display()
+        )),
         "{message}"
     );
+    // All metadata lost: the partition data must not be orphaned by an empty start.
+    std::fs::remove_dir_all(data_dir.join("journal")).unwrap();
+    std::fs::remove_file(data_dir.join("snapshot")).unwrap();
+    let message = serve_output(&data_dir, "127.0.0.1:0", &["--shards", "1"]);
+    assert!(message.contains("superblock is missing but"), "{message}");
     assert!(message.contains("holds partition data"), "{message}");
+    assert!(
+        !data_dir.join("superblock").exists(),
+        "nothing was formatted"
+    );
 }
 
 #[test]

@@ -186,16 +186,17 @@ impl MetadataState {
         })
     }
 
-    /// Applies a validated op and records `op_number`.
+    /// Applies a validated op and records `op_number`. Op numbers increase but may skip: the
+    /// same op sequence also orders client Registers, which do not touch this state.
     ///
     /// # Panics
-    /// If `op` does not validate, or `op_number` is not the next op: both are bugs in the caller,
-    /// which validates on shard 0 before ordering.
+    /// If `op` does not validate, or `op_number` is not above the last applied op: both are bugs
+    /// in the caller, which validates on shard 0 before ordering.
     pub fn apply(&mut self, op_number: u64, op: &MetadataOp) {
-        assert_eq!(
-            op_number,
-            self.op + 1,
-            "metadata ops must be applied in op order"
+        assert!(
+            op_number > self.op,
+            "metadata ops must be applied in op order: op {op_number} after op {}",
+            self.op
         );
         if let Err(rejection) = self.validate(op) {
             panic!(
@@ -601,6 +602,9 @@ mod tests {
     #[test]
     #[should_panic(expected = "op order")]
     fn out_of_order_apply_is_a_bug() {
-        MetadataState::new().apply(2, &create_stream(1, "a"));
+        let mut state = MetadataState::new();
+        // Skipping op numbers is allowed (Registers take ops too); going back is a bug.
+        state.apply(3, &create_stream(1, "a"));
+        state.apply(3, &create_stream(2, "b"));
     }
 }

@@ -1,0 +1,381 @@
+//! Shard 0's recovery at boot (DESIGN section 9, `storage/FORMAT.md` sections 7-9), in this
+//! order: the superblock (highest valid copy), then the snapshot (envelope trailer, payload
+//! rules), then the pairing rule, then the journal (torn tail truncated, interior damage refused)
+//! replayed above the snapshot. A fresh data directory gets a superblock; one from the earlier
+//! `metadata.json` format is migrated into a snapshot at op 0.
+//!
+//! Every refusal names the file and the rule it breaks. It must never boot from a state that
+//! differs from what was acknowledged, and never skip, rewrite or delete a damaged file.
+
+use std::cell::{Cell, RefCell};
+use std::path::Path;
+
+use futures_util::lock::Mutex;
+use storage::journal::Journal;
+use storage::superblock::{Superblock, SuperblockError, SuperblockState};
+
+use super::client_table::{CachedReply, ClientTable, Lookup};
+use super::prepare::{PrepareBody, PrepareOperation};
+use super::snapshot::{SNAPSHOT_PAYLOAD_VERSION, SnapshotPayload};
+use super::{Replica, journal_dir, snapshot_path, superblock_path};
+use crate::config::ServerConfig;
+use crate::metadata::{MetadataOp, MetadataState, store};
+
+/// The reply a committed metadata change sent (and a duplicate gets again).
+pub fn change_reply(request: u64, op: &MetadataOp) -> CachedReply {
+    let operation = match op {
+        MetadataOp::CreateStream { .. } => bus::Operation::CreateStream,
+        MetadataOp::DeleteStream { .. } => bus::Operation::DeleteStream,
+        MetadataOp::CreateTopic { .. } => bus::Operation::CreateTopic,
+        MetadataOp::DeleteTopic { .. } => bus::Operation::DeleteTopic,
+    };
+    CachedReply {
+        request,
+        operation: operation as u8,
+        error_code: 0,
+        offset: 0,
+        count: 0,
+        body: Vec::new(),
+    }
+}
+
+/// What applying one committed prepare did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied {
+    /// A session opened; `evicted` lost its slot to make room.
+    Registered { session: u64, evicted: Option<u128> },
+    /// A metadata change was applied to `MetadataState` (the caller applies it elsewhere too).
+    Changed,
+}
+
+/// Applies committed prepare `op` to the client table and, for a change, to `metadata`. The live
+/// commit path and boot replay both use it, so replay rebuilds exactly what the server had.
+///
+/// # Errors
+/// The body's client id is invalid, a change does not validate against `metadata`, or the
+/// request number does not advance the session: a journal that cannot have been written by
+/// this replica (the caller refuses to boot).
+pub fn apply_prepare(
+    metadata: &mut MetadataState,
+    client_table: &mut ClientTable,
+    op: u64,
+    body: &PrepareBody,
+) -> Result<Applied, String> {
+    let client = body.client_id()?;
+    match &body.operation {
+        PrepareOperation::Register => {
+            let evicted = client_table.register(client, op);
+            Ok(Applied::Registered {
+                session: op,
+                evicted,
+            })
+        }
+        PrepareOperation::Metadata(change) => {
+            metadata
+                .validate(change)
+                .map_err(|rejection| format!("{change:?} does not apply: {}", rejection.message))?;
+            match client_table.lookup(client, body.request) {
+                Lookup::New => {
+                    client_table.commit(client, op, change_reply(body.request, change));
+                }
+                // Evicted at boot because --clients-table-max was lowered: the change still
+                // committed; only its cached reply is lost (the client is told it was evicted).
+                Lookup::NoSession => {}
+                Lookup::Cached(_) | Lookup::Stale { .. } => {
+                    return Err(format!(
+                        "client {client:#x} request {} was already committed",
+                        body.request
+                    ));
+                }
+            }
+            metadata.apply(op, change);
+            Ok(Applied::Changed)
+        }
+    }
+}
+
+fn refuse(reason: impl std::fmt::Display) -> String {
+    format!("{reason}; refusing to boot")
+}
+
+/// Opens (or creates) shard 0's durable state under `config.data_dir` and rebuilds the metadata
+/// and client table at the last committed op.
+///
+/// # Errors
+/// A message naming the file and the rule: an unreadable superblock (all copies invalid, or
+/// copies contradicting each other), a snapshot whose trailer, envelope or payload is damaged, a
+/// pairing broken (snapshot missing, older than the superblock's checkpoint, or the same op with
+/// another checksum), journal damage before its tail or a gap between snapshot and journal, a
+/// journal record that does not apply, or an I/O failure.
+///
+/// # Cancel safety
+/// Not cancel safe; runs once at boot.
+pub async fn open(config: &ServerConfig) -> Result<(Replica, MetadataState), String> {
+    let data_dir = config.data_dir.as_path();
+    let superblock_file = superblock_path(data_dir);
+    let snapshot_file = snapshot_path(data_dir);
+    let superblock = match Superblock::open(&superblock_file).await {
+        Ok((superblock, report)) => {
+            for (copy_index, defect) in report.invalid_copies() {
+                tracing::warn!(
+                    path = %superblock_file.display(), copy_index, %defect,
+                    "superblock copy invalid; booting from the newest valid copy, the next \
+                     checkpoint rewrites it"
+                );
+            }
+            superblock
+        }
+        Err(SuperblockError::NotFound { .. }) => format(data_dir).await?,
+        Err(error) => return Err(refuse(error)),
+    };
+    let superblock_state = *superblock.state();
+    if superblock_state.replica_count != 1 {
+        return Err(refuse(format!(
+            "{}: replica_count is {}, but this build runs a single replica",
+            superblock_file.display(),
+            superblock_state.replica_count
+        )));
+    }
+
+    let clients_max = config.clients_table_max;
+    let snapshot = storage::snapshot::read_snapshot(&snapshot_file)
+        .await
+        .map_err(refuse)?;
+    let (mut metadata, mut client_table, snapshot_op) = match snapshot {
+        None => {
+            if superblock_state.checkpoint_op != 0 || superblock_state.snapshot_checksum != 0 {
+                return Err(refuse(format!(
+                    "{}: missing, but {} records a checkpoint at op {} (checksum {:#018x})",
+                    snapshot_file.display(),
+                    superblock_file.display(),
+                    superblock_state.checkpoint_op,
+                    superblock_state.snapshot_checksum
+                )));
+            }
+            (MetadataState::new(), ClientTable::new(clients_max), 0)
+        }
+        Some(snapshot) => {
+            check_pairing(
+                &snapshot_file,
+                &superblock_file,
+                &superblock_state,
+                snapshot.checkpoint_op,
+                snapshot.checksum,
+            )?;
+            let restored =
+                SnapshotPayload::decode(&snapshot.payload, snapshot.checkpoint_op, clients_max)
+                    .map_err(|reason| {
+                        refuse(format!(
+                            "{}: snapshot payload at op {}: {reason}",
+                            snapshot_file.display(),
+                            snapshot.checkpoint_op
+                        ))
+                    })?;
+            if !restored.evicted_clients.is_empty() {
+                tracing::warn!(
+                    evicted_count = restored.evicted_clients.len(),
+                    clients_table_max = clients_max,
+                    "the snapshot holds more client sessions than --clients-table-max; the least \
+                     recently committed were evicted and are told so on their next request"
+                );
+            }
+            (
+                restored.metadata,
+                restored.client_table,
+                snapshot.checkpoint_op,
+            )
+        }
+    };
+
+    let journal_path = journal_dir(data_dir);
+    let (journal, recovery) = Journal::open(&journal_path).await.map_err(refuse)?;
+    if recovery.truncated_bytes > 0 {
+        tracing::warn!(
+            path = %journal_path.display(), truncated_bytes = recovery.truncated_bytes,
+            "journal had a torn tail (a write cut short by a crash); truncated it. Only an op \
+             that was never acknowledged can be lost this way"
+        );
+    }
+    if journal.last_op() < snapshot_op {
+        return Err(refuse(format!(
+            "{}: ends at op {} but the snapshot {} is at op {snapshot_op}: journal records are \
+             missing",
+            journal_path.display(),
+            journal.last_op(),
+            snapshot_file.display()
+        )));
+    }
+    if journal.first_op() > snapshot_op + 1 {
+        return Err(refuse(format!(
+            "{}: starts at op {} but the snapshot {} covers only ops up to {snapshot_op}: ops {} \
+             to {} are missing",
+            journal_path.display(),
+            journal.first_op(),
+            snapshot_file.display(),
+            snapshot_op + 1,
+            journal.first_op() - 1
+        )));
+    }
+    let mut replayed_count = 0u64;
+    for prepare in recovery.prepares.iter().filter(|p| p.op > snapshot_op) {
+        let body = PrepareBody::decode(&prepare.body).map_err(|reason| {
+            refuse(format!(
+                "{}: op {} body does not decode: {reason}",
+                journal_path.display(),
+                prepare.op
+            ))
+        })?;
+        apply_prepare(&mut metadata, &mut client_table, prepare.op, &body).map_err(|reason| {
+            refuse(format!(
+                "{}: op {}: {reason}",
+                journal_path.display(),
+                prepare.op
+            ))
+        })?;
+        replayed_count += 1;
+    }
+    let commit_min = journal.last_op().max(snapshot_op);
+    tracing::info!(
+        checkpoint_op = superblock_state.checkpoint_op,
+        snapshot_op,
+        replayed_count,
+        commit_min,
+        sessions = client_table.session_count(),
+        "metadata recovered"
+    );
+    let replica = Replica {
+        data_dir: data_dir.to_path_buf(),
+        journal: Mutex::new(journal),
+        checkpoint_lock: Mutex::new(()),
+        superblock_lock: Mutex::new(superblock),
+        commit_min: Cell::new(commit_min),
+        checkpoint_op: Cell::new(snapshot_op),
+        checkpoint_interval: config.checkpoint_interval,
+        checkpoint_pending: Cell::new(false),
+        checkpoint_op_in_progress: Cell::new(0),
+        client_table: RefCell::new(client_table),
+    };
+    Ok((replica, metadata))
+}
+
+/// The pairing rule (DESIGN section 9): the snapshot may not be older than the superblock's
+/// checkpoint, nor at the same op with another checksum. A newer one is the crash between the
+/// snapshot's rename and the superblock write: the journal above the old checkpoint is intact
+/// (it is released only after the superblock write), so it is used.
+fn check_pairing(
+    snapshot_file: &Path,
+    superblock_file: &Path,
+    superblock: &SuperblockState,
+    snapshot_op: u64,
+    snapshot_checksum: u64,
+) -> Result<(), String> {
+    if snapshot_op < superblock.checkpoint_op {
+        return Err(refuse(format!(
+            "{}: snapshot is at op {snapshot_op}, older than the checkpoint op {} recorded in {} \
+             (pairing rule)",
+            snapshot_file.display(),
+            superblock.checkpoint_op,
+            superblock_file.display()
+        )));
+    }
+    if snapshot_op == superblock.checkpoint_op && snapshot_checksum != superblock.snapshot_checksum
+    {
+        return Err(refuse(format!(
+            "{}: snapshot at op {snapshot_op} has checksum {snapshot_checksum:#018x}, but {} \
+             records {:#018x} for that op (pairing rule)",
+            snapshot_file.display(),
+            superblock_file.display(),
+            superblock.snapshot_checksum
+        )));
+    }
+    if snapshot_op > superblock.checkpoint_op {
+        tracing::warn!(
+            snapshot_op,
+            superblock_checkpoint_op = superblock.checkpoint_op,
+            "snapshot is newer than the superblock's checkpoint (a crash between the snapshot \
+             rename and the superblock write); booting from it, the next checkpoint records it"
+        );
+    }
+    Ok(())
+}
+
+/// Formats a data directory without a superblock: refuses if it holds a journal or snapshot
+/// (their superblock was lost), migrates `metadata.json` (the pre-journal format) into a
+/// snapshot at op 0, and creates the superblock.
+async fn format(data_dir: &Path) -> Result<Superblock, String> {
+    let superblock_file = superblock_path(data_dir);
+    let snapshot_file = snapshot_path(data_dir);
+    let journal_path = journal_dir(data_dir);
+    let probe = {
+        let (journal_path, snapshot_file) = (journal_path.clone(), snapshot_file.clone());
+        let legacy_file = store::metadata_path(data_dir);
+        // Three stats and a directory listing, once at boot: off the reactor anyway.
+        compio::runtime::spawn_blocking(move || {
+            let journal_has_segments =
+                std::fs::read_dir(&journal_path).is_ok_and(|mut entries| entries.next().is_some());
+            (
+                journal_has_segments,
+                snapshot_file.exists(),
+                legacy_file.exists(),
+            )
+        })
+        .await
+    };
+    let Ok((journal_has_segments, snapshot_exists, legacy)) = probe else {
+        return Err(refuse("the data directory probe task failed"));
+    };
+    if journal_has_segments || snapshot_exists {
+        return Err(refuse(format!(
+            "{}: missing, but {} exists: the durable VSR state is lost; restore the superblock \
+             or move the data directory away to start empty",
+            superblock_file.display(),
+            if journal_has_segments {
+                journal_path.display()
+            } else {
+                snapshot_file.display()
+            }
+        )));
+    }
+    let mut state = SuperblockState {
+        sequence: 0,
+        cluster: 0,
+        replica_id: 0,
+        replica_count: 1,
+        view: 0,
+        log_view: 0,
+        commit_max: 0,
+        checkpoint_op: 0,
+        snapshot_checksum: 0,
+    };
+    let legacy_file = store::metadata_path(data_dir);
+    if legacy {
+        let metadata = store::load(data_dir).await.map_err(refuse)?;
+        let payload = SnapshotPayload {
+            version: SNAPSHOT_PAYLOAD_VERSION,
+            checkpoint_op: 0,
+            metadata,
+            client_table: ClientTable::new(1).to_snapshot(),
+        };
+        state.snapshot_checksum =
+            storage::snapshot::write_snapshot(&snapshot_file, 0, payload.encode(), &mut |_| {})
+                .await
+                .map_err(refuse)?;
+    }
+    let superblock = Superblock::create(&superblock_file, state)
+        .await
+        .map_err(refuse)?;
+    if legacy {
+        // The snapshot and the superblock that pairs with it are durable: the old file is now
+        // redundant, and keeping it would suggest it is still read.
+        if let Err(error) = compio::fs::remove_file(&legacy_file).await {
+            tracing::warn!(path = %legacy_file.display(), %error, "cannot remove the migrated metadata.json");
+        }
+        tracing::info!(
+            from = %legacy_file.display(), to = %snapshot_file.display(),
+            "migrated metadata.json into a snapshot at op 0"
+        );
+    } else {
+        tracing::info!(path = %superblock_file.display(), "formatted a new data directory");
+    }
+    Ok(superblock)
+}

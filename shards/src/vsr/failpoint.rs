@@ -1,0 +1,67 @@
+//! Failpoints for crash tests: `SHARDLINE_FAILPOINT=NAME` makes the process kill itself with
+//! SIGKILL the first time execution reaches the point called `NAME`, exactly as `kill -9` would at
+//! that instant (no destructor, no flush, no fsync). Names are listed in [`FAILPOINTS`].
+//!
+//! Read once per process; when the variable is unset every check is one load of a `OnceLock`.
+//! It must never do anything but kill the process, and never be reached in normal operation
+//! unless the variable is set.
+
+use std::sync::OnceLock;
+
+use crate::limits::FAILPOINT_ENV;
+
+/// Every failpoint, in the order a checkpoint reaches them (`storage/FORMAT.md` sections 7-9).
+pub const FAILPOINTS: [&str; 9] = [
+    "checkpoint.after_tmp_write",
+    "checkpoint.after_tmp_fsync",
+    "checkpoint.after_rename",
+    "checkpoint.after_dir_fsync",
+    "checkpoint.after_superblock_copy_0",
+    "checkpoint.after_superblock_copy_1",
+    "checkpoint.after_superblock_copy_2",
+    "checkpoint.after_superblock_copy_3",
+    "checkpoint.after_wal_release",
+];
+
+fn armed() -> Option<&'static str> {
+    static ARMED: OnceLock<Option<String>> = OnceLock::new();
+    ARMED
+        .get_or_init(|| {
+            let name = std::env::var(FAILPOINT_ENV).ok()?;
+            // A typo would make a crash test pass without crashing: refuse loudly.
+            assert!(
+                FAILPOINTS.contains(&name.as_str()),
+                "{FAILPOINT_ENV}={name:?} names no failpoint; known: {}",
+                FAILPOINTS.join(", ")
+            );
+            Some(name)
+        })
+        .as_deref()
+}
+
+/// Checks the environment at startup so a misspelled failpoint fails at boot, not never.
+///
+/// # Panics
+/// If `SHARDLINE_FAILPOINT` is set to a name not in [`FAILPOINTS`].
+pub fn check_env() {
+    let _ = armed();
+}
+
+/// Kills the process with SIGKILL if `name` is the armed failpoint; otherwise does nothing.
+///
+/// # Panics
+/// If `name` is not in [`FAILPOINTS`] (a bug in the caller).
+pub fn hit(name: &str) {
+    assert!(FAILPOINTS.contains(&name), "unknown failpoint {name}");
+    if armed() == Some(name) {
+        eprintln!("failpoint {name}: killing the process with SIGKILL");
+        // SAFETY: getpid and kill have no memory-safety preconditions.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+        // SIGKILL cannot be caught; delivery to ourselves is synchronous enough, but never return.
+        loop {
+            std::thread::park();
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! The checkpoint snapshot's payload (`storage/FORMAT.md` section 9.1): the metadata state and
+//! the client table at `checkpoint_op`, as JSON inside storage's snapshot envelope (magic,
+//! version, checkpoint_op, XXH3-64 trailer).
+//!
+//! Decoding checks every rule the live state keeps before anything uses it; a payload that does
+//! not decode or breaks a rule refuses boot, naming the file. It never does I/O.
+
+use crate::metadata::{METADATA_VERSION, MetadataState};
+use crate::vsr::client_table::{ClientTable, ClientTableSnapshot};
+
+/// Version of the payload layout; a payload with another version refuses to load.
+pub const SNAPSHOT_PAYLOAD_VERSION: u32 = 1;
+
+/// Everything shard 0 needs to resume at `checkpoint_op` without the journal below it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotPayload {
+    pub version: u32,
+    /// The op whose effects are the last included; equals the envelope's `checkpoint_op`.
+    pub checkpoint_op: u64,
+    pub metadata: MetadataState,
+    pub client_table: ClientTableSnapshot,
+}
+
+/// A decoded, checked snapshot payload.
+#[derive(Debug)]
+pub struct RestoredSnapshot {
+    pub metadata: MetadataState,
+    pub client_table: ClientTable,
+    /// Sessions dropped because the snapshot held more than `--clients-table-max`.
+    pub evicted_clients: Vec<u128>,
+}
+
+impl SnapshotPayload {
+    /// # Panics
+    /// Never in practice: the payload is plain data.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("snapshot payload serializes: plain data")
+    }
+
+    /// Decodes and checks `bytes` taken from a snapshot whose envelope says `checkpoint_op`.
+    ///
+    /// # Errors
+    /// The payload does not decode, has another version, names another op than the envelope,
+    /// or its metadata or client table breaks a rule (the message names which).
+    pub fn decode(
+        bytes: &[u8],
+        checkpoint_op: u64,
+        clients_max: usize,
+    ) -> Result<RestoredSnapshot, String> {
+        let payload: SnapshotPayload =
+            serde_json::from_slice(bytes).map_err(|e| format!("payload does not decode: {e}"))?;
+        if payload.version != SNAPSHOT_PAYLOAD_VERSION {
+            return Err(format!(
+                "payload version {} is not supported (this build reads version {SNAPSHOT_PAYLOAD_VERSION})",
+                payload.version
+            ));
+        }
+        if payload.checkpoint_op != checkpoint_op {
+            return Err(format!(
+                "payload is for op {} but the envelope says op {checkpoint_op}",
+                payload.checkpoint_op
+            ));
+        }
+        if payload.metadata.version != METADATA_VERSION {
+            return Err(format!(
+                "metadata version {} is not supported (this build reads version {METADATA_VERSION})",
+                payload.metadata.version
+            ));
+        }
+        if payload.metadata.op > checkpoint_op {
+            return Err(format!(
+                "metadata is at op {}, above the checkpoint op {checkpoint_op}",
+                payload.metadata.op
+            ));
+        }
+        payload
+            .metadata
+            .check()
+            .map_err(|reason| format!("metadata breaks a rule: {reason}"))?;
+        let (client_table, evicted_clients) =
+            ClientTable::from_snapshot(&payload.client_table, clients_max)
+                .map_err(|reason| format!("client table breaks a rule: {reason}"))?;
+        if let Some(session) = payload
+            .client_table
+            .sessions
+            .iter()
+            .find(|session| session.commit_op > checkpoint_op)
+        {
+            return Err(format!(
+                "client table: client {} committed at op {}, above the checkpoint op {checkpoint_op}",
+                session.client, session.commit_op
+            ));
+        }
+        Ok(RestoredSnapshot {
+            metadata: payload.metadata,
+            client_table,
+            evicted_clients,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metadata::MetadataOp;
+
+    fn payload() -> SnapshotPayload {
+        let mut metadata = MetadataState::new();
+        metadata.apply(
+            2,
+            &MetadataOp::CreateStream {
+                stream_id: 1,
+                name: "a".to_owned(),
+            },
+        );
+        let mut table = ClientTable::new(4);
+        table.register(9, 1);
+        SnapshotPayload {
+            version: SNAPSHOT_PAYLOAD_VERSION,
+            checkpoint_op: 2,
+            metadata,
+            client_table: table.to_snapshot(),
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let payload = payload();
+        let restored = SnapshotPayload::decode(&payload.encode(), 2, 4).unwrap();
+        assert_eq!(restored.metadata, payload.metadata);
+        assert_eq!(restored.client_table.session(9).map(|s| s.session), Some(1));
+    }
+
+    #[test]
+    fn refuses_what_breaks_a_rule() {
+        let payload = payload();
+        let bytes = payload.encode();
+        let cases: Vec<(Vec<u8>, u64, &str)> = vec![
+            (bytes.clone(), 3, "envelope says op 3"),
+            (b"{".to_vec(), 2, "does not decode"),
+            (
+                SnapshotPayload {
+                    version: 9,
+                    ..payload.clone()
+                }
+                .encode(),
+                2,
+                "payload version 9",
+            ),
+            (
+                SnapshotPayload {
+                    checkpoint_op: 1,
+                    ..payload.clone()
+                }
+                .encode(),
+                1,
+                "above the checkpoint op",
+            ),
+        ];
+        for (bytes, op, expected) in cases {
+            let error = SnapshotPayload::decode(&bytes, op, 4).unwrap_err();
+            assert!(error.contains(expected), "{error} lacks {expected}");
+        }
+    }
+}
