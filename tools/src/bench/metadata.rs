@@ -231,10 +231,9 @@ async fn one_round(
     }
     record_latency(&mut histograms.create_topic, started_at.elapsed());
     let started_at = Instant::now();
-    client
-        .delete_stream(stream_id)
-        .await
-        .with_context(|| format!("cannot delete stream {stream_id}"))?;
+    client.delete_stream(stream_id).await.with_context(|| {
+        format!("cannot delete stream {stream_id}; it may be left on the server")
+    })?;
     record_latency(&mut histograms.delete_stream, started_at.elapsed());
     Ok(())
 }
