@@ -9,8 +9,8 @@ use std::time::Duration;
 use bus::limits::{BATCH_MESSAGE_COUNT_MAX, MESSAGE_SIZE_MAX_DEFAULT, PARTITION_COUNT_MAX};
 use bus::{BATCH_HEADER_SIZE, HEADER_SIZE, MESSAGE_HEADER_SIZE};
 
-use super::limits::{CONSUMER_COUNT_MAX, PRODUCER_COUNT_MAX};
-use super::plan::{BenchPlan, PayloadChoice, ServerTarget, ShardRequest};
+use super::limits::{CONSUMER_COUNT_MAX, METADATA_OP_COUNT_MAX, PRODUCER_COUNT_MAX};
+use super::plan::{BenchPlan, PayloadChoice, ServerTarget, ShardRequest, Workload};
 use super::server::ServerOptions;
 use super::workload::ProduceStop;
 
@@ -18,11 +18,21 @@ use super::workload::ProduceStop;
 const MESSAGES_DEFAULT: u64 = 1_000_000;
 /// Default payload bytes when neither `--message-size` nor `--payload-file` is given.
 const MESSAGE_SIZE_DEFAULT: u32 = 1000;
+/// Default rounds of `--workload metadata`: enough samples for a p99 that is not the maximum.
+const METADATA_OPS_DEFAULT: u32 = 200;
+/// Defaults of the produce-consume flags that have one; `--workload metadata` rejects any other
+/// value, since it would be silently ignored.
+const PRODUCERS_DEFAULT: u32 = 2;
+const CONSUMERS_DEFAULT: u32 = 2;
+const BATCH_DEFAULT: u32 = 1000;
+const STREAM_ID_DEFAULT: u32 = 1;
 
 /// Load generator and report: starts a server (or uses `--addr`), writes messages, reads every
 /// acknowledged message back and verifies it, and reports throughput, latency and the server's CPU.
 /// The headline is messages per server-CPU-second: shard threads plus the `io_uring` kernel workers
 /// doing their I/O, so the figure does not depend on the bench's own CPU.
+///
+/// `--workload metadata` measures metadata commit latency instead: see `--workload`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct BenchArgs {
     /// Shard counts to compare, one run per count on a fresh embedded server: a comma-separated
@@ -71,16 +81,16 @@ pub struct BenchArgs {
 
     /// Embedded server: directory under which each run's fresh data directory is created (default:
     /// the system temp dir). Put it on the disk you mean to measure: /tmp is often tmpfs, where
-    /// fsync costs nothing.
+    /// fsync costs nothing. With `--workload metadata --addr`: where the disk-baseline file goes.
     #[arg(long, value_name = "DIR")]
     pub data_root: Option<PathBuf>,
 
     /// Producer threads, each with its own runtime and connection, one batch in flight.
-    #[arg(long, value_name = "P", default_value_t = 2)]
+    #[arg(long, value_name = "P", default_value_t = PRODUCERS_DEFAULT)]
     pub producers: u32,
 
     /// Consumer threads that read everything back and verify it (at most one per partition).
-    #[arg(long, value_name = "C", default_value_t = 2)]
+    #[arg(long, value_name = "C", default_value_t = CONSUMERS_DEFAULT)]
     pub consumers: u32,
 
     /// Partitions of the bench topic (default: one per producer). Producer i writes partitions
@@ -90,7 +100,7 @@ pub struct BenchArgs {
     pub partitions: Option<u32>,
 
     /// Messages per batch (one `SendMessages` request). Larger batches amortize per-request costs.
-    #[arg(long, value_name = "B", default_value_t = 1000)]
+    #[arg(long, value_name = "B", default_value_t = BATCH_DEFAULT)]
     pub batch: u32,
 
     /// Total messages to produce over all producers [default: 1000000 unless --duration].
@@ -124,8 +134,27 @@ pub struct BenchArgs {
 
     /// Id of the stream the bench creates (with topic 1 `bench`). Change it to bench a running
     /// server again (`--addr`), since the stream must not exist yet.
-    #[arg(long, value_name = "ID", default_value_t = 1)]
+    #[arg(long, value_name = "ID", default_value_t = STREAM_ID_DEFAULT)]
     pub stream_id: u32,
+
+    /// What to measure (values below). For `metadata`, the baseline file is written beside the
+    /// embedded server's data directory, so put `--data-root` on the disk you mean to measure; the
+    /// server's default `--fsync always` applies. With `--addr`, `--data-root` names where the
+    /// baseline file goes (default: the system temp dir, which may not be the server's disk), and
+    /// the streams created are above the highest existing id, each deleted before the next round.
+    /// A missed target is reported, never a failure.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "WORKLOAD",
+        default_value_t = Workload::ProduceConsume
+    )]
+    pub workload: Workload,
+
+    /// `--workload metadata`: rounds to time (each: create stream, create topic, delete stream,
+    /// plus one baseline write + fdatasync) [default: 200].
+    #[arg(long, value_name = "N")]
+    pub metadata_ops: Option<u32>,
 }
 
 /// Why the flags cannot be run.
@@ -159,6 +188,12 @@ pub enum BenchArgsError {
         "--{flag} configures the embedded server and cannot be used with --addr; configure the running server instead"
     )]
     EmbeddedOnly { flag: &'static str },
+    #[error("--{flag} applies to --workload {applies_to} only, not to --workload {workload}")]
+    WrongWorkload {
+        flag: &'static str,
+        applies_to: Workload,
+        workload: Workload,
+    },
     #[error("--server-pid needs --addr: the embedded server's pid is known")]
     ServerPidWithoutAddr,
     #[error("--fsync {value}: expected always, never or interval=MS with MS >= 1")]
@@ -246,6 +281,7 @@ impl BenchArgs {
     /// # Errors
     /// The first broken rule, as a [`BenchArgsError`] naming the flag.
     pub fn validate(&self) -> Result<BenchPlan, BenchArgsError> {
+        self.check_workload_flags()?;
         let at_least_one = |flag, value: u64| {
             if value == 0 {
                 Err(BenchArgsError::Zero { flag })
@@ -341,6 +377,17 @@ impl BenchArgs {
         }
         let server = self.server_target(&shard_requests)?;
         at_least_one("stream-id", self.stream_id.into())?;
+        let metadata_op_count = self.metadata_ops.unwrap_or(METADATA_OPS_DEFAULT);
+        at_least_one("metadata-ops", metadata_op_count.into())?;
+        at_most(
+            "metadata-ops",
+            metadata_op_count.into(),
+            METADATA_OP_COUNT_MAX.into(),
+        )?;
+        let baseline_root = match (&server, self.workload) {
+            (ServerTarget::External { .. }, Workload::Metadata) => self.data_root.clone(),
+            _ => None,
+        };
         Ok(BenchPlan {
             shard_requests,
             server,
@@ -353,7 +400,44 @@ impl BenchArgs {
             concurrent: self.concurrent,
             json: self.json.clone(),
             stream_id: self.stream_id,
+            workload: self.workload,
+            metadata_op_count,
+            baseline_root,
         })
+    }
+
+    /// Rejects flags of the other workload: they would be silently ignored. Flags with a default
+    /// are rejected when they differ from it (clap does not say whether a default was typed).
+    fn check_workload_flags(&self) -> Result<(), BenchArgsError> {
+        let (other, given) = match self.workload {
+            Workload::ProduceConsume => (
+                Workload::Metadata,
+                vec![("metadata-ops", self.metadata_ops.is_some())],
+            ),
+            Workload::Metadata => (
+                Workload::ProduceConsume,
+                vec![
+                    ("producers", self.producers != PRODUCERS_DEFAULT),
+                    ("consumers", self.consumers != CONSUMERS_DEFAULT),
+                    ("partitions", self.partitions.is_some()),
+                    ("batch", self.batch != BATCH_DEFAULT),
+                    ("messages", self.messages.is_some()),
+                    ("duration", self.duration.is_some()),
+                    ("message-size", self.message_size.is_some()),
+                    ("payload-file", self.payload_file.is_some()),
+                    ("concurrent", self.concurrent),
+                    ("stream-id", self.stream_id != STREAM_ID_DEFAULT),
+                ],
+            ),
+        };
+        match given.into_iter().find(|(_, given)| *given) {
+            Some((flag, _)) => Err(BenchArgsError::WrongWorkload {
+                flag,
+                applies_to: other,
+                workload: self.workload,
+            }),
+            None => Ok(()),
+        }
     }
     /// The server the runs talk to; server flags belong to the embedded server only.
     fn server_target(
@@ -403,7 +487,11 @@ impl BenchArgs {
             ("io-driver", self.io_driver.is_some()),
             ("inbox-capacity", self.inbox_capacity.is_some()),
             ("idle-poll-us", self.idle_poll_us.is_some()),
-            ("data-root", self.data_root.is_some()),
+            // The metadata workload's baseline file goes there instead (see `--workload`).
+            (
+                "data-root",
+                self.data_root.is_some() && self.workload != Workload::Metadata,
+            ),
         ];
         if let Some((flag, _)) = embedded_only.iter().find(|(_, given)| *given) {
             return Err(BenchArgsError::EmbeddedOnly { flag });
@@ -464,6 +552,9 @@ mod tests {
                 concurrent: false,
                 json: None,
                 stream_id: 1,
+                workload: Workload::ProduceConsume,
+                metadata_op_count: 200,
+                baseline_root: None,
             }
         );
     }
@@ -613,6 +704,120 @@ mod tests {
             error(&["--io-driver", "epoll"]),
             "--io-driver epoll: expected io-uring or poll"
         );
+    }
+
+    #[test]
+    fn the_metadata_workload_parses_with_its_defaults() {
+        let plan = parse(&["--workload", "metadata"]).validate().unwrap();
+        assert_eq!(plan.workload, Workload::Metadata);
+        assert_eq!(plan.metadata_op_count, 200);
+        assert_eq!(plan.baseline_root, None);
+        let plan = parse(&[
+            "--workload",
+            "metadata",
+            "--metadata-ops",
+            "20",
+            "--shards",
+            "1",
+        ])
+        .validate()
+        .unwrap();
+        assert_eq!(plan.metadata_op_count, 20);
+        assert_eq!(plan.shard_requests, vec![ShardRequest::Count(1)]);
+        assert_eq!(
+            parse(&[]).validate().unwrap().workload,
+            Workload::ProduceConsume
+        );
+    }
+
+    #[test]
+    fn metadata_ops_must_be_in_range() {
+        assert_eq!(
+            error(&["--workload", "metadata", "--metadata-ops", "0"]),
+            "--metadata-ops must be at least 1"
+        );
+        assert_eq!(
+            error(&["--workload", "metadata", "--metadata-ops", "100001"]),
+            "--metadata-ops 100001 exceeds the limit 100000"
+        );
+    }
+
+    #[test]
+    fn flags_of_the_other_workload_are_rejected() {
+        assert_eq!(
+            error(&["--metadata-ops", "5"]),
+            "--metadata-ops applies to --workload metadata only, not to --workload produce-consume"
+        );
+        for flags in [
+            &["--producers", "3"][..],
+            &["--consumers", "1"],
+            &["--partitions", "2"],
+            &["--batch", "10"],
+            &["--messages", "10"],
+            &["--duration", "1"],
+            &["--message-size", "10"],
+            &["--payload-file", "x.log"],
+            &["--concurrent"],
+            &["--stream-id", "7"],
+        ] {
+            let mut argv = vec!["--workload", "metadata"];
+            argv.extend_from_slice(flags);
+            let flag = flags[0].trim_start_matches("--");
+            assert_eq!(
+                error(&argv),
+                format!(
+                    "--{flag} applies to --workload produce-consume only, not to --workload \
+                     metadata"
+                )
+            );
+        }
+        // Typed defaults cannot be told from absent ones, and are harmless.
+        assert!(
+            parse(&["--workload", "metadata", "--producers", "2"])
+                .validate()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn data_root_names_the_baseline_dir_of_a_metadata_run_on_addr() {
+        let plan = parse(&[
+            "--workload",
+            "metadata",
+            "--addr",
+            "127.0.0.1:9000",
+            "--data-root",
+            "/srv/disk",
+        ])
+        .validate()
+        .unwrap();
+        assert_eq!(plan.baseline_root, Some(PathBuf::from("/srv/disk")));
+        assert_eq!(
+            error(&["--addr", "127.0.0.1:9000", "--data-root", "/srv/disk"]),
+            "--data-root configures the embedded server and cannot be used with --addr; \
+             configure the running server instead"
+        );
+        let embedded = parse(&["--workload", "metadata", "--data-root", "/srv/disk"])
+            .validate()
+            .unwrap();
+        assert_eq!(embedded.baseline_root, None);
+        assert_eq!(
+            embedded.server,
+            ServerTarget::Embedded {
+                options: ServerOptions::default(),
+                data_root: Some(PathBuf::from("/srv/disk"))
+            }
+        );
+    }
+
+    #[test]
+    fn help_teaches_the_workloads() {
+        use clap::CommandFactory as _;
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("--workload <WORKLOAD>"), "{help}");
+        assert!(help.contains("produce-consume"), "{help}");
+        assert!(help.contains("Metadata commit latency"), "{help}");
+        assert!(help.contains("--metadata-ops <N>"), "{help}");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 
-use super::report::BenchReport;
+use serde::Serialize;
 
 /// An open `--json` file, waiting for its report.
 #[derive(Debug)]
@@ -50,11 +50,12 @@ impl JsonReportFile {
         })
     }
 
-    /// Replaces the file's contents with `report` as pretty JSON and a final newline.
+    /// Replaces the file's contents with `report` (a `BenchReport` or a `MetadataBenchReport`) as
+    /// pretty JSON and a final newline.
     ///
     /// # Errors
     /// The report cannot be serialized, or `cannot write --json PATH` with the OS error.
-    pub fn write(mut self, report: &BenchReport) -> anyhow::Result<()> {
+    pub fn write(mut self, report: &impl Serialize) -> anyhow::Result<()> {
         let text = serde_json::to_string_pretty(report).context("cannot serialize the report")?;
         self.file
             .set_len(0)
@@ -77,6 +78,7 @@ impl Drop for JsonReportFile {
 
 #[cfg(test)]
 mod tests {
+    use super::super::report::BenchReport;
     use super::*;
 
     fn empty_report() -> BenchReport {

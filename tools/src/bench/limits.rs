@@ -12,6 +12,19 @@ pub const PRODUCER_COUNT_MAX: u32 = 1024;
 /// Most consumer threads, for the same reason as [`PRODUCER_COUNT_MAX`].
 pub const CONSUMER_COUNT_MAX: u32 = 1024;
 
+/// Most rounds of `--workload metadata`. Each round is three durable metadata commits (a few
+/// milliseconds each on a real disk), so 100 000 rounds is already most of an hour; a larger value
+/// is a typo more often than a plan.
+pub const METADATA_OP_COUNT_MAX: u32 = 100_000;
+
+/// Bytes of one disk-baseline write of `--workload metadata`: one 4 KiB page, the unit the
+/// issue's target names ("one 4 KiB write+fdatasync").
+pub const BASELINE_WRITE_BYTES: usize = 4096;
+
+/// The metadata workload's target: p99 of a metadata commit within this many times the p99 of
+/// one baseline write + fdatasync (issue 3, "Targets").
+pub const METADATA_P99_RATIO_TARGET: f64 = 3.0;
+
 /// Bits of a message id below the producer index: the per-producer sequence. 2^40 messages per
 /// producer is far beyond any run, and leaves 24 bits for the index.
 pub const MESSAGE_SEQUENCE_BITS: u32 = 40;

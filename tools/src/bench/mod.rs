@@ -4,12 +4,18 @@
 //!
 //! The headline figure is messages per server-CPU-second (DESIGN section 12), so it must never
 //! count the bench's own CPU: only the server process is measured, from `/proc`.
+//!
+//! `--workload metadata` (in `metadata.rs`) measures metadata commit latency against a disk
+//! baseline instead, on the same servers.
 
 pub mod ack;
 pub mod args;
 pub mod cpu;
+pub mod disk_baseline;
 pub mod json_file;
 pub mod limits;
+pub mod metadata;
+pub mod metadata_report;
 pub mod payload;
 pub mod phase;
 pub mod plan;
@@ -37,10 +43,11 @@ use self::verify::{PartitionVerdict, VerificationSummary};
 use self::workload::{ProduceStop, SharedProgress, TopicLayout};
 
 pub use self::args::{BenchArgs, BenchArgsError};
-pub use self::plan::{BenchPlan, PayloadChoice, ServerTarget, ShardRequest};
+pub use self::plan::{BenchPlan, PayloadChoice, ServerTarget, ShardRequest, Workload};
 
 /// Runs the bench as `args` say, prints a table per run (and the ratios between runs), writes
-/// `--json`, and fails if any acknowledged message was not read back intact.
+/// `--json`, and fails if any acknowledged message was not read back intact. `--workload metadata`
+/// runs [`metadata::run`] instead.
 ///
 /// # Errors
 /// Invalid arguments (naming the flag and the rule), a `--json` path that cannot be created
@@ -52,6 +59,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     // The load generator builds and verifies megabyte batches too.
     shards::resources::tune_allocator();
     let json_file = plan.json.as_deref().map(JsonReportFile::open).transpose()?;
+    if plan.workload == Workload::Metadata {
+        return metadata::run(&plan, json_file);
+    }
     let payload = match &plan.payload {
         PayloadChoice::Size(size_bytes) => PayloadSource::fixed(*size_bytes as usize),
         PayloadChoice::File(path) => PayloadSource::from_file(path)?,
@@ -138,15 +148,8 @@ fn run_one(
     payload: &PayloadSource,
 ) -> anyhow::Result<(RunReport, VerificationSummary)> {
     let mut server = start_server(plan, request)?;
-    if let (ShardRequest::Count(count), ServerTarget::External { addr, .. }) =
-        (request, &plan.server)
-    {
-        // Checked before the stream is created, so a refused run leaves nothing behind.
-        let shard_count = server_shard_count(server.addr)?;
-        if count != shard_count {
-            bail!("--shards {count} but the server at {addr} runs {shard_count} shards");
-        }
-    }
+    // Checked before the stream is created, so a refused run leaves nothing behind.
+    check_external_shard_count(plan, request, server.addr)?;
     let measured = setup_topic(server.addr, plan).and_then(|layout| {
         let measured = measure(plan, &server, &layout, payload)?;
         Ok((layout, measured))
@@ -170,6 +173,23 @@ fn run_one(
         payload,
         &measured,
     ))
+}
+
+/// With `--addr` and a `--shards` count: fails unless the server runs that many shards.
+fn check_external_shard_count(
+    plan: &BenchPlan,
+    request: ShardRequest,
+    server_addr: SocketAddr,
+) -> anyhow::Result<()> {
+    if let (ShardRequest::Count(count), ServerTarget::External { addr, .. }) =
+        (request, &plan.server)
+    {
+        let shard_count = server_shard_count(server_addr)?;
+        if count != shard_count {
+            bail!("--shards {count} but the server at {addr} runs {shard_count} shards");
+        }
+    }
+    Ok(())
 }
 
 fn server_label(plan: &BenchPlan) -> String {

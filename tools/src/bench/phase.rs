@@ -211,7 +211,7 @@ mod tests {
     use bus::PartitionInfo;
 
     use super::*;
-    use crate::bench::plan::{PayloadChoice, ServerTarget, ShardRequest};
+    use crate::bench::plan::{PayloadChoice, ServerTarget, ShardRequest, Workload};
     use crate::bench::workload::ProduceStop;
 
     #[test]
@@ -231,6 +231,9 @@ mod tests {
             concurrent: true,
             json: None,
             stream_id: 1,
+            workload: Workload::ProduceConsume,
+            metadata_op_count: 1,
+            baseline_root: None,
         };
         let partition = |partition_id| PartitionInfo {
             partition_id,

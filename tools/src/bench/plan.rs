@@ -10,6 +10,29 @@ use super::report::RunConfig;
 use super::server::ServerOptions;
 use super::workload::ProduceStop;
 
+/// What a run measures (`--workload`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Workload {
+    /// Produce messages, then read every acknowledged one back and verify it: throughput,
+    /// latency and messages per server-CPU-second.
+    #[default]
+    ProduceConsume,
+    /// Metadata commit latency: one connection creates a stream, creates a 1-partition topic in
+    /// it and deletes the stream, `--metadata-ops` times, each round trip timed; before each round
+    /// one 4 KiB write + fdatasync on the server's filesystem is timed as the baseline. Reports
+    /// p50/p99/max of each and p99 / baseline p99 against the target (within 3x).
+    Metadata,
+}
+
+impl std::fmt::Display for Workload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Workload::ProduceConsume => "produce-consume",
+            Workload::Metadata => "metadata",
+        })
+    }
+}
+
 /// One `--shards` entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShardRequest {
@@ -61,19 +84,19 @@ pub struct BenchPlan {
     pub concurrent: bool,
     pub json: Option<PathBuf>,
     pub stream_id: u32,
+    pub workload: Workload,
+    /// Metadata rounds (`--metadata-ops`); used by [`Workload::Metadata`] only.
+    pub metadata_op_count: u32,
+    /// Where the metadata workload's disk baseline writes its scratch file when the server is
+    /// `--addr` (`--data-root`); `None` there means the system temp dir. Always `None` for an
+    /// embedded server, whose run directory is used.
+    pub baseline_root: Option<PathBuf>,
 }
 
 impl BenchPlan {
-    /// The `config` object of a run's report.
-    pub fn run_config(
-        &self,
-        request: ShardRequest,
-        server_label: &str,
-        server_pid: Option<u32>,
-        payload: &PayloadSource,
-        cpu_note: Option<String>,
-    ) -> RunConfig {
-        let (options, fsync) = match &self.server {
+    /// The embedded server's options (defaults for `--addr`) and the fsync policy as reported.
+    pub fn server_options_and_fsync(&self) -> (ServerOptions, String) {
+        match &self.server {
             ServerTarget::Embedded { options, .. } => (
                 options.clone(),
                 options
@@ -85,7 +108,19 @@ impl BenchPlan {
                 ServerOptions::default(),
                 "set by the running server".to_string(),
             ),
-        };
+        }
+    }
+
+    /// The `config` object of a run's report.
+    pub fn run_config(
+        &self,
+        request: ShardRequest,
+        server_label: &str,
+        server_pid: Option<u32>,
+        payload: &PayloadSource,
+        cpu_note: Option<String>,
+    ) -> RunConfig {
+        let (options, fsync) = self.server_options_and_fsync();
         let (messages, duration_seconds) = match self.stop {
             ProduceStop::MessageCount(count) => (Some(count), None),
             ProduceStop::Duration(duration) => (None, Some(duration.as_secs())),

@@ -189,6 +189,17 @@ impl EmbeddedServer {
         self.child.id()
     }
 
+    /// The run directory: the server's data directory is its `data/`, its log `server.log`.
+    /// Scratch files put here are on the server's filesystem and go away with a clean stop.
+    pub fn run_dir(&self) -> Option<&Path> {
+        self.dir.as_ref().map(tempfile::TempDir::path)
+    }
+
+    /// The data directory given to `serve --data-dir`.
+    pub fn data_dir(&self) -> Option<PathBuf> {
+        self.run_dir().map(|dir| dir.join("data"))
+    }
+
     fn wait_for_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + timeout;
         loop {
@@ -350,6 +361,10 @@ mod tests {
             EmbeddedServer::start(&exe, "2", &ServerOptions::default(), Some(root.path())).unwrap();
         assert_eq!(server.addr(), SocketAddr::from(([127, 0, 0, 1], 4567)));
         assert!(server.pid() > 0);
+        let run_dir = server.run_dir().unwrap().to_path_buf();
+        assert!(run_dir.starts_with(root.path()), "{}", run_dir.display());
+        assert_eq!(server.data_dir().unwrap(), run_dir.join("data"));
+        assert!(run_dir.join("data").is_dir());
         server.stop().unwrap();
     }
 }

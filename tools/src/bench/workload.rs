@@ -212,7 +212,8 @@ fn now_us() -> u64 {
         .map_or(0, |since| since.as_micros() as u64)
 }
 
-fn record_latency(histogram: &mut Histogram<u64>, elapsed: Duration) {
+/// Records `elapsed` in µs, at least 1 (the histogram's lowest value), saturating at its highest.
+pub fn record_latency(histogram: &mut Histogram<u64>, elapsed: Duration) {
     histogram.saturating_record((elapsed.as_micros() as u64).max(1));
 }
 
