@@ -489,6 +489,131 @@ fn metadata_flipped_byte_names_the_file() {
     assert_eq!(json["damage"][0]["file"], path.display().to_string());
 }
 
+// ---------------------------------------------------------------- snapshot
+
+/// A snapshot at op 5 (one stream with two topics, one client session) and, when `pairing` is
+/// given, a superblock recording (checkpoint_op, checksum) beside it.
+fn snapshot(dir: &Path, pairing: Option<(u64, Option<u64>)>) -> (PathBuf, u64) {
+    use shards::metadata::{MetadataOp, MetadataState};
+    use shards::vsr::client_table::ClientTable;
+    use shards::vsr::snapshot::{SNAPSHOT_PAYLOAD_VERSION, SnapshotPayload};
+    let mut metadata = MetadataState::new();
+    metadata.apply(
+        2,
+        &MetadataOp::CreateStream {
+            stream_id: 1,
+            name: "orders".to_owned(),
+        },
+    );
+    for (op, topic_id, partition_count) in [(3, 1, 8), (4, 2, 4)] {
+        metadata.apply(
+            op,
+            &MetadataOp::CreateTopic {
+                stream_id: 1,
+                topic_id,
+                name: format!("t{topic_id}"),
+                partition_count,
+            },
+        );
+    }
+    let mut client_table = ClientTable::new(4);
+    client_table.register(0xabc, 1);
+    client_table.register(0xdef, 5);
+    let payload = SnapshotPayload {
+        version: SNAPSHOT_PAYLOAD_VERSION,
+        checkpoint_op: 5,
+        metadata,
+        client_table: client_table.to_snapshot(),
+    };
+    let path = dir.join("snapshot");
+    let checksum = block_on(storage::snapshot::write_snapshot(
+        &path,
+        5,
+        payload.encode(),
+        &mut |_| {},
+    ))
+    .unwrap();
+    if let Some((checkpoint_op, recorded)) = pairing {
+        block_on(Superblock::create(
+            &dir.join("superblock"),
+            SuperblockState {
+                replica_count: 1,
+                commit_max: 9,
+                checkpoint_op,
+                snapshot_checksum: recorded.unwrap_or(checksum),
+                ..SuperblockState::default()
+            },
+        ))
+        .unwrap();
+    }
+    (path, checksum)
+}
+
+#[test]
+fn snapshot_clean_shows_op_checksum_pairing_and_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, checksum) = snapshot(dir.path(), Some((5, None)));
+    let (code, stdout, stderr) = inspect_path("snapshot", dir.path());
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains(&format!("checkpoint_op 5, checksum {checksum:#018x}")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("0xabc          1          0          1       0"),
+        "{stdout}"
+    );
+    assert!(stdout.contains(": ok"), "{stdout}");
+    assert!(
+        stdout.contains("summary: 1 stream(s), 2 topic(s), 12 partition(s), 2 client session(s)"),
+        "{stdout}"
+    );
+    let (code, json) = inspect_json("snapshot", &path);
+    assert_eq!(code, 0);
+    assert_eq!(json["checkpoint_op"], 5);
+    assert_eq!(json["sessions"][1]["client"], "0xdef");
+}
+
+#[test]
+fn snapshot_flipped_payload_byte_names_the_file_and_trailer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = snapshot(dir.path(), None);
+    flip_byte(&path, 100);
+    let (code, stdout, _) = inspect_path("snapshot", &path);
+    assert_eq!(code, 1, "{stdout}");
+    let size = std::fs::metadata(&path).unwrap().len();
+    assert!(
+        stdout.contains(&format!(
+            "damage: {} at byte {}: checksum mismatch",
+            path.display(),
+            size - 8
+        )),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn snapshot_breaking_the_pairing_rule_is_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    // The superblock says the checkpoint is at op 7: this snapshot (op 5) is older.
+    let (path, _) = snapshot(dir.path(), Some((7, Some(1))));
+    let (code, stdout, _) = inspect_path("snapshot", &path);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("pairing rule: the snapshot is at op 5, older"),
+        "{stdout}"
+    );
+    // Same op, another checksum.
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = snapshot(dir.path(), Some((5, Some(1))));
+    let (code, stdout, _) = inspect_path("snapshot", &path);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("pairing rule: same op, different checksum"),
+        "{stdout}"
+    );
+}
+
 // ---------------------------------------------------------------- usage
 
 #[test]

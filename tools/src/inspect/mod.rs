@@ -1,5 +1,5 @@
 //! `shardline inspect`: offline checks of the files `storage` writes (superblock, metadata journal,
-//! partition log segments with their index files, `metadata.json`), decoded and verified by the
+//! checkpoint snapshot, partition log segments with their index files, `metadata.json`), decoded and verified by the
 //! rules of `storage/FORMAT.md`, printed as aligned text or one JSON document.
 //!
 //! It must never modify what it inspects: every file and directory is opened read-only with
@@ -8,6 +8,7 @@
 
 mod metadata;
 mod segment;
+mod snapshot;
 mod superblock;
 mod wal;
 
@@ -35,7 +36,12 @@ What each KIND checks (all by the rules of storage/FORMAT.md):
   segment     PATH is a partition directory or one .log segment. Walks every entry (offset rule,
               size bounds, XXH3-64 payload checksum), reports a torn tail or corruption with file
               and byte position, and checks each .index file against the entries it describes.
-  metadata    PATH is metadata.json or the data directory. Verifies the XXH3-64 trailer, decodes
+  snapshot    PATH is the snapshot file or the data directory. Verifies the header (magic,
+              version, reserved bytes, payload size) and the XXH3-64 trailer, decodes the JSON
+              payload and checks metadata and client table by the server's boot rules, lists
+              the client sessions, and checks the checkpoint pairing against the superblock
+              beside it (older snapshot, or same op with another checksum: refused at boot).
+  metadata    PATH is metadata.json (the format before the journal, migrated at boot). Verifies the XXH3-64 trailer, decodes
               the JSON, checks it by the server's rules, and counts streams, topics, partitions.
 
 Files are opened read-only and never modified: a torn tail is reported, not truncated.
@@ -68,7 +74,9 @@ enum Kind {
     Wal,
     /// A partition log: a directory of `.log` segments and `.index` files, or one segment.
     Segment,
-    /// `metadata.json` (or the data directory holding it).
+    /// The checkpoint snapshot (or the data directory holding it).
+    Snapshot,
+    /// `metadata.json` of the format before the journal (or the data directory holding it).
     Metadata,
 }
 
@@ -78,6 +86,7 @@ impl Kind {
             Kind::Superblock => "superblock",
             Kind::Wal => "wal",
             Kind::Segment => "segment",
+            Kind::Snapshot => "snapshot",
             Kind::Metadata => "metadata",
         }
     }
@@ -146,6 +155,7 @@ pub fn run(args: &InspectArgs) -> ExitCode {
         Kind::Superblock => superblock::inspect(&args.path).map(|(r, d)| emit(args, &r, &d)),
         Kind::Wal => wal::inspect(&args.path).map(|(r, d)| emit(args, &r, &d)),
         Kind::Segment => segment::inspect(&args.path).map(|(r, d)| emit(args, &r, &d)),
+        Kind::Snapshot => snapshot::inspect(&args.path).map(|(r, d)| emit(args, &r, &d)),
         Kind::Metadata => metadata::inspect(&args.path).map(|(r, d)| emit(args, &r, &d)),
     };
     match result {

@@ -1,0 +1,238 @@
+//! `inspect snapshot`: verifies the checkpoint snapshot (`storage/FORMAT.md` section 9: header,
+//! XXH3-64 trailer; section 9.1: the JSON payload of metadata and client table) by the rules the
+//! server applies at boot, and, when a superblock lies beside it, the checkpoint pairing rule.
+//! Reads only; never rewrites the file.
+
+use std::fmt::Write as _;
+use std::io::Read as _;
+use std::path::Path;
+
+use shards::limits::CLIENTS_TABLE_MAX_LIMIT;
+use shards::vsr::snapshot::SnapshotPayload;
+use storage::limits::{SNAPSHOT_FILE_SIZE_MAX, SUPERBLOCK_COPY_COUNT, SUPERBLOCK_COPY_SIZE};
+use storage::snapshot::{SNAPSHOT_FILE_NAME, SnapshotDefect};
+use storage::superblock::{SUPERBLOCK_FILE_NAME, SuperblockState, decode_copy};
+
+use super::{Damage, Report, open_read_only, parent_dir, read_bounded};
+
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct SnapshotReport {
+    file: String,
+    file_size_bytes: u64,
+    trailer_ok: bool,
+    checkpoint_op: Option<u64>,
+    /// The trailer, `0x`-hex: what the superblock's pairing records.
+    checksum: Option<String>,
+    payload_size_bytes: Option<u64>,
+    stream_count: usize,
+    topic_count: usize,
+    partition_count: u64,
+    sessions: Vec<SessionReport>,
+    /// The pairing with the superblock beside the snapshot, when there is one.
+    pairing: Option<String>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct SessionReport {
+    client: String,
+    session: u64,
+    request: u64,
+    commit_op: u64,
+    cached_reply_count: usize,
+}
+
+/// Byte position a defect points at, when one applies.
+fn defect_position(defect: &SnapshotDefect) -> Option<u64> {
+    match defect {
+        SnapshotDefect::TooShort { .. } | SnapshotDefect::TooLarge { .. } => None,
+        SnapshotDefect::Checksum {
+            trailer_position, ..
+        } => Some(*trailer_position),
+        SnapshotDefect::Magic { .. } => Some(0),
+        SnapshotDefect::Version { .. } => Some(8),
+        SnapshotDefect::Reserved { position, .. } => Some(*position),
+        SnapshotDefect::PayloadSize { .. } => Some(24),
+    }
+}
+
+/// The state of the superblock's newest valid copy in `dir`, if a readable one is there.
+fn superblock_beside(dir: &Path) -> Option<(String, SuperblockState)> {
+    let path = dir.join(SUPERBLOCK_FILE_NAME);
+    let file = open_read_only(&path).ok()?;
+    let mut bytes = Vec::new();
+    file.take((SUPERBLOCK_COPY_COUNT * SUPERBLOCK_COPY_SIZE) as u64)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    let newest = (0..SUPERBLOCK_COPY_COUNT)
+        .filter_map(|copy_index| {
+            let start = copy_index * SUPERBLOCK_COPY_SIZE;
+            let copy = bytes.get(start..start + SUPERBLOCK_COPY_SIZE)?;
+            decode_copy(copy, copy_index).ok()
+        })
+        .max_by_key(|state| state.sequence)?;
+    Some((path.display().to_string(), newest))
+}
+
+pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SnapshotReport, Vec<Damage>)> {
+    let file = if path.is_dir() {
+        path.join(SNAPSHOT_FILE_NAME)
+    } else {
+        path.to_path_buf()
+    };
+    let mut report = SnapshotReport {
+        file: file.display().to_string(),
+        file_size_bytes: 0,
+        trailer_ok: false,
+        checkpoint_op: None,
+        checksum: None,
+        payload_size_bytes: None,
+        stream_count: 0,
+        topic_count: 0,
+        partition_count: 0,
+        sessions: Vec::new(),
+        pairing: None,
+    };
+    let mut damage = Vec::new();
+    let bytes = match read_bounded(&file, SNAPSHOT_FILE_SIZE_MAX)? {
+        Ok(bytes) => bytes,
+        Err(size_bytes) => {
+            report.file_size_bytes = size_bytes;
+            damage.push(Damage::new(
+                &file,
+                None,
+                SnapshotDefect::TooLarge { size_bytes }.to_string(),
+            ));
+            return Ok((report, damage));
+        }
+    };
+    report.file_size_bytes = bytes.len() as u64;
+    let snapshot = match storage::snapshot::decode(&bytes) {
+        Ok(snapshot) => snapshot,
+        Err(defect) => {
+            damage.push(Damage::new(
+                &file,
+                defect_position(&defect),
+                format!("{defect} (the server refuses to boot)"),
+            ));
+            return Ok((report, damage));
+        }
+    };
+    report.trailer_ok = true;
+    report.checkpoint_op = Some(snapshot.checkpoint_op);
+    report.checksum = Some(format!("{:#018x}", snapshot.checksum));
+    report.payload_size_bytes = Some(snapshot.payload.len() as u64);
+    match SnapshotPayload::decode(
+        &snapshot.payload,
+        snapshot.checkpoint_op,
+        CLIENTS_TABLE_MAX_LIMIT,
+    ) {
+        Ok(restored) => {
+            for stream in restored.metadata.streams.values() {
+                report.topic_count += stream.topics.len();
+                report.partition_count += stream
+                    .topics
+                    .values()
+                    .map(|topic| u64::from(topic.partition_count))
+                    .sum::<u64>();
+            }
+            report.stream_count = restored.metadata.streams.len();
+            for entry in restored.client_table.to_snapshot().sessions {
+                report.sessions.push(SessionReport {
+                    client: entry.client,
+                    session: entry.session,
+                    request: entry.request,
+                    commit_op: entry.commit_op,
+                    cached_reply_count: entry.replies.len(),
+                });
+            }
+        }
+        Err(reason) => damage.push(Damage::new(
+            &file,
+            Some(storage::snapshot::SNAPSHOT_HEADER_SIZE as u64),
+            format!("payload: {reason} (the server refuses to boot)"),
+        )),
+    }
+    if let Some((superblock, state)) = superblock_beside(parent_dir(&file)) {
+        let pairing = format!(
+            "{superblock} records checkpoint_op {} with checksum {:#018x}",
+            state.checkpoint_op, state.snapshot_checksum
+        );
+        if snapshot.checkpoint_op < state.checkpoint_op {
+            damage.push(Damage::new(
+                &file,
+                None,
+                format!(
+                    "pairing rule: the snapshot is at op {}, older than the checkpoint: {pairing}",
+                    snapshot.checkpoint_op
+                ),
+            ));
+        } else if snapshot.checkpoint_op == state.checkpoint_op
+            && snapshot.checksum != state.snapshot_checksum
+        {
+            damage.push(Damage::new(
+                &file,
+                None,
+                format!(
+                    "pairing rule: same op, different checksum {:#018x}: {pairing}",
+                    snapshot.checksum
+                ),
+            ));
+        }
+        let verdict = if snapshot.checkpoint_op > state.checkpoint_op {
+            "newer than the superblock's checkpoint (a crash before the superblock write; boot uses it)"
+        } else if damage.iter().any(|d| d.reason.starts_with("pairing rule")) {
+            "BROKEN"
+        } else {
+            "ok"
+        };
+        report.pairing = Some(format!("{pairing}: {verdict}"));
+    }
+    Ok((report, damage))
+}
+
+impl Report for SnapshotReport {
+    fn write_text(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "file: {} ({} bytes, trailer {})",
+            self.file,
+            self.file_size_bytes,
+            if self.trailer_ok { "ok" } else { "BAD" }
+        );
+        if let (Some(op), Some(checksum), Some(payload)) =
+            (self.checkpoint_op, &self.checksum, self.payload_size_bytes)
+        {
+            let _ = writeln!(
+                out,
+                "checkpoint_op {op}, checksum {checksum}, payload {payload} bytes"
+            );
+        }
+        if let Some(pairing) = &self.pairing {
+            let _ = writeln!(out, "pairing: {pairing}");
+        }
+        let _ = writeln!(
+            out,
+            "  {:>36} {:>10} {:>10} {:>10} {:>7}",
+            "client", "session", "request", "commit_op", "replies"
+        );
+        for session in &self.sessions {
+            let _ = writeln!(
+                out,
+                "  {:>36} {:>10} {:>10} {:>10} {:>7}",
+                session.client,
+                session.session,
+                session.request,
+                session.commit_op,
+                session.cached_reply_count
+            );
+        }
+        let _ = writeln!(
+            out,
+            "summary: {} stream(s), {} topic(s), {} partition(s), {} client session(s)",
+            self.stream_count,
+            self.topic_count,
+            self.partition_count,
+            self.sessions.len()
+        );
+    }
+}
