@@ -32,14 +32,20 @@ fn u64_at(value: &Value, pointer: &str) -> u64 {
 /// Every latency block of a run holds `rounds` samples with p50 <= p99 <= max, all at least 1 µs.
 fn assert_consistent_run(run: &Value, rounds: u64) {
     assert_eq!(u64_at(run, "/rounds"), rounds);
-    for block in ["baseline", "create_stream", "create_topic", "delete_stream"] {
+    for block in [
+        "baseline",
+        "register",
+        "create_stream",
+        "create_topic",
+        "delete_stream",
+    ] {
         assert_eq!(u64_at(run, &format!("/{block}/count")), rounds, "{block}");
         let latency = |name: &str| u64_at(run, &format!("/{block}/latency_us/{name}"));
         assert!(latency("p50") >= 1, "{block}: {run:#}");
         assert!(latency("p50") <= latency("p99"), "{block}: {run:#}");
         assert!(latency("p99") <= latency("max"), "{block}: {run:#}");
     }
-    for op in ["create_stream", "create_topic", "delete_stream"] {
+    for op in ["register", "create_stream", "create_topic", "delete_stream"] {
         let ratio = run[op]["p99_ratio_to_baseline"].as_f64().unwrap();
         assert!(ratio > 0.0, "{op}: {run:#}");
         assert_eq!(
@@ -49,13 +55,13 @@ fn assert_consistent_run(run: &Value, rounds: u64) {
         );
     }
     let target = &run["target"];
-    assert_eq!(target["op"], "create_topic");
+    assert_eq!(target["op"], "register");
     assert_eq!(target["p99_ratio_max"].as_f64(), Some(3.0));
     assert_eq!(
         target["p99_ratio"],
-        run["create_topic"]["p99_ratio_to_baseline"]
+        run["register"]["p99_ratio_to_baseline"]
     );
-    assert_eq!(target["met"], run["create_topic"]["target_met"]);
+    assert_eq!(target["met"], run["register"]["target_met"]);
     assert_eq!(u64_at(run, "/baseline/write_bytes"), 4096);
     assert_eq!(u64_at(run, "/config/topic_partitions"), 1);
 }
@@ -102,7 +108,7 @@ fn embedded_run_reports_every_figure_and_leaves_nothing_behind() {
 
     assert!(stdout.contains("== workload=metadata shards=1"), "{stdout}");
     assert!(
-        stdout.contains("target: p99 within 3x: create_topic p99 "),
+        stdout.contains("target: p99 within 3x: register p99 "),
         "{stdout}"
     );
     // The run directory (data, log, baseline file) goes with a clean stop.

@@ -140,6 +140,7 @@ pub fn first_free_stream_id(metadata: &Metadata, round_count: u32) -> anyhow::Re
 /// The histograms of one run, µs.
 struct RoundHistograms {
     baseline: Histogram<u64>,
+    register: Histogram<u64>,
     create_stream: Histogram<u64>,
     create_topic: Histogram<u64>,
     delete_stream: Histogram<u64>,
@@ -166,6 +167,7 @@ fn measure(
         let first_stream_id = first_free_stream_id(&metadata, round_count)?;
         let mut histograms = RoundHistograms {
             baseline: new_latency_histogram(),
+            register: new_latency_histogram(),
             create_stream: new_latency_histogram(),
             create_topic: new_latency_histogram(),
             delete_stream: new_latency_histogram(),
@@ -196,6 +198,7 @@ fn measure(
                 round_count,
                 first_stream_id,
                 baseline_us: histograms.baseline,
+                register_us: histograms.register,
                 create_stream_us: histograms.create_stream,
                 create_topic_us: histograms.create_topic,
                 delete_stream_us: histograms.delete_stream,
@@ -207,13 +210,17 @@ fn measure(
     })
 }
 
-/// One round: create stream, create its 1-partition topic, delete the stream, each timed. A
+/// One round: register (a fresh session for the same client: one journaled op, the purest
+/// commit), create stream, create its 1-partition topic, delete the stream, each timed. A
 /// failure after the stream exists deletes it (best effort) before returning the error.
 async fn one_round(
     client: &mut Client,
     stream_id: u32,
     histograms: &mut RoundHistograms,
 ) -> anyhow::Result<()> {
+    let started_at = Instant::now();
+    client.register().await.context("cannot register")?;
+    record_latency(&mut histograms.register, started_at.elapsed());
     let started_at = Instant::now();
     client
         .create_stream(stream_id, &format!("bench-metadata-{stream_id}"))
