@@ -41,6 +41,20 @@ struct WalRecord {
     body_size_bytes: u32,
     /// Header and body checksums verify (only valid records are listed).
     checksums_ok: bool,
+    /// The server's prepare body (FORMAT.md section 8.1), summarized: the client, its request
+    /// number and the operation; or why the body does not decode (boot would refuse).
+    prepare: String,
+}
+
+/// One line for a prepare body: `client 0x.. request N: Operation {..}`.
+fn describe_prepare(body: &[u8]) -> String {
+    match shards::vsr::prepare::PrepareBody::decode(body) {
+        Ok(prepare) => format!(
+            "client {} request {}: {:?}",
+            prepare.client, prepare.request, prepare.operation
+        ),
+        Err(reason) => format!("not a shardline prepare body: {reason}"),
+    }
 }
 
 /// Whether the first invalid record of the last segment, at `position`, is interior damage, by the
@@ -155,6 +169,7 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(WalReport, Vec<Damage>)> {
                 commit: header.commit,
                 body_size_bytes: header.size,
                 checksums_ok: true,
+                prepare: describe_prepare(body),
             });
             record_count += 1;
             position += JOURNAL_HEADER_SIZE + body.len();
@@ -217,19 +232,20 @@ impl Report for WalReport {
             );
             let _ = writeln!(
                 out,
-                "  {:>10} {:>12} {:>6} {:>12} {:>10}  checksums",
+                "  {:>10} {:>12} {:>6} {:>12} {:>10}  checksums  prepare",
                 "byte", "op", "view", "commit", "body_bytes"
             );
             for record in &segment.records {
                 let _ = writeln!(
                     out,
-                    "  {:>10} {:>12} {:>6} {:>12} {:>10}  {}",
+                    "  {:>10} {:>12} {:>6} {:>12} {:>10}  {:<9}  {}",
                     record.position,
                     record.op,
                     record.view,
                     record.commit,
                     record.body_size_bytes,
-                    if record.checksums_ok { "ok" } else { "BAD" }
+                    if record.checksums_ok { "ok" } else { "BAD" },
+                    record.prepare
                 );
             }
         }
@@ -243,5 +259,18 @@ impl Report for WalReport {
             show(self.last_op),
             self.size_bytes
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe_prepare;
+    use shards::vsr::prepare::{PrepareBody, PrepareOperation};
+
+    #[test]
+    fn prepare_bodies_are_summarized_and_foreign_bodies_named() {
+        let body = PrepareBody::new(0xab, 0, PrepareOperation::Register).encode();
+        assert_eq!(describe_prepare(&body), "client 0xab request 0: Register");
+        assert!(describe_prepare(b"\x00\x01").starts_with("not a shardline prepare body: "));
     }
 }
