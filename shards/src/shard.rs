@@ -25,7 +25,6 @@ use crate::metadata::{MetadataOp, MetadataState};
 use crate::resources::ResourceBudget;
 use crate::shard_for;
 use crate::vsr::Replica;
-use crate::vsr::boot::{Applied, apply_prepare};
 use crate::vsr::client_table::Lookup;
 use crate::vsr::prepare::{PrepareBody, PrepareOperation};
 
@@ -51,7 +50,9 @@ pub struct Shard {
     pub shard_count: u16,
     pub config: Arc<ServerConfig>,
     endpoint: MeshEndpoint<ShardFrame>,
-    metadata: RefCell<MetadataState>,
+    /// Shared with a running checkpoint's encoder (copy on write: an op applied meanwhile
+    /// clones it), so taking a snapshot never copies the state on the reactor.
+    metadata: RefCell<Arc<MetadataState>>,
     partitions: RefCell<AHashMap<Namespace, Rc<PartitionLog>>>,
     pending: RefCell<AHashMap<u64, TxOneshot<ShardReply>>>,
     request_id_next: Cell<u64>,
@@ -224,7 +225,7 @@ impl Shard {
             shard_count,
             config,
             endpoint,
-            metadata: RefCell::new(metadata),
+            metadata: RefCell::new(Arc::new(metadata)),
             partitions: RefCell::new(AHashMap::new()),
             pending: RefCell::new(AHashMap::new()),
             request_id_next: Cell::new(1),
@@ -535,32 +536,19 @@ impl Shard {
             Ok(op) => op,
             Err(e) => return journal_failure(&e),
         };
-        let applied = {
-            let mut metadata = self.metadata.borrow_mut();
-            let mut client_table = replica.client_table.borrow_mut();
-            apply_prepare(&mut metadata, &mut client_table, op, &body)
-        };
-        let reply = match applied {
-            Ok(Applied::Registered { session, evicted }) => {
-                if let Some(evicted) = evicted {
-                    tracing::info!(
-                        client = format_args!("{evicted:#x}"),
-                        clients_table_max = self.config.clients_table_max,
-                        "client session evicted: the client table is full; the client is told \
-                         on its next request"
-                    );
-                }
-                tracing::debug!(
-                    client = format_args!("{client:#x}"),
-                    session,
-                    "client registered"
-                );
-                ShardReply::Registered { session }
-            }
-            other => panic!("register prepare applied as {other:?}"),
-        };
+        // Register touches only the client table (boot replays it through `apply_prepare`).
+        let evicted = replica.client_table.borrow_mut().register(client, op);
+        if let Some(evicted) = evicted {
+            tracing::info!(
+                client = format_args!("{evicted:#x}"),
+                clients_table_max = self.config.clients_table_max,
+                "client session evicted: the client table is full; the client is told on its \
+                 next request"
+            );
+        }
+        tracing::debug!(client = format_args!("{client:#x}"), session = op, "client registered");
         self.committed(op);
-        reply
+        ShardReply::Registered { session: op }
     }
 
     /// Records `op` as committed and starts a checkpoint when one is due.
@@ -766,7 +754,8 @@ impl Shard {
     /// Partitions that could not be opened, each named with its cause; the op stays applied.
     pub async fn apply_metadata(&self, op_number: u64, op: &MetadataOp) -> Result<(), String> {
         let namespaces: Vec<Namespace> = {
-            let mut metadata = self.metadata.borrow_mut();
+            let mut shared = self.metadata.borrow_mut();
+            let metadata = Arc::make_mut(&mut shared);
             let namespaces = metadata.namespaces_of(op);
             metadata.apply(op_number, op);
             namespaces.into_iter().filter(|n| self.owns(*n)).collect()

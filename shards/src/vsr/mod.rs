@@ -28,7 +28,6 @@ use storage::superblock::{Superblock, SuperblockState};
 use crate::metadata::MetadataState;
 use client_table::ClientTable;
 use prepare::PrepareBody;
-use snapshot::{SNAPSHOT_PAYLOAD_VERSION, SnapshotPayload};
 
 /// Why a checkpoint stopped; the previous checkpoint stays valid in every case.
 #[derive(Debug, thiserror::Error)]
@@ -168,7 +167,7 @@ impl Replica {
     /// (later checkpoints then fail until restart); the files stay a valid checkpoint.
     pub async fn checkpoint(
         &self,
-        metadata: &RefCell<MetadataState>,
+        metadata: &RefCell<std::sync::Arc<MetadataState>>,
     ) -> Result<Option<CheckpointDone>, CheckpointError> {
         let _checkpoint_guard = self.checkpoint_lock.lock().await;
         self.checkpoint_pending.set(false);
@@ -186,19 +185,19 @@ impl Replica {
     async fn checkpoint_at(
         &self,
         checkpoint_op: u64,
-        metadata: &RefCell<MetadataState>,
+        metadata: &RefCell<std::sync::Arc<MetadataState>>,
     ) -> Result<CheckpointDone, CheckpointError> {
-        // One synchronous borrow, so metadata and client table are both exactly at checkpoint_op.
-        let payload = SnapshotPayload {
-            version: SNAPSHOT_PAYLOAD_VERSION,
-            checkpoint_op,
-            metadata: metadata.borrow().clone(),
-            client_table: self.client_table.borrow().to_snapshot(),
-        };
+        // One synchronous step, so metadata and client table are both exactly at checkpoint_op.
+        // The metadata is shared, not copied: an op applied while the encoder runs copies it
+        // (Arc::make_mut), so the reactor never copies the whole state for a checkpoint.
+        let metadata = std::sync::Arc::clone(&*metadata.borrow());
+        let client_table = self.client_table.borrow().to_snapshot();
         let started = std::time::Instant::now();
-        let bytes = compio::runtime::spawn_blocking(move || payload.encode())
-            .await
-            .map_err(|_| CheckpointError::Encode)?;
+        let bytes = compio::runtime::spawn_blocking(move || {
+            snapshot::encode_payload(checkpoint_op, &metadata, &client_table)
+        })
+        .await
+        .map_err(|_| CheckpointError::Encode)?;
         let snapshot_size_bytes = bytes.len() as u64;
         tracing::info!(checkpoint_op, snapshot_size_bytes, "checkpoint started");
         let snapshot_checksum = storage::snapshot::write_snapshot(
