@@ -7,6 +7,7 @@
 use std::hash::Hasher;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use compio::BufResult;
 use compio::buf::{IntoInner, IoBuf};
@@ -229,23 +230,23 @@ pub(crate) async fn off_reactor_if_large<T: Send + 'static>(
 
 /// Replaces `path` durably with `parts` concatenated + the 8-byte XXH3-64 trailer of them, and
 /// returns the trailer value. The parts go to the kernel in one vectored write, never copied into
-/// one buffer; the hash runs off the reactor above [`HASH_INLINE_BYTES_MAX`]. `observer` is called
-/// right after each step completes (see [`ReplaceStep`]).
+/// one buffer. Up to [`HASH_INLINE_BYTES_MAX`] bytes are hashed on the calling thread first; above
+/// it the hash runs on compio's blocking pool *while* the parts are written (they are shared
+/// read-only through `Arc`), and the trailer follows in a second write once both are done, so
+/// the reactor does no O(size) work and the hash adds no latency. Either way the file holds
+/// parts + trailer before the fsync. `observer` is called right after each step completes (see
+/// [`ReplaceStep`]).
 pub(crate) async fn replace_parts(
     path: &Path,
     parts: Vec<Vec<u8>>,
     observer: &mut dyn FnMut(ReplaceStep),
 ) -> Result<u64, ReplaceIoError> {
     let tmp = tmp_path(path);
-    let size_bytes = parts.iter().map(Vec::len).sum();
-    let (mut parts, checksum) = off_reactor_if_large(size_bytes, move || {
+    let size_bytes: usize = parts.iter().map(Vec::len).sum();
+    let inline_checksum = (size_bytes <= HASH_INLINE_BYTES_MAX).then(|| {
         let slices: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
-        let checksum = xxh3_of_parts(&slices);
-        (parts, checksum)
-    })
-    .await
-    .map_err(replace_error(path, "checksum the payload"))?;
-    parts.push(checksum.to_le_bytes().to_vec());
+        xxh3_of_parts(&slices)
+    });
 
     let file = OpenOptions::new()
         .write(true)
@@ -254,9 +255,34 @@ pub(crate) async fn replace_parts(
         .open(&tmp)
         .await
         .map_err(replace_error(&tmp, "create temporary file"))?;
-    let BufResult(result, parts) = (&file).write_vectored_all_at(parts, 0).await;
-    result.map_err(replace_error(&tmp, "write temporary file"))?;
-    drop(parts);
+    let checksum = if let Some(checksum) = inline_checksum {
+        let mut parts = parts;
+        parts.push(checksum.to_le_bytes().to_vec());
+        let BufResult(result, _) = (&file).write_vectored_all_at(parts, 0).await;
+        result.map_err(replace_error(&tmp, "write temporary file"))?;
+        checksum
+    } else {
+        let shared: Vec<Arc<Vec<u8>>> = parts.into_iter().map(Arc::new).collect();
+        let hashed = shared.clone();
+        let hash = compio::runtime::spawn_blocking(move || {
+            let slices: Vec<&[u8]> = hashed.iter().map(|part| part.as_slice()).collect();
+            xxh3_of_parts(&slices)
+        });
+        let mut writer = &file;
+        let write = writer.write_vectored_all_at(shared, 0);
+        let (BufResult(written, _), checksum) = futures_util::future::join(write, hash).await;
+        written.map_err(replace_error(&tmp, "write temporary file"))?;
+        let checksum = checksum.map_err(|error| ReplaceIoError {
+            path: path.to_path_buf(),
+            op: "checksum the payload",
+            source: io::Error::other(format!("blocking hash task failed: {error:?}")),
+        })?;
+        let BufResult(result, _) = (&file)
+            .write_all_at(checksum.to_le_bytes().to_vec(), size_bytes as u64)
+            .await;
+        result.map_err(replace_error(&tmp, "write temporary file trailer"))?;
+        checksum
+    };
     observer(ReplaceStep::TmpWritten);
     file.sync_all()
         .await
@@ -292,10 +318,11 @@ pub async fn durable_replace(path: &Path, payload: Vec<u8>) -> Result<(), Durabl
 /// Replaces `path` durably with `payload` + 8-byte XXH3-64 trailer, calling `observer(step)`
 /// synchronously right after each step completes, so a test can kill the process at each step.
 ///
-/// Steps, each only after the previous succeeded: checksum the payload (on compio's blocking pool
-/// when it is larger than [`HASH_INLINE_BYTES_MAX`] bytes, so the reactor does no O(payload) work),
-/// create/truncate `X.tmp`, write payload + trailer (one vectored write, no copy) then
-/// [`ReplaceStep::TmpWritten`], fsync `X.tmp` then [`ReplaceStep::TmpSynced`], close it, rename
+/// Steps, each only after the previous succeeded: create/truncate `X.tmp`, write payload +
+/// trailer then [`ReplaceStep::TmpWritten`] (a payload larger than [`HASH_INLINE_BYTES_MAX`] bytes
+/// is hashed on compio's blocking pool while it is being written, and the trailer written after
+/// it, so the reactor does no O(payload) work; a smaller one is hashed first and written with its
+/// trailer in one write), fsync `X.tmp` then [`ReplaceStep::TmpSynced`], close it, rename
 /// `X.tmp` over `X` then [`ReplaceStep::Renamed`], fsync the parent directory then
 /// [`ReplaceStep::DirSynced`].
 ///

@@ -231,7 +231,7 @@ pub fn decode(file_bytes: &[u8]) -> Result<Snapshot, SnapshotDefect> {
 /// rename over `path`, fsync the directory, `observer(step)` right after each. The header is its
 /// own 64-byte buffer written with `payload` in one vectored write, so the payload is never copied,
 /// and a payload larger than [`HASH_INLINE_BYTES_MAX`](crate::limits::HASH_INLINE_BYTES_MAX) is
-/// hashed on compio's blocking pool: the reactor does no O(payload) work.
+/// hashed on compio's blocking pool while it is written: the reactor does no O(payload) work.
 ///
 /// # Errors
 /// `PayloadTooLarge` (nothing written) if the file would exceed [`SNAPSHOT_FILE_SIZE_MAX`]; `Io`
