@@ -793,12 +793,93 @@ fn pairing_rule_refuses_an_older_snapshot() {
 }
 
 #[test]
+fn pairing_rule_refuses_same_op_with_another_checksum() {
+    let root = tempfile::tempdir().unwrap();
+    let data_dir = checkpointed_data_dir(root.path());
+    let snapshot = data_dir.join("snapshot");
+    let decoded = storage::snapshot::decode(&std::fs::read(&snapshot).unwrap()).unwrap();
+    // A well-formed snapshot at the recorded op whose state differs: stream 1 renamed.
+    let payload = String::from_utf8(decoded.payload).unwrap();
+    assert_eq!(payload.matches("\"s1\"").count(), 1, "payload: {payload}");
+    let forged = payload.replace("\"s1\"", "\"x1\"");
+    let mut bytes = storage::snapshot::encode(decoded.checkpoint_op, forged.as_bytes());
+    let trailer = twox_hash::XxHash3_64::oneshot(&bytes);
+    bytes.extend_from_slice(&trailer.to_le_bytes());
+    assert_eq!(
+        storage::snapshot::decode(&bytes).unwrap().checkpoint_op,
+        decoded.checkpoint_op,
+        "forged snapshot is well-formed"
+    );
+    std::fs::write(&snapshot, bytes).unwrap();
+    let stderr = serve_refuses(&data_dir, &[]);
+    assert_contains(&stderr, "pairing rule", "refusal");
+    assert_contains(&stderr, &snapshot.display().to_string(), "refusal");
+    assert_contains(
+        &stderr,
+        &format!("snapshot at op {} has checksum", decoded.checkpoint_op),
+        "refusal",
+    );
+}
+
+#[test]
+fn clients_table_max_lowered_evicts_at_boot() {
+    let root = tempfile::tempdir().unwrap();
+    for clean in [true, false] {
+        let what = if clean {
+            "from the snapshot"
+        } else {
+            "from the journal"
+        };
+        let data_dir = root.path().join(if clean { "clean" } else { "killed" });
+        let server = Server::start(
+            &data_dir,
+            &[SHARDS.as_slice(), &["--clients-table-max", "4"]].concat(),
+        );
+        let mut clients: Vec<RawClient> = [0xA, 0xB, 0xC]
+            .into_iter()
+            .map(|id| RawClient::connect(server.addr, id))
+            .collect();
+        for client in &mut clients {
+            client.register();
+        }
+        for (client, id) in clients.iter_mut().zip(1u32..) {
+            client.create(1, id).assert_ok(1, what);
+        }
+        drop(clients);
+        if clean {
+            assert_eq!(server.stop(), Some(0));
+        } else {
+            server.kill9();
+        }
+
+        // With room for two, A (the least recently committed) loses its session at boot; its
+        // change stays committed.
+        let server = Server::start(
+            &data_dir,
+            &[SHARDS.as_slice(), &["--clients-table-max", "2"]].concat(),
+        );
+        assert_streams(server.addr, 1..=3, what);
+        RawClient::connect(server.addr, 0xA)
+            .create(1, 1)
+            .assert_evicted(what);
+        RawClient::connect(server.addr, 0xB)
+            .create(1, 2)
+            .assert_ok(1, &format!("{what}: B cached"));
+        RawClient::connect(server.addr, 0xC)
+            .create(1, 3)
+            .assert_ok(1, &format!("{what}: C cached"));
+        assert_eq!(server.stop(), Some(0));
+    }
+}
+
+#[test]
 fn legacy_metadata_json_is_migrated() {
     use shards::metadata::{MetadataOp, MetadataState};
 
     let root = tempfile::tempdir().unwrap();
     let data_dir = root.path().join("legacy");
     std::fs::create_dir_all(&data_dir).unwrap();
+    // As the pre-journal server left it: `op` is the last applied op (2), not 0.
     let mut state = MetadataState::new();
     for (op, id) in (1..).zip([5u32, 6]) {
         state.apply(
