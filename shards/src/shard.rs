@@ -546,7 +546,11 @@ impl Shard {
                  next request"
             );
         }
-        tracing::debug!(client = format_args!("{client:#x}"), session = op, "client registered");
+        tracing::debug!(
+            client = format_args!("{client:#x}"),
+            session = op,
+            "client registered"
+        );
         self.committed(op);
         ShardReply::Registered { session: op }
     }

@@ -349,13 +349,24 @@ async fn format(data_dir: &Path) -> Result<Superblock, String> {
     };
     let legacy_file = store::metadata_path(data_dir);
     if legacy {
-        let metadata = store::load(data_dir).await.map_err(refuse)?;
+        let mut metadata = store::load(data_dir).await.map_err(refuse)?;
+        // The journal starts over at op 1: the old op numbers describe a log that no longer
+        // exists, and the state machine's op must not be above the snapshot's.
+        metadata.op = 0;
         let payload = SnapshotPayload {
             version: SNAPSHOT_PAYLOAD_VERSION,
             checkpoint_op: 0,
             metadata,
             client_table: ClientTable::new(1).to_snapshot(),
         };
+        // Refuse before anything is written if boot would refuse the result: metadata.json is
+        // removed below, and must never be traded for a snapshot that cannot load.
+        SnapshotPayload::decode(&payload.encode(), 0, 1).map_err(|reason| {
+            refuse(format!(
+                "{}: cannot be migrated: {reason}",
+                legacy_file.display()
+            ))
+        })?;
         state.snapshot_checksum =
             storage::snapshot::write_snapshot(&snapshot_file, 0, payload.encode(), &mut |_| {})
                 .await
