@@ -6,9 +6,9 @@
 //! snapshot at op `CHECKPOINT_OP` holding a few thousand streams and a full client table (every
 //! session with its reply ring full), paired in the superblock, and an empty journal segment that
 //! starts right above it. Two client ops then make a checkpoint due (`--checkpoint-interval 2`);
-//! pings answered between the observed "checkpoint started" and "checkpoint done" log lines prove
-//! the reactor was not blocked. It must never assert on durations: only on what was answered
-//! inside the window.
+//! pings answered between the observed "checkpoint started" line and both the snapshot file's
+//! rename and the "checkpoint done" line prove the reactor was not blocked. It must never assert
+//! on durations: only on what was answered inside those windows.
 //!
 //! The bulk of the snapshot is the client table, not streams: booting checks the metadata by
 //! replaying every stream as a create, and each create scans every stream name
