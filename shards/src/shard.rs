@@ -690,10 +690,14 @@ impl Shard {
             crate::vsr::boot::change_reply(request, &op),
         );
         let mut failures = Vec::new();
-        if let Err(e) = self.apply_metadata(op_number, &op).await {
+        // commit_min advances together with the state (a shutdown may cancel this task at the
+        // partition opens below: a checkpoint must never see the state ahead of commit_min).
+        if let Err(e) = self
+            .apply_metadata(op_number, &op, || self.committed(op_number))
+            .await
+        {
             failures.push(e);
         }
-        self.committed(op_number);
         if self.shard_count > 1 {
             let (done_tx, done_rx) = oneshot();
             *self.metadata_ack.borrow_mut() = Some(MetadataAck {
@@ -752,11 +756,18 @@ impl Shard {
         ShardReply::MetadataDone
     }
 
-    /// Applies a committed op to this shard's copy and opens or closes the partitions it owns.
+    /// Applies a committed op to this shard's copy, calls `on_applied` right after (before any
+    /// await, so nothing can observe or cancel in between), then opens or closes the partitions
+    /// it owns.
     ///
     /// # Errors
     /// Partitions that could not be opened, each named with its cause; the op stays applied.
-    pub async fn apply_metadata(&self, op_number: u64, op: &MetadataOp) -> Result<(), String> {
+    pub async fn apply_metadata(
+        &self,
+        op_number: u64,
+        op: &MetadataOp,
+        on_applied: impl FnOnce(),
+    ) -> Result<(), String> {
         let namespaces: Vec<Namespace> = {
             let mut shared = self.metadata.borrow_mut();
             let metadata = Arc::make_mut(&mut shared);
@@ -764,6 +775,7 @@ impl Shard {
             metadata.apply(op_number, op);
             namespaces.into_iter().filter(|n| self.owns(*n)).collect()
         };
+        on_applied();
         let mut failures = Vec::new();
         match op {
             MetadataOp::CreateTopic { .. } => {
@@ -820,7 +832,7 @@ impl Shard {
                 .detach();
             }
             ShardFrame::MetadataApply { op_number, op } => {
-                let error = self.apply_metadata(op_number, &op).await.err();
+                let error = self.apply_metadata(op_number, &op, || {}).await.err();
                 if let Err(e) = self
                     .send_reliably(from, ShardFrame::MetadataApplied { op_number, error }, true)
                     .await

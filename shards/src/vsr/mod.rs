@@ -235,12 +235,27 @@ impl Replica {
                 .await?;
         }
         self.checkpoint_op.set(checkpoint_op);
-        let released_segment_count = self
+        let released = self
             .journal
             .lock()
             .await
             .release_below(checkpoint_op + 1)
-            .await?;
+            .await;
+        let released_segment_count = match released {
+            Ok(count) => count,
+            // An append was interrupted (a metadata commit cancelled at shutdown) or failed
+            // earlier: the new checkpoint is durable and valid; the journal merely keeps
+            // segments that boot skips. Not a checkpoint failure.
+            Err(JournalError::Poisoned { path, op, reason }) => {
+                tracing::warn!(
+                    path = %path.display(), op, %reason, checkpoint_op,
+                    "checkpoint recorded, journal not released: an earlier journal write did not \
+                     complete; the next boot replays only above the checkpoint"
+                );
+                0
+            }
+            Err(error) => return Err(error.into()),
+        };
         failpoint::hit("checkpoint.after_wal_release");
         tracing::info!(
             checkpoint_op,
