@@ -125,7 +125,7 @@ impl RunningServer {
                 addr: config.listen,
                 source,
             })?;
-        crate::vsr::failpoint::check_env();
+        crate::vsr::failpoint::check_env().map_err(ServerError::Startup)?;
         std::fs::create_dir_all(&config.data_dir).map_err(|source| ServerError::DataDir {
             path: config.data_dir.display().to_string(),
             source,

@@ -530,8 +530,24 @@ impl Shard {
         if client == 0 {
             return ShardReply::error(ErrorCode::InvalidArgument, "client id 0 is reserved");
         }
-        let body = PrepareBody::new(client, 0, PrepareOperation::Register);
         let replica = Rc::clone(self.replica());
+        let existing = replica
+            .client_table
+            .borrow()
+            .session(client)
+            .map(|s| s.session);
+        if let Some(session) = existing {
+            // A repeated Register (a retry whose reply was lost, or a restarted process with the
+            // same id) keeps the session: replacing it would forget the committed request
+            // numbers and let a resent request apply twice.
+            tracing::debug!(
+                client = format_args!("{client:#x}"),
+                session,
+                "client already registered"
+            );
+            return ShardReply::Registered { session };
+        }
+        let body = PrepareBody::new(client, 0, PrepareOperation::Register);
         let op = match replica.append(&body).await {
             Ok(op) => op,
             Err(e) => return journal_failure(&e),
@@ -602,6 +618,18 @@ impl Shard {
         match lookup {
             Lookup::New => {}
             Lookup::Cached(reply) => {
+                if reply.request_checksum != crate::vsr::boot::change_checksum(&op) {
+                    // Same number, other arguments: answering with the cached reply would claim
+                    // this request was applied when it was not.
+                    return ShardReply::error(
+                        ErrorCode::InvalidArgument,
+                        format!(
+                            "request {request} of client {client:#x} was already committed with \
+                             other arguments ({op:?} is not what was committed); request numbers \
+                             must not be reused"
+                        ),
+                    );
+                }
                 tracing::debug!(
                     client = format_args!("{client:#x}"),
                     request,
@@ -615,8 +643,9 @@ impl Shard {
                 return ShardReply::error(
                     ErrorCode::RequestStale,
                     format!(
-                        "request {request} of client {client:#x} was committed, but its reply is no \
-                         longer cached (oldest cached: request {oldest_cached_request})"
+                        "request {request} of client {client:#x} is at or below the session's last \
+                         committed request, and no reply for it is cached (oldest cached: request \
+                         {oldest_cached_request}); a new request needs a higher number"
                     ),
                 );
             }

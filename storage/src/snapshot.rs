@@ -278,6 +278,17 @@ pub async fn write_snapshot(
 /// # Cancel safety
 /// Cancel safe: it only reads.
 pub async fn read_snapshot(path: &Path) -> Result<Option<Snapshot>, SnapshotError> {
+    // Stat first: opening a FIFO would wait for a writer, and a device is no snapshot.
+    match compio::fs::metadata(path).await {
+        Ok(metadata) if !metadata.is_file() => {
+            return Err(io_error(path, "open snapshot")(io::Error::other(
+                "not a regular file (a FIFO, device, socket or directory is no snapshot)",
+            )));
+        }
+        Ok(_) => {}
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(io_error(path, "stat snapshot")(error)),
+    }
     let file = match File::open(path).await {
         Ok(file) => file,
         Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),

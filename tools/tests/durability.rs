@@ -911,3 +911,137 @@ fn legacy_metadata_json_is_migrated() {
     assert_streams(server.addr, [5, 6], "after a restart");
     assert_eq!(server.stop(), Some(0));
 }
+
+// ------------------------------------------------------------------------------------------------
+// Regressions from the adversarial pass.
+
+#[test]
+fn a_removed_journal_refuses_instead_of_booting_empty() {
+    let root = tempfile::tempdir().unwrap();
+    // Before any checkpoint: every change lives only in the journal.
+    let data_dir = journal_only_data_dir(root.path(), "no-journal");
+    let journal = data_dir.join("journal");
+    std::fs::remove_dir_all(&journal).unwrap();
+    let stderr = serve_refuses(&data_dir, &[]);
+    assert_contains(
+        &stderr,
+        &format!("{}: no journal segment", journal.display()),
+        "removed dir",
+    );
+    assert_contains(&stderr, "refusing to boot", "removed dir");
+    // Emptied of segments: the same.
+    std::fs::create_dir_all(&journal).unwrap();
+    let stderr = serve_refuses(&data_dir, &[]);
+    assert_contains(&stderr, "no journal segment", "empty dir");
+    assert!(
+        std::fs::read_dir(&journal).unwrap().next().is_none(),
+        "a refused boot created a segment"
+    );
+}
+
+#[test]
+fn an_interrupted_migration_is_redone() {
+    use shards::metadata::{MetadataOp, MetadataState};
+
+    let root = tempfile::tempdir().unwrap();
+    let data_dir = root.path().join("half-migrated");
+    std::fs::create_dir_all(&data_dir).unwrap();
+    let mut state = MetadataState::new();
+    state.apply(
+        3,
+        &MetadataOp::CreateStream {
+            stream_id: 8,
+            name: "s8".to_owned(),
+        },
+    );
+    let dir = data_dir.clone();
+    block_on(async move {
+        shards::metadata::store::save(&dir, &state).await.unwrap();
+        // A crash after the migration's snapshot and empty journal, before its superblock.
+        storage::snapshot::write_snapshot(&dir.join("snapshot"), 0, b"{}".to_vec(), &mut |_| {})
+            .await
+            .unwrap();
+        storage::Journal::open(&dir.join("journal")).await.unwrap();
+    });
+    let server = Server::start(&data_dir, &SHARDS);
+    assert_streams(server.addr, [8], "migration redone");
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[test]
+fn registering_again_keeps_the_session_and_its_deduplication() {
+    let root = tempfile::tempdir().unwrap();
+    let server = Server::start(&root.path().join("data"), &SHARDS);
+    let mut client = RawClient::connect(server.addr, 0xC4);
+    let session = client.register();
+    client.create(1, 7).assert_ok(1, "create");
+    let answer = client
+        .send(Operation::DeleteStream, 2, Namespace::new(7, 0, 0), &[])
+        .unwrap();
+    answer.assert_ok(2, "delete");
+    assert_eq!(
+        client.register(),
+        session,
+        "a second Register keeps the session"
+    );
+    // Request 1 is still a duplicate: answered from the cache, the stream is not re-created.
+    client.create(1, 7).assert_ok(1, "resend after re-register");
+    assert_streams(server.addr, [], "stream 7 stays deleted");
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[test]
+fn a_reused_request_number_with_other_arguments_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let server = Server::start(&root.path().join("data"), &SHARDS);
+    let mut client = RawClient::connect(server.addr, 0xC5);
+    client.register();
+    client.create(1, 200).assert_ok(1, "create 200");
+    let answer = client.create(1, 201);
+    answer.assert_error(ErrorCode::InvalidArgument, "same number, other stream");
+    assert_contains(&answer.text(), "other arguments", "message");
+    assert_streams(server.addr, [200], "201 was not created");
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[test]
+fn a_fifo_journal_segment_refuses_naming_it() {
+    let root = tempfile::tempdir().unwrap();
+    let data_dir = journal_only_data_dir(root.path(), "fifo");
+    let fifo = data_dir.join("journal/00000000000000000099.wal");
+    let status = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(status.success());
+    let stderr = serve_refuses(&data_dir, &[]);
+    assert_contains(&stderr, &fifo.display().to_string(), "fifo");
+    assert_contains(&stderr, "not a regular file", "fifo");
+}
+
+#[test]
+fn a_misspelled_failpoint_is_a_startup_error_not_a_panic() {
+    let root = tempfile::tempdir().unwrap();
+    let output = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(root.path().join("data"))
+        .env("SHARDLINE_FAILPOINT", "checkpoint.after_nothing")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_contains(
+        &stderr,
+        "invalid SHARDLINE_FAILPOINT value \"checkpoint.after_nothing\"",
+        "message",
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // Empty means unset.
+    let server = Server::start_with(
+        {
+            let mut command = Command::new(BIN);
+            command.env("SHARDLINE_FAILPOINT", "");
+            command
+        },
+        &root.path().join("data2"),
+        &SHARDS,
+    );
+    assert_eq!(server.stop(), Some(0));
+}

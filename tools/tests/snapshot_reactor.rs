@@ -95,6 +95,7 @@ fn session(index: u64) -> SessionSnapshot {
                 offset: 0,
                 count: 0,
                 body: Vec::new(),
+                request_checksum: request,
             })
             .collect(),
     }

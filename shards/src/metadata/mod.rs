@@ -13,6 +13,7 @@ pub const METADATA_VERSION: u32 = 1;
 
 /// Every stream, topic and partition. Serialized whole into `metadata.json`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MetadataState {
     pub version: u32,
     /// Op number of the last applied change (0 = none).
@@ -21,12 +22,14 @@ pub struct MetadataState {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StreamState {
     pub name: String,
     pub topics: BTreeMap<u16, TopicState>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TopicState {
     pub name: String,
     /// Partitions are numbered 0..partition_count.
@@ -35,6 +38,7 @@ pub struct TopicState {
 
 /// One metadata change, as ordered by shard 0.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub enum MetadataOp {
     CreateStream {
         stream_id: u32,

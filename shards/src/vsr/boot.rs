@@ -14,12 +14,17 @@ use futures_util::lock::Mutex;
 use storage::journal::Journal;
 use storage::superblock::{Superblock, SuperblockError, SuperblockState};
 
-use super::client_table::{CachedReply, ClientTable, Lookup};
+use super::client_table::{CachedReply, ClientTable, Lookup, request_checksum};
 use super::prepare::{PrepareBody, PrepareOperation};
 use super::snapshot::{SNAPSHOT_PAYLOAD_VERSION, SnapshotPayload};
 use super::{Replica, journal_dir, snapshot_path, superblock_path};
 use crate::config::ServerConfig;
 use crate::metadata::{MetadataOp, MetadataState, store};
+
+/// The checksum of a metadata change's arguments (see [`CachedReply::request_checksum`]).
+pub fn change_checksum(op: &MetadataOp) -> u64 {
+    request_checksum(&serde_json::to_vec(op).expect("metadata op serializes: plain data"))
+}
 
 /// The reply a committed metadata change sent (and a duplicate gets again).
 pub fn change_reply(request: u64, op: &MetadataOp) -> CachedReply {
@@ -36,6 +41,7 @@ pub fn change_reply(request: u64, op: &MetadataOp) -> CachedReply {
         offset: 0,
         count: 0,
         body: Vec::new(),
+        request_checksum: change_checksum(op),
     }
 }
 
@@ -123,6 +129,14 @@ pub async fn open(config: &ServerConfig) -> Result<(Replica, MetadataState), Str
                      checkpoint rewrites it"
                 );
             }
+            let legacy_file = store::metadata_path(data_dir);
+            if compio::fs::metadata(&legacy_file).await.is_ok() {
+                tracing::warn!(
+                    path = %legacy_file.display(),
+                    "ignoring metadata.json: this directory was migrated to the journal format \
+                     (a crash after the migration can leave it); it may be removed"
+                );
+            }
             superblock
         }
         Err(SuperblockError::NotFound { .. }) => format(data_dir).await?,
@@ -188,6 +202,21 @@ pub async fn open(config: &ServerConfig) -> Result<(Replica, MetadataState), Str
     };
 
     let journal_path = journal_dir(data_dir);
+    let journal_present = {
+        let journal_path = journal_path.clone();
+        compio::runtime::spawn_blocking(move || journal_has_segment_files(&journal_path)).await
+    };
+    if !matches!(journal_present, Ok(true)) {
+        // Format creates the journal before the superblock, so it was removed: booting would
+        // silently drop every op since the checkpoint.
+        return Err(refuse(format!(
+            "{}: no journal segment, but {} exists (the journal is created before the superblock, \
+             so it was removed): the ops since checkpoint op {} would be lost. Restore the journal",
+            journal_path.display(),
+            superblock_file.display(),
+            superblock_state.checkpoint_op
+        )));
+    }
     let (journal, recovery) = Journal::open(&journal_path).await.map_err(refuse)?;
     if recovery.truncated_bytes > 0 {
         tracing::warn!(
@@ -258,6 +287,25 @@ pub async fn open(config: &ServerConfig) -> Result<(Replica, MetadataState), Str
     Ok((replica, metadata))
 }
 
+/// Whether `dir` holds a `*.wal` file (blocking; run off the reactor).
+fn journal_has_segment_files(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|entry| entry.path().extension().is_some_and(|e| e == "wal"))
+    })
+}
+
+/// Whether `dir` holds a non-empty `*.wal` file, i.e. journal records (blocking).
+fn journal_has_records(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.flatten().any(|entry| {
+            entry.path().extension().is_some_and(|e| e == "wal")
+                && entry.metadata().is_ok_and(|m| m.len() > 0)
+        })
+    })
+}
+
 /// The pairing rule (DESIGN section 9): the snapshot may not be older than the superblock's
 /// checkpoint, nor at the same op with another checksum. A newer one is the crash between the
 /// snapshot's rename and the superblock write: the journal above the old checkpoint is intact
@@ -309,27 +357,29 @@ async fn format(data_dir: &Path) -> Result<Superblock, String> {
     let probe = {
         let (journal_path, snapshot_file) = (journal_path.clone(), snapshot_file.clone());
         let legacy_file = store::metadata_path(data_dir);
-        // Three stats and a directory listing, once at boot: off the reactor anyway.
+        // A few stats and a directory listing, once at boot: off the reactor anyway.
         compio::runtime::spawn_blocking(move || {
-            let journal_has_segments =
-                std::fs::read_dir(&journal_path).is_ok_and(|mut entries| entries.next().is_some());
             (
-                journal_has_segments,
+                journal_has_records(&journal_path),
                 snapshot_file.exists(),
                 legacy_file.exists(),
             )
         })
         .await
     };
-    let Ok((journal_has_segments, snapshot_exists, legacy)) = probe else {
+    let Ok((journal_has_records, snapshot_exists, legacy)) = probe else {
         return Err(refuse("the data directory probe task failed"));
     };
-    if journal_has_segments || snapshot_exists {
+    // Format writes snapshot (migration only) and an empty journal before the superblock, so
+    // those alone are what a crash during format leaves: format again. Journal records, or a
+    // snapshot without metadata.json to migrate, mean a superblock existed and was lost.
+    if journal_has_records || (snapshot_exists && !legacy) {
         return Err(refuse(format!(
-            "{}: missing, but {} exists: the durable VSR state is lost; restore the superblock \
-             or move the data directory away to start empty",
+            "{}: missing, but {} exists: the superblock that pairs with it was lost. Restore \
+             the superblock from a backup; do not start this directory empty, its partition data \
+             would be orphaned",
             superblock_file.display(),
-            if journal_has_segments {
+            if journal_has_records {
                 journal_path.display()
             } else {
                 snapshot_file.display()
@@ -372,6 +422,9 @@ async fn format(data_dir: &Path) -> Result<Superblock, String> {
                 .await
                 .map_err(refuse)?;
     }
+    // The journal before the superblock: a superblock without a journal then always means the
+    // journal was lost (boot refuses), never an interrupted format.
+    Journal::open(&journal_path).await.map_err(refuse)?;
     let superblock = Superblock::create(&superblock_file, state)
         .await
         .map_err(refuse)?;

@@ -14,6 +14,7 @@ use crate::limits::REPLY_RING_LEN_MAX;
 
 /// One reply as it was sent for a committed request; resent as-is for a duplicate.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CachedReply {
     /// The request number this reply answers.
     pub request: u64,
@@ -27,6 +28,15 @@ pub struct CachedReply {
     pub count: u32,
     /// The reply body bytes.
     pub body: Vec<u8>,
+    /// XXH3-64 of the committed request's arguments (`request_checksum`): a request that reuses
+    /// the number with other arguments is refused instead of answered with this reply.
+    pub request_checksum: u64,
+}
+
+/// XXH3-64 of a committed operation's arguments as the journal encodes them (the JSON of the
+/// operation), the value [`CachedReply::request_checksum`] holds.
+pub fn request_checksum(operation_json: &[u8]) -> u64 {
+    twox_hash::XxHash3_64::oneshot(operation_json)
 }
 
 /// One client's session slot.
@@ -69,12 +79,14 @@ pub struct ClientTable {
 /// The client table as the snapshot stores it (`storage/FORMAT.md` section 9.1). Client ids are
 /// `0x`-prefixed hex strings because JSON numbers above 2^53 lose precision in most readers.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ClientTableSnapshot {
     pub sessions: Vec<SessionSnapshot>,
 }
 
 /// One session in a snapshot; see [`Session`] for the fields.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SessionSnapshot {
     pub client: String,
     pub session: u64,
@@ -131,8 +143,9 @@ impl ClientTable {
         }
     }
 
-    /// Applies a committed Register of `client` at op `op`: a fresh session numbered `op` (a
-    /// client that registers again starts over). When the table is full, first evicts the
+    /// Applies a committed Register of `client` at op `op`: a fresh session numbered `op`. Shard
+    /// 0 never prepares a Register for a client that has a session (it answers with the
+    /// existing one), so replacing one here happens only when replaying such a journal. When the table is full, first evicts the
     /// session whose latest commit is oldest and returns its client id.
     ///
     /// # Panics
@@ -313,6 +326,7 @@ mod tests {
             offset: 0,
             count: 0,
             body: Vec::new(),
+            request_checksum: 0,
         }
     }
 

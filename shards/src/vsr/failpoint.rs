@@ -23,28 +23,37 @@ pub const FAILPOINTS: [&str; 9] = [
     "checkpoint.after_wal_release",
 ];
 
-fn armed() -> Option<&'static str> {
-    static ARMED: OnceLock<Option<String>> = OnceLock::new();
-    ARMED
-        .get_or_init(|| {
-            let name = std::env::var(FAILPOINT_ENV).ok()?;
-            // A typo would make a crash test pass without crashing: refuse loudly.
-            assert!(
-                FAILPOINTS.contains(&name.as_str()),
-                "{FAILPOINT_ENV}={name:?} names no failpoint; known: {}",
+/// The armed failpoint: `Ok(None)` when the variable is unset or empty, `Err` naming the value
+/// and the known names when it names no failpoint.
+fn armed() -> Result<Option<&'static str>, &'static str> {
+    static ARMED: OnceLock<Result<Option<String>, String>> = OnceLock::new();
+    let armed = ARMED.get_or_init(|| {
+        let name = std::env::var(FAILPOINT_ENV).unwrap_or_default();
+        if name.is_empty() {
+            Ok(None)
+        } else if FAILPOINTS.contains(&name.as_str()) {
+            Ok(Some(name))
+        } else {
+            Err(format!(
+                "invalid {FAILPOINT_ENV} value {name:?}: names no failpoint; known: {}",
                 FAILPOINTS.join(", ")
-            );
-            Some(name)
-        })
-        .as_deref()
+            ))
+        }
+    });
+    match armed {
+        Ok(name) => Ok(name.as_deref()),
+        Err(message) => Err(message.as_str()),
+    }
 }
 
-/// Checks the environment at startup so a misspelled failpoint fails at boot, not never.
+/// Checks the environment at startup, so a misspelled failpoint fails the start instead of a
+/// crash test passing without ever crashing.
 ///
-/// # Panics
-/// If `SHARDLINE_FAILPOINT` is set to a name not in [`FAILPOINTS`].
-pub fn check_env() {
-    let _ = armed();
+/// # Errors
+/// `SHARDLINE_FAILPOINT` is set to a name not in [`FAILPOINTS`]: the message names the value and
+/// the known names.
+pub fn check_env() -> Result<(), String> {
+    armed().map(|_| ()).map_err(str::to_owned)
 }
 
 /// Kills the process with SIGKILL if `name` is the armed failpoint; otherwise does nothing.
@@ -53,7 +62,7 @@ pub fn check_env() {
 /// If `name` is not in [`FAILPOINTS`] (a bug in the caller).
 pub fn hit(name: &str) {
     assert!(FAILPOINTS.contains(&name), "unknown failpoint {name}");
-    if armed() == Some(name) {
+    if armed() == Ok(Some(name)) {
         eprintln!("failpoint {name}: killing the process with SIGKILL");
         // SAFETY: getpid and kill have no memory-safety preconditions.
         unsafe {

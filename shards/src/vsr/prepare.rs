@@ -97,6 +97,12 @@ mod tests {
         )
         .unwrap_err();
         assert!(error.contains("unknown field"), "{error}");
+        // Nested too: a field a newer build added must not be dropped silently.
+        let error = PrepareBody::decode(
+            br#"{"client":"0x5","request":1,"timestamp_us":0,"operation":{"Metadata":{"CreateStream":{"stream_id":1,"name":"a","retention":7}}}}"#,
+        )
+        .unwrap_err();
+        assert!(error.contains("unknown field"), "{error}");
         let zero = PrepareBody {
             client: "0x0".to_owned(),
             ..register

@@ -195,6 +195,20 @@ mod tests {
                 "above the checkpoint op",
             ),
         ];
+        let nested = String::from_utf8(bytes.clone())
+            .unwrap()
+            .replacen("\"name\":\"a\"", "\"name\":\"a\",\"bogus\":1", 1)
+            .into_bytes();
+        assert_ne!(nested, bytes);
+        let session_field = String::from_utf8(bytes.clone())
+            .unwrap()
+            .replacen("\"commit_op\"", "\"bogus\":1,\"commit_op\"", 1)
+            .into_bytes();
+        assert_ne!(session_field, bytes);
+        for unknown in [nested, session_field] {
+            let error = SnapshotPayload::decode(&unknown, 2, 4).unwrap_err();
+            assert!(error.contains("unknown field"), "{error}");
+        }
         for (bytes, op, expected) in cases {
             let error = SnapshotPayload::decode(&bytes, op, 4).unwrap_err();
             assert!(error.contains(expected), "{error} lacks {expected}");

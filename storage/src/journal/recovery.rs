@@ -162,6 +162,22 @@ async fn list_segments(dir: &Path) -> Result<Vec<u64>, JournalError> {
         }
     }
     first_ops.sort_unstable();
+    // A FIFO or device under a segment's name would block or fail every later fsync: refuse it
+    // now, naming it, instead of booting a journal that cannot write.
+    for &first_op in &first_ops {
+        let path = segment_path(dir, first_op);
+        let metadata = compio::fs::metadata(&path)
+            .await
+            .map_err(io_error(&path, "stat segment"))?;
+        if !metadata.is_file() {
+            return Err(JournalError::Corrupt {
+                path,
+                position: 0,
+                reason: "not a regular file (a FIFO, device, socket or directory is no segment)"
+                    .to_owned(),
+            });
+        }
+    }
     Ok(first_ops)
 }
 
