@@ -541,7 +541,7 @@ impl Shard {
             // same id) keeps the session: replacing it would forget the committed request
             // numbers and let a resent request apply twice.
             tracing::debug!(
-                client = format_args!("{client:#x}"),
+                client = format_args!("{client:#034x}"),
                 session,
                 "client already registered"
             );
@@ -556,14 +556,14 @@ impl Shard {
         let evicted = replica.client_table.borrow_mut().register(client, op);
         if let Some(evicted) = evicted {
             tracing::info!(
-                client = format_args!("{evicted:#x}"),
+                client = format_args!("{evicted:#034x}"),
                 clients_table_max = self.config.clients_table_max,
                 "client session evicted: the client table is full; the client is told on its \
                  next request"
             );
         }
         tracing::debug!(
-            client = format_args!("{client:#x}"),
+            client = format_args!("{client:#034x}"),
             session = op,
             "client registered"
         );
@@ -624,14 +624,14 @@ impl Shard {
                     return ShardReply::error(
                         ErrorCode::InvalidArgument,
                         format!(
-                            "request {request} of client {client:#x} was already committed with \
+                            "request {request} of client {client:#034x} was already committed with \
                              other arguments ({op:?} is not what was committed); request numbers \
                              must not be reused"
                         ),
                     );
                 }
                 tracing::debug!(
-                    client = format_args!("{client:#x}"),
+                    client = format_args!("{client:#034x}"),
                     request,
                     "duplicate request: resending the committed reply"
                 );
@@ -643,7 +643,7 @@ impl Shard {
                 return ShardReply::error(
                     ErrorCode::RequestStale,
                     format!(
-                        "request {request} of client {client:#x} is at or below the session's last \
+                        "request {request} of client {client:#034x} is at or below the session's last \
                          committed request, and no reply for it is cached (oldest cached: request \
                          {oldest_cached_request}); a new request needs a higher number"
                     ),
@@ -652,7 +652,7 @@ impl Shard {
             Lookup::NoSession => {
                 return ShardReply::Evicted {
                     reason: format!(
-                        "client {client:#x} has no session: it never registered, or it was evicted \
+                        "client {client:#034x} has no session: it never registered, or it was evicted \
                          because the client table was full (--clients-table-max {}); register again",
                         self.config.clients_table_max
                     ),

@@ -45,7 +45,7 @@ enum Command {
     Poll(client_cmds::PollArgs),
     /// Print streams, topics, partitions with their owner shard and next offset (JSON).
     Metadata(client_cmds::AddrArgs),
-    /// Check a data file offline, read-only: superblock, wal, segment or metadata (exit 1 on damage).
+    /// Check a data file offline, read-only: superblock, snapshot, wal, segment or metadata (exit 1 on damage).
     Inspect(inspect::InspectArgs),
 }
 

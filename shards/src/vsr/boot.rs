@@ -89,7 +89,7 @@ pub fn apply_prepare(
                 Lookup::NoSession => {}
                 Lookup::Cached(_) | Lookup::Stale { .. } => {
                     return Err(format!(
-                        "client {client:#x} request {} was already committed",
+                        "client {client:#034x} request {} was already committed",
                         body.request
                     ));
                 }

@@ -189,10 +189,10 @@ impl ClientTable {
         let session = self
             .sessions
             .get_mut(&client)
-            .unwrap_or_else(|| panic!("commit for client {client:#x}, which has no session"));
+            .unwrap_or_else(|| panic!("commit for client {client:#034x}, which has no session"));
         assert!(
             reply.request > session.request,
-            "client {client:#x} request {} committed after request {}",
+            "client {client:#034x} request {} committed after request {}",
             reply.request,
             session.request
         );
@@ -221,7 +221,7 @@ impl ClientTable {
                 .sessions
                 .iter()
                 .map(|(client, session)| SessionSnapshot {
-                    client: format!("{client:#x}"),
+                    client: format!("{client:#034x}"),
                     session: session.session,
                     request: session.request,
                     commit_op: session.commit_op,
@@ -259,7 +259,7 @@ impl ClientTable {
             }
             if entry.replies.len() > REPLY_RING_LEN_MAX {
                 return Err(format!(
-                    "client {client:#x} caches {} replies, above the ring length {REPLY_RING_LEN_MAX}",
+                    "client {client:#034x} caches {} replies, above the ring length {REPLY_RING_LEN_MAX}",
                     entry.replies.len()
                 ));
             }
@@ -269,7 +269,7 @@ impl ClientTable {
                 .any(|pair| pair[0].request >= pair[1].request)
             {
                 return Err(format!(
-                    "client {client:#x}: cached replies are not in increasing request order"
+                    "client {client:#034x}: cached replies are not in increasing request order"
                 ));
             }
             if entry
@@ -278,13 +278,13 @@ impl ClientTable {
                 .is_some_and(|reply| reply.request != entry.request)
             {
                 return Err(format!(
-                    "client {client:#x}: newest cached reply is not for its last request {}",
+                    "client {client:#034x}: newest cached reply is not for its last request {}",
                     entry.request
                 ));
             }
             if entry.commit_op < entry.session || !commit_ops.insert(entry.commit_op) {
                 return Err(format!(
-                    "client {client:#x}: commit op {} is below its session {} or shared with another \
+                    "client {client:#034x}: commit op {} is below its session {} or shared with another \
                      session",
                     entry.commit_op, entry.session
                 ));
@@ -296,7 +296,7 @@ impl ClientTable {
                 replies: entry.replies.iter().cloned().collect(),
             };
             if table.sessions.insert(client, session).is_some() {
-                return Err(format!("client {client:#x} appears twice"));
+                return Err(format!("client {client:#034x} appears twice"));
             }
         }
         let mut evicted = Vec::new();

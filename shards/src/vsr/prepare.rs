@@ -38,7 +38,7 @@ impl PrepareBody {
                 u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
             });
         PrepareBody {
-            client: format!("{client:#x}"),
+            client: format!("{client:#034x}"),
             request,
             timestamp_us,
             operation,

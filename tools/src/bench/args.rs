@@ -151,8 +151,8 @@ pub struct BenchArgs {
     )]
     pub workload: Workload,
 
-    /// `--workload metadata`: rounds to time (each: create stream, create topic, delete stream,
-    /// plus one baseline write + fdatasync) [default: 200].
+    /// `--workload metadata`: rounds to time (each: register, create stream, create topic,
+    /// delete stream, plus one baseline write + fdatasync) [default: 200].
     #[arg(long, value_name = "N")]
     pub metadata_ops: Option<u32>,
 }

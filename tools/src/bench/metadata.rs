@@ -159,7 +159,7 @@ fn measure(
     runtime.block_on(async {
         let mut client = Client::connect(addr)
             .await
-            .with_context(|| format!("cannot connect to {addr}"))?;
+            .context("cannot reach the server")?;
         let metadata = client
             .get_metadata()
             .await

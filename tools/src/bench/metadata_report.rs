@@ -305,14 +305,24 @@ pub fn render_metadata_run(run: &MetadataRunReport) -> String {
     );
     let _ = writeln!(
         out,
-        "target: p99 within {}x: {} p99 {}us is {} the baseline p99 {}us: {}",
+        "target: p99 within {}x: {} p99 {}us is {} the baseline p99 {}us: {} (the target is judged \
+         on {}; the other rows are for reference)",
         run.target.p99_ratio_max,
         run.target.op,
         run.register.latency_us.p99,
         ratio_text(run.target.p99_ratio),
         run.baseline.latency_us.p99,
         verdict_text(run.target.met),
+        run.target.op,
     );
+    if run.rounds < 1000 {
+        let _ = writeln!(
+            out,
+            "note: with {} rounds the p99.9 is one of the slowest few samples; use \
+             --metadata-ops 1000 or more for a stable tail",
+            run.rounds
+        );
+    }
     out
 }
 

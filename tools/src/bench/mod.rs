@@ -205,7 +205,7 @@ fn server_shard_count(addr: SocketAddr) -> anyhow::Result<u16> {
     runtime.block_on(async {
         let mut client = Client::connect(addr)
             .await
-            .with_context(|| format!("cannot connect to {addr}"))?;
+            .context("cannot reach the server")?;
         let metadata = client
             .get_metadata()
             .await
@@ -227,7 +227,7 @@ fn setup_topic(addr: SocketAddr, plan: &BenchPlan) -> anyhow::Result<TopicLayout
     runtime.block_on(async {
         let mut client = Client::connect(addr)
             .await
-            .with_context(|| format!("cannot connect to {addr}"))?;
+            .context("cannot reach the server")?;
         match client.create_stream(stream_id, &stream_name).await {
             Err(ClientError::Server {
                 code: ErrorCode::StreamAlreadyExists,

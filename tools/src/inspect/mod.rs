@@ -41,7 +41,8 @@ What each KIND checks (all by the rules of storage/FORMAT.md):
               payload and checks metadata and client table by the server's boot rules, lists
               the client sessions, and checks the checkpoint pairing against the superblock
               beside it (older snapshot, or same op with another checksum: refused at boot).
-  metadata    PATH is metadata.json (the format before the journal, migrated at boot). Verifies the XXH3-64 trailer, decodes
+  metadata    PATH is metadata.json, the format before the journal (migrated at the first
+              boot of this version), or its directory. Verifies the XXH3-64 trailer, decodes
               the JSON, checks it by the server's rules, and counts streams, topics, partitions.
 
 Files are opened read-only and never modified: a torn tail is reported, not truncated.

@@ -91,7 +91,13 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(WalReport, Vec<Damage>)> {
         damage.push(Damage::new(
             path,
             None,
-            "no {first_op:020}.wal segment here (open would start a new, empty journal)",
+            if path.join("journal").is_dir() {
+                "no journal segment (NNNNNNNNNNNNNNNNNNNN.wal) here: this looks like a data \
+                 directory; inspect its journal/ directory"
+            } else {
+                "no journal segment (a file named by its first op in 20 digits, e.g. \
+                 00000000000000000001.wal) here (open would start a new, empty journal)"
+            },
         ));
     }
     let mut segments = Vec::new();
