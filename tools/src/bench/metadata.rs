@@ -179,9 +179,18 @@ fn measure(
             result = match baseline.write_and_sync() {
                 Ok(elapsed) => {
                     record_latency(&mut histograms.baseline, elapsed);
-                    one_round(&mut client, stream_id, &mut histograms)
-                        .await
-                        .with_context(|| format!("round {round_index} of {round_count}"))
+                    // A new client per round (connected untimed): a Register commits only for a
+                    // client without a session; the server answers a repeated one from its table.
+                    match Client::connect(addr).await {
+                        Ok(round_client) => {
+                            client = round_client;
+                            one_round(&mut client, stream_id, &mut histograms)
+                                .await
+                                .with_context(|| format!("round {round_index} of {round_count}"))
+                        }
+                        Err(error) => Err(anyhow::Error::new(error)
+                            .context(format!("round {round_index}: cannot connect"))),
+                    }
                 }
                 Err(error) => Err(error),
             };
@@ -210,7 +219,7 @@ fn measure(
     })
 }
 
-/// One round: register (a fresh session for the same client: one journaled op, the purest
+/// One round on a fresh client: register (a new session: one journaled op, the purest
 /// commit), create stream, create its 1-partition topic, delete the stream, each timed. A
 /// failure after the stream exists deletes it (best effort) before returning the error.
 async fn one_round(
