@@ -560,7 +560,10 @@ fn snapshot_clean_shows_op_checksum_pairing_and_sessions() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("0xabc          1          0          1       0"),
+        stdout.contains(&format!(
+            "{:#034x}          1          0          1       0",
+            0xabc
+        )),
         "{stdout}"
     );
     assert!(stdout.contains(": ok"), "{stdout}");
@@ -571,7 +574,7 @@ fn snapshot_clean_shows_op_checksum_pairing_and_sessions() {
     let (code, json) = inspect_json("snapshot", &path);
     assert_eq!(code, 0);
     assert_eq!(json["checkpoint_op"], 5);
-    assert_eq!(json["sessions"][1]["client"], "0xdef");
+    assert_eq!(json["sessions"][1]["client"], format!("{:#034x}", 0xdef));
 }
 
 #[test]

@@ -276,7 +276,10 @@ mod tests {
     #[test]
     fn prepare_bodies_are_summarized_and_foreign_bodies_named() {
         let body = PrepareBody::new(0xab, 0, PrepareOperation::Register).encode();
-        assert_eq!(describe_prepare(&body), "client 0xab request 0: Register");
+        assert_eq!(
+            describe_prepare(&body),
+            format!("client {:#034x} request 0: Register", 0xab)
+        );
         assert!(describe_prepare(b"\x00\x01").starts_with("not a shardline prepare body: "));
     }
 }
