@@ -24,6 +24,8 @@ pub(crate) struct SnapshotReport {
     /// The trailer, `0x`-hex: what the superblock's pairing records.
     checksum: Option<String>,
     payload_size_bytes: Option<u64>,
+    /// The payload decoded and passed the boot rules (the counts below are meaningful).
+    payload_decoded: bool,
     stream_count: usize,
     topic_count: usize,
     partition_count: u64,
@@ -86,6 +88,7 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SnapshotReport, Vec<Damage
         checkpoint_op: None,
         checksum: None,
         payload_size_bytes: None,
+        payload_decoded: false,
         stream_count: 0,
         topic_count: 0,
         partition_count: 0,
@@ -127,6 +130,7 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SnapshotReport, Vec<Damage
         CLIENTS_TABLE_MAX_LIMIT,
     ) {
         Ok(restored) => {
+            report.payload_decoded = true;
             for stream in restored.metadata.streams.values() {
                 report.topic_count += stream.topics.len();
                 report.partition_count += stream
@@ -225,6 +229,10 @@ impl Report for SnapshotReport {
                 session.commit_op,
                 session.cached_reply_count
             );
+        }
+        if !self.payload_decoded {
+            out.push_str("summary: payload not decoded (see the damage below)\n");
+            return;
         }
         let _ = writeln!(
             out,
