@@ -263,9 +263,25 @@ pub(crate) async fn replace_parts(
     if recycle {
         // Leftover of a replace that stopped between its rename and the recycling rename: a
         // failure only means this write allocates fresh blocks.
+        use std::os::unix::fs::MetadataExt as _;
         let prev = prev_path(path);
-        if compio::fs::metadata(&tmp).await.is_err() && compio::fs::metadata(&prev).await.is_ok() {
+        // Only a file with no other name is recycled: `X.prev` still linked to `X` (a stop
+        // between 4a and 4 followed by someone deleting `X.tmp`) must never be written into.
+        if compio::fs::metadata(&tmp).await.is_err()
+            && compio::fs::metadata(&prev)
+                .await
+                .is_ok_and(|metadata| metadata.nlink() == 1)
+        {
             let _ = compio::fs::rename(&prev, &tmp).await;
+        }
+        if compio::fs::metadata(&tmp)
+            .await
+            .is_ok_and(|metadata| metadata.nlink() > 1)
+        {
+            compio::fs::remove_file(&tmp).await.map_err(replace_error(
+                &tmp,
+                "unlink a temporary file that has other names",
+            ))?;
         }
     }
     let file = OpenOptions::new()
@@ -538,7 +554,10 @@ mod tests {
             first_inode
         );
         assert!(!prev_path(&path).exists());
-        assert_eq!(block_on(read_verified(&path)).unwrap(), Some(second));
+        assert_eq!(
+            block_on(read_verified(&path)).unwrap(),
+            Some(second.clone())
+        );
         // The third replace overwrites that recycled (longer) file and cuts it to size.
         block_on(durable_replace(&path, third.clone())).unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().ino(), first_inode);
@@ -546,7 +565,23 @@ mod tests {
             std::fs::metadata(&path).unwrap().len(),
             (third.len() + TRAILER_SIZE) as u64
         );
-        assert_eq!(block_on(read_verified(&path)).unwrap(), Some(third));
+        assert_eq!(block_on(read_verified(&path)).unwrap(), Some(third.clone()));
+        // X.prev still linked to X (a stop between the link and the rename) with X.tmp deleted
+        // by hand: never written into; the replace allocates a fresh file.
+        std::fs::remove_file(tmp_path(&path)).unwrap();
+        std::fs::hard_link(&path, prev_path(&path)).unwrap();
+        let live_inode = std::fs::metadata(&path).unwrap().ino();
+        block_on(durable_replace(&path, second.clone())).unwrap();
+        assert_ne!(std::fs::metadata(&path).unwrap().ino(), live_inode);
+        assert_eq!(
+            block_on(read_verified(&path)).unwrap(),
+            Some(second.clone())
+        );
+        // The same with X.tmp itself a second name of X.
+        std::fs::remove_file(tmp_path(&path)).unwrap();
+        std::fs::hard_link(&path, tmp_path(&path)).unwrap();
+        block_on(durable_replace(&path, third.clone())).unwrap();
+        assert_eq!(block_on(read_verified(&path)).unwrap(), Some(third.clone()));
         // A leftover X.prev (a stop between rename and recycling) is picked up, not piled up.
         std::fs::rename(tmp_path(&path), prev_path(&path)).unwrap();
         block_on(durable_replace(&path, first.clone())).unwrap();

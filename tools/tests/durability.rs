@@ -909,6 +909,21 @@ fn legacy_metadata_json_is_migrated() {
 
     let server = Server::start(&data_dir, &SHARDS);
     assert_streams(server.addr, [5, 6], "after a restart");
+    // A change after the migration, then a clean stop: its checkpoint (op 2, three streams
+    // of which two came from op 0) must boot again.
+    let mut client = RawClient::connect(server.addr, 0xE1);
+    client.register();
+    client
+        .create(1, 7)
+        .assert_ok(1, "create after the migration");
+    drop(client);
+    assert_eq!(server.stop(), Some(0));
+    let server = Server::start(&data_dir, &SHARDS);
+    assert_streams(
+        server.addr,
+        [5, 6, 7],
+        "after a checkpoint above the migration",
+    );
     assert_eq!(server.stop(), Some(0));
 }
 
@@ -1043,5 +1058,27 @@ fn a_misspelled_failpoint_is_a_startup_error_not_a_panic() {
         &root.path().join("data2"),
         &SHARDS,
     );
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[test]
+fn orphan_partition_directories_are_reported_and_kept() {
+    let root = tempfile::tempdir().unwrap();
+    let data_dir = checkpointed_data_dir(root.path());
+    // As a crash between a committed DeleteTopic and its directory removal leaves it.
+    let orphan = data_dir.join("partitions/99/1/0");
+    std::fs::create_dir_all(&orphan).unwrap();
+    std::fs::write(orphan.join("00000000000000000000.log"), b"").unwrap();
+    let server = Server::start(&data_dir, &SHARDS);
+    assert_streams(server.addr, 1..=3, "orphan ignored by the metadata");
+    let log = server.stderr();
+    assert_contains(&log, "partition directories that no topic names", "warning");
+    assert_contains(&log, "orphan_count=1", "warning");
+    assert_contains(
+        &log,
+        &data_dir.join("partitions/99/1").display().to_string(),
+        "warning",
+    );
+    assert!(orphan.exists(), "an orphan was deleted on a guess");
     assert_eq!(server.stop(), Some(0));
 }

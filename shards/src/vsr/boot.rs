@@ -263,6 +263,7 @@ pub async fn open(config: &ServerConfig) -> Result<(Replica, MetadataState), Str
         })?;
         replayed_count += 1;
     }
+    warn_about_orphan_partitions(data_dir, &metadata).await;
     let commit_min = journal.last_op().max(snapshot_op);
     tracing::info!(
         checkpoint_op = superblock_state.checkpoint_op,
@@ -285,6 +286,66 @@ pub async fn open(config: &ServerConfig) -> Result<(Replica, MetadataState), Str
         client_table: RefCell::new(client_table),
     };
     Ok((replica, metadata))
+}
+
+/// Logs partition directories the recovered metadata does not name: a deletion whose
+/// directory removal a crash interrupted (the delete is committed), or a topic whose creation
+/// never committed. They are left in place (never delete data on a guess); creating a topic
+/// with the same ids removes them, and an operator may delete them.
+async fn warn_about_orphan_partitions(data_dir: &Path, metadata: &MetadataState) {
+    let partitions = data_dir.join(crate::limits::PARTITIONS_DIR_NAME);
+    let known: std::collections::BTreeSet<(u32, u16)> = metadata
+        .streams
+        .iter()
+        .flat_map(|(stream_id, stream)| {
+            stream.topics.keys().map(|topic_id| (*stream_id, *topic_id))
+        })
+        .collect();
+    let scan = compio::runtime::spawn_blocking(move || {
+        let mut orphans = Vec::new();
+        let Ok(streams) = std::fs::read_dir(&partitions) else {
+            return orphans;
+        };
+        for stream in streams.flatten() {
+            let stream_id = stream
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok());
+            let Ok(topics) = std::fs::read_dir(stream.path()) else {
+                continue;
+            };
+            for topic in topics.flatten() {
+                let topic_id = topic
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.parse::<u16>().ok());
+                let named =
+                    matches!((stream_id, topic_id), (Some(s), Some(t)) if known.contains(&(s, t)));
+                if !named {
+                    orphans.push(topic.path());
+                }
+            }
+        }
+        orphans
+    })
+    .await;
+    let Ok(orphans) = scan else {
+        return;
+    };
+    if !orphans.is_empty() {
+        let shown: Vec<String> = orphans
+            .iter()
+            .take(10)
+            .map(|path| path.display().to_string())
+            .collect();
+        tracing::warn!(
+            orphan_count = orphans.len(),
+            first = %shown.join(", "),
+            "partition directories that no topic names (a deletion interrupted by a crash, or a \
+             creation that never committed): left in place; creating a topic with the same ids \
+             removes them, or delete them by hand"
+        );
+    }
 }
 
 /// Whether `dir` holds a `*.wal` file (blocking; run off the reactor).
