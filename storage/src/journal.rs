@@ -49,6 +49,10 @@ pub struct JournalRecovery {
     /// skips ops `<= checkpoint_op`. Bounded by what the journal holds: the ops since the
     /// oldest unreleased segment.
     pub prepares: Vec<Prepare>,
+    /// Where each of `prepares` lies, same order: (the first op of its segment, which names the
+    /// file via [`segment_path`], and the byte position of its record there), so a caller that
+    /// refuses a record can name the file and byte.
+    pub record_positions: Vec<(u64, u64)>,
     /// Bytes cut from a torn tail of the last segment (0 if clean).
     pub truncated_bytes: u64,
     /// Segment files after open (a new journal has one, empty).

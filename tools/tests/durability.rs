@@ -1082,3 +1082,39 @@ fn orphan_partition_directories_are_reported_and_kept() {
     assert!(orphan.exists(), "an orphan was deleted on a guess");
     assert_eq!(server.stop(), Some(0));
 }
+
+#[test]
+fn a_journal_record_that_does_not_decode_is_named_by_file_and_byte() {
+    let root = tempfile::tempdir().unwrap();
+    let data_dir = journal_only_data_dir(root.path(), "bad-body");
+    let wal = wal_path(&data_dir);
+    let position = std::fs::metadata(&wal).unwrap().len();
+    // A well-formed record (checksums verify) whose body is no prepare this build knows.
+    let journal_dir = data_dir.join("journal");
+    block_on(async move {
+        let (mut journal, _) = storage::Journal::open(&journal_dir).await.unwrap();
+        let prepare = storage::journal::Prepare {
+            op: journal.last_op() + 1,
+            view: 0,
+            commit: journal.last_op(),
+            body: br#"{"client":"0x1","request":9,"timestamp_us":0,"operation":"RenameStream"}"#
+                .to_vec(),
+        };
+        journal.append(&prepare).await.unwrap();
+    });
+    let before = std::fs::read(&wal).unwrap();
+    let stderr = serve_refuses(&data_dir, &[]);
+    assert_contains(
+        &stderr,
+        &format!(
+            "{} at byte {position} (op 7): the prepare body does not decode",
+            wal.display()
+        ),
+        "refusal",
+    );
+    assert_eq!(
+        std::fs::read(&wal).unwrap(),
+        before,
+        "a refused boot changed the journal"
+    );
+}

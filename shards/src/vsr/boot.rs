@@ -246,21 +246,33 @@ pub async fn open(config: &ServerConfig) -> Result<(Replica, MetadataState), Str
         )));
     }
     let mut replayed_count = 0u64;
-    for prepare in recovery.prepares.iter().filter(|p| p.op > snapshot_op) {
+    assert_eq!(
+        recovery.prepares.len(),
+        recovery.record_positions.len(),
+        "the journal reports one position per record"
+    );
+    let replay = recovery
+        .prepares
+        .iter()
+        .zip(&recovery.record_positions)
+        .filter(|(prepare, _)| prepare.op > snapshot_op);
+    for (prepare, &(segment_first_op, position)) in replay {
+        // Names the record as `FILE at byte N (op K)`, the way journal damage is named.
+        let record = || {
+            format!(
+                "{} at byte {position} (op {})",
+                storage::journal::segment_path(&journal_path, segment_first_op).display(),
+                prepare.op
+            )
+        };
         let body = PrepareBody::decode(&prepare.body).map_err(|reason| {
             refuse(format!(
-                "{}: op {} body does not decode: {reason}",
-                journal_path.display(),
-                prepare.op
+                "{}: the prepare body does not decode: {reason}",
+                record()
             ))
         })?;
-        apply_prepare(&mut metadata, &mut client_table, prepare.op, &body).map_err(|reason| {
-            refuse(format!(
-                "{}: op {}: {reason}",
-                journal_path.display(),
-                prepare.op
-            ))
-        })?;
+        apply_prepare(&mut metadata, &mut client_table, prepare.op, &body)
+            .map_err(|reason| refuse(format!("{}: {reason}", record())))?;
         replayed_count += 1;
     }
     warn_about_orphan_partitions(data_dir, &metadata).await;

@@ -63,6 +63,7 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, JournalError> {
     };
 
     let mut prepares = Vec::new();
+    let mut record_positions = Vec::new();
     let mut next_op = None;
     for &first_op in closed_first_ops {
         let path = segment_path(dir, first_op);
@@ -73,7 +74,7 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, JournalError> {
         let bytes = read_segment(&file, &path).await?;
         // A close error on a read-only descriptor cannot lose data; the bytes are verified.
         let _ = file.close().await;
-        let scan = scan_segment(&bytes, first_op, &mut prepares);
+        let scan = scan_segment(&bytes, first_op, &mut prepares, &mut record_positions);
         if let Some(invalid) = scan.invalid {
             return Err(JournalError::Corrupt {
                 path,
@@ -96,7 +97,7 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, JournalError> {
         .await
         .map_err(io_error(&path, "open segment"))?;
     let bytes = read_segment(&active_file, &path).await?;
-    let scan = scan_segment(&bytes, last_first_op, &mut prepares);
+    let scan = scan_segment(&bytes, last_first_op, &mut prepares, &mut record_positions);
     let mut truncated_bytes = 0;
     if let Some(invalid) = scan.invalid {
         if let Some(reason) = interior_damage(&bytes, invalid.position, scan.next_op) {
@@ -130,6 +131,7 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, JournalError> {
         last_op: scan.next_op - 1,
         recovery: JournalRecovery {
             prepares,
+            record_positions,
             truncated_bytes,
             segment_count: first_ops.len() as u32,
         },
@@ -243,10 +245,15 @@ struct Scan {
     invalid: Option<Invalid>,
 }
 
-/// Checks the records of one segment in order, pushing each valid one to `prepares`: each must
-/// be valid ([`parse_record`]) and carry the next op (the first one `first_op`). Stops at the
-/// first record that fails.
-fn scan_segment(bytes: &[u8], first_op: u64, prepares: &mut Vec<Prepare>) -> Scan {
+/// Checks the records of one segment in order, pushing each valid one to `prepares` and its
+/// `(first_op, byte position)` to `record_positions`: each must be valid ([`parse_record`]) and
+/// carry the next op (the first one `first_op`). Stops at the first record that fails.
+fn scan_segment(
+    bytes: &[u8],
+    first_op: u64,
+    prepares: &mut Vec<Prepare>,
+    record_positions: &mut Vec<(u64, u64)>,
+) -> Scan {
     let mut position = 0;
     let mut next_op = first_op;
     let invalid = loop {
@@ -263,6 +270,7 @@ fn scan_segment(bytes: &[u8], first_op: u64, prepares: &mut Vec<Prepare>) -> Sca
                 reason: format!("op {} where op {next_op} was expected", header.op),
             });
         }
+        record_positions.push((first_op, position as u64));
         prepares.push(Prepare {
             op: header.op,
             view: header.view,
@@ -352,13 +360,13 @@ mod tests {
     fn scan_stops_at_the_first_wrong_op() {
         let bytes = records(5..=7);
         let mut prepares = Vec::new();
-        let scan = scan_segment(&bytes, 5, &mut prepares);
+        let scan = scan_segment(&bytes, 5, &mut prepares, &mut Vec::new());
         assert_eq!(prepares.len(), 3);
         assert_eq!((scan.next_op, scan.end_position), (8, bytes.len()));
         assert!(scan.invalid.is_none());
 
         prepares.clear();
-        let scan = scan_segment(&bytes, 4, &mut prepares);
+        let scan = scan_segment(&bytes, 4, &mut prepares, &mut Vec::new());
         assert!(prepares.is_empty());
         let invalid = scan.invalid.unwrap();
         assert_eq!(invalid.position, 0);
