@@ -82,6 +82,7 @@ fn new_journal_starts_at_op_1_with_one_empty_segment() {
             recovery,
             JournalRecovery {
                 prepares: Vec::new(),
+                record_positions: Vec::new(),
                 truncated_bytes: 0,
                 segment_count: 1
             }
@@ -124,6 +125,17 @@ fn append_and_reopen_replays_exactly() {
     block_on(async {
         let (mut journal, recovery) = Journal::open(dir.path()).await.unwrap();
         assert_eq!(recovery.prepares, expected);
+        // Each record's place: segment 1, at the sum of the sizes of the records before it.
+        let mut position = 0;
+        let positions: Vec<(u64, u64)> = expected
+            .iter()
+            .map(|prepare| {
+                let at = position;
+                position += record_size(prepare.body.len());
+                (1, at)
+            })
+            .collect();
+        assert_eq!(recovery.record_positions, positions);
         assert_eq!(recovery.truncated_bytes, 0);
         assert_eq!(recovery.segment_count, 1);
         assert_eq!((journal.first_op(), journal.last_op()), (1, 20));
