@@ -24,18 +24,7 @@ const SHARDS: [&str; 3] = ["--shards", "2", "--no-pin"];
 /// How long any wait (a reply, a process exit) may take before the test gives up.
 const WAIT_MAX: Duration = Duration::from_mins(1);
 
-/// Every failpoint of `shards/src/vsr/failpoint.rs`, in checkpoint order.
-const FAILPOINTS: [&str; 9] = [
-    "checkpoint.after_tmp_write",
-    "checkpoint.after_tmp_fsync",
-    "checkpoint.after_rename",
-    "checkpoint.after_dir_fsync",
-    "checkpoint.after_superblock_copy_0",
-    "checkpoint.after_superblock_copy_1",
-    "checkpoint.after_superblock_copy_2",
-    "checkpoint.after_superblock_copy_3",
-    "checkpoint.after_wal_release",
-];
+use shards::vsr::failpoint::FAILPOINTS;
 
 // ------------------------------------------------------------------------------------------------
 // Raw client: exact client id and request numbers.

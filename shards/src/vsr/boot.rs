@@ -204,7 +204,8 @@ pub async fn open(config: &ServerConfig) -> Result<(Replica, MetadataState), Str
     let journal_path = journal_dir(data_dir);
     let journal_present = {
         let journal_path = journal_path.clone();
-        compio::runtime::spawn_blocking(move || journal_has_segment_files(&journal_path)).await
+        compio::runtime::spawn_blocking(move || !journal_segment_sizes(&journal_path).is_empty())
+            .await
     };
     if !matches!(journal_present, Ok(true)) {
         // Format creates the journal before the superblock, so it was removed: booting would
@@ -360,23 +361,19 @@ async fn warn_about_orphan_partitions(data_dir: &Path, metadata: &MetadataState)
     }
 }
 
-/// Whether `dir` holds a `*.wal` file (blocking; run off the reactor).
-fn journal_has_segment_files(dir: &Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|entries| {
-        entries
-            .flatten()
-            .any(|entry| entry.path().extension().is_some_and(|e| e == "wal"))
-    })
-}
-
-/// Whether `dir` holds a non-empty `*.wal` file, i.e. journal records (blocking).
-fn journal_has_records(dir: &Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|entries| {
-        entries.flatten().any(|entry| {
-            entry.path().extension().is_some_and(|e| e == "wal")
-                && entry.metadata().is_ok_and(|m| m.len() > 0)
-        })
-    })
+/// The sizes of the `*.wal` files in `dir` (empty if there are none or it cannot be listed):
+/// whether a journal exists, and whether it holds records. Blocking; run off the reactor.
+fn journal_segment_sizes(dir: &Path) -> Vec<u64> {
+    std::fs::read_dir(dir).map_or_else(
+        |_| Vec::new(),
+        |entries| {
+            entries
+                .flatten()
+                .filter(|entry| entry.path().extension().is_some_and(|e| e == "wal"))
+                .map(|entry| entry.metadata().map_or(0, |m| m.len()))
+                .collect()
+        },
+    )
 }
 
 /// The pairing rule (DESIGN section 9): the snapshot may not be older than the superblock's
@@ -433,7 +430,9 @@ async fn format(data_dir: &Path) -> Result<Superblock, String> {
         // A few stats and a directory listing, once at boot: off the reactor anyway.
         compio::runtime::spawn_blocking(move || {
             (
-                journal_has_records(&journal_path),
+                journal_segment_sizes(&journal_path)
+                    .iter()
+                    .any(|&size| size > 0),
                 snapshot_file.exists(),
                 legacy_file.exists(),
             )
@@ -459,16 +458,10 @@ async fn format(data_dir: &Path) -> Result<Superblock, String> {
             }
         )));
     }
+    // Cluster 0, replica 0 of 1, everything else at its start.
     let mut state = SuperblockState {
-        sequence: 0,
-        cluster: 0,
-        replica_id: 0,
         replica_count: 1,
-        view: 0,
-        log_view: 0,
-        commit_max: 0,
-        checkpoint_op: 0,
-        snapshot_checksum: 0,
+        ..SuperblockState::default()
     };
     let legacy_file = store::metadata_path(data_dir);
     if legacy {

@@ -332,16 +332,8 @@ pub fn render_metadata_run(run: &MetadataRunReport) -> String {
     reason = "expected values are the exact quotients computed"
 )]
 mod tests {
-    use super::super::report::new_latency_histogram;
+    use super::super::report::histogram_of;
     use super::*;
-
-    fn histogram(values: &[u64]) -> Histogram<u64> {
-        let mut histogram = new_latency_histogram();
-        for value in values {
-            histogram.record(*value).unwrap();
-        }
-        histogram
-    }
 
     fn config() -> MetadataRunConfig {
         MetadataRunConfig {
@@ -365,11 +357,11 @@ mod tests {
         MetadataMeasurement {
             round_count: 4,
             first_stream_id: 1,
-            baseline_us: histogram(baseline),
-            register_us: histogram(target),
-            create_stream_us: histogram(&[100, 200, 300, 400]),
-            create_topic_us: histogram(create_topic),
-            delete_stream_us: histogram(&[1000, 1000, 1000, 1000]),
+            baseline_us: histogram_of(baseline),
+            register_us: histogram_of(target),
+            create_stream_us: histogram_of(&[100, 200, 300, 400]),
+            create_topic_us: histogram_of(create_topic),
+            delete_stream_us: histogram_of(&[1000, 1000, 1000, 1000]),
             baseline_path: PathBuf::from("/d/baseline.scratch"),
             baseline_location: BaselineLocation::ServerRunDir,
             same_filesystem_as_server: Some(true),

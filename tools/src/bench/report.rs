@@ -20,6 +20,18 @@ pub fn new_latency_histogram() -> Histogram<u64> {
         .expect("constant histogram bounds are valid")
 }
 
+/// A latency histogram holding `values` (µs): test fixtures of this module and its siblings.
+#[cfg(test)]
+pub fn histogram_of(values: &[u64]) -> Histogram<u64> {
+    let mut histogram = new_latency_histogram();
+    for value in values {
+        histogram
+            .record(*value)
+            .expect("test values are within the histogram's bounds");
+    }
+    histogram
+}
+
 /// Latency percentiles, µs. All zero when nothing was recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 pub struct LatencySummary {
@@ -374,21 +386,13 @@ mod tests {
 
     use super::*;
 
-    fn histogram(values: &[u64]) -> Histogram<u64> {
-        let mut histogram = new_latency_histogram();
-        for value in values {
-            histogram.record(*value).unwrap();
-        }
-        histogram
-    }
-
     fn phase(cpu: Option<PhaseCpu>) -> PhaseMeasurement {
         PhaseMeasurement {
             elapsed: Duration::from_secs(2),
             message_count: 4000,
             payload_bytes: 4_000_000,
             cpu,
-            latency_us: histogram(&[100, 200, 300]),
+            latency_us: histogram_of(&[100, 200, 300]),
             per_partition: vec![(1000, 1_000_000), (3000, 3_000_000)],
             busy_retry_count: 2,
         }

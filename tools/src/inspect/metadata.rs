@@ -11,7 +11,7 @@ use storage::durable::TRAILER_SIZE;
 use storage::limits::DURABLE_FILE_SIZE_MAX;
 use twox_hash::XxHash3_64;
 
-use super::{Damage, Report, read_bounded};
+use super::{Damage, Report, file_in, read_bounded};
 
 #[derive(Debug, serde::Serialize)]
 pub(crate) struct MetadataReport {
@@ -51,11 +51,7 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(MetadataReport, Vec<Damage
             path.display()
         );
     }
-    let file = if path.is_dir() {
-        path.join(METADATA_FILE_NAME)
-    } else {
-        path.to_path_buf()
-    };
+    let file = file_in(path, METADATA_FILE_NAME);
     let mut report = MetadataReport {
         file: file.display().to_string(),
         file_size_bytes: 0,

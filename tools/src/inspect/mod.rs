@@ -275,6 +275,15 @@ pub(crate) fn parse_numbered(name: &str, extension: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// `path/name` when `path` is a directory (the data directory holding the file), else `path`.
+pub(crate) fn file_in(path: &Path, name: &str) -> PathBuf {
+    if path.is_dir() {
+        path.join(name)
+    } else {
+        path.to_path_buf()
+    }
+}
+
 /// The directory holding `path` (`.` for a bare file name).
 pub(crate) fn parent_dir(path: &Path) -> &Path {
     match path.parent() {

@@ -13,7 +13,7 @@ use storage::limits::{SNAPSHOT_FILE_SIZE_MAX, SUPERBLOCK_COPY_COUNT, SUPERBLOCK_
 use storage::snapshot::{SNAPSHOT_FILE_NAME, SnapshotDefect};
 use storage::superblock::{SUPERBLOCK_FILE_NAME, SuperblockState, decode_copy};
 
-use super::{Damage, Report, open_read_only, parent_dir, read_bounded};
+use super::{Damage, Report, file_in, open_read_only, parent_dir, read_bounded};
 
 #[derive(Debug, serde::Serialize)]
 pub(crate) struct SnapshotReport {
@@ -76,11 +76,7 @@ fn superblock_beside(dir: &Path) -> Option<(String, SuperblockState)> {
 }
 
 pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SnapshotReport, Vec<Damage>)> {
-    let file = if path.is_dir() {
-        path.join(SNAPSHOT_FILE_NAME)
-    } else {
-        path.to_path_buf()
-    };
+    let file = file_in(path, SNAPSHOT_FILE_NAME);
     let mut report = SnapshotReport {
         file: file.display().to_string(),
         file_size_bytes: 0,

@@ -10,7 +10,7 @@ use storage::SuperblockState;
 use storage::limits::{SUPERBLOCK_COPY_COUNT, SUPERBLOCK_COPY_SIZE, SUPERBLOCK_FILE_SIZE};
 use storage::superblock::{SUPERBLOCK_FILE_NAME, decode_copy};
 
-use super::{Damage, Report, open_read_only};
+use super::{Damage, Report, file_in, open_read_only};
 
 #[derive(Debug, serde::Serialize)]
 pub(crate) struct SuperblockReport {
@@ -63,11 +63,7 @@ impl StateReport {
 }
 
 pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SuperblockReport, Vec<Damage>)> {
-    let file_path = if path.is_dir() {
-        path.join(SUPERBLOCK_FILE_NAME)
-    } else {
-        path.to_path_buf()
-    };
+    let file_path = file_in(path, SUPERBLOCK_FILE_NAME);
     let file = open_read_only(&file_path)?;
     let file_size_bytes = file
         .metadata()
