@@ -56,6 +56,23 @@ pub enum ErrorCode {
     /// The request number is at or below the session's last committed request but its reply is
     /// no longer cached: the request was applied once and its answer is gone.
     RequestStale = 13,
+    /// A write failed for lack of space or quota (ENOSPC, EDQUOT, EFBIG). The partition log or
+    /// the metadata journal was rolled back to its last acknowledged end, so nothing of this
+    /// request was applied; the body names the partition or the journal and the free space.
+    /// Retryable once space is freed.
+    StorageFull = 14,
+    /// A poll asked for an offset beyond the partition's next offset; the body names both. The
+    /// reply's `next_offset` and `first_offset` say where the partition's data is.
+    OffsetOutOfRange = 15,
+    /// A frame's `size` exceeds the server's `max_message_size`; the body names both. The server
+    /// closes the connection after this reply (it cannot skip the unread body safely).
+    MessageTooLarge = 16,
+    /// An idempotent send's sequence is not the producer's next one in this partition (a gap):
+    /// the body names the expected and the received sequence. Nothing was appended.
+    SequenceGap = 17,
+    /// The server is at its connection or file-descriptor limit; the body names the limit. The
+    /// server closes the connection after this reply. Retryable later.
+    ResourceExhausted = 18,
 }
 
 impl Command {
@@ -120,7 +137,7 @@ impl Operation {
 
 impl ErrorCode {
     /// Every error code, in numeric order.
-    pub const ALL: [ErrorCode; 13] = [
+    pub const ALL: [ErrorCode; 18] = [
         ErrorCode::Busy,
         ErrorCode::StreamNotFound,
         ErrorCode::StreamAlreadyExists,
@@ -134,6 +151,11 @@ impl ErrorCode {
         ErrorCode::Internal,
         ErrorCode::SessionEvicted,
         ErrorCode::RequestStale,
+        ErrorCode::StorageFull,
+        ErrorCode::OffsetOutOfRange,
+        ErrorCode::MessageTooLarge,
+        ErrorCode::SequenceGap,
+        ErrorCode::ResourceExhausted,
     ];
 
     /// The error code numbered `value`, or `None` for 0 (success) and unknown numbers.
@@ -152,13 +174,26 @@ impl ErrorCode {
             11 => Some(ErrorCode::Internal),
             12 => Some(ErrorCode::SessionEvicted),
             13 => Some(ErrorCode::RequestStale),
+            14 => Some(ErrorCode::StorageFull),
+            15 => Some(ErrorCode::OffsetOutOfRange),
+            16 => Some(ErrorCode::MessageTooLarge),
+            17 => Some(ErrorCode::SequenceGap),
+            18 => Some(ErrorCode::ResourceExhausted),
             _ => None,
         }
     }
 
     /// Whether the same request may succeed if sent again later (nothing was applied).
+    /// `StorageFull` and `ResourceExhausted` are retryable only after an operator acts, so the
+    /// client library reports them instead of resending within its retry budget.
     pub fn is_retryable(self) -> bool {
-        matches!(self, ErrorCode::Busy | ErrorCode::ShuttingDown)
+        matches!(
+            self,
+            ErrorCode::Busy
+                | ErrorCode::ShuttingDown
+                | ErrorCode::StorageFull
+                | ErrorCode::ResourceExhausted
+        )
     }
 
     /// The default human-readable text of this code, used when a server has nothing more precise
@@ -178,6 +213,13 @@ impl ErrorCode {
             ErrorCode::Internal => "internal server error",
             ErrorCode::SessionEvicted => "client session evicted; register again",
             ErrorCode::RequestStale => "request number older than the session's cached replies",
+            ErrorCode::StorageFull => {
+                "storage full; nothing was applied, retry after freeing space"
+            }
+            ErrorCode::OffsetOutOfRange => "offset beyond the partition's next offset",
+            ErrorCode::MessageTooLarge => "message larger than the server's max message size",
+            ErrorCode::SequenceGap => "producer sequence gap; nothing was appended",
+            ErrorCode::ResourceExhausted => "server at its connection limit, retry later",
         }
     }
 }
@@ -254,24 +296,34 @@ mod tests {
     #[test]
     fn error_code_numbers_are_stable() {
         let numbers: Vec<u32> = ErrorCode::ALL.iter().map(|&c| c as u32).collect();
-        assert_eq!(numbers, (1..=13).collect::<Vec<u32>>());
+        assert_eq!(numbers, (1..=18).collect::<Vec<u32>>());
+        assert_eq!(ErrorCode::StorageFull as u32, 14);
+        assert_eq!(ErrorCode::ResourceExhausted as u32, 18);
         assert_eq!(ErrorCode::SessionEvicted as u32, 12);
         assert_eq!(ErrorCode::RequestStale as u32, 13);
         for code in ErrorCode::ALL {
             assert_eq!(ErrorCode::from_u32(code as u32), Some(code));
         }
         assert_eq!(ErrorCode::from_u32(0), None);
-        assert_eq!(ErrorCode::from_u32(14), None);
+        assert_eq!(ErrorCode::from_u32(19), None);
         assert_eq!(ErrorCode::from_u32(u32::MAX), None);
     }
 
     #[test]
-    fn only_busy_and_shutting_down_are_retryable() {
+    fn retryable_codes_are_the_ones_that_applied_nothing_and_may_pass_later() {
         let retryable: Vec<ErrorCode> = ErrorCode::ALL
             .into_iter()
             .filter(|c| c.is_retryable())
             .collect();
-        assert_eq!(retryable, vec![ErrorCode::Busy, ErrorCode::ShuttingDown]);
+        assert_eq!(
+            retryable,
+            vec![
+                ErrorCode::Busy,
+                ErrorCode::ShuttingDown,
+                ErrorCode::StorageFull,
+                ErrorCode::ResourceExhausted
+            ]
+        );
     }
 
     #[test]

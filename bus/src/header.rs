@@ -25,7 +25,11 @@
 //! | 104..108 | `count`            | u32, topic: partitions; poll: max messages; reply: count   |
 //! | 108..112 | `error_code`       | u32, 0 = success, else `ErrorCode` with a UTF-8 body       |
 //! | 112..120 | `timestamp_us`     | u64, microseconds since the Unix epoch                     |
-//! | 120..256 | `reserved`         | zero                                                       |
+//! | 120..128 | `next_offset`      | u64, send/poll reply: the partition's next offset          |
+//! | 128..136 | `first_offset`     | u64, send/poll reply: the partition's first offset         |
+//! | 136..144 | `producer`         | u64, send: idempotent producer id (0 = not idempotent)     |
+//! | 144..152 | `sequence`         | u64, send: producer's sequence of this batch's first message |
+//! | 152..256 | `reserved`         | zero                                                       |
 //!
 //! The header is cast with bytemuck in native byte order; `lib.rs` refuses to compile on a
 //! big-endian target so that native order is the little-endian wire order.
@@ -63,7 +67,17 @@ pub struct Header {
     /// 0 = success; otherwise an `ErrorCode`, with a UTF-8 message as the body.
     pub error_code: u32,
     pub timestamp_us: u64,
-    pub reserved: [u8; 136],
+    /// SendMessages and PollMessages replies: the partition's next offset (one past its last
+    /// message), so a consumer can tell "caught up" from "beyond the end".
+    pub next_offset: u64,
+    /// SendMessages and PollMessages replies: the partition's first retained offset.
+    pub first_offset: u64,
+    /// SendMessages: the idempotent producer id (0 = not idempotent, no deduplication).
+    pub producer: u64,
+    /// SendMessages with `producer != 0`: the producer's sequence number of this batch's first
+    /// message in this partition (each message takes one sequence number).
+    pub sequence: u64,
+    pub reserved: [u8; 104],
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() == HEADER_SIZE);
@@ -199,7 +213,11 @@ mod tests {
         assert_eq!(offset_of!(Header, count), 104);
         assert_eq!(offset_of!(Header, error_code), 108);
         assert_eq!(offset_of!(Header, timestamp_us), 112);
-        assert_eq!(offset_of!(Header, reserved), 120);
+        assert_eq!(offset_of!(Header, next_offset), 120);
+        assert_eq!(offset_of!(Header, first_offset), 128);
+        assert_eq!(offset_of!(Header, producer), 136);
+        assert_eq!(offset_of!(Header, sequence), 144);
+        assert_eq!(offset_of!(Header, reserved), 152);
         assert_eq!(std::mem::size_of::<Header>(), 256);
     }
 
