@@ -32,7 +32,7 @@ enum Command {
     /// Run the server until SIGINT/SIGTERM.
     Serve(serve::ServeArgs),
     /// Measure throughput per core: produce, then consume and verify every message.
-    Bench(tools::bench::BenchArgs),
+    Bench(shardline::bench::BenchArgs),
     /// Create or delete streams.
     #[command(subcommand)]
     Stream(client_cmds::StreamCommand),
@@ -111,7 +111,7 @@ fn main() -> std::process::ExitCode {
     init_logging(cli.log.as_deref());
     let result = match cli.command {
         Command::Serve(args) => serve::run(&args),
-        Command::Bench(args) => tools::bench::run(&args),
+        Command::Bench(args) => shardline::bench::run(&args),
         Command::Stream(command) => client_cmds::stream(command),
         Command::Topic(command) => client_cmds::topic(command),
         Command::Send(args) => client_cmds::send(&args),
