@@ -482,6 +482,23 @@ impl Client {
         self.exchange(header, Vec::new()).await.map(drop)
     }
 
+    /// Asks the server for its `max_message_size` (bytes, header included: the largest request
+    /// frame it accepts), which a Ping reply carries in `count`. `None` when the reply's `count`
+    /// is below the 256-byte header, as from a server that predates this field (it answers 0).
+    /// Pass the answer to `with_max_message_size` so that oversized requests are refused here,
+    /// with their size and the limit, rather than by the server closing the connection.
+    ///
+    /// # Errors
+    /// As `ping`.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see `request`).
+    pub async fn server_max_message_size(&mut self) -> Result<Option<u32>, ClientError> {
+        let header = Client::request_header(Operation::Ping, Namespace(0));
+        let reply = self.exchange(header, Vec::new()).await?;
+        Ok(Some(reply.header.count).filter(|size| *size as usize >= HEADER_SIZE))
+    }
+
     /// Creates stream `stream_id` named `name` (body: the UTF-8 name).
     ///
     /// Session-tracked: registers first if there is no session, and is retried (same request

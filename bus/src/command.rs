@@ -21,6 +21,8 @@ pub enum Command {
 #[repr(u8)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Operation {
+    /// Empty round trip; the reply's `count` is the server's `max_message_size` (bytes, header
+    /// included), or 0 from a server that predates it.
     Ping = 1,
     CreateStream = 2,
     DeleteStream = 3,

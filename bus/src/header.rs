@@ -62,7 +62,8 @@ pub struct Header {
     pub namespace: u64,
     /// Poll: first offset wanted. Send reply: base offset assigned.
     pub offset: u64,
-    /// `CreateTopic`: partition count. Poll: max message count. Replies: message count.
+    /// `CreateTopic`: partition count. Poll: max message count. Replies: message count; a Ping
+    /// reply: the server's `max_message_size` (bytes).
     pub count: u32,
     /// 0 = success; otherwise an `ErrorCode`, with a UTF-8 message as the body.
     pub error_code: u32,

@@ -176,7 +176,10 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
     };
     let namespace = Namespace(header.namespace);
     let reply = match operation {
-        Operation::Ping => return encode_ok(header, Vec::new(), 0, 0),
+        // `count` carries this server's max_message_size, so clients can size their batches.
+        Operation::Ping => {
+            return encode_ok(header, Vec::new(), 0, shard.config.max_message_size);
+        }
         Operation::CreateStream => match name_from(&body) {
             Ok(name) => {
                 metadata(

@@ -1,17 +1,20 @@
 //! Client commands: `stream`, `topic`, `send`, `poll`, `metadata`. Each runs one compio runtime on
-//! the calling thread and talks to a running server with the `bus` client.
+//! the calling thread and talks to a running server with the `bus` client. Output goes through
+//! `shardline::output`, so a reader that closes stdout early ends the command quietly.
 
 use std::io::{BufRead, Write};
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use bus::{BatchBuilder, Client, Namespace};
+use bus::{BATCH_HEADER_SIZE, BatchBuilder, Client, HEADER_SIZE, MESSAGE_HEADER_SIZE, Namespace};
+use shardline::output::{print_line, stdout_error};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct AddrArgs {
-    /// Server address.
-    #[arg(long, env = "SHARDLINE_ADDR", default_value = "127.0.0.1:8090")]
+    /// Server address: `IP:PORT` or `HOST:PORT` (a host name resolves to its first IPv4 address).
+    #[arg(long, env = "SHARDLINE_ADDR", default_value = "127.0.0.1:8090", value_name = "HOST:PORT", value_parser = shardline::arg_values::parse_host_port)]
     pub addr: SocketAddr,
 }
 
@@ -84,12 +87,26 @@ impl PartitionArgs {
 pub struct SendArgs {
     #[command(flatten)]
     pub partition: PartitionArgs,
-    /// File with one message per line; stdin when absent.
+    /// File with one message per line (`\n` or `\r\n`); stdin when absent. Empty lines are
+    /// skipped, as by `bench --payload-file`.
     #[arg(long)]
     pub file: Option<PathBuf>,
-    /// Messages per batch.
+    /// Most messages per batch (one request). Batches are also cut so that each request frame
+    /// fits the server's --max-message-size, which the client asks the server for.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub batch: u32,
+}
+
+/// How `poll` prints each message on stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PollOutput {
+    /// `OFFSET<TAB>PAYLOAD<LF>`, the payload's bytes as stored.
+    Text,
+    /// `PAYLOAD<LF>`: the payload's bytes only.
+    Raw,
+    /// One JSON object per line: `{"offset":N,"timestamp_us":N,"id":N,"payload":"..."}`, with
+    /// `payload_hex` (lowercase hex) instead of `payload` when the bytes are not UTF-8.
+    Json,
 }
 
 #[derive(Debug, clap::Args)]
@@ -102,6 +119,10 @@ pub struct PollArgs {
     /// Largest number of messages to print.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub count: u32,
+    /// Output format: `text` (`OFFSET<TAB>PAYLOAD` per line), `raw` (payload bytes only, one per
+    /// line) or `json` (one object per line with offset, timestamp_us, id and payload).
+    #[arg(long, value_enum, default_value_t = PollOutput::Text)]
+    pub output: PollOutput,
 }
 
 fn block_on<T>(future: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
@@ -130,11 +151,11 @@ pub fn stream(command: StreamCommand) -> anyhow::Result<()> {
                     .await?
                     .create_stream(stream_id, &name)
                     .await?;
-                println!("created stream {stream_id} {name:?}");
+                print_line(&format!("created stream {stream_id} {name:?}"))?;
             }
             StreamCommand::Delete { stream_id, addr } => {
                 connect(addr.addr).await?.delete_stream(stream_id).await?;
-                println!("deleted stream {stream_id}");
+                print_line(&format!("deleted stream {stream_id}"))?;
             }
         }
         Ok(())
@@ -155,10 +176,10 @@ pub fn topic(command: TopicCommand) -> anyhow::Result<()> {
                     .await?
                     .create_topic(stream_id, topic_id, &name, partitions)
                     .await?;
-                let plural = if partitions == 1 { "" } else { "s" };
-                println!(
-                    "created topic {stream_id}/{topic_id} {name:?} with {partitions} partition{plural}"
-                );
+                print_line(&format!(
+                    "created topic {stream_id}/{topic_id} {name:?} with {}",
+                    counted(u64::from(partitions), "partition")
+                ))?;
             }
             TopicCommand::Delete {
                 stream_id,
@@ -169,7 +190,7 @@ pub fn topic(command: TopicCommand) -> anyhow::Result<()> {
                     .await?
                     .delete_topic(stream_id, topic_id)
                     .await?;
-                println!("deleted topic {stream_id}/{topic_id}");
+                print_line(&format!("deleted topic {stream_id}/{topic_id}"))?;
             }
         }
         Ok(())
@@ -189,35 +210,150 @@ pub fn send(args: &SendArgs) -> anyhow::Result<()> {
         )),
         None => Box::new(std::io::stdin().lock()),
     };
-    let lines: Vec<String> = reader
-        .lines()
-        .collect::<Result<_, _>>()
-        .context("cannot read messages")?;
+    let lines = message_lines(reader)?;
     if lines.is_empty() {
-        bail!("no messages to send: the input has no lines");
+        bail!("no messages to send: the input has no non-empty line");
     }
     let namespace = args.partition.namespace();
     block_on(async move {
-        let mut client = connect(args.partition.addr.addr).await?;
-        let mut sent = 0usize;
-        let mut first_offset = None;
-        for chunk in lines.chunks(args.batch as usize) {
+        let client = connect(args.partition.addr.addr).await?;
+        let mut client = with_server_message_size(client).await?;
+        let batches = batch_ranges(&lines, args.batch, client.max_message_size())?;
+        let mut acked = Vec::with_capacity(batches.len());
+        for range in batches {
+            let chunk = &lines[range.clone()];
             let mut builder =
                 BatchBuilder::with_capacity(chunk.len(), chunk.iter().map(String::len).sum());
             for (index, line) in chunk.iter().enumerate() {
-                builder.push((sent + index) as u64, now_us(), line.as_bytes());
+                builder.push((range.start + index) as u64, now_us(), line.as_bytes());
             }
             let ack = client.send_messages(namespace, builder.finish()).await?;
-            first_offset.get_or_insert(ack.base_offset);
-            sent += chunk.len();
+            acked.push(ack.base_offset..ack.base_offset + chunk.len() as u64);
         }
-        println!(
-            "sent {sent} messages to {namespace} at offsets {}..{}",
-            first_offset.unwrap_or(0),
-            first_offset.unwrap_or(0) + sent as u64
-        );
-        Ok(())
+        print_line(&sent_line(namespace, &acked))
     })
+}
+
+/// The messages of `send`'s input: one per line, without its `\n` or `\r\n`; empty lines are
+/// skipped (the rule `bench --payload-file` follows too).
+fn message_lines(reader: impl BufRead) -> anyhow::Result<Vec<String>> {
+    let mut lines = Vec::new();
+    for line in reader.lines() {
+        let line = line.context("cannot read messages")?;
+        if !line.is_empty() {
+            lines.push(line);
+        }
+    }
+    Ok(lines)
+}
+
+/// `client` limited to the server's `max_message_size`, so requests are sized to what the server
+/// accepts; unchanged if the server does not report it.
+async fn with_server_message_size(mut client: Client) -> anyhow::Result<Client> {
+    let server_limit = client
+        .server_max_message_size()
+        .await
+        .context("cannot ask the server for its --max-message-size")?;
+    Ok(match server_limit {
+        Some(limit) => client.with_max_message_size(limit),
+        None => client,
+    })
+}
+
+/// Bytes of a SendMessages request frame carrying `payload_lens`: the 256-byte frame header, the
+/// 32-byte batch header and 32 bytes of header per message, plus the payloads.
+fn send_frame_size(payload_lens: impl IntoIterator<Item = usize>) -> usize {
+    HEADER_SIZE
+        + BATCH_HEADER_SIZE
+        + payload_lens
+            .into_iter()
+            .map(|len| MESSAGE_HEADER_SIZE + len)
+            .sum::<usize>()
+}
+
+/// Splits `lines` into consecutive batches of at most `batch_message_count_max` messages whose
+/// request frame fits in `frame_size_max` bytes.
+///
+/// # Errors
+/// A line too long to fit in any request frame, naming its line number, its size and the limit.
+fn batch_ranges(
+    lines: &[String],
+    batch_message_count_max: u32,
+    frame_size_max: u32,
+) -> anyhow::Result<Vec<Range<usize>>> {
+    let frame_size_max = frame_size_max as usize;
+    let payload_len_max = frame_size_max.saturating_sub(send_frame_size([0]));
+    let mut batches = Vec::new();
+    let mut start = 0;
+    let mut frame_size = send_frame_size([]);
+    for (index, line) in lines.iter().enumerate() {
+        if line.len() > payload_len_max {
+            bail!(
+                "line {} holds {} bytes, more than the {payload_len_max} bytes a message may hold \
+                 under the server's --max-message-size {frame_size_max} (the request frame, \
+                 {} bytes of headers included)",
+                index + 1,
+                line.len(),
+                send_frame_size([0]),
+            );
+        }
+        let message_size = MESSAGE_HEADER_SIZE + line.len();
+        let full = index - start == batch_message_count_max as usize
+            || frame_size + message_size > frame_size_max;
+        if full {
+            batches.push(start..index);
+            start = index;
+            frame_size = send_frame_size([]);
+        }
+        frame_size += message_size;
+    }
+    if start < lines.len() {
+        batches.push(start..lines.len());
+    }
+    Ok(batches)
+}
+
+/// `count` and `noun`, plural unless `count` is 1: `1 message`, `2 messages`.
+fn counted(count: u64, noun: &str) -> String {
+    if count == 1 {
+        format!("{count} {noun}")
+    } else {
+        format!("{count} {noun}s")
+    }
+}
+
+/// Inclusive offset ranges of half-open `ranges`, neighbours merged: `0-1,5-9`, or `3` alone.
+fn offset_ranges(ranges: &[Range<u64>]) -> String {
+    let mut merged: Vec<Range<u64>> = Vec::new();
+    for range in ranges.iter().filter(|range| !range.is_empty()) {
+        match merged.last_mut() {
+            Some(last) if last.end == range.start => last.end = range.end,
+            _ => merged.push(range.clone()),
+        }
+    }
+    merged
+        .iter()
+        .map(|range| {
+            if range.end - range.start == 1 {
+                range.start.to_string()
+            } else {
+                format!("{}-{}", range.start, range.end - 1)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `send`'s report: `sent 1 message to 1/1/0 at offset 4`, `sent 3 messages to 1/1/0 at offsets
+/// 0-2`; `acked` holds each batch's half-open offset range.
+fn sent_line(namespace: Namespace, acked: &[Range<u64>]) -> String {
+    let count: u64 = acked.iter().map(|range| range.end - range.start).sum();
+    let at = if count == 1 { "offset" } else { "offsets" };
+    format!(
+        "sent {} to {namespace} at {at} {}",
+        counted(count, "message"),
+        offset_ranges(acked)
+    )
 }
 
 pub fn poll(args: &PollArgs) -> anyhow::Result<()> {
@@ -240,13 +376,12 @@ pub fn poll(args: &PollArgs) -> anyhow::Result<()> {
                 if !message.verify() {
                     bail!("message at offset {} failed its checksum", message.offset);
                 }
-                write!(stdout, "{}\t", message.offset)?;
-                stdout.write_all(message.payload)?;
-                stdout.write_all(b"\n")?;
+                write_message(&mut stdout, args.output, message).map_err(stdout_error)?;
                 printed += 1;
                 offset = message.offset + 1;
             }
         }
+        stdout.flush().map_err(stdout_error)?;
         if printed == 0 {
             eprintln!(
                 "no messages at or after offset {} in {namespace}",
@@ -257,10 +392,160 @@ pub fn poll(args: &PollArgs) -> anyhow::Result<()> {
     })
 }
 
+/// One line of `poll --output json`.
+#[derive(Debug, serde::Serialize)]
+struct JsonMessage<'a> {
+    offset: u64,
+    /// Microseconds since the Unix epoch, as the producer stamped the message.
+    timestamp_us: u64,
+    /// The producer's message id.
+    id: u64,
+    /// The payload, when it is UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<&'a str>,
+    /// The payload in lowercase hex, when it is not UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_hex: Option<String>,
+}
+
+/// Writes one polled message to `out` in the `output` format.
+fn write_message(
+    out: &mut impl Write,
+    output: PollOutput,
+    message: &bus::MessageView<'_>,
+) -> std::io::Result<()> {
+    match output {
+        PollOutput::Text => {
+            write!(out, "{}\t", message.offset)?;
+            out.write_all(message.payload)?;
+        }
+        PollOutput::Raw => out.write_all(message.payload)?,
+        PollOutput::Json => {
+            let payload = std::str::from_utf8(message.payload).ok();
+            let line = JsonMessage {
+                offset: message.offset,
+                timestamp_us: message.timestamp_us,
+                id: message.id,
+                payload,
+                payload_hex: payload.is_none().then(|| hex(message.payload)),
+            };
+            serde_json::to_writer(&mut *out, &line)?;
+        }
+    }
+    out.write_all(b"\n")
+}
+
+/// Lowercase hex of `bytes`, two digits a byte.
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut text, byte| {
+            let _ = write!(text, "{byte:02x}");
+            text
+        })
+}
+
 pub fn metadata(args: &AddrArgs) -> anyhow::Result<()> {
     block_on(async move {
         let metadata = connect(args.addr).await?.get_metadata().await?;
-        println!("{}", serde_json::to_string_pretty(&metadata)?);
-        Ok(())
+        print_line(&serde_json::to_string_pretty(&metadata)?)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(count: usize, len: usize) -> Vec<String> {
+        (0..count).map(|_| "x".repeat(len)).collect()
+    }
+
+    #[test]
+    fn issue7_6_batches_are_cut_to_fit_the_frame_limit() {
+        // 100 lines of 20 bytes (21 with the newline) under --max-message-size 1024: 288 bytes
+        // of frame and batch header leave 736, 14 messages of 52 bytes.
+        let batches = batch_ranges(&lines(100, 20), 100, 1024).unwrap();
+        assert_eq!(batches.len(), 8);
+        assert_eq!(batches[0], 0..14);
+        assert_eq!(batches[7], 98..100);
+        assert_eq!(send_frame_size([20; 14]), 1016);
+        assert_eq!(send_frame_size([20; 15]), 1068);
+        let covered: Vec<usize> = batches.into_iter().flatten().collect();
+        assert_eq!(covered, (0..100).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn batches_also_respect_the_message_count() {
+        assert_eq!(
+            batch_ranges(&lines(25, 1), 10, 1 << 20).unwrap(),
+            vec![0..10, 10..20, 20..25]
+        );
+    }
+
+    #[test]
+    fn issue7_6_a_line_too_large_is_refused_with_its_size_and_the_limit() {
+        let mut input = lines(3, 5);
+        input[1] = "y".repeat(705);
+        assert_eq!(
+            batch_ranges(&input, 100, 1024).unwrap_err().to_string(),
+            "line 2 holds 705 bytes, more than the 704 bytes a message may hold under the \
+             server's --max-message-size 1024 (the request frame, 320 bytes of headers included)"
+        );
+        input[1].pop();
+        // 704 bytes fill a frame alone: 320 + 704 = 1024.
+        assert_eq!(
+            batch_ranges(&input, 100, 1024).unwrap(),
+            vec![0..1, 1..2, 2..3]
+        );
+    }
+
+    #[test]
+    fn issue7_6_sent_line_prints_inclusive_ranges_and_singulars() {
+        let namespace = Namespace::new(1, 1, 0);
+        assert_eq!(
+            sent_line(namespace, &[4..5]),
+            "sent 1 message to 1/1/0 at offset 4"
+        );
+        assert_eq!(
+            sent_line(namespace, &[0..2]),
+            "sent 2 messages to 1/1/0 at offsets 0-1"
+        );
+        assert_eq!(
+            sent_line(namespace, &[0..14, 14..20, 30..31]),
+            "sent 21 messages to 1/1/0 at offsets 0-19,30"
+        );
+        assert_eq!(counted(1, "partition"), "1 partition");
+        assert_eq!(counted(8, "partition"), "8 partitions");
+    }
+
+    #[test]
+    fn issue7_6_send_skips_empty_lines() {
+        let input = b"a\n\nb\r\n\r\n\nc";
+        assert_eq!(message_lines(&input[..]).unwrap(), vec!["a", "b", "c"]);
+    }
+
+    #[test]
+    fn issue7_6_poll_output_modes() {
+        let mut builder = BatchBuilder::with_capacity(2, 8);
+        builder.push(7, 1_000_000, b"hi\tthere");
+        builder.push(8, 1_000_005, &[0xff, 0x00]);
+        let mut batch = builder.finish();
+        bus::batch::set_base_offset(&mut batch, 40);
+        let messages = bus::client::messages_from(&batch, 0).unwrap();
+        let render = |output| {
+            let mut out = Vec::new();
+            for message in &messages {
+                write_message(&mut out, output, message).unwrap();
+            }
+            out
+        };
+        assert_eq!(render(PollOutput::Text), b"40\thi\tthere\n41\t\xff\x00\n");
+        assert_eq!(render(PollOutput::Raw), b"hi\tthere\n\xff\x00\n");
+        assert_eq!(
+            String::from_utf8(render(PollOutput::Json)).unwrap(),
+            "{\"offset\":40,\"timestamp_us\":1000000,\"id\":7,\"payload\":\"hi\\tthere\"}\n\
+             {\"offset\":41,\"timestamp_us\":1000005,\"id\":8,\"payload_hex\":\"ff00\"}\n"
+        );
+    }
 }

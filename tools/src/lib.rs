@@ -1,2 +1,5 @@
-//! Library half of the `shardline` binary: the subcommands that are more than argument plumbing.
+//! Library half of the `shardline` binary: the subcommands that are more than argument plumbing,
+//! and the pieces every subcommand shares (stdout output, `HOST:PORT` arguments).
+pub mod arg_values;
 pub mod bench;
+pub mod output;

@@ -1,7 +1,8 @@
 //! `shardline`: the server (`serve`), the load generator (`bench`), and client commands.
 //!
 //! Logs go to stderr (`RUST_LOG` or `--log` filters them); stdout carries only command output, so
-//! scripts can parse it. A write to stderr that fails (a closed pipe, as under `2>&1 | head`) is
+//! scripts can parse it; a reader that closes stdout early (`| head -1`) ends the command quietly
+//! with exit 0 (`shardline::output`). A write to stderr that fails (a closed pipe, as under `2>&1 | head`) is
 //! dropped: logging must never panic, since a panic on the signal watcher or a shard thread would
 //! take down what it was logging about.
 
@@ -121,6 +122,10 @@ fn main() -> std::process::ExitCode {
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // `shardline metadata | head -1`: the reader has what it wanted.
+        Err(error) if shardline::output::is_stdout_closed(&error) => {
+            std::process::ExitCode::SUCCESS
+        }
         Err(error) => {
             // Err: stderr is gone; the exit code still says it failed.
             let _ = writeln!(std::io::stderr(), "error: {}", error_line(&error));

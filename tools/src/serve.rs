@@ -24,10 +24,11 @@ pub struct ServeArgs {
     #[arg(long, env = "SHARDLINE_CPUS", value_name = "LIST")]
     pub cpus: Option<CpuList>,
     /// Do not pin shards to cores (allows more shards than cores, for shared hosts).
-    #[arg(long, env = "SHARDLINE_NO_PIN", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    #[arg(long, env = "SHARDLINE_NO_PIN", value_parser = shardline::arg_values::parse_boolean, action = clap::ArgAction::SetTrue)]
     pub no_pin: bool,
     /// Client listen address; every shard accepts on it (SO_REUSEPORT). Port 0 picks a free port.
-    #[arg(long, env = "SHARDLINE_LISTEN", default_value = "127.0.0.1:8090")]
+    /// A host name resolves to its first IPv4 address (e.g. `localhost:8090`).
+    #[arg(long, env = "SHARDLINE_LISTEN", default_value = "127.0.0.1:8090", value_name = "HOST:PORT", value_parser = shardline::arg_values::parse_host_port)]
     pub listen: SocketAddr,
     /// Directory for metadata and partition logs (created if missing).
     #[arg(long, env = "SHARDLINE_DATA_DIR", default_value = "./shardline-data")]
