@@ -1,5 +1,6 @@
-//! Server configuration and its validation. Every rejection names the key, the value and the rule
-//! (DESIGN section 11). Never reads the environment or flags itself: `tools` does that.
+//! Server configuration and its validation. Every rejection names the `serve` flag that sets the
+//! key (a name a user can set, never only the internal key), the value and the rule (DESIGN
+//! section 11). Never reads the environment or flags itself: `tools` does that.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -183,8 +184,9 @@ fn flag_of(key: &'static str) -> &'static str {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// Names the flag, the configuration key, the value and the rule.
-    #[error("invalid {flag} ({key}) value {value:?}: {rule}")]
+    /// Names the flag, the value and the rule; `key` is the `ServerConfig` field, for callers
+    /// that configure the server without flags.
+    #[error("invalid {flag} value {value:?}: {rule}")]
     Invalid {
         flag: &'static str,
         key: &'static str,
@@ -203,9 +205,7 @@ mod tests {
         config.max_message_size = 100;
         let message = config.validate().unwrap_err().to_string();
         assert!(
-            message.starts_with(
-                "invalid --max-message-size (max_message_size) value \"100\": must be between 1024"
-            ),
+            message.starts_with("invalid --max-message-size value \"100\": must be between 1024"),
             "{message}"
         );
     }
@@ -219,7 +219,7 @@ mod tests {
                 .validate()
                 .unwrap_err()
                 .to_string()
-                .contains("--inbox-capacity (inbox_capacity) value \"0\"")
+                .contains("--inbox-capacity value \"0\"")
         );
     }
 
@@ -230,7 +230,7 @@ mod tests {
         assert_eq!(
             config.validate().unwrap_err().to_string(),
             format!(
-                "invalid --clients-table-max (clients_table_max) value \"0\": must be between 1 and \
+                "invalid --clients-table-max value \"0\": must be between 1 and \
                  {CLIENTS_TABLE_MAX_LIMIT} sessions"
             )
         );
@@ -241,7 +241,20 @@ mod tests {
                 .validate()
                 .unwrap_err()
                 .to_string()
-                .starts_with("invalid --checkpoint-interval (checkpoint_interval) value")
+                .starts_with("invalid --checkpoint-interval value")
+        );
+    }
+
+    #[test]
+    fn issue7_6_segment_size_error_names_the_flag_not_the_field() {
+        let mut config = ServerConfig::new(PathBuf::from("/tmp/x"));
+        config.segment_size_max = 10;
+        assert_eq!(
+            config.validate().unwrap_err().to_string(),
+            format!(
+                "invalid --segment-size value \"10\": must be between 4096 and {} bytes",
+                storage::limits::SEGMENT_SIZE_MAX_LIMIT
+            )
         );
     }
 

@@ -42,7 +42,9 @@ pub struct ServeArgs {
         value_name = "always|interval=MS|never"
     )]
     pub fsync: FsyncPolicy,
-    /// Largest message accepted, header included (bytes, 1024..=67108864).
+    /// Largest request or reply frame, bytes (1024..=67108864): the 256-byte header plus the
+    /// body, e.g. a batch of N messages takes 288 + 32 × N bytes plus its payloads. Clients learn
+    /// it from a Ping reply; `shardline send` cuts its batches to fit.
     #[arg(long, env = "SHARDLINE_MAX_MESSAGE_SIZE", default_value_t = bus::limits::MESSAGE_SIZE_MAX_DEFAULT)]
     pub max_message_size: u32,
     /// Frames each shard inbox holds before senders get `Busy` (1..=1048576).

@@ -69,7 +69,7 @@ fn reversed_cpu_range_is_rejected() {
 fn tiny_max_message_size_is_rejected() {
     let message = serve_error(&["--max-message-size", "100"]);
     assert!(
-        message.contains("max_message_size")
+        message.contains("--max-message-size")
             && message.contains("\"100\"")
             && message.contains("between 1024"),
         "{message}"

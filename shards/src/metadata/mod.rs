@@ -320,11 +320,15 @@ impl MetadataState {
         reject(
             ErrorCode::PartitionNotFound,
             format!(
-                "partition {} does not exist: topic {}/{} has partitions 0..{}",
+                "partition {} does not exist: topic {}/{} has {}",
                 namespace.partition_id(),
                 namespace.stream_id(),
                 namespace.topic_id(),
-                topic.partition_count
+                // Inclusive, as people read ranges: `partitions 0-7`.
+                match topic.partition_count {
+                    1 => "only partition 0".to_owned(),
+                    count => format!("partitions 0-{}", count - 1),
+                }
             ),
         )
     }
@@ -553,7 +557,7 @@ mod tests {
             (partition.code, partition.message.as_str()),
             (
                 ErrorCode::PartitionNotFound,
-                "partition 7 does not exist: topic 1/1 has partitions 0..2"
+                "partition 7 does not exist: topic 1/1 has partitions 0-1"
             )
         );
     }

@@ -80,8 +80,9 @@ pub struct BenchArgs {
     pub idle_poll_us: Option<u32>,
 
     /// Embedded server: directory under which each run's fresh data directory is created (default:
-    /// the system temp dir). Put it on the disk you mean to measure: /tmp is often tmpfs, where
-    /// fsync costs nothing. With `--workload metadata --addr`: where the disk-baseline file goes.
+    /// the system temp dir; created if missing, as `serve --data-dir` is). Put it on the disk you
+    /// mean to measure: /tmp is often tmpfs, where fsync costs nothing (the report warns). With
+    /// `--workload metadata --addr`: where the disk-baseline file goes.
     #[arg(long, value_name = "DIR")]
     pub data_root: Option<PathBuf>,
 
@@ -94,8 +95,8 @@ pub struct BenchArgs {
     pub consumers: u32,
 
     /// Partitions of the bench topic (default: one per producer). Producer i writes partitions
-    /// i, i+P, ...; the server spreads partitions over shards by their owner-shard hash, so use
-    /// several per shard for an even load.
+    /// i, i+P, ...; the server places a topic's consecutive partitions on consecutive shards, so
+    /// a multiple of the shard count loads every shard evenly (the report warns otherwise).
     #[arg(long, value_name = "K")]
     pub partitions: Option<u32>,
 
@@ -204,7 +205,7 @@ pub enum BenchArgsError {
     #[error("{reason}")]
     Cpus { reason: String },
     #[error(
-        "--batch {batch} messages of up to {payload_len_max} payload bytes make a {request_bytes}-byte request, above the server's default max_message_size {max}; lower --batch or the payload size"
+        "--batch {batch} messages of up to {payload_len_max} payload bytes make a {request_bytes}-byte request, above the server's default --max-message-size {max}; lower --batch or the payload size"
     )]
     BatchTooLarge {
         batch: u32,
@@ -826,7 +827,7 @@ mod tests {
         assert_eq!(
             error(&["--batch", "100000", "--message-size", "1000"]),
             "--batch 100000 messages of up to 1000 payload bytes make a 103200288-byte request, \
-             above the server's default max_message_size 67108864; lower --batch or the payload \
+             above the server's default --max-message-size 67108864; lower --batch or the payload \
              size"
         );
     }

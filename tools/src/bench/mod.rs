@@ -25,6 +25,7 @@ pub mod verify;
 pub mod workload;
 
 use std::net::{SocketAddr, ToSocketAddrs as _};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context as _, bail};
@@ -56,6 +57,11 @@ pub use self::plan::{BenchPlan, PayloadChoice, ServerTarget, ShardRequest, Workl
 /// verification (naming the counts and the first bad partition and offset).
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let plan = args.validate()?;
+    if let Some(root) = &args.data_root {
+        // As `serve --data-dir` does: a missing directory is created, not refused.
+        std::fs::create_dir_all(root)
+            .with_context(|| format!("cannot create --data-root {}", root.display()))?;
+    }
     // The load generator builds and verifies megabyte batches too.
     shards::resources::tune_allocator();
     let json_file = plan.json.as_deref().map(JsonReportFile::open).transpose()?;
@@ -99,6 +105,8 @@ fn write_json(json_file: Option<JsonReportFile>, runs: &[RunReport]) -> anyhow::
 struct RunServer {
     addr: SocketAddr,
     pid: Option<u32>,
+    /// The embedded server's data directory; unknown for `--addr`.
+    data_dir: Option<PathBuf>,
     embedded: Option<EmbeddedServer>,
 }
 
@@ -111,6 +119,7 @@ fn start_server(plan: &BenchPlan, request: ShardRequest) -> anyhow::Result<RunSe
             Ok(RunServer {
                 addr: server.addr(),
                 pid: Some(server.pid()),
+                data_dir: server.data_dir(),
                 embedded: Some(server),
             })
         }
@@ -136,6 +145,7 @@ fn start_server(plan: &BenchPlan, request: ShardRequest) -> anyhow::Result<RunSe
             Ok(RunServer {
                 addr: resolved,
                 pid: *pid,
+                data_dir: None,
                 embedded: None,
             })
         }
@@ -168,7 +178,7 @@ fn run_one(
         plan,
         request,
         &server_label(plan),
-        server.pid,
+        &server,
         &layout,
         payload,
         &measured,
@@ -450,12 +460,13 @@ fn build_report(
     plan: &BenchPlan,
     request: ShardRequest,
     server_label: &str,
-    pid: Option<u32>,
+    server: &RunServer,
     layout: &TopicLayout,
     payload: &PayloadSource,
     measured: &Measured,
 ) -> (RunReport, VerificationSummary) {
     let summary = VerificationSummary::from_verdicts(&measured.verdicts);
+    let pid = server.pid;
     let cpu_note = match (pid, plan.concurrent) {
         (None, _) => Some(
             "CPU figures are n/a: the server's pid is unknown (pass --server-pid with --addr)"
@@ -483,7 +494,14 @@ fn build_report(
             &measured.produce,
             &measured.consume,
         ),
-        config: plan.run_config(request, server_label, pid, payload, cpu_note),
+        config: plan.run_config(
+            request,
+            server_label,
+            pid,
+            payload,
+            cpu_note,
+            server.data_dir.as_deref(),
+        ),
     };
     (report, summary)
 }

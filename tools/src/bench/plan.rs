@@ -120,6 +120,7 @@ impl BenchPlan {
         server_pid: Option<u32>,
         payload: &PayloadSource,
         cpu_note: Option<String>,
+        data_dir: Option<&std::path::Path>,
     ) -> RunConfig {
         let (options, fsync) = self.server_options_and_fsync();
         let (messages, duration_seconds) = match self.stop {
@@ -146,6 +147,9 @@ impl BenchPlan {
             idle_poll_us: options.idle_poll_us,
             stream_id: self.stream_id,
             cpu_note,
+            data_dir: data_dir.map(|dir| dir.display().to_string()),
+            // Err: the directory is gone already or cannot be inspected; no warning then.
+            data_dir_on_tmpfs: data_dir.and_then(|dir| super::server::is_on_tmpfs(dir).ok()),
         }
     }
 }

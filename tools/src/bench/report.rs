@@ -120,6 +120,10 @@ pub struct RunConfig {
     pub stream_id: u32,
     /// Why CPU figures are missing or shared between phases; absent when they are complete.
     pub cpu_note: Option<String>,
+    /// The embedded server's data directory (removed after a clean run); absent with `--addr`.
+    pub data_dir: Option<String>,
+    /// Whether `data_dir` is on tmpfs (memory), where fsync costs nothing; absent when unknown.
+    pub data_dir_on_tmpfs: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -347,7 +351,63 @@ pub fn render_run(run: &RunReport) -> String {
     if let Some(note) = &config.cpu_note {
         let _ = writeln!(out, "note: {note}");
     }
+    for line in run_notes(run) {
+        let _ = writeln!(out, "{line}");
+    }
     out
+}
+
+/// What the figures mean and what may skew them: where the data was, what the latency columns
+/// time, and warnings for a data directory on tmpfs and partitions that load shards unevenly.
+pub fn run_notes(run: &RunReport) -> Vec<String> {
+    let config = &run.config;
+    let mut lines = vec![LATENCY_NOTE.to_string()];
+    match &config.data_dir {
+        Some(dir) => lines.push(format!(
+            "data: {dir} (embedded server, fsync={}; removed after a clean run)",
+            config.fsync
+        )),
+        None => lines.push(format!(
+            "data: wherever the server at {} keeps it (fsync set by that server)",
+            config.server
+        )),
+    }
+    if config.data_dir_on_tmpfs == Some(true) {
+        lines.push(
+            "warning: the data directory is on tmpfs (memory): fsync costs nothing there, so \
+             these figures do not measure a disk; pass --data-root on the disk you mean to measure"
+                .to_string(),
+        );
+    }
+    lines.extend(placement_warning(&run.per_shard));
+    lines
+}
+
+/// What the p50us..max-us columns time.
+pub const LATENCY_NOTE: &str = "latency: p50us..max-us time one batch round trip per request \
+     (produce: a SendMessages batch until its acknowledgement; consume: a poll until its reply)";
+
+/// A warning when the partitions do not load every shard evenly (some shard owns more partitions
+/// than another, or none), naming how many each owns.
+pub fn placement_warning(per_shard: &[ShardReport]) -> Option<String> {
+    let counts: Vec<usize> = per_shard
+        .iter()
+        .map(|shard| shard.partition_ids.len())
+        .collect();
+    let (min, max) = (counts.iter().min()?, counts.iter().max()?);
+    if min == max {
+        return None;
+    }
+    let owned = per_shard
+        .iter()
+        .map(|shard| format!("shard {} owns {}", shard.shard, shard.partition_ids.len()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Some(format!(
+        "warning: partitions are spread unevenly over the {shard_count} shards ({owned}); pass \
+         --partitions as a multiple of {shard_count} to load every shard evenly",
+        shard_count = per_shard.len()
+    ))
 }
 
 /// Each run's messages per server-CPU-second relative to the 1-shard run (or, without one, to
@@ -370,7 +430,8 @@ pub fn render_ratios(runs: &[RunReport]) -> Option<String> {
                 || "n/a".to_string(),
                 |(value, base_value)| format!("{:.2}x", value / base_value),
             );
-        let _ = write!(out, " {} shards {ratio};", run.shards);
+        let noun = if run.shards == 1 { "shard" } else { "shards" };
+        let _ = write!(out, " {} {noun} {ratio};", run.shards);
     }
     out.pop();
     Some(out)
@@ -429,6 +490,8 @@ mod tests {
             idle_poll_us: None,
             stream_id: 1,
             cpu_note: None,
+            data_dir: Some("/srv/bench/shardline-bench-x/data".to_string()),
+            data_dir_on_tmpfs: Some(false),
         }
     }
 
@@ -559,6 +622,77 @@ mod tests {
     }
 
     #[test]
+    fn issue7_6_report_says_what_latency_times_and_where_the_data_was() {
+        let mut report = run(None, 2);
+        assert_eq!(
+            run_notes(&report),
+            [
+                "latency: p50us..max-us time one batch round trip per request (produce: a \
+                 SendMessages batch until its acknowledgement; consume: a poll until its reply)",
+                "data: /srv/bench/shardline-bench-x/data (embedded server, fsync=never; removed \
+                 after a clean run)",
+            ]
+        );
+        report.config.data_dir_on_tmpfs = Some(true);
+        assert_eq!(
+            run_notes(&report)[2],
+            "warning: the data directory is on tmpfs (memory): fsync costs nothing there, so \
+             these figures do not measure a disk; pass --data-root on the disk you mean to measure"
+        );
+        report.config.data_dir = None;
+        report.config.data_dir_on_tmpfs = None;
+        report.config.server = "127.0.0.1:8090".to_string();
+        assert_eq!(
+            run_notes(&report)[1],
+            "data: wherever the server at 127.0.0.1:8090 keeps it (fsync set by that server)"
+        );
+    }
+
+    #[test]
+    fn issue7_6_bench_warns_when_partitions_load_shards_unevenly() {
+        let produce = phase(None);
+        let even = per_shard_reports(2, &[0, 1], &[1, 0], &produce, &produce);
+        assert_eq!(placement_warning(&even), None);
+        let uneven = per_shard_reports(2, &[0, 1, 2], &[1, 0, 1], &produce, &produce);
+        assert_eq!(
+            placement_warning(&uneven).unwrap(),
+            "warning: partitions are spread unevenly over the 2 shards (shard 0 owns 1, shard 1 \
+             owns 2); pass --partitions as a multiple of 2 to load every shard evenly"
+        );
+        let idle_shard = per_shard_reports(2, &[0], &[0], &produce, &produce);
+        assert_eq!(
+            placement_warning(&idle_shard).unwrap(),
+            "warning: partitions are spread unevenly over the 2 shards (shard 0 owns 1, shard 1 \
+             owns 0); pass --partitions as a multiple of 2 to load every shard evenly"
+        );
+    }
+
+    #[test]
+    fn issue7_6_tmpfs_is_detected() {
+        use super::super::server::is_on_tmpfs;
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+        let mount_point_of = |fs_type: &str| {
+            mounts.lines().find_map(|line| {
+                let fields: Vec<&str> = line.split(' ').collect();
+                (fields[2] == fs_type && !fields[1].contains('\\')).then(|| fields[1].to_string())
+            })
+        };
+        if let Some(tmpfs) = mount_point_of("tmpfs") {
+            assert!(
+                is_on_tmpfs(std::path::Path::new(&tmpfs)).unwrap(),
+                "{tmpfs}"
+            );
+        }
+        assert!(!is_on_tmpfs(std::path::Path::new("/proc")).unwrap());
+        assert_eq!(
+            is_on_tmpfs(std::path::Path::new("/no/such/dir"))
+                .unwrap_err()
+                .kind(),
+            std::io::ErrorKind::NotFound
+        );
+    }
+
+    #[test]
     fn ratios_are_relative_to_the_one_shard_run() {
         let one = run(Some(cpu()), 1);
         let mut two = run(Some(cpu()), 2);
@@ -566,7 +700,7 @@ mod tests {
         assert_eq!(render_ratios(std::slice::from_ref(&one)), None);
         assert_eq!(
             render_ratios(&[one, two, run(None, 4)]).unwrap(),
-            "msgs per server-CPU-second relative to the 1-shard run: 1 shards 1.00x; \
+            "msgs per server-CPU-second relative to the 1-shard run: 1 shard 1.00x; \
              2 shards 1.50x; 4 shards n/a"
         );
     }

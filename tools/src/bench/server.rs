@@ -270,6 +270,26 @@ impl Drop for EmbeddedServer {
     }
 }
 
+/// Whether `path` lies on tmpfs (statfs(2) `f_type` is `TMPFS_MAGIC`): memory, where fsync
+/// costs nothing, so a bench there does not measure a disk.
+///
+/// # Errors
+/// statfs fails (the path is gone, or holds a NUL byte).
+pub fn is_on_tmpfs(path: &Path) -> std::io::Result<bool> {
+    let path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let mut stats = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `path` is NUL-terminated and outlives the call; `stats` is writable and sized for
+    // the struct statfs(2) fills.
+    let rc = unsafe { libc::statfs(path.as_ptr(), stats.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: statfs returned 0, so it initialized `stats`.
+    let stats = unsafe { stats.assume_init() };
+    Ok(stats.f_type == libc::TMPFS_MAGIC)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -78,7 +78,12 @@ impl std::fmt::Display for Fault {
                 from_offset,
                 to_offset,
             } => {
-                write!(f, "offsets {from_offset}..{to_offset} never came back")
+                // Half-open in the value, inclusive in the text: `offsets 3-4`.
+                if to_offset - from_offset == 1 {
+                    write!(f, "offset {from_offset} never came back")
+                } else {
+                    write!(f, "offsets {from_offset}-{} never came back", to_offset - 1)
+                }
             }
             Fault::OverlappingAcks { message_count } => {
                 write!(f, "{message_count} offsets were acknowledged twice")
@@ -563,7 +568,7 @@ mod tests {
         assert_eq!(
             summary.to_string(),
             "8 of 10 acknowledged messages verified, 2 lost, 0 duplicates, 0 unacknowledged; \
-             first fault: partition 4: offsets 3..5 never came back"
+             first fault: partition 4: offsets 3-4 never came back"
         );
     }
 }

@@ -32,6 +32,9 @@ pub(crate) struct SnapshotReport {
     sessions: Vec<SessionReport>,
     /// The pairing with the superblock beside the snapshot, when there is one.
     pairing: Option<String>,
+    /// Set when a data directory has no snapshot file and its superblock records no checkpoint
+    /// yet: a healthy new directory, not damage.
+    no_snapshot_yet: Option<String>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -75,6 +78,26 @@ fn superblock_beside(dir: &Path) -> Option<(String, SuperblockState)> {
     Some((path.display().to_string(), newest))
 }
 
+/// Why a data directory `dir` without a snapshot file is healthy (`Ok`: the superblock, if any,
+/// records no checkpoint yet), or the damage it is (`Err`: the superblock records one, which boot
+/// cannot restore without the file).
+fn no_snapshot_verdict(dir: &Path) -> Result<String, String> {
+    match superblock_beside(dir) {
+        Some((superblock, state)) if state.checkpoint_op > 0 || state.snapshot_checksum != 0 => {
+            Err(format!(
+                "missing: {superblock} records checkpoint_op {} with checksum {:#018x} (the \
+                 server refuses to boot)",
+                state.checkpoint_op, state.snapshot_checksum
+            ))
+        }
+        _ => Ok(
+            "no snapshot yet: no checkpoint has been written (the first comes after \
+                 --checkpoint-interval committed metadata ops, or at a clean shutdown after one)"
+                .to_owned(),
+        ),
+    }
+}
+
 pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SnapshotReport, Vec<Damage>)> {
     let file = file_in(path, SNAPSHOT_FILE_NAME);
     let mut report = SnapshotReport {
@@ -90,8 +113,16 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SnapshotReport, Vec<Damage
         partition_count: 0,
         sessions: Vec::new(),
         pairing: None,
+        no_snapshot_yet: None,
     };
     let mut damage = Vec::new();
+    if path.is_dir() && !file.exists() {
+        match no_snapshot_verdict(path) {
+            Ok(note) => report.no_snapshot_yet = Some(note),
+            Err(reason) => damage.push(Damage::new(&file, None, reason)),
+        }
+        return Ok((report, damage));
+    }
     let bytes = match read_bounded(&file, SNAPSHOT_FILE_SIZE_MAX)? {
         Ok(bytes) => bytes,
         Err(size_bytes) => {
@@ -192,6 +223,10 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SnapshotReport, Vec<Damage
 
 impl Report for SnapshotReport {
     fn write_text(&self, out: &mut String) {
+        if let Some(note) = &self.no_snapshot_yet {
+            let _ = writeln!(out, "{note}");
+            return;
+        }
         let _ = writeln!(
             out,
             "file: {} ({} bytes, trailer {})",
