@@ -40,9 +40,9 @@ enum Command {
     /// Create or delete topics.
     #[command(subcommand)]
     Topic(client_cmds::TopicCommand),
-    /// Send messages to a partition, one per line from a file or stdin.
+    /// Send messages to a partition, one per non-empty line from a file or stdin.
     Send(client_cmds::SendArgs),
-    /// Read messages from a partition.
+    /// Read messages from a partition: `OFFSET<TAB>PAYLOAD` lines (or --output raw|json).
     Poll(client_cmds::PollArgs),
     /// Print streams, topics, partitions with their owner shard and next offset (JSON).
     Metadata(client_cmds::AddrArgs),

@@ -118,7 +118,7 @@ pub struct BenchArgs {
     pub message_size: Option<u32>,
 
     /// Send the lines of this file as payloads (one message per line, cycled; empty lines
-    /// skipped), e.g. a real log for uneven sizes.
+    /// skipped, as `shardline send` skips them), e.g. a real log for uneven sizes.
     #[arg(long, value_name = "FILE")]
     pub payload_file: Option<PathBuf>,
 
