@@ -136,6 +136,24 @@ fn ping_sends_numbered_requests_and_accepts_pong() {
 }
 
 #[test]
+fn issue7_6_server_max_message_size_reads_the_ping_reply_count() {
+    run(async {
+        let mut counts = [1024u32, 0, 255].into_iter();
+        let (addr, _server) = fake_server(Box::new(move |request| {
+            let mut header = reply_header(&request.header);
+            header.count = counts.next().unwrap();
+            Some(encode_frame(&mut header, b""))
+        }))
+        .await;
+        let mut client = Client::connect(addr).await.unwrap();
+        assert_eq!(client.server_max_message_size().await.unwrap(), Some(1024));
+        // A server that predates the field answers 0; below a header is no limit either.
+        assert_eq!(client.server_max_message_size().await.unwrap(), None);
+        assert_eq!(client.server_max_message_size().await.unwrap(), None);
+    });
+}
+
+#[test]
 fn client_ids_differ_between_connections() {
     run(async {
         let (addr_a, server_a) = fake_server(always_ok()).await;

@@ -504,11 +504,11 @@ mod tests {
     fn issue7_6_sent_line_prints_inclusive_ranges_and_singulars() {
         let namespace = Namespace::new(1, 1, 0);
         assert_eq!(
-            sent_line(namespace, &[4..5]),
+            sent_line(namespace, std::slice::from_ref(&(4..5))),
             "sent 1 message to 1/1/0 at offset 4"
         );
         assert_eq!(
-            sent_line(namespace, &[0..2]),
+            sent_line(namespace, std::slice::from_ref(&(0..2))),
             "sent 2 messages to 1/1/0 at offsets 0-1"
         );
         assert_eq!(

@@ -22,7 +22,9 @@ pub fn stdout_error(error: std::io::Error) -> anyhow::Error {
 
 /// Whether `error` (anywhere in its chain) is `StdoutClosed`.
 pub fn is_stdout_closed(error: &anyhow::Error) -> bool {
-    error.chain().any(|cause| cause.is::<StdoutClosed>())
+    error
+        .chain()
+        .any(<dyn std::error::Error>::is::<StdoutClosed>)
 }
 
 /// Writes `line` and a newline to stdout and flushes, so a closed pipe is noticed here.
