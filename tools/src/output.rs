@@ -38,6 +38,18 @@ pub fn print_line(line: &str) -> anyhow::Result<()> {
         .map_err(stdout_error)
 }
 
+/// Writes `text` as it is (a caller-built block that ends in its own newline) and flushes.
+///
+/// # Errors
+/// As `print_line`.
+pub fn print_text(text: &str) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+        .map_err(stdout_error)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

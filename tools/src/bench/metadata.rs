@@ -44,7 +44,7 @@ pub fn run(plan: &BenchPlan, json_file: Option<JsonReportFile>) -> anyhow::Resul
     let mut runs = Vec::new();
     for request in &plan.shard_requests {
         let run = run_one(plan, *request)?;
-        print!("{}", render_metadata_run(&run));
+        crate::output::print_text(&render_metadata_run(&run))?;
         runs.push(run);
     }
     match json_file {

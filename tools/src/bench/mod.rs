@@ -76,7 +76,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let mut runs = Vec::new();
     for request in &plan.shard_requests {
         let (run, summary) = run_one(&plan, *request, &payload)?;
-        print!("{}", render_run(&run));
+        crate::output::print_text(&render_run(&run))?;
         runs.push(run);
         if !summary.is_clean() {
             write_json(json_file, &runs)?;
@@ -87,7 +87,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         }
     }
     if let Some(ratios) = render_ratios(&runs) {
-        println!("\n{ratios}");
+        crate::output::print_line(&format!("\n{ratios}"))?;
     }
     write_json(json_file, &runs)
 }
