@@ -40,7 +40,8 @@ use crate::command::{Command, ErrorCode, Operation};
 use crate::frame::{Frame, FrameError, read_frame};
 use crate::header::{HEADER_SIZE, Header};
 use crate::limits::{
-    MESSAGE_SIZE_MAX_DEFAULT, RETRY_BACKOFF_MAX, RETRY_BACKOFF_MIN, RETRY_BUDGET_DEFAULT,
+    CONNECT_BACKOFF_MAX, MESSAGE_SIZE_MAX_DEFAULT, RETRY_BACKOFF_MAX, RETRY_BACKOFF_MIN,
+    RETRY_BUDGET_DEFAULT,
 };
 use crate::namespace::Namespace;
 use crate::wire::Metadata;
@@ -75,11 +76,56 @@ pub struct SendAck {
     pub message_count: u32,
 }
 
+/// The answer to a poll: the stored batches from the one containing the offset asked, and where
+/// the partition's data is, so a consumer can tell "caught up" from "beyond the end".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PollResult {
+    /// The offset the poll asked for; `messages` skips what the batches hold below it.
+    pub offset: u64,
+    /// Concatenated batches as stored (parse with `messages` or `BatchView::parse_many`); empty
+    /// when `offset` equals `next_offset`.
+    pub batches: Vec<u8>,
+    /// Messages at or above `offset` in `batches` (reply `count`).
+    pub message_count: u32,
+    /// The partition's next offset (one past its last acknowledged message) when the reply was
+    /// made.
+    pub next_offset: u64,
+    /// The first offset the partition still holds.
+    pub first_offset: u64,
+}
+
+impl PollResult {
+    /// Whether the poll reached the end of the partition: nothing at or after `offset` yet.
+    pub fn caught_up(&self) -> bool {
+        self.message_count == 0 && self.offset >= self.next_offset
+    }
+
+    /// The messages at or above `offset`, in offset order.
+    ///
+    /// # Errors
+    /// The first `BatchError` of `BatchView::parse_many` (the server sent malformed batches).
+    pub fn messages(&self) -> Result<Vec<crate::batch::MessageView<'_>>, crate::batch::BatchError> {
+        messages_from(&self.batches, self.offset)
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("cannot connect to {addr}: {source}")]
     Connect {
         addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    /// `connect_with_timeout` kept getting a refused (or reset, or timed out) connection until
+    /// its timeout ran out: no server listens at `addr`, or it is still starting.
+    #[error(
+        "cannot connect to {addr} within the connect timeout of {} ms ({attempt_count} attempts): {source}",
+        timeout.as_millis()
+    )]
+    ConnectTimeout {
+        addr: std::net::SocketAddr,
+        timeout: Duration,
+        attempt_count: u32,
         source: std::io::Error,
     },
     #[error(transparent)]
@@ -194,6 +240,18 @@ fn client_id_new() -> u128 {
     twox_hash::XxHash3_128::oneshot(&seed).max(1)
 }
 
+/// Whether a failed connect may succeed if tried again soon: nothing listens yet (refused), the
+/// listener went away mid-handshake (reset, aborted), or the attempt timed out.
+fn connect_is_transient(error: &std::io::Error) -> bool {
+    matches!(
+        error.kind(),
+        std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::TimedOut
+    )
+}
+
 /// Opens a TCP connection to `addr` with `TCP_NODELAY` (requests are small and latency-bound).
 async fn open(addr: SocketAddr) -> Result<TcpStream, ClientError> {
     let stream = TcpStream::connect(addr)
@@ -227,6 +285,57 @@ impl Client {
             retry_budget: RETRY_BUDGET_DEFAULT,
             broken: false,
         })
+    }
+
+    /// `connect`, retrying a connection that is refused, reset or times out (no server listening
+    /// yet, e.g. during its start or restart) with backoff doubling from `RETRY_BACKOFF_MIN` to
+    /// `CONNECT_BACKOFF_MAX`, until `timeout` has passed since the call. Each attempt is itself
+    /// bounded by the time left. Other connect errors are returned at once.
+    ///
+    /// # Errors
+    /// - `ConnectTimeout` naming the address, the timeout, the attempts and the last error, when
+    ///   no attempt succeeded within `timeout`.
+    /// - `Connect` for an error retrying cannot fix (e.g. no route, permission denied).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing was sent.
+    pub async fn connect_with_timeout(
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<Client, ClientError> {
+        let started = Instant::now();
+        let mut backoff = RETRY_BACKOFF_MIN;
+        let mut attempt_count = 0u32;
+        loop {
+            attempt_count += 1;
+            let left = timeout.saturating_sub(started.elapsed());
+            // A zero timeout still makes its one attempt, without a timer.
+            let attempt = if left.is_zero() {
+                Ok(Client::connect(addr).await)
+            } else {
+                compio::time::timeout(left, Client::connect(addr)).await
+            };
+            let source = match attempt {
+                Ok(Ok(client)) => return Ok(client),
+                Ok(Err(ClientError::Connect { source, .. })) if connect_is_transient(&source) => {
+                    source
+                }
+                Ok(Err(error)) => return Err(error),
+                Err(_) => std::io::Error::from(std::io::ErrorKind::TimedOut),
+            };
+            let left = timeout.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return Err(ClientError::ConnectTimeout {
+                    addr,
+                    timeout,
+                    attempt_count,
+                    source,
+                });
+            }
+            tracing::debug!(%addr, attempt_count, error = %source, "connect failed; retrying");
+            compio::time::sleep(backoff.min(left)).await;
+            backoff = backoff.saturating_mul(2).min(CONNECT_BACKOFF_MAX);
+        }
     }
 
     /// Sets the largest message (bytes, header included) this client sends or accepts.
@@ -419,6 +528,16 @@ impl Client {
         // One vectored write: the body (a batch, possibly megabytes) is never copied.
         let BufResult(result, buffers) = self.stream.write_vectored_all(buffers).await;
         if let Err(error) = result {
+            // The server may have answered before it closed (a `MessageTooLarge` refusal stops
+            // reading the request): that answer says more than the failed write. The connection
+            // is dead, so this read ends at once.
+            if let Ok(frame) = read_frame(&mut self.stream, self.max_message_size).await
+                && frame.header.error_code != 0
+                && let Err(answer) = self.validate(header, frame)
+            {
+                self.broken = true;
+                return (Err((answer, true)), buffers);
+            }
             return (Err((FrameError::Io(error).into(), true)), buffers);
         }
         let result = match read_frame(&mut self.stream, self.max_message_size).await {
@@ -457,6 +576,13 @@ impl Client {
                     reply.error_code
                 )));
             };
+            if matches!(
+                code,
+                ErrorCode::MessageTooLarge | ErrorCode::ResourceExhausted
+            ) {
+                // The server closes the connection after these: reconnect before the next call.
+                self.broken = true;
+            }
             let message = String::from_utf8_lossy(&frame.body).into_owned();
             return Err(ClientError::Server { code, message });
         }
@@ -631,12 +757,45 @@ impl Client {
         })
     }
 
-    /// Returns the reply body: concatenated batches starting at the batch containing `offset`
-    /// (callers skip messages below `offset`); empty when nothing is there yet. Retried after
+    /// Reads up to `max_count` messages from `offset`: the batches from the one containing
+    /// `offset`, with the partition's next and first offsets. A poll at exactly the next offset
+    /// is an empty success (`PollResult::caught_up`). The intact batches before a damaged entry
+    /// are returned; a poll that starts at the damaged entry gets the error. Retried after
     /// `Busy`, `ShuttingDown` and connection failures.
     ///
     /// # Errors
-    /// As `request`; e.g. `Server { code: PartitionNotFound, .. }`.
+    /// As `request`; e.g. `Server { code: PartitionNotFound, .. }`, `Server { code:
+    /// OffsetOutOfRange, .. }` when `offset` is beyond the partition's next offset (the message
+    /// names both), `Server { code: StorageFailure, .. }` naming the file and byte position of a
+    /// damaged entry at `offset`.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see `request`).
+    pub async fn poll(
+        &mut self,
+        namespace: Namespace,
+        offset: u64,
+        max_count: u32,
+    ) -> Result<PollResult, ClientError> {
+        let mut header = Client::request_header(Operation::PollMessages, namespace);
+        header.offset = offset;
+        header.count = max_count;
+        let frame = self.exchange(header, Vec::new()).await?;
+        Ok(PollResult {
+            offset,
+            message_count: frame.header.count,
+            next_offset: frame.header.next_offset,
+            first_offset: frame.header.first_offset,
+            batches: frame.body,
+        })
+    }
+
+    /// `poll`, returning only the reply body: concatenated batches starting at the batch
+    /// containing `offset` (callers skip messages below `offset`); empty when the poll is caught
+    /// up.
+    ///
+    /// # Errors
+    /// As `poll`.
     ///
     /// # Cancel safety
     /// Not cancel safe (see `request`).
@@ -646,10 +805,7 @@ impl Client {
         offset: u64,
         max_count: u32,
     ) -> Result<Vec<u8>, ClientError> {
-        let mut header = Client::request_header(Operation::PollMessages, namespace);
-        header.offset = offset;
-        header.count = max_count;
-        Ok(self.exchange(header, Vec::new()).await?.body)
+        Ok(self.poll(namespace, offset, max_count).await?.batches)
     }
 }
 

@@ -34,6 +34,15 @@ pub enum FrameError {
     SizeTooSmall { size: u32 },
     #[error("message size {size} exceeds max_message_size {max}")]
     SizeTooLarge { size: u32, max: u32 },
+    /// `read_request_header` only: as `SizeTooLarge`, with the request header (whose checksum
+    /// matched, so its fields are trusted), so a server can answer `MessageTooLarge` to that
+    /// request before it closes the connection (the unread body cannot be skipped safely).
+    #[error("message size {size} exceeds max_message_size {max}")]
+    RequestTooLarge {
+        request: Box<Header>,
+        size: u32,
+        max: u32,
+    },
     #[error("unknown command {command}")]
     UnknownCommand { command: u8 },
     #[error("unknown operation {operation}")]
@@ -98,6 +107,38 @@ pub async fn read_header<R: AsyncRead + ?Sized>(
     reader: &mut R,
     max_message_size: u32,
 ) -> Result<Header, FrameError> {
+    let header = read_header_bytes(reader).await?;
+    header.validate_prefix(max_message_size)?;
+    Ok(header)
+}
+
+/// `read_header` for a server: a header that verifies but announces more than
+/// `max_message_size` comes back as `RequestTooLarge` with the header, so the server can answer
+/// that request (`ErrorCode::MessageTooLarge`) before closing.
+///
+/// # Errors
+/// As `read_header`, with `RequestTooLarge` in place of `SizeTooLarge`.
+///
+/// # Cancel safety
+/// Not cancel safe: close the connection if the future is dropped.
+pub async fn read_request_header<R: AsyncRead + ?Sized>(
+    reader: &mut R,
+    max_message_size: u32,
+) -> Result<Header, FrameError> {
+    let header = read_header_bytes(reader).await?;
+    match header.validate_prefix(max_message_size) {
+        Ok(()) => Ok(header),
+        Err(FrameError::SizeTooLarge { size, max }) => Err(FrameError::RequestTooLarge {
+            request: Box::new(header),
+            size,
+            max,
+        }),
+        Err(error) => Err(error),
+    }
+}
+
+/// Reads 256 header bytes, unvalidated.
+async fn read_header_bytes<R: AsyncRead + ?Sized>(reader: &mut R) -> Result<Header, FrameError> {
     let BufResult(result, header_bytes) = read_exactly(reader, HEADER_SIZE).await;
     if let Err(error) = result {
         return Err(match error.kind() {
@@ -110,9 +151,7 @@ pub async fn read_header<R: AsyncRead + ?Sized>(
         });
     }
     assert_eq!(header_bytes.len(), HEADER_SIZE);
-    let header: Header = bytemuck::pod_read_unaligned(&header_bytes);
-    header.validate_prefix(max_message_size)?;
-    Ok(header)
+    Ok(bytemuck::pod_read_unaligned(&header_bytes))
 }
 
 /// Reads and verifies the body announced by a header from `read_header` (the second half of
@@ -214,6 +253,29 @@ mod tests {
         let frame = read_bytes(&bytes, u32::MAX).unwrap();
         assert_eq!(frame.body, body);
         assert_eq!(frame.body.capacity(), body.len());
+    }
+
+    #[test]
+    fn issue7_4_oversized_request_header_comes_back_with_the_error() {
+        let mut header = Header::new(Command::Request, Operation::SendMessages);
+        header.request = 9;
+        let bytes = encode_frame(&mut header, &[7u8; 1000]);
+        let mut reader = &bytes[..];
+        match poll_once(read_request_header(&mut reader, 1024)) {
+            Err(FrameError::RequestTooLarge { request, size, max }) => {
+                assert_eq!((*request, size, max), (header, 1256, 1024));
+            }
+            other => panic!("expected RequestTooLarge, got {other:?}"),
+        }
+        // `read_header` keeps reporting the plain size error.
+        let mut reader = &bytes[..];
+        assert!(matches!(
+            poll_once(read_header(&mut reader, 1024)),
+            Err(FrameError::SizeTooLarge {
+                size: 1256,
+                max: 1024
+            })
+        ));
     }
 
     #[test]

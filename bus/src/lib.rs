@@ -21,9 +21,12 @@ pub use batch::{
     BATCH_HEADER_SIZE, BatchBuilder, BatchError, BatchHeader, BatchView, MESSAGE_HEADER_SIZE,
     MessageHeader, MessageView,
 };
-pub use client::{Client, ClientError, SendAck};
+pub use client::{Client, ClientError, PollResult, SendAck};
 pub use command::{Command, ErrorCode, Operation};
-pub use frame::{Frame, FrameError, encode_frame, read_body, read_frame, read_header, write_frame};
+pub use frame::{
+    Frame, FrameError, encode_frame, read_body, read_frame, read_header, read_request_header,
+    write_frame,
+};
 pub use header::{HEADER_SIZE, Header, PROTOCOL_VERSION};
 pub use namespace::Namespace;
 pub use reply::{error_reply, eviction, reply_header};

@@ -33,6 +33,16 @@ pub const RETRY_BACKOFF_MIN: Duration = Duration::from_millis(10);
 /// sends at most one request (or connect) a second.
 pub const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
+/// Default for how long `Client::connect_with_timeout` keeps retrying a refused first connect
+/// (`shardline --connect-timeout`): covers a server that is starting or restarting (bind,
+/// recovery, ready barrier) while a script already runs its client, and reports a server that is
+/// not there while a person is still watching.
+pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// Longest wait between two connect attempts (the wait doubles from `RETRY_BACKOFF_MIN`): a
+/// server that starts listening is found within this long, and a client that waits for one
+/// makes at most 5 connects a second.
+pub const CONNECT_BACKOFF_MAX: Duration = Duration::from_millis(200);
+
 // A full batch of empty messages fits in a default-sized message.
 const _: () = assert!(
     BATCH_HEADER_SIZE + (BATCH_MESSAGE_COUNT_MAX as usize) * MESSAGE_HEADER_SIZE
@@ -46,3 +56,5 @@ const _: () = assert!(MESSAGE_SIZE_MAX_DEFAULT as usize >= HEADER_SIZE);
 const _: () = assert!(RETRY_BACKOFF_MIN.as_nanos() > 0);
 const _: () = assert!(RETRY_BACKOFF_MIN.as_nanos() <= RETRY_BACKOFF_MAX.as_nanos());
 const _: () = assert!(RETRY_BACKOFF_MAX.as_nanos() * 4 <= RETRY_BUDGET_DEFAULT.as_nanos());
+const _: () = assert!(RETRY_BACKOFF_MIN.as_nanos() <= CONNECT_BACKOFF_MAX.as_nanos());
+const _: () = assert!(CONNECT_BACKOFF_MAX.as_nanos() * 4 <= CONNECT_TIMEOUT_DEFAULT.as_nanos());

@@ -6,12 +6,15 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 
 use bus::{Command, ErrorCode, Frame, Namespace, Operation};
-use compio::io::AsyncWriteExt;
+use compio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use compio::net::TcpStream;
 use runtime::ShardId;
 
-use crate::frame::{ShardReply, ShardRequest};
-use crate::limits::{FRAME_BODY_TIMEOUT, RECEIVE_BUDGET_WAIT_MAX, REPLY_WRITE_TIMEOUT};
+use crate::frame::{PartitionEnds, ShardReply, ShardRequest};
+use crate::limits::{
+    FRAME_BODY_TIMEOUT, OVERSIZED_DRAIN_CHUNK_BYTES, OVERSIZED_DRAIN_TIMEOUT,
+    RECEIVE_BUDGET_WAIT_MAX, REPLY_WRITE_TIMEOUT,
+};
 use crate::metadata::MetadataOp;
 use crate::shard::Shard;
 use crate::shard_for;
@@ -34,7 +37,7 @@ pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: Soc
     let _slot = ConnectionSlot(Rc::clone(&shard));
     let max_message_size = shard.config.max_message_size;
     loop {
-        let read = bus::read_header(&mut stream, max_message_size);
+        let read = bus::read_request_header(&mut stream, max_message_size);
         let idle_timeout = shard.config.connection_idle_timeout;
         let header = match compio::time::timeout(idle_timeout, read).await {
             Ok(Ok(header)) => header,
@@ -44,6 +47,9 @@ pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: Soc
             }
             Ok(Err(e)) => {
                 log_read_error(&shard, peer, &e);
+                if let bus::FrameError::RequestTooLarge { request, size, max } = e {
+                    refuse_too_large(&shard, stream, peer, &request, size, max).await;
+                }
                 return;
             }
             Err(_) => {
@@ -142,6 +148,50 @@ async fn write_reply(
         return false;
     }
     true
+}
+
+/// Answers a request whose frame exceeds `max_message_size` with `MessageTooLarge` (naming the
+/// size and the limit), then closes: half-close first and discard what the client still sends,
+/// for at most `OVERSIZED_DRAIN_TIMEOUT` and the frame's announced size, so that closing with
+/// unread bytes (which makes the kernel send a reset) cannot destroy the reply before the client
+/// reads it (the "lingering close" of HTTP servers).
+async fn refuse_too_large(
+    shard: &Shard,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    request: &bus::Header,
+    size: u32,
+    max: u32,
+) {
+    if request.command != Command::Request as u8 {
+        return;
+    }
+    let message = format!(
+        "request of {size} bytes exceeds the server's max_message_size of {max} bytes (a whole \
+         frame: the 256-byte header plus the body; serve --max-message-size); the connection \
+         is closed"
+    );
+    let reply = bus::reply::error_reply(request, ErrorCode::MessageTooLarge, &message);
+    if !write_reply(shard, &mut stream, peer, reply, Vec::new()).await {
+        return;
+    }
+    let drain = async {
+        if stream.shutdown().await.is_err() {
+            return;
+        }
+        let mut left = u64::from(size).saturating_sub(bus::HEADER_SIZE as u64);
+        let mut buffer = Vec::with_capacity(OVERSIZED_DRAIN_CHUNK_BYTES);
+        while left > 0 {
+            let compio::BufResult(result, returned) = stream.read(buffer).await;
+            buffer = returned;
+            match result {
+                Ok(0) | Err(_) => return,
+                Ok(read) => left = left.saturating_sub(read as u64),
+            }
+            buffer.clear();
+        }
+    };
+    let _ = compio::time::timeout(OVERSIZED_DRAIN_TIMEOUT, drain).await;
 }
 
 /// Logs why a read ended the connection: a transport error at debug, a malformed frame (the
@@ -273,11 +323,18 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
         ShardReply::Sent {
             base_offset,
             message_count,
-        } => encode_ok(header, Vec::new(), base_offset, message_count),
+            ends,
+        } => encode_partition_reply(header, Vec::new(), base_offset, message_count, ends),
         ShardReply::Polled {
             batches,
             message_count,
-        } => encode_ok(header, batches, header.offset, message_count),
+            ends,
+        } => encode_partition_reply(header, batches, header.offset, message_count, ends),
+        ShardReply::OffsetOutOfRange {
+            namespace,
+            offset,
+            ends,
+        } => offset_out_of_range(header, namespace, offset, ends),
         ShardReply::MetadataDone => encode_ok(header, Vec::new(), 0, 0),
         ShardReply::Registered { session } => encode_ok(header, Vec::new(), session, 0),
         ShardReply::Cached(cached) => {
@@ -331,6 +388,48 @@ async fn get_metadata(shard: &Rc<Shard>, header: &bus::Header) -> EncodedReply {
     let metadata = shard.metadata_wire(|namespace| offsets.get(&namespace).copied().unwrap_or(0));
     let body = serde_json::to_vec(&metadata).expect("metadata serializes: plain data");
     encode_ok(header, body, 0, 0)
+}
+
+/// A successful send or poll reply: `encode_ok` plus where the partition's data is.
+fn encode_partition_reply(
+    request: &bus::Header,
+    body: Vec<u8>,
+    offset: u64,
+    count: u32,
+    ends: PartitionEnds,
+) -> EncodedReply {
+    let mut header = bus::reply::reply_header(request);
+    header.offset = offset;
+    header.count = count;
+    header.next_offset = ends.next_offset;
+    header.first_offset = ends.first_offset;
+    header.set_checksums(&body);
+    (bytemuck::bytes_of(&header).to_vec(), body)
+}
+
+/// The `OffsetOutOfRange` reply to a poll beyond the partition's end: the message names the
+/// offset asked and the partition's next and first offsets, which the header also carries so a
+/// consumer can resume without parsing text.
+fn offset_out_of_range(
+    request: &bus::Header,
+    namespace: Namespace,
+    offset: u64,
+    ends: PartitionEnds,
+) -> EncodedReply {
+    let mut header = bus::reply::reply_header(request);
+    header.error_code = ErrorCode::OffsetOutOfRange as u32;
+    header.offset = offset;
+    header.next_offset = ends.next_offset;
+    header.first_offset = ends.first_offset;
+    let message = format!(
+        "offset {offset} is beyond the end of partition {namespace}: its next offset is {} \
+         (first offset {}); poll at or below the next offset",
+        ends.next_offset, ends.first_offset
+    );
+    (
+        bus::encode_frame(&mut header, message.as_bytes()),
+        Vec::new(),
+    )
 }
 
 fn encode_ok(request: &bus::Header, body: Vec<u8>, offset: u64, count: u32) -> EncodedReply {

@@ -53,15 +53,32 @@ pub enum ShardRequest {
     PartitionOffsets,
 }
 
+/// Where a partition's data is, as of a reply: `first_offset` is the first offset a poll can
+/// return, `next_offset` one past the last acknowledged message. Sent and poll replies carry
+/// both (header fields `first_offset`, `next_offset`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionEnds {
+    pub first_offset: u64,
+    pub next_offset: u64,
+}
+
 #[derive(Debug)]
 pub enum ShardReply {
     Sent {
         base_offset: u64,
         message_count: u32,
+        ends: PartitionEnds,
     },
     Polled {
         batches: Vec<u8>,
         message_count: u32,
+        ends: PartitionEnds,
+    },
+    /// A poll at an offset beyond the partition's next offset.
+    OffsetOutOfRange {
+        namespace: Namespace,
+        offset: u64,
+        ends: PartitionEnds,
     },
     MetadataDone,
     /// A Register committed at op `session`.

@@ -67,3 +67,9 @@ pub const CHECKPOINT_INTERVAL_LIMIT: u64 = 1 << 20;
 pub const JOURNAL_DIR_NAME: &str = "journal";
 /// Environment variable naming a failpoint for crash tests (`shards::vsr::failpoint`).
 pub const FAILPOINT_ENV: &str = "SHARDLINE_FAILPOINT";
+/// After answering an oversized request `MessageTooLarge`, the server discards what the client
+/// still sends (up to the frame's announced size) for at most this long before it closes, so the
+/// close does not reset the connection and destroy the reply unread.
+pub const OVERSIZED_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Buffer of that discard loop (bytes): one per refused connection, briefly.
+pub const OVERSIZED_DRAIN_CHUNK_BYTES: usize = 64 * 1024;

@@ -16,7 +16,7 @@ use runtime::{Envelope, MeshEndpoint, MeshSendError, ShardId};
 use storage::{LogConfig, PartitionLog};
 
 use crate::config::ServerConfig;
-use crate::frame::{ShardFrame, ShardReply, ShardRequest};
+use crate::frame::{PartitionEnds, ShardFrame, ShardReply, ShardRequest};
 use crate::limits::{
     MESH_RETRY_MAX, MESH_RETRY_SLEEP, METADATA_QUEUE_MAX, PARTITIONS_DIR_NAME, POLL_BYTES_MAX,
     RECEIVE_BYTES_MAX_PER_SHARD,
@@ -188,6 +188,14 @@ fn message_count_from(batches: &[u8], offset: u64) -> u32 {
         position += bus::BATCH_HEADER_SIZE + header.length as usize;
     }
     count
+}
+
+/// The offsets a send or poll reply reports for `log`: what a reader can see now.
+fn partition_ends(log: &storage::PartitionLog) -> PartitionEnds {
+    PartitionEnds {
+        first_offset: log.first_offset(),
+        next_offset: log.acked_offset(),
+    }
 }
 
 /// The reply to a metadata request whose prepare could not be made durable.
@@ -428,6 +436,7 @@ impl Shard {
                     Ok(base_offset) => ShardReply::Sent {
                         base_offset,
                         message_count: header.message_count,
+                        ends: partition_ends(&log),
                     },
                     Err(e) => {
                         tracing::error!(shard = self.id.0, %namespace, error = %e, "append failed");
@@ -455,6 +464,14 @@ impl Shard {
                         ShardReply::Polled {
                             batches,
                             message_count,
+                            ends: partition_ends(&log),
+                        }
+                    }
+                    Err(storage::LogError::OffsetOutOfRange { offset, .. }) => {
+                        ShardReply::OffsetOutOfRange {
+                            namespace,
+                            offset,
+                            ends: partition_ends(&log),
                         }
                     }
                     Err(e) => {

@@ -11,6 +11,7 @@
 mod completion;
 mod index;
 mod recovery;
+pub mod verify;
 mod writer;
 
 use std::cell::RefCell;
@@ -133,6 +134,10 @@ pub enum LogError {
     /// `close` was called (or is in progress).
     #[error("log is closed")]
     Closed,
+    /// A read asked for an offset beyond the log's end: nothing was written there. The reader
+    /// resumes at `next_offset` (one past the last acknowledged message).
+    #[error("offset {offset} is beyond the next offset {next_offset}")]
+    OffsetOutOfRange { offset: u64, next_offset: u64 },
 }
 
 /// A write or fsync failure, kept to fail everything after it with the same error.
@@ -417,13 +422,18 @@ impl PartitionLog {
     ///
     /// Entries are concatenated as stored (header + payload each). Reading stops before the entry
     /// that would exceed `max_bytes` or once `max_count` messages are collected, but the first
-    /// entry is always returned whole. An `offset` at or beyond `acked_offset()` returns an empty
-    /// `Vec`; one before the first segment starts at the first entry. Every returned entry's
-    /// header and checksum are checked against the index after the read.
+    /// entry is always returned whole. An `offset` equal to `acked_offset()` returns an empty
+    /// `Vec` (the reader is caught up); one before the first segment starts at the first entry.
+    /// Every returned entry's header and checksum are checked against the index after the read:
+    /// reading stops before the first entry that fails, so the intact entries before a damaged
+    /// one are returned, and the damage is an error only for a read that starts at it.
     ///
     /// # Errors
-    /// `Io` naming the segment; `Corrupt` naming the segment and byte position when bytes read
-    /// back do not match what was written.
+    /// - `OffsetOutOfRange`: `offset` is beyond `acked_offset()` (nothing was ever written
+    ///   there; resume at `next_offset`).
+    /// - `Io` naming the segment, when the first entry to return cannot be read.
+    /// - `Corrupt` naming the segment and byte position, when the first entry to return does not
+    ///   match what was written.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
@@ -433,6 +443,13 @@ impl PartitionLog {
         max_count: u32,
         max_bytes: usize,
     ) -> Result<Vec<u8>, LogError> {
+        let next_offset = self.acked_offset();
+        if offset > next_offset {
+            return Err(LogError::OffsetOutOfRange {
+                offset,
+                next_offset,
+            });
+        }
         let spans = self.plan_read(offset, max_count, max_bytes);
         let total_bytes: u64 = spans.iter().map(|span| span.size_bytes).sum();
         let mut bytes = Vec::with_capacity(total_bytes as usize);
@@ -443,14 +460,40 @@ impl PartitionLog {
             let BufResult(result, filled) =
                 read_exact_append(&span.file, span.position, span.size_bytes as usize, bytes).await;
             bytes = filled;
-            result.map_err(|source| LogError::Io {
-                path: span.path.clone(),
-                op: "read",
-                source,
-            })?;
-            check_read_entries(&span, &bytes[start..])?;
+            let failure = match result {
+                Ok(()) => check_read_entries(&span, &bytes[start..]).err(),
+                Err(source) => Some((
+                    0,
+                    LogError::Io {
+                        path: span.path.clone(),
+                        op: "read",
+                        source,
+                    },
+                )),
+            };
+            if let Some((intact_bytes, error)) = failure {
+                bytes.truncate(start + intact_bytes);
+                if bytes.is_empty() {
+                    return Err(error);
+                }
+                // The entries before the damaged one are served; the next read starts at it
+                // and gets the error.
+                tracing::warn!(%error, "read stopped before a damaged entry");
+                return Ok(bytes);
+            }
         }
         Ok(bytes)
+    }
+
+    /// The first offset a read can return: the base offset of the first segment (0 until
+    /// retention deletes segments).
+    pub fn first_offset(&self) -> u64 {
+        self.shared
+            .state
+            .borrow()
+            .segments
+            .first()
+            .map_or(0, |segment| segment.index.base_offset)
     }
 
     /// Chooses the byte ranges `read` returns, without I/O.
@@ -640,14 +683,22 @@ struct ReadSpan {
 }
 
 /// Checks entries read back against the index: same offset, count, length, and checksum.
-fn check_read_entries(span: &ReadSpan, bytes: &[u8]) -> Result<(), LogError> {
+///
+/// # Errors
+/// The bytes of the intact entries before the first one that fails, with its `Corrupt` error.
+fn check_read_entries(span: &ReadSpan, bytes: &[u8]) -> Result<(), (usize, LogError)> {
     let mut at = 0usize;
     for expected in &span.rows {
         let position = span.position + at as u64;
-        let corrupt = |reason: String| LogError::Corrupt {
-            path: span.path.clone(),
-            position,
-            reason,
+        let corrupt = |reason: String| {
+            (
+                at,
+                LogError::Corrupt {
+                    path: span.path.clone(),
+                    position,
+                    reason,
+                },
+            )
         };
         let entry = &bytes[at..at + expected.size_bytes as usize];
         let header = EntryHeader::decode(entry).ok_or_else(|| corrupt("short entry".to_owned()))?;
@@ -666,13 +717,7 @@ fn check_read_entries(span: &ReadSpan, bytes: &[u8]) -> Result<(), LogError> {
                 expected.size_bytes
             )));
         }
-        let computed = payload_checksum(&entry[ENTRY_HEADER_SIZE..]);
-        if computed != header.checksum {
-            return Err(corrupt(format!(
-                "payload checksum {computed:#018x} differs from the header's {:#018x}",
-                header.checksum
-            )));
-        }
+        verify::check_entry_payload(&header, &entry[ENTRY_HEADER_SIZE..]).map_err(corrupt)?;
         at += expected.size_bytes as usize;
     }
     Ok(())
@@ -737,7 +782,21 @@ mod tests {
             log.shared.state.borrow_mut().acked_offset = 2;
             assert_eq!(log.read(0, u32::MAX, usize::MAX).await.unwrap(), first);
             assert!(log.read(2, u32::MAX, usize::MAX).await.unwrap().is_empty());
-            assert!(log.read(4, u32::MAX, usize::MAX).await.unwrap().is_empty());
+            assert!(matches!(
+                log.read(4, u32::MAX, usize::MAX).await,
+                Err(LogError::OffsetOutOfRange {
+                    offset: 4,
+                    next_offset: 2
+                })
+            ));
+            assert!(matches!(
+                log.read(u64::MAX, 1, usize::MAX).await,
+                Err(LogError::OffsetOutOfRange {
+                    offset: u64::MAX,
+                    next_offset: 2
+                })
+            ));
+            assert_eq!(log.first_offset(), 0);
             log.shared.state.borrow_mut().acked_offset = 5;
             assert_eq!(log.read(4, u32::MAX, usize::MAX).await.unwrap().len(), 38);
         });

@@ -123,14 +123,15 @@ fn append_and_read_back_exact_bytes_and_offsets() {
             log.read(6, u32::MAX, size_3_4 - 1).await.unwrap(),
             expected[3].1
         );
-        // At or beyond the end: nothing.
+        // At the end: nothing (caught up); beyond it: out of range.
         assert!(log.read(55, u32::MAX, usize::MAX).await.unwrap().is_empty());
-        assert!(
-            log.read(1000, u32::MAX, usize::MAX)
-                .await
-                .unwrap()
-                .is_empty()
-        );
+        assert!(matches!(
+            log.read(1000, u32::MAX, usize::MAX).await,
+            Err(LogError::OffsetOutOfRange {
+                offset: 1000,
+                next_offset: 55
+            })
+        ));
         log.close().await.unwrap();
     });
 }
@@ -850,5 +851,58 @@ fn reads_never_see_unacknowledged_entries() {
         }
         assert_eq!(log.acked_offset(), 2);
         assert_eq!(log.read(1, u32::MAX, usize::MAX).await.unwrap().len(), 82);
+    });
+}
+
+#[test]
+fn issue7_4_read_across_a_corrupt_entry_returns_the_entries_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = rolled_log(dir.path(), 10);
+    let path = segment(dir.path(), 6);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[1032 + 500] ^= 0x04; // payload of the second entry of segment 6 (offsets 8..10)
+    std::fs::write(&path, &bytes).unwrap();
+
+    block_on(async {
+        let (log, _) = open(dir.path(), small_segments()).await;
+        // From offset 2: entries 2, 4 (segment 0) and 6 (segment 6), then the damaged one.
+        let read = log.read(2, u32::MAX, usize::MAX).await.unwrap();
+        assert_eq!(read, [&written[1][..], &written[2], &written[3]].concat());
+        // A read that starts at the damaged entry gets the error, naming file and byte.
+        match log.read(8, u32::MAX, usize::MAX).await {
+            Err(LogError::Corrupt {
+                path: named,
+                position: 1032,
+                reason,
+            }) => {
+                assert_eq!(named, path);
+                assert!(reason.starts_with("payload checksum"), "{reason}");
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+        // Past it, reads work again.
+        let after = log.read(10, 2, usize::MAX).await.unwrap();
+        assert_eq!(after, written[5]);
+    });
+}
+
+#[test]
+fn issue7_4_read_beyond_the_next_offset_is_out_of_range() {
+    let dir = tempfile::tempdir().unwrap();
+    rolled_log(dir.path(), 10);
+    block_on(async {
+        let (log, _) = open(dir.path(), small_segments()).await;
+        assert_eq!(log.next_offset(), 20);
+        assert_eq!(log.first_offset(), 0);
+        assert!(log.read(20, 1, usize::MAX).await.unwrap().is_empty());
+        for offset in [21, u64::MAX] {
+            match log.read(offset, 1, usize::MAX).await {
+                Err(error @ LogError::OffsetOutOfRange { .. }) => assert_eq!(
+                    error.to_string(),
+                    format!("offset {offset} is beyond the next offset 20")
+                ),
+                other => panic!("expected OffsetOutOfRange, got {other:?}"),
+            }
+        }
     });
 }

@@ -6,6 +6,7 @@ use std::io::{BufRead, Write};
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use bus::{BATCH_HEADER_SIZE, BatchBuilder, Client, HEADER_SIZE, MESSAGE_HEADER_SIZE, Namespace};
@@ -16,6 +17,40 @@ pub struct AddrArgs {
     /// Server address: `IP:PORT` or `HOST:PORT` (a host name resolves to its first IPv4 address).
     #[arg(long, env = "SHARDLINE_ADDR", default_value = "127.0.0.1:8090", value_name = "HOST:PORT", value_parser = shardline::arg_values::parse_host_port)]
     pub addr: SocketAddr,
+    /// How long to keep retrying a refused first connect (a server starting or restarting), e.g.
+    /// `5s`, `300ms` or `5` (seconds); `0` tries once.
+    #[arg(
+        long,
+        env = "SHARDLINE_CONNECT_TIMEOUT",
+        default_value = "5s",
+        value_parser = parse_connect_timeout,
+        value_name = "DURATION"
+    )]
+    pub connect_timeout: Duration,
+}
+
+/// Largest `--connect-timeout`: one hour (a longer wait is a supervisor's job).
+const CONNECT_TIMEOUT_MAX: Duration = Duration::from_hours(1);
+
+/// `--connect-timeout`: `N` or `Ns` (seconds) or `Nms` (milliseconds), at most
+/// `CONNECT_TIMEOUT_MAX`.
+fn parse_connect_timeout(text: &str) -> Result<Duration, String> {
+    let (digits, unit_ms) = if let Some(digits) = text.strip_suffix("ms") {
+        (digits, 1)
+    } else {
+        (text.strip_suffix('s').unwrap_or(text), 1000)
+    };
+    let value: u64 = digits.parse().map_err(|_| {
+        format!("{text:?} is not a duration: use seconds (5, 5s) or milliseconds (300ms)")
+    })?;
+    let timeout = Duration::from_millis(value.saturating_mul(unit_ms));
+    if timeout > CONNECT_TIMEOUT_MAX {
+        return Err(format!(
+            "{text:?} exceeds the largest connect timeout, {} s",
+            CONNECT_TIMEOUT_MAX.as_secs()
+        ));
+    }
+    Ok(timeout)
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -131,12 +166,17 @@ fn block_on<T>(future: impl Future<Output = anyhow::Result<T>>) -> anyhow::Resul
         .block_on(future)
 }
 
-async fn connect(addr: SocketAddr) -> anyhow::Result<Client> {
-    Client::connect(addr).await.with_context(|| {
-        format!(
-            "is `shardline serve` running at {addr}? pass --addr HOST:PORT or set SHARDLINE_ADDR"
-        )
-    })
+/// Connects, retrying a refused connect for `--connect-timeout`.
+async fn connect(args: &AddrArgs) -> anyhow::Result<Client> {
+    let addr = args.addr;
+    Client::connect_with_timeout(addr, args.connect_timeout)
+        .await
+        .with_context(|| {
+            format!(
+                "is `shardline serve` running at {addr}? pass --addr HOST:PORT or set \
+                 SHARDLINE_ADDR, and --connect-timeout to wait longer for it"
+            )
+        })
 }
 
 pub fn stream(command: StreamCommand) -> anyhow::Result<()> {
@@ -147,14 +187,14 @@ pub fn stream(command: StreamCommand) -> anyhow::Result<()> {
                 name,
                 addr,
             } => {
-                connect(addr.addr)
+                connect(&addr)
                     .await?
                     .create_stream(stream_id, &name)
                     .await?;
                 print_line(&format!("created stream {stream_id} {name:?}"))?;
             }
             StreamCommand::Delete { stream_id, addr } => {
-                connect(addr.addr).await?.delete_stream(stream_id).await?;
+                connect(&addr).await?.delete_stream(stream_id).await?;
                 print_line(&format!("deleted stream {stream_id}"))?;
             }
         }
@@ -172,7 +212,7 @@ pub fn topic(command: TopicCommand) -> anyhow::Result<()> {
                 partitions,
                 addr,
             } => {
-                connect(addr.addr)
+                connect(&addr)
                     .await?
                     .create_topic(stream_id, topic_id, &name, partitions)
                     .await?;
@@ -186,7 +226,7 @@ pub fn topic(command: TopicCommand) -> anyhow::Result<()> {
                 topic_id,
                 addr,
             } => {
-                connect(addr.addr)
+                connect(&addr)
                     .await?
                     .delete_topic(stream_id, topic_id)
                     .await?;
@@ -216,7 +256,7 @@ pub fn send(args: &SendArgs) -> anyhow::Result<()> {
     }
     let namespace = args.partition.namespace();
     block_on(async move {
-        let client = connect(args.partition.addr.addr).await?;
+        let client = connect(&args.partition.addr).await?;
         let mut client = with_server_message_size(client).await?;
         let batches = batch_ranges(&lines, args.batch, client.max_message_size())?;
         let mut acked = Vec::with_capacity(batches.len());
@@ -356,19 +396,25 @@ fn sent_line(namespace: Namespace, acked: &[Range<u64>]) -> String {
     )
 }
 
+/// Prints up to `--count` messages from `--offset` in the `--output` format. Stops early,
+/// exit 0, when it reaches the end of the partition (saying so on stderr if it printed nothing);
+/// an offset beyond the end (`OffsetOutOfRange`) or a damaged entry is an error after the
+/// messages before it were printed.
 pub fn poll(args: &PollArgs) -> anyhow::Result<()> {
     let namespace = args.partition.namespace();
     block_on(async move {
-        let mut client = connect(args.partition.addr.addr).await?;
+        let mut client = connect(&args.partition.addr).await?;
         let mut stdout = std::io::stdout().lock();
         let mut offset = args.offset;
         let mut printed = 0u32;
+        let mut next_offset = None;
         while printed < args.count {
-            let body = client
-                .poll_messages(namespace, offset, args.count - printed)
-                .await?;
-            let messages = bus::client::messages_from(&body, offset)
-                .context("server sent a malformed batch")?;
+            let result = client
+                .poll(namespace, offset, args.count - printed)
+                .await
+                .with_context(|| format!("poll of {namespace} at offset {offset} failed"))?;
+            next_offset = Some(result.next_offset);
+            let messages = result.messages().context("server sent a malformed batch")?;
             if messages.is_empty() {
                 break;
             }
@@ -383,8 +429,10 @@ pub fn poll(args: &PollArgs) -> anyhow::Result<()> {
         }
         stdout.flush().map_err(stdout_error)?;
         if printed == 0 {
+            let next_offset = next_offset.unwrap_or(args.offset);
             eprintln!(
-                "no messages at or after offset {} in {namespace}",
+                "caught up: no messages at or after offset {} in {namespace} (its next offset is \
+                 {next_offset})",
                 args.offset
             );
         }
@@ -448,7 +496,7 @@ fn hex(bytes: &[u8]) -> String {
 
 pub fn metadata(args: &AddrArgs) -> anyhow::Result<()> {
     block_on(async move {
-        let metadata = connect(args.addr).await?.get_metadata().await?;
+        let metadata = connect(args).await?.get_metadata().await?;
         print_line(&serde_json::to_string_pretty(&metadata)?)
     })
 }
@@ -546,6 +594,29 @@ mod tests {
             String::from_utf8(render(PollOutput::Json)).unwrap(),
             "{\"offset\":40,\"timestamp_us\":1000000,\"id\":7,\"payload\":\"hi\\tthere\"}\n\
              {\"offset\":41,\"timestamp_us\":1000005,\"id\":8,\"payload_hex\":\"ff00\"}\n"
+        );
+    }
+
+    #[test]
+    fn issue7_4_connect_timeout_parses_seconds_and_milliseconds() {
+        assert_eq!(parse_connect_timeout("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_connect_timeout("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(
+            parse_connect_timeout("300ms"),
+            Ok(Duration::from_millis(300))
+        );
+        assert_eq!(parse_connect_timeout("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_connect_timeout("3600s"), Ok(Duration::from_hours(1)));
+        assert_eq!(
+            parse_connect_timeout("3601"),
+            Err("\"3601\" exceeds the largest connect timeout, 3600 s".to_owned())
+        );
+        assert_eq!(
+            parse_connect_timeout("1.5s"),
+            Err(
+                "\"1.5s\" is not a duration: use seconds (5, 5s) or milliseconds (300ms)"
+                    .to_owned()
+            )
         );
     }
 }

@@ -339,7 +339,7 @@ fn segment_clean_walks_entries_and_matches_indexes() {
         "{stdout}"
     );
     assert_eq!(
-        stdout.matches("index matches (2 rows)").count(),
+        stdout.matches("index used by open (2 rows)").count(),
         2,
         "{stdout}"
     );
@@ -367,9 +367,13 @@ fn segment_damage_in_a_closed_segment_names_file_and_byte() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("(in a closed segment: reads of it fail; open refuses it when the segment must be rescanned"),
+        stdout.contains(
+            "(offsets 3 to 5; in a closed segment whose index open uses: the server boots, and \
+             polls return the messages before this entry, then fail at it)"
+        ),
         "{stdout}"
     );
+    assert_eq!(stdout.matches("damage: ").count(), 1, "{stdout}");
 }
 
 #[test]
@@ -385,15 +389,14 @@ fn segment_torn_tail_and_damaged_index_are_reported() {
     assert_eq!(code, 1, "{stdout}");
     assert!(
         stdout.contains(&format!(
-            "torn tail: {} at byte 0: payload of 100 bytes but only 99 bytes left after the \
-             header; a torn tail of 131 bytes in the last segment, which open would truncate",
+            "torn tail: {} at byte 0: entry of 132 bytes but only 131 bytes left; a torn tail of 131 bytes in the last segment, which open would truncate",
             last.display()
         )),
         "{stdout}"
     );
     assert!(
         stdout.contains(&format!(
-            "damage: {}: index does not match its closed segment: trailer at byte 80",
+            "damage: {}: index not used by open: trailer at byte 80",
             index.display()
         )),
         "{stdout}"
@@ -404,8 +407,8 @@ fn segment_torn_tail_and_damaged_index_are_reported() {
         "inspect modified the file"
     );
     let (_, json) = inspect_json("segment", dir.path());
-    assert_eq!(json["segments"][1]["index"]["status"], "mismatch");
-    assert_eq!(json["segments"][0]["index"]["status"], "matches");
+    assert_eq!(json["segments"][1]["index"]["status"], "rejected_by_open");
+    assert_eq!(json["segments"][0]["index"]["status"], "used_by_open");
     assert_eq!(json["damage"][0]["torn_tail"], false);
     assert_eq!(json["damage"][1]["torn_tail"], true);
     assert_eq!(json["damage"][1]["position"], 0);

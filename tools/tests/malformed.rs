@@ -68,9 +68,24 @@ fn malformed_frames_close_only_their_connection() {
     small.size = 100;
     assert_closed(addr, &reseal(&mut small), false);
 
+    // Oversized: answered MessageTooLarge first (tools/tests/replies.rs checks the reply), then
+    // closed.
     let mut large = header;
     large.size = 4097;
-    assert_closed(addr, &reseal(&mut large), false);
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(&reseal(&mut large)).unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).unwrap();
+    let reply: Header = bytemuck::pod_read_unaligned(&answer[..256]);
+    assert_eq!(reply.error_code, bus::ErrorCode::MessageTooLarge as u32);
+    assert_eq!(
+        answer.len(),
+        reply.size as usize,
+        "one reply, then the close"
+    );
 
     let mut unknown = header;
     unknown.command = 99;

@@ -9,13 +9,14 @@ use compio::BufResult;
 use compio::fs::{File, OpenOptions};
 
 use super::index::SegmentIndex;
+use super::verify::{check_entry_header, check_entry_payload};
 use super::{LogError, RecoveryReport, Segment};
 use crate::durable::{
     DurableError, create_dir_durable, durable_replace, list_dir_names, read_exact_append,
     read_verified, sync_dir,
 };
-use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, payload_checksum};
-use crate::limits::{ENTRY_SIZE_MAX, SCAN_CHUNK_BYTES};
+use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader};
+use crate::limits::SCAN_CHUNK_BYTES;
 
 /// `{base_offset:020}.log` in `dir`.
 pub(super) fn segment_path(dir: &Path, base_offset: u64) -> PathBuf {
@@ -314,46 +315,16 @@ async fn scan_segment(
             .await
             .map_err(io_error(path, "read segment"))?;
         let header = EntryHeader::decode(header_bytes).expect("ChunkReader returned 32 bytes");
-        let entry_size = ENTRY_HEADER_SIZE as u64 + u64::from(header.length);
-        if entry_size > u64::from(ENTRY_SIZE_MAX) {
-            break invalid(format!(
-                "entry of {entry_size} bytes exceeds the {ENTRY_SIZE_MAX}-byte limit"
-            ));
-        }
-        if header.message_count == 0 {
-            break invalid("message_count is 0".to_owned());
-        }
-        if header.base_offset != index.end_offset {
-            break invalid(format!(
-                "base offset {} where offset {} was expected",
-                header.base_offset, index.end_offset
-            ));
-        }
-        if index
-            .end_offset
-            .checked_add(u64::from(header.message_count))
-            .is_none()
-        {
-            break invalid(format!(
-                "{} messages at offset {} overflow the offset space",
-                header.message_count, index.end_offset
-            ));
-        }
-        if entry_size > remaining {
-            break invalid(format!(
-                "entry of {entry_size} bytes but only {remaining} bytes left"
-            ));
-        }
+        let entry_size = match check_entry_header(&header, index.end_offset, remaining) {
+            Ok(entry_size) => entry_size,
+            Err(reason) => break invalid(reason),
+        };
         let payload = reader
             .bytes(position + ENTRY_HEADER_SIZE as u64, header.length as usize)
             .await
             .map_err(io_error(path, "read segment"))?;
-        let computed = payload_checksum(payload);
-        if computed != header.checksum {
-            break invalid(format!(
-                "payload checksum {computed:#018x} differs from the header's {:#018x}",
-                header.checksum
-            ));
+        if let Err(reason) = check_entry_payload(&header, payload) {
+            break invalid(reason);
         }
         index.push(header.base_offset, header.message_count, entry_size);
     };

@@ -1,31 +1,39 @@
-//! `inspect segment`: walks the entries of partition log segments by the validity rule of
-//! `storage/FORMAT.md` section 3 and checks each `.index` file (section 4) against the entries it
-//! describes. Reads only; never truncates a torn tail nor rewrites an index.
+//! `inspect segment`: walks the entries of partition log segments and judges each `.index` file
+//! with the decision functions `PartitionLog::open` itself uses (`storage::log::verify`), so its
+//! verdicts are open's: a closed segment whose index open uses is walked entry by entry along
+//! that index (a damaged entry is reported alone, and the entries after it are still checked and
+//! counted); any other segment is scanned by the rules of `storage/FORMAT.md` section 3, as open
+//! scans it. Reads only; never truncates a torn tail nor rewrites an index.
 
 use std::fmt::Write as _;
 use std::io::{BufReader, Read as _};
 use std::path::{Path, PathBuf};
 
 use storage::durable::TRAILER_SIZE;
-use storage::limits::{DURABLE_FILE_SIZE_MAX, ENTRY_SIZE_MAX, SCAN_CHUNK_BYTES};
-use storage::{ENTRY_HEADER_SIZE, EntryHeader, payload_checksum};
+use storage::limits::{DURABLE_FILE_SIZE_MAX, SCAN_CHUNK_BYTES};
+use storage::log::verify::{
+    ClosedSegmentIndex, IndexedEntry, check_entry_header, check_entry_payload, closed_segment_index,
+};
+use storage::{ENTRY_HEADER_SIZE, EntryHeader};
 use twox_hash::XxHash3_64;
 
 use super::{Damage, Report, open_read_only, read_bounded, segments_for};
-
-/// Index payload layout (FORMAT.md section 4).
-const INDEX_MAGIC: &[u8; 8] = b"SLINDEX\0";
-const INDEX_VERSION: u32 = 1;
-const INDEX_HEADER_SIZE: usize = 48;
-const INDEX_ROW_SIZE: usize = 16;
 
 #[derive(Debug, serde::Serialize)]
 pub(crate) struct SegmentReport {
     segments: Vec<LogSegment>,
     segment_count: usize,
+    /// Entries found: every entry of a segment walked along its index (damaged ones included),
+    /// the valid entries before the first invalid one of a scanned segment.
     entry_count: u64,
+    /// Messages of those entries.
     message_count: u64,
-    /// One past the last valid entry's last offset.
+    /// Entries among them whose bytes do not match (header or payload checksum).
+    damaged_entry_count: u64,
+    /// Messages of the damaged entries: a poll that reaches them gets an error.
+    damaged_message_count: u64,
+    /// One past the last entry's last offset (the next offset open would assign if every
+    /// segment opens).
     next_offset: Option<u64>,
     size_bytes: u64,
 }
@@ -45,47 +53,51 @@ struct LogSegment {
 struct LogEntry {
     position: u64,
     base_offset: u64,
-    message_count: u32,
-    length_bytes: u32,
+    message_count: u64,
+    length_bytes: u64,
     base_timestamp_us: u64,
-    /// The payload's XXH3-64 equals the header's (only valid entries are listed).
+    /// The header agrees with the index (when walked along one) and the payload's XXH3-64 equals
+    /// the header's.
     checksum_ok: bool,
+    /// Why the entry is damaged (absent when `checksum_ok`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    damage: Option<String>,
 }
 
-/// What the segment's `.index` file says.
+/// What open does with the segment's `.index` file.
 #[derive(Debug, serde::Serialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 enum IndexCheck {
-    /// No `{base:020}.index` (normal for the last segment).
+    /// No `{base:020}.index` (normal for the last segment; a closed one is then rescanned).
     Absent,
-    /// Verifies and describes exactly the entries found.
-    Matches { row_count: u64 },
-    /// Does not verify or does not match; `ignored_by_open` when the segment is the last one
-    /// (open scans it anyway) or damaged.
-    Mismatch {
-        reason: String,
-        ignored_by_open: bool,
-    },
-    /// Not compared: the segment has no name to find it by.
+    /// Open uses it as the closed segment's index and does not scan the segment.
+    UsedByOpen { row_count: u64 },
+    /// Open does not use it: it rescans the closed segment and rewrites the index.
+    RejectedByOpen { reason: String },
+    /// The last segment is always scanned on open; its index file is not read.
+    IgnoredByOpen,
+    /// Not judged: the segment has no name to find it by.
     Unknown,
 }
 
-/// Row `(base_offset, position)` of each valid entry.
-type Rows = Vec<(u64, u64)>;
-
-struct Scan {
+/// The entries of one segment, and where they end.
+struct Walk {
     entries: Vec<LogEntry>,
-    end_offset: u64,
-    end_position: u64,
-    /// Byte position and reason of the first invalid entry.
+    /// One past the last entry's last offset; `None` when unknown (no entry and no base offset).
+    end_offset: Option<u64>,
+    /// Byte position and reason of the first invalid entry of a scan (a walk along an index
+    /// reports damaged entries in `entries` instead).
     invalid: Option<(u64, String)>,
 }
 
-/// Walks the entries of `file` expecting the first at `base_offset` (`None`: whatever it says).
-fn scan(file: &Path, base_offset: Option<u64>, size_bytes: u64) -> anyhow::Result<Scan> {
+fn read_error(file: &Path) -> impl Fn(std::io::Error) -> anyhow::Error + '_ {
+    move |error| anyhow::anyhow!("{}: cannot read: {error}", file.display())
+}
+
+/// Scans `file` as open scans a segment: entry by entry from byte 0, expecting the first at
+/// `base_offset` (`None`: whatever it says), stopping at the first entry that breaks a rule.
+fn scan(file: &Path, base_offset: Option<u64>, size_bytes: u64) -> anyhow::Result<Walk> {
     let mut reader = BufReader::with_capacity(SCAN_CHUNK_BYTES, open_read_only(file)?);
-    let read_error =
-        |error: std::io::Error| anyhow::anyhow!("{}: cannot read: {error}", file.display());
     let mut entries = Vec::new();
     let mut position = 0u64;
     let mut next_offset = base_offset;
@@ -101,74 +113,100 @@ fn scan(file: &Path, base_offset: Option<u64>, size_bytes: u64) -> anyhow::Resul
             ));
         }
         let mut header_bytes = [0u8; ENTRY_HEADER_SIZE];
-        reader.read_exact(&mut header_bytes).map_err(read_error)?;
+        reader
+            .read_exact(&mut header_bytes)
+            .map_err(read_error(file))?;
         let Some(header) = EntryHeader::decode(&header_bytes) else {
             unreachable!("32 bytes decode");
         };
-        let entry_size = ENTRY_HEADER_SIZE as u64 + u64::from(header.length);
-        if entry_size > u64::from(ENTRY_SIZE_MAX) {
-            break Some(format!(
-                "entry of {entry_size} bytes exceeds the {ENTRY_SIZE_MAX}-byte limit"
-            ));
-        }
-        if header.message_count == 0 {
-            break Some("message_count is 0".to_owned());
-        }
         let expected = *next_offset.get_or_insert(header.base_offset);
-        if header.base_offset != expected {
-            break Some(format!(
-                "base_offset {} where offset {expected} was expected",
-                header.base_offset
-            ));
-        }
-        let Some(end_offset) = expected.checked_add(u64::from(header.message_count)) else {
-            break Some("base_offset + message_count overflows".to_owned());
+        let entry_size = match check_entry_header(&header, expected, left) {
+            Ok(entry_size) => entry_size,
+            Err(reason) => break Some(reason),
         };
-        if entry_size > left {
-            break Some(format!(
-                "payload of {} bytes but only {} bytes left after the header",
-                header.length,
-                left - ENTRY_HEADER_SIZE as u64
-            ));
-        }
         payload.resize(header.length as usize, 0);
-        reader.read_exact(&mut payload).map_err(read_error)?;
-        let computed = payload_checksum(&payload);
-        if computed != header.checksum {
-            break Some(format!(
-                "payload checksum {computed:#018x} differs from the header's {:#018x}",
-                header.checksum
-            ));
+        reader.read_exact(&mut payload).map_err(read_error(file))?;
+        if let Err(reason) = check_entry_payload(&header, &payload) {
+            break Some(reason);
         }
         entries.push(LogEntry {
             position,
             base_offset: header.base_offset,
-            message_count: header.message_count,
-            length_bytes: header.length,
+            message_count: u64::from(header.message_count),
+            length_bytes: u64::from(header.length),
             base_timestamp_us: header.base_timestamp_us,
             checksum_ok: true,
+            damage: None,
         });
         position += entry_size;
-        next_offset = Some(end_offset);
+        next_offset = Some(expected + u64::from(header.message_count));
     };
-    Ok(Scan {
+    Ok(Walk {
         entries,
-        end_offset: next_offset.unwrap_or(0),
-        end_position: position,
+        end_offset: next_offset,
         invalid: invalid.map(|reason| (position, reason)),
     })
 }
 
-/// Checks the index file `index_path` against the scanned segment; `Err` says why it does not
-/// match.
-fn check_index(
-    index_path: &Path,
-    base_offset: u64,
-    size_bytes: u64,
-    end_offset: u64,
-    rows: &Rows,
-) -> anyhow::Result<Result<u64, String>> {
-    let bytes = match read_bounded(index_path, DURABLE_FILE_SIZE_MAX)? {
+/// Walks a closed segment along the index open uses for it, checking each entry as a read does
+/// (header against the index row, payload against the header's checksum). A damaged entry is
+/// listed with its reason and the walk goes on: the index says where the next entry starts.
+fn walk_indexed(file: &Path, index: &ClosedSegmentIndex) -> anyhow::Result<Walk> {
+    let mut reader = BufReader::with_capacity(SCAN_CHUNK_BYTES, open_read_only(file)?);
+    let mut entries = Vec::with_capacity(index.entries.len());
+    let mut bytes = Vec::new();
+    for indexed in &index.entries {
+        // The index decoded against this file's size and checked its rows run back to back
+        // from byte 0, so the reader is at `indexed.position` and the entry lies in the file.
+        bytes.resize(indexed.size_bytes as usize, 0);
+        reader.read_exact(&mut bytes).map_err(read_error(file))?;
+        entries.push(check_indexed_entry(indexed, &bytes));
+    }
+    Ok(Walk {
+        entries,
+        end_offset: Some(index.end_offset),
+        invalid: None,
+    })
+}
+
+/// One entry read along the index: the index's numbers, and why its bytes do not match if they
+/// do not.
+fn check_indexed_entry(indexed: &IndexedEntry, bytes: &[u8]) -> LogEntry {
+    let Some(header) = EntryHeader::decode(bytes) else {
+        unreachable!("an indexed entry is at least a header long");
+    };
+    let header_size_bytes = ENTRY_HEADER_SIZE as u64 + u64::from(header.length);
+    let damage = if header.base_offset != indexed.base_offset
+        || u64::from(header.message_count) != indexed.message_count
+        || header_size_bytes != indexed.size_bytes
+    {
+        Some(format!(
+            "header (offset {}, {} messages, {header_size_bytes} bytes) differs from the index \
+             (offset {}, {} messages, {} bytes)",
+            header.base_offset,
+            header.message_count,
+            indexed.base_offset,
+            indexed.message_count,
+            indexed.size_bytes
+        ))
+    } else {
+        check_entry_payload(&header, &bytes[ENTRY_HEADER_SIZE..]).err()
+    };
+    LogEntry {
+        position: indexed.position,
+        base_offset: indexed.base_offset,
+        message_count: indexed.message_count,
+        length_bytes: indexed.size_bytes - ENTRY_HEADER_SIZE as u64,
+        base_timestamp_us: header.base_timestamp_us,
+        checksum_ok: damage.is_none(),
+        damage,
+    }
+}
+
+/// The payload of a durable file (`durable_replace`: payload, then its XXH3-64 as a trailer), or
+/// why it does not verify.
+fn verified_payload(path: &Path) -> anyhow::Result<Result<Vec<u8>, String>> {
+    let mut bytes = match read_bounded(path, DURABLE_FILE_SIZE_MAX)? {
         Ok(bytes) => bytes,
         Err(size) => {
             return Ok(Err(format!(
@@ -182,73 +220,118 @@ fn check_index(
             bytes.len()
         )));
     };
-    let (payload, trailer) = bytes.split_at(payload_size);
     let mut stored = [0u8; TRAILER_SIZE];
-    stored.copy_from_slice(trailer);
+    stored.copy_from_slice(&bytes[payload_size..]);
     let stored = u64::from_le_bytes(stored);
-    let computed = XxHash3_64::oneshot(payload);
+    let computed = XxHash3_64::oneshot(&bytes[..payload_size]);
     if stored != computed {
         return Ok(Err(format!(
             "trailer at byte {payload_size} has {stored:#018x}, the payload hashes to \
              {computed:#018x}"
         )));
     }
-    if payload.len() < INDEX_HEADER_SIZE {
-        return Ok(Err(format!(
-            "{} payload bytes, shorter than the {INDEX_HEADER_SIZE}-byte index header",
-            payload.len()
-        )));
-    }
-    let u64_at = |at: usize| {
-        let mut field = [0u8; 8];
-        field.copy_from_slice(&payload[at..at + 8]);
-        u64::from_le_bytes(field)
-    };
-    if &payload[0..8] != INDEX_MAGIC {
-        return Ok(Err("bad magic".to_owned()));
-    }
-    let mut version = [0u8; 4];
-    version.copy_from_slice(&payload[8..12]);
-    let version = u32::from_le_bytes(version);
-    if version != INDEX_VERSION {
-        return Ok(Err(format!("version {version}, expected {INDEX_VERSION}")));
-    }
-    let checks = [
-        ("segment_base_offset", u64_at(16), base_offset),
-        ("segment_end_offset", u64_at(24), end_offset),
-        ("segment_size_bytes", u64_at(32), size_bytes),
-        ("row_count", u64_at(40), rows.len() as u64),
-    ];
-    for (field, stored, found) in checks {
-        if stored != found {
-            return Ok(Err(format!(
-                "{field} is {stored}, the segment's entries give {found}"
-            )));
-        }
-    }
-    if payload.len() != INDEX_HEADER_SIZE + rows.len() * INDEX_ROW_SIZE {
-        return Ok(Err(format!(
-            "{} payload bytes do not hold exactly {} rows",
-            payload.len(),
-            rows.len()
-        )));
-    }
-    for (row_index, &(row_offset, row_position)) in rows.iter().enumerate() {
-        let at = INDEX_HEADER_SIZE + row_index * INDEX_ROW_SIZE;
-        let stored = (u64_at(at), u64_at(at + 8));
-        if stored != (row_offset, row_position) {
-            return Ok(Err(format!(
-                "row {row_index} is (offset {}, byte {}), the entry is at (offset \
-                 {row_offset}, byte {row_position})",
-                stored.0, stored.1
-            )));
-        }
-    }
-    Ok(Ok(rows.len() as u64))
+    bytes.truncate(payload_size);
+    Ok(Ok(bytes))
 }
 
 fn index_path(dir: &Path, base_offset: u64) -> PathBuf {
     dir.join(format!("{base_offset:020}.index"))
+}
+
+/// Open's verdict on the index of a segment: `Ok` with the index when open uses it.
+fn judge_index(
+    file: &Path,
+    base_offset: Option<u64>,
+    last: bool,
+    size_bytes: u64,
+) -> anyhow::Result<(IndexCheck, Option<ClosedSegmentIndex>)> {
+    let Some(base_offset) = base_offset else {
+        return Ok((IndexCheck::Unknown, None));
+    };
+    let index_file = index_path(super::parent_dir(file), base_offset);
+    if !index_file.exists() {
+        return Ok((IndexCheck::Absent, None));
+    }
+    if last {
+        return Ok((IndexCheck::IgnoredByOpen, None));
+    }
+    let decided = verified_payload(&index_file)?
+        .and_then(|payload| closed_segment_index(&payload, base_offset, size_bytes));
+    Ok(match decided {
+        Ok(index) => (
+            IndexCheck::UsedByOpen {
+                row_count: index.entries.len() as u64,
+            },
+            Some(index),
+        ),
+        Err(reason) => (IndexCheck::RejectedByOpen { reason }, None),
+    })
+}
+
+/// The damage findings of one segment's walk.
+fn segment_damage(
+    file: &Path,
+    base_offset: Option<u64>,
+    last: bool,
+    size_bytes: u64,
+    walk: &Walk,
+    index: &IndexCheck,
+) -> Vec<Damage> {
+    let mut damage = Vec::new();
+    for entry in &walk.entries {
+        if let Some(reason) = &entry.damage {
+            damage.push(Damage::new(
+                file,
+                Some(entry.position),
+                format!(
+                    "{reason} (offsets {} to {}; in a closed segment whose index open uses: the \
+                     server boots, and polls return the messages before this entry, then fail at \
+                     it)",
+                    entry.base_offset,
+                    entry.base_offset + entry.message_count - 1
+                ),
+            ));
+        }
+    }
+    if let Some((position, reason)) = &walk.invalid {
+        if last {
+            damage.push(Damage {
+                torn_tail: true,
+                ..Damage::new(
+                    file,
+                    Some(*position),
+                    format!(
+                        "{reason}; a torn tail of {} bytes in the last segment, which open would \
+                         truncate (or interior damage, which FORMAT.md section 3 cannot tell \
+                         apart)",
+                        size_bytes - position
+                    ),
+                )
+            });
+        } else {
+            damage.push(Damage::new(
+                file,
+                Some(*position),
+                format!(
+                    "{reason} (in a closed segment without an index open can use: open rescans \
+                     it and refuses to boot)"
+                ),
+            ));
+        }
+    } else if let IndexCheck::RejectedByOpen { reason } = index
+        && let Some(base_offset) = base_offset
+    {
+        let index_file = index_path(super::parent_dir(file), base_offset);
+        damage.push(Damage::new(
+            &index_file,
+            None,
+            format!(
+                "index not used by open: {reason} (open rescans the segment, which is intact, \
+                 and rewrites the index)"
+            ),
+        ));
+    }
+    damage
 }
 
 pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SegmentReport, Vec<Damage>)> {
@@ -268,17 +351,14 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SegmentReport, Vec<Damage>
         ));
     }
     let mut segments = Vec::new();
-    let (mut entry_count, mut message_count, mut size_bytes) = (0u64, 0u64, 0u64);
-    let mut next_offset: Option<u64> = None;
+    let mut size_bytes = 0u64;
+    // A partition directory starts at offset 0; a lone file is checked from its own name. `None`
+    // once a segment ends where open cannot follow (it refuses to boot there already).
+    let mut expected: Option<u64> = if path.is_dir() { Some(0) } else { None };
+    let mut next_offset = None;
     let file_count = files.len();
     for (segment_index, (base_offset, file)) in files.into_iter().enumerate() {
         let last = final_is_last && segment_index + 1 == file_count;
-        // A partition directory starts at offset 0; a lone file is checked from its own name.
-        let expected = if path.is_dir() {
-            Some(next_offset.unwrap_or(0))
-        } else {
-            base_offset
-        };
         if let (Some(base_offset), Some(expected)) = (base_offset, expected)
             && base_offset != expected
         {
@@ -296,102 +376,46 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SegmentReport, Vec<Damage>
             .map_err(|error| anyhow::anyhow!("{}: cannot stat: {error}", file.display()))?
             .len();
         size_bytes += file_size_bytes;
-        let scan = scan(&file, base_offset.or(expected), file_size_bytes)?;
-        entry_count += scan.entries.len() as u64;
-        message_count += scan
-            .entries
-            .iter()
-            .map(|entry| u64::from(entry.message_count))
-            .sum::<u64>();
-        if let Some((position, reason)) = &scan.invalid {
-            if last {
-                damage.push(Damage {
-                    torn_tail: true,
-                    ..Damage::new(
-                        &file,
-                        Some(*position),
-                        format!(
-                            "{reason}; a torn tail of {} bytes in the last segment, which open \
-                             would truncate (or interior damage, which FORMAT.md section 3 \
-                             cannot tell apart)",
-                            file_size_bytes - position
-                        ),
-                    )
-                });
-            } else {
-                damage.push(Damage::new(
-                    &file,
-                    Some(*position),
-                    format!(
-                        "{reason} (in a closed segment: reads of it fail; open refuses it when the \
-                         segment must be rescanned, i.e. its index file is missing or stale)"
-                    ),
-                ));
-            }
-        }
-        let index = match base_offset {
-            None => IndexCheck::Unknown,
-            Some(base_offset) => {
-                let index_file = index_path(super::parent_dir(&file), base_offset);
-                if index_file.exists() {
-                    let rows: Rows = scan
-                        .entries
-                        .iter()
-                        .map(|entry| (entry.base_offset, entry.position))
-                        .collect();
-                    match check_index(
-                        &index_file,
-                        base_offset,
-                        file_size_bytes,
-                        scan.end_offset.max(base_offset),
-                        &rows,
-                    )? {
-                        Ok(row_count) => IndexCheck::Matches { row_count },
-                        Err(reason) => {
-                            let ignored_by_open = last || scan.invalid.is_some();
-                            if !ignored_by_open {
-                                damage.push(Damage::new(
-                                    &index_file,
-                                    None,
-                                    format!(
-                                        "index does not match its closed segment: {reason} \
-                                         (open would rescan the segment and rewrite the index)"
-                                    ),
-                                ));
-                            }
-                            IndexCheck::Mismatch {
-                                reason,
-                                ignored_by_open,
-                            }
-                        }
-                    }
-                } else {
-                    IndexCheck::Absent
-                }
-            }
+        let (index, used_index) = judge_index(&file, base_offset, last, file_size_bytes)?;
+        let walk = match &used_index {
+            Some(used_index) => walk_indexed(&file, used_index)?,
+            None => scan(&file, base_offset.or(expected), file_size_bytes)?,
         };
-        next_offset = Some(if scan.entries.is_empty() {
-            base_offset.or(expected).unwrap_or(0)
+        damage.extend(segment_damage(
+            &file,
+            base_offset,
+            last,
+            file_size_bytes,
+            &walk,
+            &index,
+        ));
+        let end_offset = walk.end_offset.or(base_offset);
+        next_offset = end_offset.or(next_offset);
+        expected = if walk.invalid.is_some() && !last {
+            None
         } else {
-            scan.end_offset
-        });
-        debug_assert!(scan.end_position <= file_size_bytes);
+            end_offset
+        };
         segments.push(LogSegment {
             file: file.display().to_string(),
             base_offset,
             size_bytes: file_size_bytes,
             last,
-            entries: scan.entries,
+            entries: walk.entries,
             index,
         });
     }
+    let entries = || segments.iter().flat_map(|segment| &segment.entries);
+    let damaged = || entries().filter(|entry| !entry.checksum_ok);
     let report = SegmentReport {
         segment_count: segments.len(),
-        segments,
-        entry_count,
-        message_count,
+        entry_count: entries().count() as u64,
+        message_count: entries().map(|entry| entry.message_count).sum(),
+        damaged_entry_count: damaged().count() as u64,
+        damaged_message_count: damaged().map(|entry| entry.message_count).sum(),
         next_offset,
         size_bytes,
+        segments,
     };
     Ok((report, damage))
 }
@@ -401,18 +425,15 @@ impl Report for SegmentReport {
         for segment in &self.segments {
             let index = match &segment.index {
                 IndexCheck::Absent => "no index".to_owned(),
-                IndexCheck::Matches { row_count } => format!("index matches ({row_count} rows)"),
-                IndexCheck::Mismatch {
-                    reason,
-                    ignored_by_open,
-                } => format!(
-                    "index does NOT match{}: {reason}",
-                    if *ignored_by_open {
-                        " (ignored by open)"
-                    } else {
-                        ""
-                    }
-                ),
+                IndexCheck::UsedByOpen { row_count } => {
+                    format!("index used by open ({row_count} rows)")
+                }
+                IndexCheck::RejectedByOpen { reason } => {
+                    format!("index NOT used by open (it rescans the segment): {reason}")
+                }
+                IndexCheck::IgnoredByOpen => {
+                    "index ignored by open (the last segment is scanned)".to_owned()
+                }
                 IndexCheck::Unknown => "index not checked (unnumbered file)".to_owned(),
             };
             let _ = writeln!(
@@ -443,9 +464,18 @@ impl Report for SegmentReport {
         let next_offset = self
             .next_offset
             .map_or_else(|| "-".to_owned(), |offset| offset.to_string());
+        let damaged = if self.damaged_entry_count == 0 {
+            String::new()
+        } else {
+            format!(
+                " ({} damaged entries holding {} messages)",
+                self.damaged_entry_count, self.damaged_message_count
+            )
+        };
         let _ = writeln!(
             out,
-            "summary: {} segment(s), {} entries, {} messages, next_offset {next_offset}, {} bytes",
+            "summary: {} segment(s), {} entries, {} messages{damaged}, next_offset {next_offset}, \
+             {} bytes",
             self.segment_count, self.entry_count, self.message_count, self.size_bytes
         );
     }

@@ -1,0 +1,117 @@
+//! The validity rules `PartitionLog::open` applies to segment entries and index files
+//! (`storage/FORMAT.md` sections 3 and 4), public so that offline checkers (`shardline inspect
+//! segment`) reach the same verdicts as open instead of keeping a copy of the rules. Pure
+//! functions: no I/O, and no rule here that open does not use itself.
+
+use super::index::SegmentIndex;
+use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, payload_checksum};
+use crate::limits::ENTRY_SIZE_MAX;
+
+/// Checks an entry header read at a position with `bytes_left` bytes to the end of the segment,
+/// where the entry must start at offset `expected_base_offset`: the entry is at most
+/// `ENTRY_SIZE_MAX`, holds at least one message, starts at the expected offset, does not overflow
+/// the offset space, and fits in the bytes left. Returns the entry's size in bytes (header
+/// included). The payload checksum is `check_entry_payload`.
+///
+/// # Errors
+/// A sentence naming the rule the header breaks (the scan of open stops there).
+pub fn check_entry_header(
+    header: &EntryHeader,
+    expected_base_offset: u64,
+    bytes_left: u64,
+) -> Result<u64, String> {
+    let entry_size = ENTRY_HEADER_SIZE as u64 + u64::from(header.length);
+    if entry_size > u64::from(ENTRY_SIZE_MAX) {
+        return Err(format!(
+            "entry of {entry_size} bytes exceeds the {ENTRY_SIZE_MAX}-byte limit"
+        ));
+    }
+    if header.message_count == 0 {
+        return Err("message_count is 0".to_owned());
+    }
+    if header.base_offset != expected_base_offset {
+        return Err(format!(
+            "base offset {} where offset {expected_base_offset} was expected",
+            header.base_offset
+        ));
+    }
+    if expected_base_offset
+        .checked_add(u64::from(header.message_count))
+        .is_none()
+    {
+        return Err(format!(
+            "{} messages at offset {expected_base_offset} overflow the offset space",
+            header.message_count
+        ));
+    }
+    if entry_size > bytes_left {
+        return Err(format!(
+            "entry of {entry_size} bytes but only {bytes_left} bytes left"
+        ));
+    }
+    Ok(entry_size)
+}
+
+/// Checks an entry's payload against the XXH3-64 checksum in its header.
+///
+/// # Errors
+/// A sentence with both checksums when they differ.
+pub fn check_entry_payload(header: &EntryHeader, payload: &[u8]) -> Result<(), String> {
+    let computed = payload_checksum(payload);
+    if computed != header.checksum {
+        return Err(format!(
+            "payload checksum {computed:#018x} differs from the header's {:#018x}",
+            header.checksum
+        ));
+    }
+    Ok(())
+}
+
+/// One entry as a segment's index file describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexedEntry {
+    pub base_offset: u64,
+    pub message_count: u64,
+    /// Byte position of the entry in its segment file.
+    pub position: u64,
+    /// Bytes of the entry, header included.
+    pub size_bytes: u64,
+}
+
+/// What a usable index file says about its closed segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClosedSegmentIndex {
+    /// One past the segment's last offset.
+    pub end_offset: u64,
+    pub entries: Vec<IndexedEntry>,
+}
+
+/// The decision open makes about a closed segment's index file, given its payload (the file
+/// without its verified durable trailer): `Ok` when open uses it as the segment's index (and
+/// does not scan the segment; reads then check each entry they return), `Err` when open rescans
+/// the segment and rewrites the index.
+///
+/// # Errors
+/// Why open does not use the index (a sentence).
+pub fn closed_segment_index(
+    payload: &[u8],
+    base_offset: u64,
+    segment_size_bytes: u64,
+) -> Result<ClosedSegmentIndex, String> {
+    let index = SegmentIndex::decode(payload, base_offset, segment_size_bytes)?;
+    let entries = (0..index.rows.len())
+        .map(|row_index| {
+            let row = index.rows[row_index];
+            IndexedEntry {
+                base_offset: row.base_offset,
+                message_count: index.entry_end_offset(row_index) - row.base_offset,
+                position: row.position,
+                size_bytes: index.entry_end_position(row_index) - row.position,
+            }
+        })
+        .collect();
+    Ok(ClosedSegmentIndex {
+        end_offset: index.end_offset,
+        entries,
+    })
+}
