@@ -35,6 +35,12 @@ pub const APPEND_QUEUE_ENTRY_COUNT_MAX: usize = 16 * 1024;
 /// entries, enough to keep a disk busy while bounding memory per partition.
 pub const APPEND_QUEUE_BYTES_MAX: usize = 4 * ENTRY_SIZE_MAX as usize;
 
+/// Stamped batches (idempotent producers) that opening a log reports from its last segment, the
+/// most recent ones: 64 Ki x 32 bytes = 2 MiB per log at most, held while the owner shard folds
+/// them into its producer table. A producer whose last batch is older than these is not
+/// remembered after a restart (its next batch is taken as a first batch).
+pub const RECOVERED_PRODUCER_BATCH_COUNT_MAX: usize = 64 * 1024;
+
 const _: () = assert!(ENTRY_SIZE_MAX as usize > ENTRY_HEADER_SIZE);
 // A single maximal entry must always be accepted by an empty queue.
 const _: () = assert!(APPEND_QUEUE_BYTES_MAX >= ENTRY_SIZE_MAX as usize);

@@ -81,7 +81,8 @@ fn append_and_read_back_exact_bytes_and_offsets() {
                 entry_count: 0,
                 next_offset: 0,
                 truncated_bytes: 0,
-                scanned_segment_count: 0
+                scanned_segment_count: 0,
+                producer_batches: Vec::new(),
             }
         );
         let mut expected = Vec::new();
@@ -259,7 +260,8 @@ fn restart_recovers_next_offset_and_bytes() {
                 entry_count: 7,
                 next_offset: 21,
                 truncated_bytes: 0,
-                scanned_segment_count: 1
+                scanned_segment_count: 1,
+                producer_batches: Vec::new(),
             }
         );
         assert_eq!(log.next_offset(), 21);
@@ -351,7 +353,8 @@ fn check_recovered(dir: &Path, kept: &[Vec<u8>], truncated_bytes: u64) {
                 entry_count: kept.len() as u64,
                 next_offset,
                 truncated_bytes,
-                scanned_segment_count: 1
+                scanned_segment_count: 1,
+                producer_batches: Vec::new(),
             }
         );
         let kept_bytes = kept.concat();

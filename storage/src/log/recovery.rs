@@ -14,8 +14,8 @@ use crate::durable::{
     DurableError, create_dir_durable, durable_replace, list_dir_names, read_exact_append,
     read_verified, sync_dir,
 };
-use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, payload_checksum};
-use crate::limits::{ENTRY_SIZE_MAX, SCAN_CHUNK_BYTES};
+use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, ProducerBatch, payload_checksum, producer_stamp};
+use crate::limits::{ENTRY_SIZE_MAX, RECOVERED_PRODUCER_BATCH_COUNT_MAX, SCAN_CHUNK_BYTES};
 
 /// `{base_offset:020}.log` in `dir`.
 pub(super) fn segment_path(dir: &Path, base_offset: u64) -> PathBuf {
@@ -101,8 +101,10 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
 
     let path = segment_path(dir, last_base_offset);
     check_follows(&path, last_base_offset, expected_base_offset)?;
-    let (segment, truncated_bytes) = open_last_segment(path, last_base_offset).await?;
+    let (segment, truncated_bytes, producer_batches) =
+        open_last_segment(path, last_base_offset).await?;
     report.scanned_segment_count += 1;
+    report.producer_batches = producer_batches;
     report.truncated_bytes = truncated_bytes;
     report.entry_count += segment.index.rows.len() as u64;
     report.next_offset = segment.index.end_offset;
@@ -225,8 +227,11 @@ async fn open_closed_segment(
 }
 
 /// Opens the last segment read-write and scans it; the first invalid entry starts a torn tail,
-/// which is truncated and fsynced. Returns the bytes cut.
-async fn open_last_segment(path: PathBuf, base_offset: u64) -> Result<(Segment, u64), LogError> {
+/// which is truncated and fsynced. Returns the bytes cut and the stamped batches kept.
+async fn open_last_segment(
+    path: PathBuf,
+    base_offset: u64,
+) -> Result<(Segment, u64, Vec<ProducerBatch>), LogError> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -264,6 +269,7 @@ async fn open_last_segment(path: PathBuf, base_offset: u64) -> Result<(Segment, 
             index: scan.index,
         },
         truncated_bytes,
+        scan.producer_batches.into(),
     ))
 }
 
@@ -279,11 +285,14 @@ struct Scan {
     /// Every valid entry before the first invalid one.
     index: SegmentIndex,
     invalid: Option<Invalid>,
+    /// The last `RECOVERED_PRODUCER_BATCH_COUNT_MAX` stamped entries among the valid ones.
+    producer_batches: std::collections::VecDeque<ProducerBatch>,
 }
 
 /// Reads a segment entry by entry, checking each: the header fits, the entry is at most
 /// `ENTRY_SIZE_MAX`, `message_count >= 1`, `base_offset` is the next expected offset, the payload
 /// fits, and its XXH3-64 equals the header's checksum. Stops at the first entry that fails.
+/// Keeps the producer stamps of the last valid entries (bounded).
 async fn scan_segment(
     file: &File,
     path: &Path,
@@ -291,6 +300,7 @@ async fn scan_segment(
     size_bytes: u64,
 ) -> Result<Scan, LogError> {
     let mut index = SegmentIndex::empty(base_offset);
+    let mut producer_batches = std::collections::VecDeque::new();
     let mut reader = ChunkReader {
         file,
         size_bytes,
@@ -355,9 +365,24 @@ async fn scan_segment(
                 header.checksum
             ));
         }
+        if let Some((producer, sequence)) = producer_stamp(payload) {
+            if producer_batches.len() == RECOVERED_PRODUCER_BATCH_COUNT_MAX {
+                producer_batches.pop_front();
+            }
+            producer_batches.push_back(ProducerBatch {
+                producer,
+                sequence,
+                message_count: header.message_count,
+                base_offset: header.base_offset,
+            });
+        }
         index.push(header.base_offset, header.message_count, entry_size);
     };
-    Ok(Scan { index, invalid })
+    Ok(Scan {
+        index,
+        invalid,
+        producer_batches,
+    })
 }
 
 /// Sequential reads of a file in [`SCAN_CHUNK_BYTES`] chunks, reusing one buffer.
