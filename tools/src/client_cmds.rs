@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use bus::{BatchBuilder, Client, Namespace};
+use bus::{BatchBuilder, Client, Namespace, Producer};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct AddrArgs {
@@ -198,7 +198,9 @@ pub fn send(args: &SendArgs) -> anyhow::Result<()> {
     }
     let namespace = args.partition.namespace();
     block_on(async move {
-        let mut client = connect(args.partition.addr.addr).await?;
+        // An idempotent producer with a random id per invocation: a batch whose reply is lost
+        // (reconnect, server restart) is resent and appended once.
+        let mut producer = Producer::new(connect(args.partition.addr.addr).await?);
         let mut sent = 0usize;
         let mut first_offset = None;
         for chunk in lines.chunks(args.batch as usize) {
@@ -207,7 +209,10 @@ pub fn send(args: &SendArgs) -> anyhow::Result<()> {
             for (index, line) in chunk.iter().enumerate() {
                 builder.push((sent + index) as u64, now_us(), line.as_bytes());
             }
-            let ack = client.send_messages(namespace, builder.finish()).await?;
+            let ack = producer
+                .send(namespace, builder)
+                .await
+                .with_context(|| format!("{sent} messages were acknowledged before this batch"))?;
             first_offset.get_or_insert(ack.base_offset);
             sent += chunk.len();
         }

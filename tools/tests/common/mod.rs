@@ -32,7 +32,21 @@ impl Server {
         Self::start_with(Command::new(BIN), data_dir, extra)
     }
 
-    pub fn start_with(mut command: Command, data_dir: &Path, extra: &[&str]) -> Server {
+    pub fn start_with(command: Command, data_dir: &Path, extra: &[&str]) -> Server {
+        Self::try_start_on(command, data_dir, "127.0.0.1:0", extra).unwrap_or_else(|stderr| {
+            panic!("server did not start; stderr:\n{stderr}");
+        })
+    }
+
+    /// Starts `shardline serve --listen LISTEN --data-dir DIR` plus `extra` args; the server's
+    /// stderr if it exits or does not report listening within 60 s (e.g. the port of a server
+    /// just killed is not free yet).
+    pub fn try_start_on(
+        mut command: Command,
+        data_dir: &Path,
+        listen: &str,
+        extra: &[&str],
+    ) -> Result<Server, String> {
         let stderr_log = data_dir.with_extension(format!("stderr.{}.log", std::process::id()));
         let stderr_file = std::fs::OpenOptions::new()
             .create(true)
@@ -40,7 +54,7 @@ impl Server {
             .open(&stderr_log)
             .unwrap();
         let mut child = command
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .args(["serve", "--listen", listen, "--data-dir"])
             .arg(data_dir)
             .args(extra)
             .env("RUST_LOG", "info")
@@ -61,21 +75,18 @@ impl Server {
         let Ok(line) = rx.recv_timeout(Duration::from_mins(1)) else {
             let _ = child.kill();
             let _ = child.wait();
-            panic!(
-                "server did not start; stderr:\n{}",
-                std::fs::read_to_string(&stderr_log).unwrap_or_default()
-            );
+            return Err(std::fs::read_to_string(&stderr_log).unwrap_or_default());
         };
         let addr = line
             .strip_prefix("listening on ")
             .unwrap_or_else(|| panic!("unexpected first stdout line {line:?}"))
             .parse()
             .unwrap();
-        Server {
+        Ok(Server {
             child,
             addr,
             stderr_log,
-        }
+        })
     }
 
     pub fn pid(&self) -> u32 {
