@@ -469,12 +469,7 @@ impl<'a> BatchView<'a> {
             header_sequence: sequence,
             batch: stamp.map_or_else(
                 || "no producer stamp".to_owned(),
-                |stamp| {
-                    format!(
-                        "producer {} sequence {}",
-                        stamp.producer, stamp.sequence
-                    )
-                },
+                |stamp| format!("producer {} sequence {}", stamp.producer, stamp.sequence),
             ),
         })
     }
@@ -754,7 +749,10 @@ mod tests {
         builder.push(2, 101, b"two");
         let mut batch = builder.finish_stamped(stamp);
         assert_eq!(batch.len(), 32 + 2 * 32 + 6 + PRODUCER_STAMP_SIZE);
-        assert_eq!(&batch[batch.len() - 16..batch.len() - 8], &0xABCDu64.to_le_bytes());
+        assert_eq!(
+            &batch[batch.len() - 16..batch.len() - 8],
+            &0xABCDu64.to_le_bytes()
+        );
         assert_eq!(&batch[batch.len() - 8..], &41u64.to_le_bytes());
         assert_eq!(&batch[32 + 12..32 + 16], &1u32.to_le_bytes());
         set_base_offset(&mut batch, 7);

@@ -19,8 +19,9 @@ pub mod reply;
 pub mod wire;
 
 pub use batch::{
-    BATCH_HEADER_SIZE, BatchBuilder, BatchError, BatchHeader, BatchView, MESSAGE_FLAG_PRODUCER_STAMP,
-    MESSAGE_HEADER_SIZE, MessageHeader, MessageView, PRODUCER_STAMP_SIZE, ProducerStamp,
+    BATCH_HEADER_SIZE, BatchBuilder, BatchError, BatchHeader, BatchView,
+    MESSAGE_FLAG_PRODUCER_STAMP, MESSAGE_HEADER_SIZE, MessageHeader, MessageView,
+    PRODUCER_STAMP_SIZE, ProducerStamp,
 };
 pub use client::{Client, ClientError, SendAck};
 pub use command::{Command, ErrorCode, Operation};

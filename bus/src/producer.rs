@@ -21,7 +21,8 @@ use crate::namespace::Namespace;
 #[derive(Debug)]
 pub struct Producer {
     client: Client,
-    producer_id: u64,
+    /// Producer id of the current session (never 0).
+    id: u64,
     /// Per partition: the sequence number of the next message this session sends there.
     sequence_next: HashMap<Namespace, u64>,
     /// A send started and has not finished: if it is still set when the next send starts, that
@@ -59,7 +60,7 @@ impl Producer {
         assert_ne!(producer_id, 0, "producer id 0 means not idempotent");
         Producer {
             client,
-            producer_id,
+            id: producer_id,
             sequence_next: HashMap::new(),
             send_in_flight: false,
         }
@@ -68,14 +69,14 @@ impl Producer {
     /// Starts a new session: a fresh id, every partition's sequence back to 0.
     fn new_session(&mut self, why: &dyn std::fmt::Display) {
         let producer_id = producer_id_new();
-        tracing::debug!(old = self.producer_id, new = producer_id, %why, "starting a new producer session");
-        self.producer_id = producer_id;
+        tracing::debug!(old = self.id, new = producer_id, %why, "starting a new producer session");
+        self.id = producer_id;
         self.sequence_next.clear();
     }
 
     /// This session's producer id (changes after a failed send).
     pub fn producer_id(&self) -> u64 {
-        self.producer_id
+        self.id
     }
 
     /// The sequence number the next batch to `namespace` gets.
@@ -110,7 +111,7 @@ impl Producer {
             self.new_session(&"the previous send was cancelled");
         }
         let stamp = ProducerStamp {
-            producer: self.producer_id,
+            producer: self.id,
             sequence: self.sequence_next(namespace),
         };
         let message_count = builder.message_count();

@@ -898,8 +898,8 @@ fn send_messages_is_not_resent_after_a_connection_failure() {
 fn sent(request: &Frame, offset: u64) -> Vec<u8> {
     let mut header = reply_header(&request.header);
     header.offset = offset;
-    header.count = bus::BatchView::parse(&request.body)
-        .map_or(0, |batch| batch.header.message_count);
+    header.count =
+        bus::BatchView::parse(&request.body).map_or(0, |batch| batch.header.message_count);
     encode_frame(&mut header, b"")
 }
 
@@ -978,7 +978,10 @@ fn issue7_5_producer_numbers_sequences_per_partition_and_renews_after_a_failure(
         producer.send(a, batch(3)).await.unwrap();
         producer.send(a, batch(2)).await.unwrap();
         producer.send(b, batch(1)).await.unwrap();
-        assert_eq!((producer.sequence_next(a), producer.sequence_next(b)), (5, 1));
+        assert_eq!(
+            (producer.sequence_next(a), producer.sequence_next(b)),
+            (5, 1)
+        );
         let error = producer.send(a, batch(1)).await.unwrap_err();
         assert!(
             matches!(

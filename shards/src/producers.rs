@@ -390,7 +390,8 @@ mod tests {
     #[test]
     fn issue7_5_restore_keeps_the_last_window_per_producer() {
         let mut table = ProducerTable::default();
-        let batches: Vec<ProducerBatch> = (0..8u64).map(|index| batch(7, index, 1, index)).collect();
+        let batches: Vec<ProducerBatch> =
+            (0..8u64).map(|index| batch(7, index, 1, index)).collect();
         assert_eq!(table.restore(PARTITION, &batches), 0);
         assert_eq!(
             table.check(PARTITION, 7, 7, 1),

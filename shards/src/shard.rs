@@ -1148,7 +1148,10 @@ mod tests {
 
     #[test]
     fn issue7_5_storage_reads_the_producer_stamp_bus_writes() {
-        assert_eq!(storage::entry::PRODUCER_STAMP_SIZE, bus::PRODUCER_STAMP_SIZE);
+        assert_eq!(
+            storage::entry::PRODUCER_STAMP_SIZE,
+            bus::PRODUCER_STAMP_SIZE
+        );
         assert_eq!(
             storage::entry::PAYLOAD_FLAG_PRODUCER_STAMP,
             bus::MESSAGE_FLAG_PRODUCER_STAMP

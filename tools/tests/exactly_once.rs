@@ -211,7 +211,11 @@ fn issue7_5_producer_state_is_recovered_from_the_log_after_restart() {
                 .send_stamped(PARTITION, first, stamp(11, 0))
                 .await
                 .unwrap();
-            assert_eq!((again.base_offset, again.message_count), (0, 3), "kill {kill}");
+            assert_eq!(
+                (again.base_offset, again.message_count),
+                (0, 3),
+                "kill {kill}"
+            );
             let (code, _) = server_error(
                 client
                     .send_stamped(PARTITION, stamped(stamp(11, 4), &["gap"]), stamp(11, 4))
@@ -270,12 +274,18 @@ fn run_producer(addr: SocketAddr, producer_index: u16, stop: &AtomicBool) -> Vec
                 );
             }
             let producer_id = producer.producer_id();
-            let ack = producer.send(namespace, builder).await.unwrap_or_else(|error| {
-                panic!("producer {producer_index} batch {batch} (id {producer_id}) failed: {error}")
-            });
+            let ack = producer
+                .send(namespace, builder)
+                .await
+                .unwrap_or_else(|error| {
+                    panic!(
+                        "producer {producer_index} batch {batch} (id {producer_id}) failed: {error}"
+                    )
+                });
             assert_eq!(ack.message_count, MESSAGES_PER_BATCH);
-            acknowledged
-                .extend((0..MESSAGES_PER_BATCH).map(|index| message_payload(producer_index, batch, index)));
+            acknowledged.extend(
+                (0..MESSAGES_PER_BATCH).map(|index| message_payload(producer_index, batch, index)),
+            );
             if stopping {
                 return acknowledged;
             }
@@ -330,7 +340,10 @@ fn issue7_5_kill_9_during_idempotent_sends_stores_every_message_exactly_once() {
         let mut client = Client::connect(addr).await.unwrap();
         let mut stored: BTreeMap<u16, Vec<String>> = BTreeMap::new();
         for partition_id in 0..PARTITION_COUNT {
-            stored.insert(partition_id, payloads(&mut client, partition(partition_id)).await);
+            stored.insert(
+                partition_id,
+                payloads(&mut client, partition(partition_id)).await,
+            );
         }
         for (producer_index, sent) in acknowledged.iter().enumerate() {
             let producer_index = producer_index as u16;
@@ -348,7 +361,10 @@ fn issue7_5_kill_9_during_idempotent_sends_stores_every_message_exactly_once() {
         }
         let total_stored: usize = stored.values().map(Vec::len).sum();
         let total_sent: usize = acknowledged.iter().map(Vec::len).sum();
-        assert_eq!(total_stored, total_sent, "messages no producer acknowledged");
+        assert_eq!(
+            total_stored, total_sent,
+            "messages no producer acknowledged"
+        );
     });
     assert_eq!(server.stop(), Some(0));
 }

@@ -14,7 +14,9 @@ use crate::durable::{
     DurableError, create_dir_durable, durable_replace, list_dir_names, read_exact_append,
     read_verified, sync_dir,
 };
-use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, ProducerBatch, payload_checksum, producer_stamp};
+use crate::entry::{
+    ENTRY_HEADER_SIZE, EntryHeader, ProducerBatch, payload_checksum, producer_stamp,
+};
 use crate::limits::{ENTRY_SIZE_MAX, RECOVERED_PRODUCER_BATCH_COUNT_MAX, SCAN_CHUNK_BYTES};
 
 /// `{base_offset:020}.log` in `dir`.
