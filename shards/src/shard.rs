@@ -56,7 +56,7 @@ pub struct Shard {
     metadata: RefCell<Arc<MetadataState>>,
     partitions: RefCell<AHashMap<Namespace, Rc<PartitionLog>>>,
     /// Idempotent producers of the partitions this shard owns (`producers.rs`), rebuilt from
-    /// each log's last segment on open.
+    /// each log's tail on open (`RecoveryReport::producer_batches`).
     producers: RefCell<ProducerTable>,
     pending: RefCell<AHashMap<u64, TxOneshot<ShardReply>>>,
     request_id_next: Cell<u64>,

@@ -24,10 +24,13 @@ fn always() -> LogConfig {
     config(FsyncPolicy::Always, 1 << 30)
 }
 
-/// A payload of `size` bytes that differs per `seed`.
+/// A payload of `size` bytes that differs per `seed`. Bit 0 of byte 12 is kept clear: set, it
+/// would mark the entry as carrying a producer stamp (`storage/FORMAT.md` section 3).
 fn payload(seed: u64, size: usize) -> Vec<u8> {
     (0..size)
         .map(|index| (seed as usize * 31 + index * 7) as u8)
+        .enumerate()
+        .map(|(index, byte)| if index == 12 { byte & !1 } else { byte })
         .collect()
 }
 

@@ -1,4 +1,5 @@
-//! Issue 7 item 5: opening a log reports the producer stamps of the last segment's entries, so the
+//! Issue 7 item 5: opening a log reports the producer stamps of the last segment's entries (and of
+//! the tail of the segment before it), so the
 //! owner shard can rebuild its idempotent-producer table after a restart (`storage/FORMAT.md`
 //! section 3, "Producer stamp").
 
@@ -97,14 +98,43 @@ fn issue7_5_a_torn_stamped_entry_is_not_reported() {
 }
 
 #[test]
-fn issue7_5_only_the_last_segment_is_scanned_for_stamps() {
+fn issue7_5_the_last_segment_and_the_tail_of_the_one_before_are_scanned() {
     let dir = tempfile::tempdir().unwrap();
     // Each entry is 32 + 32 + 10 + 16 = 90 bytes: a 100-byte segment holds one.
     block_on(async {
         let (log, _) = PartitionLog::open(dir.path(), config(100)).await.unwrap();
         append(&log, Some((7, 0)), 1).await;
         append(&log, Some((8, 0)), 2).await;
+        append(&log, Some((9, 5)), 1).await;
         log.close().await.unwrap();
-        assert_eq!(reopen(dir.path(), 100).await, vec![batch(8, 0, 2, 1)]);
+        // Segments 0, 1 and 3: the first is not read for stamps.
+        assert_eq!(
+            reopen(dir.path(), 100).await,
+            vec![batch(8, 0, 2, 1), batch(9, 5, 1, 3)]
+        );
+    });
+}
+
+#[test]
+fn issue7_5_only_the_last_mebibyte_of_the_previous_segment_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let segment_size_max = 3 << 20;
+    block_on(async {
+        let (log, _) = PartitionLog::open(dir.path(), config(segment_size_max))
+            .await
+            .unwrap();
+        // Entries of 32 + 32 + 600_000 + 16 bytes: five fill the first segment (3_000_400
+        // bytes), the sixth rolls. The last MiB of the first segment starts at 1_954_752,
+        // so only its fifth entry (at 2_400_320) starts there.
+        for sequence in 0..6 {
+            log.append(build_entry(0, 1, &payload(Some((7, sequence)), 600_000)))
+                .await
+                .unwrap();
+        }
+        log.close().await.unwrap();
+        assert_eq!(
+            reopen(dir.path(), segment_size_max).await,
+            vec![batch(7, 4, 1, 4), batch(7, 5, 1, 5)]
+        );
     });
 }
