@@ -183,12 +183,21 @@ fn issue7_5_batches_older_than_the_window_are_refused() {
     });
 }
 
+/// With 4 KiB segments, a plain batch larger than that after the producer's batch takes a segment
+/// of its own: the producer's batch is then in the segment before the last, whose tail recovery
+/// reads too.
 #[test]
 fn issue7_5_producer_state_is_recovered_from_the_log_after_restart() {
+    let big = "x".repeat(5000);
     for kill in [false, true] {
         let dir = tempfile::tempdir().unwrap();
         let data_dir = dir.path().join("data");
-        let server = Server::start(&data_dir, &SERVE_ARGS);
+        let serve_args: Vec<&str> = SERVE_ARGS
+            .iter()
+            .chain(&["--segment-size", "4096"])
+            .copied()
+            .collect();
+        let server = Server::start(&data_dir, &serve_args);
         create_topic(server.addr, 1);
         let first = stamped(stamp(11, 0), &["a", "b", "c"]);
         block_on(async {
@@ -198,13 +207,32 @@ fn issue7_5_producer_state_is_recovered_from_the_log_after_restart() {
                 .await
                 .unwrap();
             assert_eq!(ack.base_offset, 0);
+            let mut plain = BatchBuilder::default();
+            plain.push(0, 0, big.as_bytes());
+            let ack = client
+                .send_messages(PARTITION, plain.finish())
+                .await
+                .unwrap();
+            assert_eq!(ack.base_offset, 3);
         });
         if kill {
             server.kill9();
         } else {
             assert_eq!(server.stop(), Some(0));
         }
-        let server = Server::start(&data_dir, &SERVE_ARGS);
+        let segments = std::fs::read_dir(data_dir.join("partitions/1/1/0"))
+            .unwrap()
+            .filter(|entry| {
+                entry
+                    .as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|extension| extension == "log")
+            })
+            .count();
+        assert_eq!(segments, 2, "the big batch rolled the log");
+        let server = Server::start(&data_dir, &serve_args);
         block_on(async {
             let mut client = Client::connect(server.addr).await.unwrap();
             let again = client
@@ -226,14 +254,77 @@ fn issue7_5_producer_state_is_recovered_from_the_log_after_restart() {
                 .send_stamped(PARTITION, stamped(stamp(11, 3), &["d"]), stamp(11, 3))
                 .await
                 .unwrap();
-            assert_eq!(next.base_offset, 3, "kill {kill}");
+            assert_eq!(next.base_offset, 4, "kill {kill}");
             assert_eq!(
                 payloads(&mut client, PARTITION).await,
-                vec!["a", "b", "c", "d"],
+                vec!["a", "b", "c", big.as_str(), "d"],
                 "kill {kill}"
             );
         });
     }
+}
+
+/// Runs `shardline send` for the partition with `input` on stdin and `--batch 2`; returns the
+/// exit code and the trimmed stdout.
+fn cli_send(addr: SocketAddr, input: &str) -> (Option<i32>, String) {
+    use std::io::Write;
+    let mut child = Command::new(BIN)
+        .args([
+            "send", "--stream", "1", "--topic", "1", "--batch", "2", "--addr",
+        ])
+        .arg(addr.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    (
+        output.status.code(),
+        String::from_utf8(output.stdout).unwrap().trim().to_owned(),
+    )
+}
+
+#[test]
+fn issue7_5_cli_send_stamps_batches_with_a_new_producer_per_invocation() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &SERVE_ARGS);
+    create_topic(server.addr, 1);
+    assert_eq!(cli_send(server.addr, "a\nb\nc\n").0, Some(0));
+    assert_eq!(cli_send(server.addr, "d\n").0, Some(0));
+    block_on(async {
+        let mut client = Client::connect(server.addr).await.unwrap();
+        let body = client.poll_messages(PARTITION, 0, 100).await.unwrap();
+        let stamps: Vec<ProducerStamp> = bus::BatchView::parse_many(&body)
+            .unwrap()
+            .iter()
+            .map(|batch| {
+                batch
+                    .producer_stamp()
+                    .expect("the CLI sends stamped batches")
+            })
+            .collect();
+        assert_eq!(stamps.len(), 3, "batches of 2, 1 and 1 messages");
+        assert_eq!(
+            stamps
+                .iter()
+                .map(|stamp| stamp.sequence)
+                .collect::<Vec<_>>(),
+            vec![0, 2, 0]
+        );
+        assert_eq!(stamps[0].producer, stamps[1].producer);
+        assert_ne!(stamps[0].producer, stamps[2].producer);
+        assert!(stamps.iter().all(|stamp| stamp.producer != 0));
+        assert_eq!(
+            payloads(&mut client, PARTITION).await,
+            vec!["a", "b", "c", "d"]
+        );
+    });
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -296,11 +387,11 @@ fn run_producer(addr: SocketAddr, producer_index: u16, stop: &AtomicBool) -> Vec
 
 /// Restarts the server on `addr` (the port the producers reconnect to), retrying while the killed
 /// server's port is still taken.
-fn restart_on(data_dir: &Path, addr: SocketAddr) -> Server {
+fn restart_on(data_dir: &Path, addr: SocketAddr, serve_args: &[&str]) -> Server {
     let listen = addr.to_string();
     let mut last_stderr = String::new();
     for _ in 0..RESTART_ATTEMPTS_MAX {
-        match Server::try_start_on(Command::new(BIN), data_dir, &listen, &SERVE_ARGS) {
+        match Server::try_start_on(Command::new(BIN), data_dir, &listen, serve_args) {
             Ok(server) => return server,
             Err(stderr) => last_stderr = stderr,
         }
@@ -311,9 +402,21 @@ fn restart_on(data_dir: &Path, addr: SocketAddr) -> Server {
 
 #[test]
 fn issue7_5_kill_9_during_idempotent_sends_stores_every_message_exactly_once() {
+    kill_9_during_idempotent_sends(&[]);
+}
+
+/// The same with 4 KiB segments: a partition rolls every dozen batches, so resends after a
+/// restart also find their batch in the tail of the segment before the last.
+#[test]
+fn issue7_5_kill_9_during_idempotent_sends_across_segment_rolls_stores_every_message_once() {
+    kill_9_during_idempotent_sends(&["--segment-size", "4096"]);
+}
+
+fn kill_9_during_idempotent_sends(extra_args: &[&str]) {
+    let serve_args: Vec<&str> = SERVE_ARGS.iter().chain(extra_args).copied().collect();
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
-    let mut server = Server::start(&data_dir, &SERVE_ARGS);
+    let mut server = Server::start(&data_dir, &serve_args);
     let addr = server.addr;
     create_topic(addr, u32::from(PARTITION_COUNT));
 
@@ -328,7 +431,7 @@ fn issue7_5_kill_9_during_idempotent_sends_stores_every_message_exactly_once() {
         // Pacing only: whatever the timing, the data must check out below.
         std::thread::sleep(Duration::from_millis(300 + 100 * u64::from(cycle % 3)));
         server.kill9();
-        server = restart_on(&data_dir, addr);
+        server = restart_on(&data_dir, addr, &serve_args);
     }
     stop.store(true, Ordering::Release);
     let acknowledged: Vec<Vec<String>> = producers
