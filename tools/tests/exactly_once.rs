@@ -264,6 +264,52 @@ fn issue7_5_producer_state_is_recovered_from_the_log_after_restart() {
     }
 }
 
+/// The same stamped batch sent on two connections at once (two shards may route it): the owner
+/// shard checks and enqueues in one step, so it is appended once and both senders get its offset
+/// (one of them possibly after a `Busy` while the first append is in flight, which the client
+/// resends).
+#[test]
+fn issue7_5_concurrent_resends_of_one_batch_append_it_once() {
+    const ROUNDS: u64 = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &SERVE_ARGS);
+    create_topic(server.addr, 1);
+    let addr = server.addr;
+    for round in 0..ROUNDS {
+        let batch = stamped(stamp(21, round), &[&format!("round {round}")]);
+        let barrier = std::sync::Barrier::new(2);
+        let acks: Vec<u64> = std::thread::scope(|scope| {
+            let senders: Vec<_> = (0..2)
+                .map(|_| {
+                    let (batch, barrier) = (batch.clone(), &barrier);
+                    scope.spawn(move || {
+                        block_on(async move {
+                            let mut client = Client::connect(addr).await.unwrap();
+                            client.ping().await.unwrap();
+                            barrier.wait();
+                            client
+                                .send_stamped(PARTITION, batch, stamp(21, round))
+                                .await
+                                .unwrap()
+                                .base_offset
+                        })
+                    })
+                })
+                .collect();
+            senders
+                .into_iter()
+                .map(|sender| sender.join().unwrap())
+                .collect()
+        });
+        assert_eq!(acks, vec![round, round], "round {round}");
+    }
+    block_on(async {
+        let mut client = Client::connect(addr).await.unwrap();
+        let expected: Vec<String> = (0..ROUNDS).map(|round| format!("round {round}")).collect();
+        assert_eq!(payloads(&mut client, PARTITION).await, expected);
+    });
+}
+
 /// Runs `shardline send` for the partition with `input` on stdin and `--batch 2`; returns the
 /// exit code and the trimmed stdout.
 fn cli_send(addr: SocketAddr, input: &str) -> (Option<i32>, String) {
