@@ -15,12 +15,67 @@
 //! `base_timestamp_us + timestamp_delta_us`. `base_offset` is assigned by the owner shard after
 //! validation and is not covered by the checksum.
 //!
+//! Producer stamp (idempotent sends): when bit 0 (`MESSAGE_FLAG_PRODUCER_STAMP`) of the first
+//! message's `reserved` is set, the message section ends with a 16-byte `ProducerStamp` after the
+//! last message: 0 `producer` u64 (non-zero), 8 `sequence` u64 (the producer's sequence number of
+//! the first message; message `i` has `sequence + i`). It is inside `length` and covered by the
+//! checksum, so the stored entry carries it and recovery rebuilds deduplication from the log
+//! (`storage/FORMAT.md` section 3). A batch without the flag has no stamp (every batch before
+//! issue 7). Other `reserved` bits, and bit 0 of later messages, carry no meaning.
+//!
 //! Parsing never panics and never reads out of bounds, whatever the bytes.
 
 use crate::limits::BATCH_MESSAGE_COUNT_MAX;
 
 pub const BATCH_HEADER_SIZE: usize = 32;
 pub const MESSAGE_HEADER_SIZE: usize = 32;
+/// Bytes of a [`ProducerStamp`] at the end of a stamped batch's message section.
+pub const PRODUCER_STAMP_SIZE: usize = 16;
+/// Bit of the first message's `reserved` field saying the batch ends with a [`ProducerStamp`].
+pub const MESSAGE_FLAG_PRODUCER_STAMP: u32 = 1;
+/// Position of the first message's `reserved` field in the message section.
+const FIRST_RESERVED_AT: usize = 12;
+
+/// An idempotent producer's mark on a batch: who sent it and the sequence number of its first
+/// message in this partition (each message takes one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ProducerStamp {
+    /// Producer id, never 0 (0 on the wire means "not idempotent").
+    pub producer: u64,
+    /// Sequence number of the batch's first message.
+    pub sequence: u64,
+}
+
+impl ProducerStamp {
+    fn encode(self) -> [u8; PRODUCER_STAMP_SIZE] {
+        let mut bytes = [0u8; PRODUCER_STAMP_SIZE];
+        bytes[..8].copy_from_slice(&self.producer.to_le_bytes());
+        bytes[8..].copy_from_slice(&self.sequence.to_le_bytes());
+        bytes
+    }
+
+    /// The stamp of a message section whose first message carries the flag, unchecked; `None`
+    /// when the flag is clear or the section is too short to hold a message and a stamp.
+    fn of_section(section: &[u8]) -> Option<ProducerStamp> {
+        let flags = section.get(FIRST_RESERVED_AT..FIRST_RESERVED_AT + 4)?;
+        let flags = u32::from_le_bytes(flags.try_into().ok()?);
+        if flags & MESSAGE_FLAG_PRODUCER_STAMP == 0
+            || section.len() < MESSAGE_HEADER_SIZE + PRODUCER_STAMP_SIZE
+        {
+            return None;
+        }
+        let stamp = &section[section.len() - PRODUCER_STAMP_SIZE..];
+        let u64_at = |at: usize| {
+            let mut field = [0u8; 8];
+            field.copy_from_slice(&stamp[at..at + 8]);
+            u64::from_le_bytes(field)
+        };
+        Some(ProducerStamp {
+            producer: u64_at(0),
+            sequence: u64_at(8),
+        })
+    }
+}
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
@@ -128,7 +183,26 @@ impl BatchBuilder {
 
     /// Finishes the batch (writes header length and checksum) and returns its bytes.
     /// A builder with no message yields a batch that `BatchView::parse` rejects as `Empty`.
-    pub fn finish(mut self) -> Vec<u8> {
+    pub fn finish(self) -> Vec<u8> {
+        self.seal()
+    }
+
+    /// Finishes the batch with `stamp` after its last message (the first message's
+    /// `MESSAGE_FLAG_PRODUCER_STAMP` set): what an idempotent producer sends. A builder with no
+    /// message yields a batch without a stamp, which `parse` rejects as `Empty`.
+    pub fn finish_stamped(mut self, stamp: ProducerStamp) -> Vec<u8> {
+        if self.message_count > 0 {
+            let at = BATCH_HEADER_SIZE + FIRST_RESERVED_AT;
+            let mut flags = [0u8; 4];
+            flags.copy_from_slice(&self.bytes[at..at + 4]);
+            let flags = u32::from_le_bytes(flags) | MESSAGE_FLAG_PRODUCER_STAMP;
+            self.bytes[at..at + 4].copy_from_slice(&flags.to_le_bytes());
+            self.bytes.extend_from_slice(&stamp.encode());
+        }
+        self.seal()
+    }
+
+    fn seal(mut self) -> Vec<u8> {
         let section = &self.bytes[BATCH_HEADER_SIZE..];
         let header = BatchHeader {
             base_offset: 0,
@@ -185,6 +259,57 @@ pub enum BatchError {
     TooManyMessages { count: u32, max: u32 },
     #[error("message {index} has offset_delta {offset_delta}, expected its index")]
     OffsetDelta { index: u32, offset_delta: u32 },
+    #[error(
+        "the first message flags a producer stamp but the section of {section_len} bytes cannot \
+         hold a message and the 16-byte stamp"
+    )]
+    StampTruncated { section_len: usize },
+    #[error("the producer stamp names producer 0, which means \"not idempotent\"")]
+    StampProducerZero,
+    #[error(
+        "producer stamp sequence {sequence} plus {message_count} messages overflows the sequence \
+         space"
+    )]
+    StampSequenceOverflow { sequence: u64, message_count: u32 },
+    #[error(
+        "request header says producer {header_producer} sequence {header_sequence} but the batch \
+         carries {batch}"
+    )]
+    StampMismatch {
+        header_producer: u64,
+        header_sequence: u64,
+        batch: String,
+    },
+}
+
+/// The messages of a checksummed section: the section without its producer stamp when the
+/// first message flags one (the stamp checked), else the whole section.
+fn messages_section(section: &[u8], message_count: u32) -> Result<&[u8], BatchError> {
+    let flagged = section
+        .get(FIRST_RESERVED_AT..FIRST_RESERVED_AT + 4)
+        .is_some_and(|flags| flags[0] & MESSAGE_FLAG_PRODUCER_STAMP as u8 != 0);
+    if !flagged {
+        return Ok(section);
+    }
+    let Some(stamp) = ProducerStamp::of_section(section) else {
+        return Err(BatchError::StampTruncated {
+            section_len: section.len(),
+        });
+    };
+    if stamp.producer == 0 {
+        return Err(BatchError::StampProducerZero);
+    }
+    if stamp
+        .sequence
+        .checked_add(u64::from(message_count))
+        .is_none()
+    {
+        return Err(BatchError::StampSequenceOverflow {
+            sequence: stamp.sequence,
+            message_count,
+        });
+    }
+    Ok(&section[..section.len() - PRODUCER_STAMP_SIZE])
 }
 
 /// Splits the next message off a message section: its header and payload, and the rest.
@@ -239,6 +364,7 @@ impl<'a> BatchView<'a> {
         if checksum64(section) != header.checksum {
             return Err(BatchError::Checksum);
         }
+        let section = messages_section(section, header.message_count)?;
         // Walks the whole section: bounded, since every message takes at least 32 bytes.
         let mut rest = section;
         let mut found: u32 = 0;
@@ -316,6 +442,35 @@ impl<'a> BatchView<'a> {
                 checksum: message.checksum,
                 payload,
             })
+        })
+    }
+
+    /// The producer stamp of a validated batch, if it carries one.
+    pub fn producer_stamp(&self) -> Option<ProducerStamp> {
+        ProducerStamp::of_section(self.bytes.get(BATCH_HEADER_SIZE..)?)
+    }
+
+    /// Checks that the request header's `producer` and `sequence` agree with the batch: both
+    /// absent (producer 0, no stamp) or the same stamp.
+    ///
+    /// # Errors
+    /// `StampMismatch` naming both sides.
+    pub fn check_producer(&self, producer: u64, sequence: u64) -> Result<(), BatchError> {
+        let stamp = self.producer_stamp();
+        let agrees = match stamp {
+            None => producer == 0,
+            Some(stamp) => stamp.producer == producer && stamp.sequence == sequence,
+        };
+        if agrees {
+            return Ok(());
+        }
+        Err(BatchError::StampMismatch {
+            header_producer: producer,
+            header_sequence: sequence,
+            batch: stamp.map_or_else(
+                || "no producer stamp".to_owned(),
+                |stamp| format!("producer {} sequence {}", stamp.producer, stamp.sequence),
+            ),
         })
     }
 
@@ -581,6 +736,84 @@ mod tests {
             bytes: &batch[..3],
         };
         assert_eq!(view.messages().count(), 0);
+    }
+
+    #[test]
+    fn issue7_5_stamped_batch_round_trips_and_keeps_its_messages() {
+        let stamp = ProducerStamp {
+            producer: 0xABCD,
+            sequence: 41,
+        };
+        let mut builder = BatchBuilder::default();
+        builder.push(1, 100, b"one");
+        builder.push(2, 101, b"two");
+        let mut batch = builder.finish_stamped(stamp);
+        assert_eq!(batch.len(), 32 + 2 * 32 + 6 + PRODUCER_STAMP_SIZE);
+        assert_eq!(
+            &batch[batch.len() - 16..batch.len() - 8],
+            &0xABCDu64.to_le_bytes()
+        );
+        assert_eq!(&batch[batch.len() - 8..], &41u64.to_le_bytes());
+        assert_eq!(&batch[32 + 12..32 + 16], &1u32.to_le_bytes());
+        set_base_offset(&mut batch, 7);
+        let view = BatchView::parse(&batch).unwrap();
+        assert_eq!(view.producer_stamp(), Some(stamp));
+        let messages: Vec<(u64, &[u8])> = view.messages().map(|m| (m.offset, m.payload)).collect();
+        assert_eq!(messages, vec![(7, &b"one"[..]), (8, &b"two"[..])]);
+        assert_eq!(view.check_producer(0xABCD, 41), Ok(()));
+        assert_eq!(
+            view.check_producer(0xABCD, 40).unwrap_err().to_string(),
+            "request header says producer 43981 sequence 40 but the batch carries producer 43981 \
+             sequence 41"
+        );
+        let plain = build(&[(1, 1, b"x")]);
+        let plain_view = BatchView::parse(&plain).unwrap();
+        assert_eq!(plain_view.producer_stamp(), None);
+        assert_eq!(plain_view.check_producer(0, 9), Ok(()));
+        assert_eq!(
+            plain_view.check_producer(5, 0).unwrap_err().to_string(),
+            "request header says producer 5 sequence 0 but the batch carries no producer stamp"
+        );
+        let mut twice = batch.clone();
+        twice.extend_from_slice(&plain);
+        let views = BatchView::parse_many(&twice).unwrap();
+        assert_eq!(views.iter().map(|v| v.messages().count()).sum::<usize>(), 3);
+    }
+
+    #[test]
+    fn issue7_5_bad_stamps_are_refused() {
+        let one = |stamp: ProducerStamp| {
+            let mut builder = BatchBuilder::default();
+            builder.push(1, 1, b"");
+            builder.finish_stamped(stamp)
+        };
+        assert_eq!(
+            BatchView::parse(&one(ProducerStamp {
+                producer: 0,
+                sequence: 0
+            }))
+            .unwrap_err(),
+            BatchError::StampProducerZero
+        );
+        assert_eq!(
+            BatchView::parse(&one(ProducerStamp {
+                producer: 1,
+                sequence: u64::MAX
+            }))
+            .unwrap_err(),
+            BatchError::StampSequenceOverflow {
+                sequence: u64::MAX,
+                message_count: 1
+            }
+        );
+        // The flag without room for the stamp.
+        let mut flagged = build(&[(1, 1, b"")]);
+        flagged[32 + 12] = 1;
+        reseal(&mut flagged);
+        assert_eq!(
+            BatchView::parse(&flagged).unwrap_err(),
+            BatchError::StampTruncated { section_len: 32 }
+        );
     }
 
     #[test]

@@ -22,8 +22,13 @@
 //! `Busy`, and for session-tracked operations, Register and reads also after `ShuttingDown` or a
 //! connection failure, reconnecting to the same address first.
 //!
-//! This module must never resend a `SendMessages` whose bytes may have reached the server
-//! (data-plane sends are not deduplicated), never send on a connection that may hold bytes of an
+//! Idempotent sends (`send_stamped`, used by `producer::Producer`): a `SendMessages` whose header
+//! names a producer (`producer != 0`, the batch carrying the same `ProducerStamp`) is deduplicated
+//! by the owner shard, so it is resent like a session-tracked request: after `Busy`,
+//! `ShuttingDown` or a connection failure, with the same bytes.
+//!
+//! This module must never resend a plain `SendMessages` (`producer` 0) whose bytes may have
+//! reached the server (those are not deduplicated), never send on a connection that may hold bytes of an
 //! earlier exchange (it reconnects first), and never allocate more than `max_message_size` for a
 //! reply.
 
@@ -35,7 +40,7 @@ use compio::BufResult;
 use compio::io::AsyncWriteExt;
 use compio::net::TcpStream;
 
-use crate::batch::BatchView;
+use crate::batch::{BatchView, ProducerStamp};
 use crate::command::{Command, ErrorCode, Operation};
 use crate::frame::{Frame, FrameError, read_frame};
 use crate::header::{HEADER_SIZE, Header};
@@ -172,15 +177,18 @@ enum RetryPolicy {
     /// Safe to apply twice or deduplicated by the session: resend after `Busy`, `ShuttingDown`
     /// or a connection failure.
     Resend,
-    /// Not deduplicated (`SendMessages`): resend after `Busy` (nothing applied) or a failure
-    /// before any byte was written, never after a failure once bytes may have been sent.
+    /// Not deduplicated (`SendMessages` without a producer): resend after `Busy` (nothing
+    /// applied) or a failure before any byte was written, never after a failure once bytes may
+    /// have been sent.
     Unsent,
 }
 
 impl RetryPolicy {
-    /// The policy of header `operation`; numbers no `Operation` has get the cautious one.
-    fn of(operation: u8) -> RetryPolicy {
-        match Operation::from_u8(operation) {
+    /// The policy of `header`'s operation; numbers no `Operation` has get the cautious one. A
+    /// `SendMessages` naming a producer is deduplicated by the owner shard, so it is resent.
+    fn of(header: &Header) -> RetryPolicy {
+        match Operation::from_u8(header.operation) {
+            Some(Operation::SendMessages) if header.producer != 0 => RetryPolicy::Resend,
             Some(
                 Operation::Ping
                 | Operation::CreateStream
@@ -482,7 +490,7 @@ impl Client {
         header: &Header,
         body: Vec<u8>,
     ) -> Result<Frame, ClientError> {
-        let policy = RetryPolicy::of(header.operation);
+        let policy = RetryPolicy::of(header);
         let started = Instant::now();
         let mut backoff = RETRY_BACKOFF_MIN;
         let mut buffers = [bytemuck::bytes_of(header).to_vec(), body];
@@ -750,6 +758,37 @@ impl Client {
         batch: Vec<u8>,
     ) -> Result<SendAck, ClientError> {
         let header = Client::request_header(Operation::SendMessages, namespace);
+        let frame = self.exchange(header, batch).await?;
+        Ok(SendAck {
+            base_offset: frame.header.offset,
+            message_count: frame.header.count,
+        })
+    }
+
+    /// Sends one batch of an idempotent producer: `batch` was finished with
+    /// `BatchBuilder::finish_stamped(stamp)`, and the request header carries the same producer and
+    /// sequence. The owner shard answers a resend of an appended batch with its original offsets,
+    /// so this call resends the same bytes after `Busy`, `ShuttingDown`, a lost reply or a
+    /// failed reconnect, until the retry budget runs out. Most callers want `Producer`, which
+    /// numbers the sequences.
+    ///
+    /// # Errors
+    /// As `request`; e.g. `Server { code: SequenceGap, .. }` (the sequence is not the next one
+    /// the owner shard expects, or is older than what it remembers), `Server { code:
+    /// InvalidBatch, .. }` (the stamp disagrees with `stamp`), or a connection error once the
+    /// retry budget ran out (the batch may or may not have been appended).
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see `request`); sending the same bytes again is safe.
+    pub async fn send_stamped(
+        &mut self,
+        namespace: Namespace,
+        batch: Vec<u8>,
+        stamp: ProducerStamp,
+    ) -> Result<SendAck, ClientError> {
+        let mut header = Client::request_header(Operation::SendMessages, namespace);
+        header.producer = stamp.producer;
+        header.sequence = stamp.sequence;
         let frame = self.exchange(header, batch).await?;
         Ok(SendAck {
             base_offset: frame.header.offset,

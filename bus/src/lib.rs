@@ -14,12 +14,14 @@ pub mod frame;
 pub mod header;
 pub mod limits;
 pub mod namespace;
+pub mod producer;
 pub mod reply;
 pub mod wire;
 
 pub use batch::{
-    BATCH_HEADER_SIZE, BatchBuilder, BatchError, BatchHeader, BatchView, MESSAGE_HEADER_SIZE,
-    MessageHeader, MessageView,
+    BATCH_HEADER_SIZE, BatchBuilder, BatchError, BatchHeader, BatchView,
+    MESSAGE_FLAG_PRODUCER_STAMP, MESSAGE_HEADER_SIZE, MessageHeader, MessageView,
+    PRODUCER_STAMP_SIZE, ProducerStamp,
 };
 pub use client::{Client, ClientError, PollResult, SendAck};
 pub use command::{Command, ErrorCode, Operation};
@@ -29,6 +31,7 @@ pub use frame::{
 };
 pub use header::{HEADER_SIZE, Header, PROTOCOL_VERSION};
 pub use namespace::Namespace;
+pub use producer::Producer;
 pub use reply::{error_reply, eviction, reply_header};
 pub use wire::{Metadata, PartitionInfo, StreamInfo, TopicInfo};
 

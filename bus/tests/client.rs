@@ -911,3 +911,136 @@ fn send_messages_is_not_resent_after_a_connection_failure() {
         );
     });
 }
+
+/// A success reply to a SendMessages: base offset `offset`, the batch's message count.
+fn sent(request: &Frame, offset: u64) -> Vec<u8> {
+    let mut header = reply_header(&request.header);
+    header.offset = offset;
+    header.count =
+        bus::BatchView::parse(&request.body).map_or(0, |batch| batch.header.message_count);
+    encode_frame(&mut header, b"")
+}
+
+#[test]
+fn issue7_5_stamped_send_is_resent_after_a_lost_reply_with_the_same_bytes() {
+    run(async {
+        let mut first = true;
+        let script: Script = Box::new(move |request| {
+            if std::mem::take(&mut first) {
+                return None; // the reply is lost: the connection closes
+            }
+            Some(sent(request, 40))
+        });
+        let (addr, server) = fake_server_connections(2, script).await;
+        let mut client = Client::connect(addr).await.unwrap();
+        let stamp = bus::ProducerStamp {
+            producer: 77,
+            sequence: 5,
+        };
+        let mut builder = BatchBuilder::default();
+        builder.push(1, 1_000, b"alpha");
+        let batch = builder.finish_stamped(stamp);
+        let ack = client
+            .send_stamped(Namespace::new(1, 1, 0), batch.clone(), stamp)
+            .await
+            .unwrap();
+        assert_eq!(
+            ack,
+            bus::SendAck {
+                base_offset: 40,
+                message_count: 1
+            }
+        );
+        drop(client);
+        let received = server.await.unwrap();
+        assert_eq!(received.len(), 2);
+        assert_eq!(received[0].1.header, received[1].1.header);
+        for (connection, frame) in &received {
+            assert_eq!(
+                (
+                    frame.header.operation,
+                    frame.header.request,
+                    frame.header.producer,
+                    frame.header.sequence
+                ),
+                (Operation::SendMessages as u8, 1, 77, 5),
+                "connection {connection}"
+            );
+            assert_eq!(frame.body, batch);
+        }
+    });
+}
+
+#[test]
+fn issue7_5_producer_numbers_sequences_per_partition_and_renews_after_a_failure() {
+    run(async {
+        let mut send_count = 0;
+        let script: Script = Box::new(move |request| {
+            send_count += 1;
+            if send_count == 4 {
+                return Some(error_reply(&request.header, ErrorCode::InvalidBatch, "no"));
+            }
+            Some(sent(request, 0))
+        });
+        let (addr, server) = fake_server(script).await;
+        let client = Client::connect(addr).await.unwrap();
+        let mut producer = bus::Producer::with_producer_id(client, 9);
+        let batch = |count: u64| {
+            let mut builder = BatchBuilder::default();
+            for id in 0..count {
+                builder.push(id, 0, b"m");
+            }
+            builder
+        };
+        let (a, b) = (Namespace::new(1, 1, 0), Namespace::new(1, 1, 1));
+        producer.send(a, batch(3)).await.unwrap();
+        producer.send(a, batch(2)).await.unwrap();
+        producer.send(b, batch(1)).await.unwrap();
+        assert_eq!(
+            (producer.sequence_next(a), producer.sequence_next(b)),
+            (5, 1)
+        );
+        let error = producer.send(a, batch(1)).await.unwrap_err();
+        assert!(
+            matches!(
+                error,
+                ClientError::Server {
+                    code: ErrorCode::InvalidBatch,
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        let renewed = producer.producer_id();
+        assert_ne!(renewed, 9, "a failed send starts a new session");
+        assert_eq!(producer.sequence_next(a), 0);
+        producer.send(a, batch(1)).await.unwrap();
+        drop(producer);
+        let stamps: Vec<(u64, u64, u64)> = server
+            .await
+            .unwrap()
+            .iter()
+            .map(|frame| {
+                let stamp = bus::BatchView::parse(&frame.body)
+                    .unwrap()
+                    .producer_stamp()
+                    .unwrap();
+                assert_eq!(
+                    (stamp.producer, stamp.sequence),
+                    (frame.header.producer, frame.header.sequence)
+                );
+                (frame.header.namespace, stamp.producer, stamp.sequence)
+            })
+            .collect();
+        assert_eq!(
+            stamps,
+            vec![
+                (a.0, 9, 0),
+                (a.0, 9, 3),
+                (b.0, 9, 0),
+                (a.0, 9, 5),
+                (a.0, renewed, 0)
+            ]
+        );
+    });
+}

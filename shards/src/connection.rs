@@ -285,7 +285,9 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
         Operation::SendMessages => {
             if !shard.partition_exists(namespace) {
                 shard.missing_partition(namespace)
-            } else if let Err(e) = bus::BatchView::parse(&body) {
+            } else if let Err(e) = bus::BatchView::parse(&body)
+                .and_then(|batch| batch.check_producer(header.producer, header.sequence))
+            {
                 ShardReply::error(ErrorCode::InvalidBatch, e.to_string())
             } else {
                 let owner = shard_for(namespace, shard.shard_count);

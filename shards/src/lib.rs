@@ -10,6 +10,7 @@ pub mod frame;
 pub mod limits;
 pub mod metadata;
 pub mod namespace;
+pub mod producers;
 pub mod resources;
 pub mod server;
 pub mod shard;

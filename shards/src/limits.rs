@@ -73,3 +73,12 @@ pub const FAILPOINT_ENV: &str = "SHARDLINE_FAILPOINT";
 pub const OVERSIZED_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Buffer of that discard loop (bytes): one per refused connection, briefly.
 pub const OVERSIZED_DRAIN_CHUNK_BYTES: usize = 64 * 1024;
+/// Batches remembered per idempotent producer and partition (`producers.rs`): a resend of any of
+/// them is answered with its original offsets. Kafka keeps the same 5
+/// (`max.in.flight.requests.per.connection` <= 5 with idempotence); our client has one request in
+/// flight, so 5 leaves room for resends that arrive late.
+pub const PRODUCER_WINDOW_BATCH_COUNT: usize = 5;
+/// Producer-partition states one shard keeps; one more evicts the least recently used (whose
+/// next batch is then taken as a first batch). A state is about 250 bytes (five remembered
+/// batches, keys, eviction order), so 32 Ki states are about 8 MiB per shard.
+pub const PRODUCER_STATE_COUNT_MAX: usize = 32 * 1024;

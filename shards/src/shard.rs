@@ -22,6 +22,7 @@ use crate::limits::{
     RECEIVE_BYTES_MAX_PER_SHARD,
 };
 use crate::metadata::{MetadataOp, MetadataState};
+use crate::producers::{ProducerTable, Verdict};
 use crate::resources::ResourceBudget;
 use crate::shard_for;
 use crate::vsr::Replica;
@@ -54,6 +55,9 @@ pub struct Shard {
     /// clones it), so taking a snapshot never copies the state on the reactor.
     metadata: RefCell<Arc<MetadataState>>,
     partitions: RefCell<AHashMap<Namespace, Rc<PartitionLog>>>,
+    /// Idempotent producers of the partitions this shard owns (`producers.rs`), rebuilt from
+    /// each log's tail on open (`RecoveryReport::producer_batches`).
+    producers: RefCell<ProducerTable>,
     pending: RefCell<AHashMap<u64, TxOneshot<ShardReply>>>,
     request_id_next: Cell<u64>,
     /// Shard 0 only: metadata requests in arrival order, served one at a time.
@@ -198,6 +202,55 @@ fn partition_ends(log: &storage::PartitionLog) -> PartitionEnds {
     }
 }
 
+/// The reply to a stamped batch that is not appended (see `producers.rs` for the rules).
+fn verdict_reply(
+    namespace: Namespace,
+    stamp: bus::ProducerStamp,
+    message_count: u32,
+    verdict: Verdict,
+    ends: PartitionEnds,
+) -> ShardReply {
+    let bus::ProducerStamp { producer, sequence } = stamp;
+    match verdict {
+        Verdict::Append => unreachable!("an appended batch has no refusal"),
+        Verdict::Duplicate { base_offset } => ShardReply::Sent {
+            base_offset,
+            message_count,
+            ends,
+        },
+        Verdict::InFlight => ShardReply::error(
+            ErrorCode::Busy,
+            format!(
+                "producer {producer} sequence {sequence} in {namespace} is being written by an \
+                 earlier send; nothing was appended, retry for its offsets"
+            ),
+        ),
+        Verdict::Gap { expected } => ShardReply::error(
+            ErrorCode::SequenceGap,
+            format!(
+                "producer {producer} in {namespace}: expected sequence {expected}, received \
+                 {sequence}; nothing was appended"
+            ),
+        ),
+        Verdict::TooOld { oldest, expected } => ShardReply::error(
+            ErrorCode::SequenceGap,
+            format!(
+                "producer {producer} in {namespace}: sequence {sequence} is older than the \
+                 batches remembered (oldest {oldest}, next expected {expected}), so whether it \
+                 was appended cannot be told; nothing was appended"
+            ),
+        ),
+        Verdict::Overlap { expected } => ShardReply::error(
+            ErrorCode::InvalidArgument,
+            format!(
+                "producer {producer} in {namespace}: sequences {sequence}..{} overlap remembered \
+                 batches without matching one (next expected {expected}); nothing was appended",
+                sequence.saturating_add(u64::from(message_count))
+            ),
+        ),
+    }
+}
+
 /// The reply to a metadata request whose prepare could not be made durable.
 fn journal_failure(error: &storage::JournalError) -> ShardReply {
     tracing::error!(
@@ -235,6 +288,7 @@ impl Shard {
             endpoint,
             metadata: RefCell::new(Arc::new(metadata)),
             partitions: RefCell::new(AHashMap::new()),
+            producers: RefCell::new(ProducerTable::default()),
             pending: RefCell::new(AHashMap::new()),
             request_id_next: Cell::new(1),
             metadata_queue,
@@ -336,6 +390,7 @@ impl Shard {
                 );
             }
             tracing::debug!(shard = self.id.0, %namespace, next_offset = report.next_offset, "partition open");
+            self.restore_producers(namespace, &report.producer_batches);
             self.partitions.borrow_mut().insert(namespace, Rc::new(log));
         }
         Ok(())
@@ -423,30 +478,7 @@ impl Shard {
     /// Executes a request on this shard (the owner, or shard 0 for metadata).
     pub async fn execute(self: &Rc<Self>, request: ShardRequest) -> ShardReply {
         match request {
-            ShardRequest::Send { namespace, batch } => {
-                let Some(log) = self.partitions.borrow().get(&namespace).cloned() else {
-                    return ShardReply::error(
-                        ErrorCode::PartitionNotFound,
-                        format!("partition {namespace} does not exist"),
-                    );
-                };
-                let header: bus::BatchHeader =
-                    bytemuck::pod_read_unaligned(&batch[..bus::BATCH_HEADER_SIZE]);
-                match log.append(batch).await {
-                    Ok(base_offset) => ShardReply::Sent {
-                        base_offset,
-                        message_count: header.message_count,
-                        ends: partition_ends(&log),
-                    },
-                    Err(e) => {
-                        tracing::error!(shard = self.id.0, %namespace, error = %e, "append failed");
-                        ShardReply::error(
-                            ErrorCode::StorageFailure,
-                            format!("append to {namespace} failed: {e}"),
-                        )
-                    }
-                }
-            }
+            ShardRequest::Send { namespace, batch } => self.send(namespace, batch).await,
             ShardRequest::Poll {
                 namespace,
                 offset,
@@ -516,6 +548,126 @@ impl Shard {
                     .collect(),
             ),
         }
+    }
+
+    /// Appends a validated batch to the owned partition `namespace`: a stamped batch through the
+    /// producer table (`send_idempotent`), a plain one directly.
+    async fn send(&self, namespace: Namespace, batch: Vec<u8>) -> ShardReply {
+        let Some(log) = self.partitions.borrow().get(&namespace).cloned() else {
+            return ShardReply::error(
+                ErrorCode::PartitionNotFound,
+                format!("partition {namespace} does not exist"),
+            );
+        };
+        let header: bus::BatchHeader =
+            bytemuck::pod_read_unaligned(&batch[..bus::BATCH_HEADER_SIZE]);
+        if let Some((producer, sequence)) =
+            storage::producer_stamp(&batch[bus::BATCH_HEADER_SIZE..])
+        {
+            let stamp = bus::ProducerStamp { producer, sequence };
+            return self
+                .send_idempotent(namespace, &log, stamp, header.message_count, batch)
+                .await;
+        }
+        let result = log.append(batch).await;
+        self.sent_reply(namespace, &log, result, header.message_count)
+    }
+
+    /// The reply to an append of `message_count` messages to `namespace`.
+    fn sent_reply(
+        &self,
+        namespace: Namespace,
+        log: &PartitionLog,
+        result: Result<u64, storage::LogError>,
+        message_count: u32,
+    ) -> ShardReply {
+        match result {
+            Ok(base_offset) => ShardReply::Sent {
+                base_offset,
+                message_count,
+                ends: partition_ends(log),
+            },
+            Err(e) => {
+                tracing::error!(shard = self.id.0, %namespace, error = %e, "append failed");
+                ShardReply::error(
+                    ErrorCode::StorageFailure,
+                    format!("append to {namespace} failed: {e}"),
+                )
+            }
+        }
+    }
+
+    /// Checks a stamped batch against the producer table and, if it is the next one, enqueues it
+    /// in the same step (no `.await` between: two batches of one producer are checked in the
+    /// order the log assigns their offsets). A duplicate is answered with its original offset.
+    async fn send_idempotent(
+        &self,
+        namespace: Namespace,
+        log: &PartitionLog,
+        stamp: bus::ProducerStamp,
+        message_count: u32,
+        batch: Vec<u8>,
+    ) -> ShardReply {
+        let verdict = self.producers.borrow_mut().check(
+            namespace,
+            stamp.producer,
+            stamp.sequence,
+            message_count,
+        );
+        if verdict != Verdict::Append {
+            return verdict_reply(
+                namespace,
+                stamp,
+                message_count,
+                verdict,
+                partition_ends(log),
+            );
+        }
+        let base_offset = log.next_offset();
+        let append = log.append(batch);
+        let evicted = self.producers.borrow_mut().record(
+            namespace,
+            storage::ProducerBatch {
+                producer: stamp.producer,
+                sequence: stamp.sequence,
+                message_count,
+                base_offset,
+            },
+            false,
+        );
+        if let Some((evicted_namespace, evicted_producer)) = evicted {
+            tracing::info!(
+                shard = self.id.0, namespace = %evicted_namespace, producer = evicted_producer,
+                "producer table full: forgot the least recently used producer (its next batch \
+                 is taken as a first batch)"
+            );
+        }
+        let result = append.await;
+        let mut producers = self.producers.borrow_mut();
+        match &result {
+            Ok(appended_offset) => {
+                assert_eq!(
+                    *appended_offset, base_offset,
+                    "the log assigns offsets in enqueue order"
+                );
+                producers.confirm(namespace, stamp.producer, stamp.sequence);
+            }
+            Err(_) => producers.forget_from(namespace, stamp.producer, stamp.sequence),
+        }
+        drop(producers);
+        self.sent_reply(namespace, log, result, message_count)
+    }
+
+    /// Rebuilds the producer table of `namespace` from the stamped batches its log recovered.
+    fn restore_producers(&self, namespace: Namespace, batches: &[storage::ProducerBatch]) {
+        let evicted_count = self.producers.borrow_mut().restore(namespace, batches);
+        if evicted_count > 0 {
+            tracing::info!(
+                shard = self.id.0, %namespace, evicted_count,
+                "producer table full while restoring: forgot the least recently used producers"
+            );
+        }
+        tracing::debug!(shard = self.id.0, %namespace, batch_count = batches.len(), "producer table restored");
     }
 
     /// Shard 0: serves metadata requests one at a time, in arrival order. Runs until the queue
@@ -828,7 +980,8 @@ impl Shard {
                 for namespace in namespaces {
                     let dir = partition_dir(&self.config.data_dir, namespace);
                     match PartitionLog::open(&dir, self.log_config()).await {
-                        Ok((log, _)) => {
+                        Ok((log, report)) => {
+                            self.restore_producers(namespace, &report.producer_batches);
                             self.partitions.borrow_mut().insert(namespace, Rc::new(log));
                         }
                         Err(e) => {
@@ -842,6 +995,7 @@ impl Shard {
             MetadataOp::DeleteTopic { .. } | MetadataOp::DeleteStream { .. } => {
                 for namespace in namespaces {
                     let log = self.partitions.borrow_mut().remove(&namespace);
+                    self.producers.borrow_mut().remove_partition(namespace);
                     if let Some(log) = log
                         && let Err(e) = log.close().await
                     {
@@ -1015,6 +1169,38 @@ mod tests {
                 batch.checksum
             ),
             (1, 2, 3, 4, 5)
+        );
+    }
+
+    #[test]
+    fn issue7_5_storage_reads_the_producer_stamp_bus_writes() {
+        assert_eq!(
+            storage::entry::PRODUCER_STAMP_SIZE,
+            bus::PRODUCER_STAMP_SIZE
+        );
+        assert_eq!(
+            storage::entry::PAYLOAD_FLAG_PRODUCER_STAMP,
+            bus::MESSAGE_FLAG_PRODUCER_STAMP
+        );
+        let mut builder = bus::BatchBuilder::default();
+        builder.push(1, 2, b"payload");
+        builder.push(3, 4, b"");
+        let stamp = bus::ProducerStamp {
+            producer: 0x0102_0304_0506_0708,
+            sequence: 99,
+        };
+        let batch = builder.finish_stamped(stamp);
+        let view = bus::BatchView::parse(&batch).unwrap();
+        assert_eq!(view.producer_stamp(), Some(stamp));
+        assert_eq!(
+            storage::producer_stamp(&batch[bus::BATCH_HEADER_SIZE..]),
+            Some((stamp.producer, stamp.sequence))
+        );
+        let mut plain = bus::BatchBuilder::default();
+        plain.push(1, 2, b"0123456789abcdef0123456789");
+        assert_eq!(
+            storage::producer_stamp(&plain.finish()[bus::BATCH_HEADER_SIZE..]),
+            None
         );
     }
 

@@ -5,6 +5,11 @@
 //! `EntryHeader`: `base_offset` u64, `base_timestamp_us` u64, `message_count` u32, `length` u32
 //! (payload bytes), `checksum` u64 (XXH3-64 of the payload), all little-endian. `base_offset` is assigned by the
 //! log on append. This module only encodes and decodes; it never does I/O.
+//!
+//! Producer stamp: the payload is owned by `bus`, except for the one rule recovery needs to
+//! rebuild idempotent producers' state from the log (`storage/FORMAT.md` section 3, "Producer
+//! stamp"): when bit 0 of payload bytes 12..16 (the first message's `reserved`, u32) is set and
+//! the payload holds at least 48 bytes, its last 16 bytes are `producer` u64 and `sequence` u64.
 
 use twox_hash::XxHash3_64;
 
@@ -63,6 +68,43 @@ impl EntryHeader {
     }
 }
 
+/// Bytes of the producer stamp at the end of a stamped payload.
+pub const PRODUCER_STAMP_SIZE: usize = 16;
+/// Bit of payload bytes 12..16 (u32) that says the payload ends with a producer stamp.
+pub const PAYLOAD_FLAG_PRODUCER_STAMP: u32 = 1;
+/// Position of the flags word in the payload (the first message header's `reserved` field).
+const PAYLOAD_FLAGS_AT: usize = 12;
+/// Smallest stamped payload: one 32-byte message header and the stamp.
+const STAMPED_PAYLOAD_SIZE_MIN: usize = 32 + PRODUCER_STAMP_SIZE;
+
+/// One stored batch of an idempotent producer, as recovery found it in the log: enough to
+/// answer a resend of it with its original offsets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProducerBatch {
+    /// Producer id (non-zero).
+    pub producer: u64,
+    /// The producer's sequence number of the batch's first message.
+    pub sequence: u64,
+    /// Messages (and sequence numbers) the batch covers.
+    pub message_count: u32,
+    /// Offset of the batch's first message.
+    pub base_offset: u64,
+}
+
+/// The (producer, sequence) stamp at the end of an entry `payload`, if its flag is set; `None`
+/// for an unstamped payload, one too short to hold a stamp, or a stamp naming producer 0.
+pub fn producer_stamp(payload: &[u8]) -> Option<(u64, u64)> {
+    let flags = payload.get(PAYLOAD_FLAGS_AT..PAYLOAD_FLAGS_AT + 4)?;
+    let flags = u32::from_le_bytes(flags.try_into().ok()?);
+    if flags & PAYLOAD_FLAG_PRODUCER_STAMP == 0 || payload.len() < STAMPED_PAYLOAD_SIZE_MIN {
+        return None;
+    }
+    let stamp = &payload[payload.len() - PRODUCER_STAMP_SIZE..];
+    let producer = u64::from_le_bytes(stamp[..8].try_into().ok()?);
+    let sequence = u64::from_le_bytes(stamp[8..].try_into().ok()?);
+    (producer != 0).then_some((producer, sequence))
+}
+
 /// XXH3-64 (seed 0) of `payload`, the checksum stored in [`EntryHeader::checksum`].
 pub fn payload_checksum(payload: &[u8]) -> u64 {
     XxHash3_64::oneshot(payload)
@@ -114,6 +156,21 @@ mod tests {
             &[0x48, 0x47, 0x46, 0x45, 0x44, 0x43, 0x42, 0x41]
         );
         assert_eq!(EntryHeader::decode(&bytes), Some(header));
+    }
+
+    #[test]
+    fn issue7_5_producer_stamp_is_read_from_the_payload_end() {
+        let mut payload = vec![0u8; 32 + 5];
+        payload[12] = 1;
+        payload.extend_from_slice(&7u64.to_le_bytes());
+        payload.extend_from_slice(&41u64.to_le_bytes());
+        assert_eq!(producer_stamp(&payload), Some((7, 41)));
+        payload[12] = 0;
+        assert_eq!(producer_stamp(&payload), None);
+        payload[12] = 1;
+        assert_eq!(producer_stamp(&payload[..47]), None);
+        payload[37..45].copy_from_slice(&0u64.to_le_bytes());
+        assert_eq!(producer_stamp(&payload), None);
     }
 
     #[test]

@@ -17,7 +17,9 @@ pub mod superblock;
 pub use durable::{
     DurableError, ReplaceStep, durable_replace, durable_replace_observed, read_verified,
 };
-pub use entry::{ENTRY_HEADER_SIZE, EntryHeader, build_entry, payload_checksum};
+pub use entry::{
+    ENTRY_HEADER_SIZE, EntryHeader, ProducerBatch, build_entry, payload_checksum, producer_stamp,
+};
 pub use journal::{
     JOURNAL_HEADER_SIZE, Journal, JournalConfig, JournalError, JournalHeader, JournalRecovery,
     Prepare,

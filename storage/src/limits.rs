@@ -35,6 +35,18 @@ pub const APPEND_QUEUE_ENTRY_COUNT_MAX: usize = 16 * 1024;
 /// entries, enough to keep a disk busy while bounding memory per partition.
 pub const APPEND_QUEUE_BYTES_MAX: usize = 4 * ENTRY_SIZE_MAX as usize;
 
+/// Stamped batches (idempotent producers) that opening a log reports from its tail (the last
+/// segment and the end of the one before), the most recent ones: 64 Ki x 32 bytes = 2 MiB per log at most, held while the owner shard folds
+/// them into its producer table. A producer whose last batch is older than these is not
+/// remembered after a restart (its next batch is taken as a first batch).
+pub const RECOVERED_PRODUCER_BATCH_COUNT_MAX: usize = 64 * 1024;
+
+/// Bytes at the end of the segment before the last one that opening a log reads for producer
+/// stamps (whole entries starting in this range, or the last entry alone if it is larger), so a
+/// producer whose last batches were appended just before a roll is still remembered after a
+/// restart. One read per log at open; small next to the scan of the whole last segment.
+pub const RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES: u64 = 1 << 20;
+
 const _: () = assert!(ENTRY_SIZE_MAX as usize > ENTRY_HEADER_SIZE);
 // A single maximal entry must always be accepted by an empty queue.
 const _: () = assert!(APPEND_QUEUE_BYTES_MAX >= ENTRY_SIZE_MAX as usize);

@@ -96,6 +96,11 @@ pub struct RecoveryReport {
     /// Segments whose entries were read and checked on open: always the last one, plus each closed
     /// segment whose index file was missing or did not verify (its index is rewritten).
     pub scanned_segment_count: u32,
+    /// Stamped batches of idempotent producers in the last segment and the last
+    /// `RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES` of the one before, in log order (the last
+    /// `RECOVERED_PRODUCER_BATCH_COUNT_MAX` of them): the owner shard rebuilds its producer table
+    /// from these (`storage/FORMAT.md` section 3, "Producer stamp").
+    pub producer_batches: Vec<crate::entry::ProducerBatch>,
 }
 
 /// Why a log operation failed; the variants say how the caller recovers.

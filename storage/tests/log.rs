@@ -24,10 +24,13 @@ fn always() -> LogConfig {
     config(FsyncPolicy::Always, 1 << 30)
 }
 
-/// A payload of `size` bytes that differs per `seed`.
+/// A payload of `size` bytes that differs per `seed`. Bit 0 of byte 12 is kept clear: set, it
+/// would mark the entry as carrying a producer stamp (`storage/FORMAT.md` section 3).
 fn payload(seed: u64, size: usize) -> Vec<u8> {
     (0..size)
         .map(|index| (seed as usize * 31 + index * 7) as u8)
+        .enumerate()
+        .map(|(index, byte)| if index == 12 { byte & !1 } else { byte })
         .collect()
 }
 
@@ -81,7 +84,8 @@ fn append_and_read_back_exact_bytes_and_offsets() {
                 entry_count: 0,
                 next_offset: 0,
                 truncated_bytes: 0,
-                scanned_segment_count: 0
+                scanned_segment_count: 0,
+                producer_batches: Vec::new(),
             }
         );
         let mut expected = Vec::new();
@@ -260,7 +264,8 @@ fn restart_recovers_next_offset_and_bytes() {
                 entry_count: 7,
                 next_offset: 21,
                 truncated_bytes: 0,
-                scanned_segment_count: 1
+                scanned_segment_count: 1,
+                producer_batches: Vec::new(),
             }
         );
         assert_eq!(log.next_offset(), 21);
@@ -352,7 +357,8 @@ fn check_recovered(dir: &Path, kept: &[Vec<u8>], truncated_bytes: u64) {
                 entry_count: kept.len() as u64,
                 next_offset,
                 truncated_bytes,
-                scanned_segment_count: 1
+                scanned_segment_count: 1,
+                producer_batches: Vec::new(),
             }
         );
         let kept_bytes = kept.concat();

@@ -9,7 +9,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use bus::{BATCH_HEADER_SIZE, BatchBuilder, Client, HEADER_SIZE, MESSAGE_HEADER_SIZE, Namespace};
+use bus::{
+    BATCH_HEADER_SIZE, BatchBuilder, Client, HEADER_SIZE, MESSAGE_HEADER_SIZE, Namespace,
+    PRODUCER_STAMP_SIZE, Producer,
+};
 use shardline::output::{print_line, stdout_error};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -257,8 +260,11 @@ pub fn send(args: &SendArgs) -> anyhow::Result<()> {
     let namespace = args.partition.namespace();
     block_on(async move {
         let client = connect(&args.partition.addr).await?;
-        let mut client = with_server_message_size(client).await?;
+        let client = with_server_message_size(client).await?;
         let batches = batch_ranges(&lines, args.batch, client.max_message_size())?;
+        // An idempotent producer with a random id per invocation: a batch whose reply is lost
+        // (reconnect, server restart) is resent and appended once.
+        let mut producer = Producer::new(client);
         let mut acked = Vec::with_capacity(batches.len());
         for range in batches {
             let chunk = &lines[range.clone()];
@@ -267,7 +273,12 @@ pub fn send(args: &SendArgs) -> anyhow::Result<()> {
             for (index, line) in chunk.iter().enumerate() {
                 builder.push((range.start + index) as u64, now_us(), line.as_bytes());
             }
-            let ack = client.send_messages(namespace, builder.finish()).await?;
+            let ack = producer.send(namespace, builder).await.with_context(|| {
+                format!(
+                    "{} acknowledged before this batch",
+                    counted(range.start as u64, "message")
+                )
+            })?;
             acked.push(ack.base_offset..ack.base_offset + chunk.len() as u64);
         }
         print_line(&sent_line(namespace, &acked))
@@ -301,10 +312,12 @@ async fn with_server_message_size(mut client: Client) -> anyhow::Result<Client> 
 }
 
 /// Bytes of a SendMessages request frame carrying `payload_lens`: the 256-byte frame header, the
-/// 32-byte batch header and 32 bytes of header per message, plus the payloads.
+/// 32-byte batch header, the 16-byte producer stamp and 32 bytes of header per message, plus the
+/// payloads.
 fn send_frame_size(payload_lens: impl IntoIterator<Item = usize>) -> usize {
     HEADER_SIZE
         + BATCH_HEADER_SIZE
+        + PRODUCER_STAMP_SIZE
         + payload_lens
             .into_iter()
             .map(|len| MESSAGE_HEADER_SIZE + len)
@@ -511,14 +524,14 @@ mod tests {
 
     #[test]
     fn issue7_6_batches_are_cut_to_fit_the_frame_limit() {
-        // 100 lines of 20 bytes (21 with the newline) under --max-message-size 1024: 288 bytes
-        // of frame and batch header leave 736, 14 messages of 52 bytes.
+        // 100 lines of 20 bytes (21 with the newline) under --max-message-size 1024: 304 bytes
+        // of frame header, batch header and producer stamp leave 720, 13 messages of 52 bytes.
         let batches = batch_ranges(&lines(100, 20), 100, 1024).unwrap();
         assert_eq!(batches.len(), 8);
-        assert_eq!(batches[0], 0..14);
-        assert_eq!(batches[7], 98..100);
-        assert_eq!(send_frame_size([20; 14]), 1016);
-        assert_eq!(send_frame_size([20; 15]), 1068);
+        assert_eq!(batches[0], 0..13);
+        assert_eq!(batches[7], 91..100);
+        assert_eq!(send_frame_size([20; 13]), 980);
+        assert_eq!(send_frame_size([20; 14]), 1032);
         let covered: Vec<usize> = batches.into_iter().flatten().collect();
         assert_eq!(covered, (0..100).collect::<Vec<_>>());
     }
@@ -534,14 +547,14 @@ mod tests {
     #[test]
     fn issue7_6_a_line_too_large_is_refused_with_its_size_and_the_limit() {
         let mut input = lines(3, 5);
-        input[1] = "y".repeat(705);
+        input[1] = "y".repeat(689);
         assert_eq!(
             batch_ranges(&input, 100, 1024).unwrap_err().to_string(),
-            "line 2 holds 705 bytes, more than the 704 bytes a message may hold under the \
-             server's --max-message-size 1024 (the request frame, 320 bytes of headers included)"
+            "line 2 holds 689 bytes, more than the 688 bytes a message may hold under the \
+             server's --max-message-size 1024 (the request frame, 336 bytes of headers included)"
         );
         input[1].pop();
-        // 704 bytes fill a frame alone: 320 + 704 = 1024.
+        // 688 bytes fill a frame alone: 336 + 688 = 1024.
         assert_eq!(
             batch_ranges(&input, 100, 1024).unwrap(),
             vec![0..1, 1..2, 2..3]

@@ -93,7 +93,7 @@ fn issue7_6_send_cuts_batches_to_the_server_max_message_size() {
     client(&server, &["stream", "create", "1", "orders"]);
     client(&server, &["topic", "create", "1", "1", "events"]);
     // 100 lines of 21 bytes (20 and the newline), default --batch 100: one batch would be a
-    // 5,488-byte frame, over the server's 1024.
+    // 5,504-byte frame, over the server's 1024.
     let lines: Vec<String> = (0..100)
         .map(|index| format!("message-{index:012}"))
         .collect();
@@ -116,7 +116,7 @@ fn issue7_6_send_cuts_batches_to_the_server_max_message_size() {
 
     // One line too long for any frame under the limit is refused before anything is sent.
     let long = dir.path().join("long.txt");
-    std::fs::write(&long, format!("ok\n{}\n", "x".repeat(705))).unwrap();
+    std::fs::write(&long, format!("ok\n{}\n", "x".repeat(689))).unwrap();
     let addr = server.addr.to_string();
     let output = shardline(&[
         "send",
@@ -132,8 +132,8 @@ fn issue7_6_send_cuts_batches_to_the_server_max_message_size() {
     assert_eq!(output.status.code(), Some(1));
     assert_eq!(
         stderr_of(&output),
-        "error: line 2 holds 705 bytes, more than the 704 bytes a message may hold under the \
-         server's --max-message-size 1024 (the request frame, 320 bytes of headers included)\n"
+        "error: line 2 holds 689 bytes, more than the 688 bytes a message may hold under the \
+         server's --max-message-size 1024 (the request frame, 336 bytes of headers included)\n"
     );
     let next_offset = &metadata(&server)["streams"][0]["topics"][0]["partitions"][0]["next_offset"];
     assert_eq!(next_offset, 100, "nothing of the refused input was sent");

@@ -487,7 +487,7 @@ fn issue7_4_oversized_frame_gets_message_too_large_then_close() {
     assert_eq!(output.status.code(), Some(1), "{output:?}");
     assert!(
         text(&output.stderr).contains(
-            "line 1 holds 5000 bytes, more than the 3776 bytes a message may hold under the \
+            "line 1 holds 5000 bytes, more than the 3760 bytes a message may hold under the \
              server's --max-message-size 4096"
         ),
         "{output:?}"

@@ -15,8 +15,12 @@ use crate::durable::{
     DurableError, create_dir_durable, durable_replace, list_dir_names, read_exact_append,
     read_verified, sync_dir,
 };
-use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader};
-use crate::limits::SCAN_CHUNK_BYTES;
+use crate::entry::{
+    ENTRY_HEADER_SIZE, EntryHeader, ProducerBatch, payload_checksum, producer_stamp,
+};
+use crate::limits::{
+    RECOVERED_PRODUCER_BATCH_COUNT_MAX, RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES, SCAN_CHUNK_BYTES,
+};
 
 /// `{base_offset:020}.log` in `dir`.
 pub(super) fn segment_path(dir: &Path, base_offset: u64) -> PathBuf {
@@ -102,8 +106,19 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
 
     let path = segment_path(dir, last_base_offset);
     check_follows(&path, last_base_offset, expected_base_offset)?;
-    let (segment, truncated_bytes) = open_last_segment(path, last_base_offset).await?;
+    let mut producer_batches = match segments.last() {
+        Some(previous) => previous_segment_stamps(previous).await?,
+        None => Vec::new(),
+    };
+    let (segment, truncated_bytes, last_producer_batches) =
+        open_last_segment(path, last_base_offset).await?;
     report.scanned_segment_count += 1;
+    producer_batches.extend(last_producer_batches);
+    let excess = producer_batches
+        .len()
+        .saturating_sub(RECOVERED_PRODUCER_BATCH_COUNT_MAX);
+    producer_batches.drain(..excess);
+    report.producer_batches = producer_batches;
     report.truncated_bytes = truncated_bytes;
     report.entry_count += segment.index.rows.len() as u64;
     report.next_offset = segment.index.end_offset;
@@ -225,9 +240,68 @@ async fn open_closed_segment(
     ))
 }
 
+/// The producer stamps of the entries in the last `RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES` of a
+/// closed segment (the one before the last), found through its index with one read. An entry
+/// whose bytes do not check out is skipped with a warning: reads report it as damage.
+async fn previous_segment_stamps(segment: &Segment) -> Result<Vec<ProducerBatch>, LogError> {
+    let index = &segment.index;
+    let tail_start = index
+        .size_bytes
+        .saturating_sub(RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES);
+    let Some(first_row) = index
+        .rows
+        .iter()
+        .position(|row| row.position >= tail_start)
+        .or_else(|| index.rows.len().checked_sub(1))
+    else {
+        return Ok(Vec::new());
+    };
+    let start = index.rows[first_row].position;
+    let length = usize::try_from(index.size_bytes - start).unwrap_or(usize::MAX);
+    let BufResult(result, bytes) =
+        read_exact_append(&segment.file, start, length, Vec::new()).await;
+    result.map_err(io_error(
+        &segment.path,
+        "read segment tail for producer stamps",
+    ))?;
+    let mut producer_batches = Vec::new();
+    for row_index in first_row..index.rows.len() {
+        let row = &index.rows[row_index];
+        let entry_start = (row.position - start) as usize;
+        let entry_end = (index.entry_end_position(row_index) - start) as usize;
+        let entry = &bytes[entry_start..entry_end];
+        let Some(header) = EntryHeader::decode(entry) else {
+            continue;
+        };
+        let payload = &entry[ENTRY_HEADER_SIZE..];
+        if header.base_offset != row.base_offset
+            || header.length as usize != payload.len()
+            || payload_checksum(payload) != header.checksum
+        {
+            tracing::warn!(
+                segment = %segment.path.display(), position = row.position,
+                "entry does not match its index or checksum; its producer stamp is not recovered"
+            );
+            continue;
+        }
+        if let Some((producer, sequence)) = producer_stamp(payload) {
+            producer_batches.push(ProducerBatch {
+                producer,
+                sequence,
+                message_count: header.message_count,
+                base_offset: header.base_offset,
+            });
+        }
+    }
+    Ok(producer_batches)
+}
+
 /// Opens the last segment read-write and scans it; the first invalid entry starts a torn tail,
-/// which is truncated and fsynced. Returns the bytes cut.
-async fn open_last_segment(path: PathBuf, base_offset: u64) -> Result<(Segment, u64), LogError> {
+/// which is truncated and fsynced. Returns the bytes cut and the stamped batches kept.
+async fn open_last_segment(
+    path: PathBuf,
+    base_offset: u64,
+) -> Result<(Segment, u64, Vec<ProducerBatch>), LogError> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -265,6 +339,7 @@ async fn open_last_segment(path: PathBuf, base_offset: u64) -> Result<(Segment, 
             index: scan.index,
         },
         truncated_bytes,
+        scan.producer_batches.into(),
     ))
 }
 
@@ -280,11 +355,14 @@ struct Scan {
     /// Every valid entry before the first invalid one.
     index: SegmentIndex,
     invalid: Option<Invalid>,
+    /// The last `RECOVERED_PRODUCER_BATCH_COUNT_MAX` stamped entries among the valid ones.
+    producer_batches: std::collections::VecDeque<ProducerBatch>,
 }
 
 /// Reads a segment entry by entry, checking each: the header fits, the entry is at most
 /// `ENTRY_SIZE_MAX`, `message_count >= 1`, `base_offset` is the next expected offset, the payload
 /// fits, and its XXH3-64 equals the header's checksum. Stops at the first entry that fails.
+/// Keeps the producer stamps of the last valid entries (bounded).
 async fn scan_segment(
     file: &File,
     path: &Path,
@@ -292,6 +370,7 @@ async fn scan_segment(
     size_bytes: u64,
 ) -> Result<Scan, LogError> {
     let mut index = SegmentIndex::empty(base_offset);
+    let mut producer_batches = std::collections::VecDeque::new();
     let mut reader = ChunkReader {
         file,
         size_bytes,
@@ -326,9 +405,24 @@ async fn scan_segment(
         if let Err(reason) = check_entry_payload(&header, payload) {
             break invalid(reason);
         }
+        if let Some((producer, sequence)) = producer_stamp(payload) {
+            if producer_batches.len() == RECOVERED_PRODUCER_BATCH_COUNT_MAX {
+                producer_batches.pop_front();
+            }
+            producer_batches.push_back(ProducerBatch {
+                producer,
+                sequence,
+                message_count: header.message_count,
+                base_offset: header.base_offset,
+            });
+        }
         index.push(header.base_offset, header.message_count, entry_size);
     };
-    Ok(Scan { index, invalid })
+    Ok(Scan {
+        index,
+        invalid,
+        producer_batches,
+    })
 }
 
 /// Sequential reads of a file in [`SCAN_CHUNK_BYTES`] chunks, reusing one buffer.

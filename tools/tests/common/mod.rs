@@ -38,11 +38,25 @@ impl Server {
 
     /// `start_with` on a chosen `--listen` address (e.g. a port a client already waits for).
     pub fn start_listening(
-        mut command: Command,
+        command: Command,
         listen: &str,
         data_dir: &Path,
         extra: &[&str],
     ) -> Server {
+        Self::try_start_on(command, data_dir, listen, extra).unwrap_or_else(|stderr| {
+            panic!("server did not start; stderr:\n{stderr}");
+        })
+    }
+
+    /// Starts `shardline serve --listen LISTEN --data-dir DIR` plus `extra` args; the server's
+    /// stderr if it exits or does not report listening within 60 s (e.g. the port of a server
+    /// just killed is not free yet).
+    pub fn try_start_on(
+        mut command: Command,
+        data_dir: &Path,
+        listen: &str,
+        extra: &[&str],
+    ) -> Result<Server, String> {
         let stderr_log = data_dir.with_extension(format!("stderr.{}.log", std::process::id()));
         let stderr_file = std::fs::OpenOptions::new()
             .create(true)
@@ -71,21 +85,18 @@ impl Server {
         let Ok(line) = rx.recv_timeout(Duration::from_mins(1)) else {
             let _ = child.kill();
             let _ = child.wait();
-            panic!(
-                "server did not start; stderr:\n{}",
-                std::fs::read_to_string(&stderr_log).unwrap_or_default()
-            );
+            return Err(std::fs::read_to_string(&stderr_log).unwrap_or_default());
         };
         let addr = line
             .strip_prefix("listening on ")
             .unwrap_or_else(|| panic!("unexpected first stdout line {line:?}"))
             .parse()
             .unwrap();
-        Server {
+        Ok(Server {
             child,
             addr,
             stderr_log,
-        }
+        })
     }
 
     pub fn pid(&self) -> u32 {

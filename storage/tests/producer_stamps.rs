@@ -1,0 +1,140 @@
+//! Issue 7 item 5: opening a log reports the producer stamps of the last segment's entries (and of
+//! the tail of the segment before it), so the
+//! owner shard can rebuild its idempotent-producer table after a restart (`storage/FORMAT.md`
+//! section 3, "Producer stamp").
+
+use std::path::Path;
+
+use storage::entry::build_entry;
+use storage::{FsyncPolicy, LogConfig, PartitionLog, ProducerBatch};
+
+fn block_on<F: Future>(future: F) -> F::Output {
+    compio::runtime::Runtime::new().unwrap().block_on(future)
+}
+
+fn config(segment_size_max: u64) -> LogConfig {
+    LogConfig {
+        fsync: FsyncPolicy::Always,
+        segment_size_max,
+    }
+}
+
+/// A payload shaped like a bus batch section: one 32-byte message header (bit 0 of bytes 12..16
+/// flags a stamp), `filler` bytes, then the 16-byte stamp when `stamp` is given.
+fn payload(stamp: Option<(u64, u64)>, filler: usize) -> Vec<u8> {
+    let mut payload = vec![0u8; 32 + filler];
+    if let Some((producer, sequence)) = stamp {
+        payload[12] = 1;
+        payload.extend_from_slice(&producer.to_le_bytes());
+        payload.extend_from_slice(&sequence.to_le_bytes());
+    }
+    payload
+}
+
+async fn append(log: &PartitionLog, stamp: Option<(u64, u64)>, message_count: u32) -> u64 {
+    log.append(build_entry(0, message_count, &payload(stamp, 10)))
+        .await
+        .unwrap()
+}
+
+fn batch(producer: u64, sequence: u64, message_count: u32, base_offset: u64) -> ProducerBatch {
+    ProducerBatch {
+        producer,
+        sequence,
+        message_count,
+        base_offset,
+    }
+}
+
+async fn reopen(dir: &Path, segment_size_max: u64) -> Vec<ProducerBatch> {
+    let (log, report) = PartitionLog::open(dir, config(segment_size_max))
+        .await
+        .unwrap();
+    log.close().await.unwrap();
+    report.producer_batches
+}
+
+#[test]
+fn issue7_5_recovery_reports_stamped_batches_in_log_order() {
+    let dir = tempfile::tempdir().unwrap();
+    block_on(async {
+        let (log, report) = PartitionLog::open(dir.path(), config(1 << 30))
+            .await
+            .unwrap();
+        assert!(report.producer_batches.is_empty());
+        assert_eq!(append(&log, Some((7, 0)), 3).await, 0);
+        assert_eq!(append(&log, None, 2).await, 3);
+        assert_eq!(append(&log, Some((9, 100)), 1).await, 5);
+        assert_eq!(append(&log, Some((7, 3)), 4).await, 6);
+        log.close().await.unwrap();
+        assert_eq!(
+            reopen(dir.path(), 1 << 30).await,
+            vec![batch(7, 0, 3, 0), batch(9, 100, 1, 5), batch(7, 3, 4, 6)]
+        );
+    });
+}
+
+#[test]
+fn issue7_5_a_torn_stamped_entry_is_not_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    block_on(async {
+        let (log, _) = PartitionLog::open(dir.path(), config(1 << 30))
+            .await
+            .unwrap();
+        append(&log, Some((7, 0)), 1).await;
+        append(&log, Some((7, 1)), 1).await;
+        log.close().await.unwrap();
+    });
+    let segment = dir.path().join(format!("{:020}.log", 0));
+    let size = std::fs::metadata(&segment).unwrap().len();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap();
+    file.set_len(size - 3).unwrap();
+    block_on(async {
+        assert_eq!(reopen(dir.path(), 1 << 30).await, vec![batch(7, 0, 1, 0)]);
+    });
+}
+
+#[test]
+fn issue7_5_the_last_segment_and_the_tail_of_the_one_before_are_scanned() {
+    let dir = tempfile::tempdir().unwrap();
+    // Each entry is 32 + 32 + 10 + 16 = 90 bytes: a 100-byte segment holds one.
+    block_on(async {
+        let (log, _) = PartitionLog::open(dir.path(), config(100)).await.unwrap();
+        append(&log, Some((7, 0)), 1).await;
+        append(&log, Some((8, 0)), 2).await;
+        append(&log, Some((9, 5)), 1).await;
+        log.close().await.unwrap();
+        // Segments 0, 1 and 3: the first is not read for stamps.
+        assert_eq!(
+            reopen(dir.path(), 100).await,
+            vec![batch(8, 0, 2, 1), batch(9, 5, 1, 3)]
+        );
+    });
+}
+
+#[test]
+fn issue7_5_only_the_last_mebibyte_of_the_previous_segment_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let segment_size_max = 3 << 20;
+    block_on(async {
+        let (log, _) = PartitionLog::open(dir.path(), config(segment_size_max))
+            .await
+            .unwrap();
+        // Entries of 32 + 32 + 600_000 + 16 bytes: five fill the first segment (3_000_400
+        // bytes), the sixth rolls. The last MiB of the first segment starts at 1_954_752,
+        // so only its fifth entry (at 2_400_320) starts there.
+        for sequence in 0..6 {
+            log.append(build_entry(0, 1, &payload(Some((7, sequence)), 600_000)))
+                .await
+                .unwrap();
+        }
+        log.close().await.unwrap();
+        assert_eq!(
+            reopen(dir.path(), segment_size_max).await,
+            vec![batch(7, 4, 1, 4), batch(7, 5, 1, 5)]
+        );
+    });
+}
