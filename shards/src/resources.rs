@@ -262,8 +262,10 @@ mod tests {
              open-file limit of at least 16256 (`ulimit -n 16256`, or `LimitNOFILE=16256` in a \
              systemd unit)"
         );
-        // The limit named is enough, and one less is not.
-        for count in [1, 448, 449, 4000, 12_345] {
+        // The limit named is enough, and one less is not (above the budget's floor of 64 usable
+        // descriptors, where any limit holds 16 partitions).
+        assert_eq!(open_file_limit_for_partitions(1), 260);
+        for count in [448, 449, 4000, 12_345] {
             let needed = open_file_limit_for_partitions(count);
             assert!(ResourceBudget::from_open_file_limit(needed, 2).partitions_max >= count);
             assert!(ResourceBudget::from_open_file_limit(needed - 1, 2).partitions_max < count);

@@ -32,7 +32,12 @@ impl Server {
         Self::start_with(Command::new(BIN), data_dir, extra)
     }
 
-    pub fn start_with(mut command: Command, data_dir: &Path, extra: &[&str]) -> Server {
+    pub fn start_with(command: Command, data_dir: &Path, extra: &[&str]) -> Server {
+        Self::start_on(command, data_dir, "127.0.0.1:0", extra)
+    }
+
+    /// As `start_with`, listening on `listen` (a fixed port, for restarts on the same address).
+    pub fn start_on(mut command: Command, data_dir: &Path, listen: &str, extra: &[&str]) -> Server {
         let stderr_log = data_dir.with_extension(format!("stderr.{}.log", std::process::id()));
         let stderr_file = std::fs::OpenOptions::new()
             .create(true)
@@ -40,7 +45,7 @@ impl Server {
             .open(&stderr_log)
             .unwrap();
         let mut child = command
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .args(["serve", "--listen", listen, "--data-dir"])
             .arg(data_dir)
             .args(extra)
             .env("RUST_LOG", "info")
