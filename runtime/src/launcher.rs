@@ -19,9 +19,9 @@ use std::time::Duration;
 use compio::driver::{DriverType, ProactorBuilder};
 use compio::runtime::{Runtime, RuntimeBuilder};
 
+use crate::limits::SHARD_RING_ENTRIES;
 pub use crate::mesh::StopHandle;
 use crate::mesh::{MeshEndpoint, Pump, ShardId, WakeRx, WakeTx, mesh, wake_lane};
-use crate::limits::SHARD_RING_ENTRIES;
 use crate::probe::{IoDriver, IoUringUnavailable, memlock_needed_bytes, memlock_unavailable};
 use crate::topology::Topology;
 

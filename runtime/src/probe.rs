@@ -70,7 +70,10 @@ pub const REQUIRED_OPCODES: [(u8, &str); 11] = [
     (io_uring::opcode::Recv::CODE, "IORING_OP_RECV"),
     (io_uring::opcode::Send::CODE, "IORING_OP_SEND"),
     (io_uring::opcode::SendMsg::CODE, "IORING_OP_SENDMSG"),
-    (io_uring::opcode::AsyncCancel::CODE, "IORING_OP_ASYNC_CANCEL"),
+    (
+        io_uring::opcode::AsyncCancel::CODE,
+        "IORING_OP_ASYNC_CANCEL",
+    ),
 ];
 
 /// Bytes of `struct io_rings` before its CQE array (two cache-line-aligned head/tail pairs, then
@@ -90,7 +93,8 @@ const CACHE_LINE_BYTES: u64 = 64;
 pub fn ring_locked_bytes(sq_entries: u32, page_size: u64) -> u64 {
     let sq = u64::from(sq_entries.max(1).next_power_of_two());
     let cq = 2 * sq;
-    let rings = (IO_RINGS_HEADER_BYTES + cq * CQE_BYTES).next_multiple_of(CACHE_LINE_BYTES) + sq * 4;
+    let rings =
+        (IO_RINGS_HEADER_BYTES + cq * CQE_BYTES).next_multiple_of(CACHE_LINE_BYTES) + sq * 4;
     rings.next_multiple_of(page_size) + (sq * SQE_BYTES).next_multiple_of(page_size)
 }
 
@@ -407,7 +411,10 @@ mod tests {
         assert_eq!(ring_locked_bytes(1000, 4096), 104 * 1024);
         assert_eq!(memlock_needed_bytes(1, 4096), 128 * 1024);
         assert_eq!(memlock_needed_bytes(2, 4096), 232 * 1024);
-        assert_eq!(memlock_needed_bytes(2, 65536), 2 * 128 * 1024 + 3 * 128 * 1024);
+        assert_eq!(
+            memlock_needed_bytes(2, 65536),
+            2 * 128 * 1024 + 3 * 128 * 1024
+        );
     }
 
     #[test]

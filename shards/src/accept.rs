@@ -215,14 +215,14 @@ mod tests {
         assert_eq!(warning.record(start), Some(1));
         // A failure every 10 ms for the next second: held back.
         for step in 1..100 {
-            assert_eq!(warning.record(start + Duration::from_millis(step * 10)), None);
+            assert_eq!(
+                warning.record(start + Duration::from_millis(step * 10)),
+                None
+            );
         }
         // The first one a second after the last line reports itself and the 99 held back.
         assert_eq!(warning.record(start + Duration::from_secs(1)), Some(100));
-        assert_eq!(
-            warning.record(start + Duration::from_millis(1500)),
-            None
-        );
+        assert_eq!(warning.record(start + Duration::from_millis(1500)), None);
         assert_eq!(warning.record(start + Duration::from_secs(5)), Some(2));
     }
 

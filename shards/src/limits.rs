@@ -82,5 +82,6 @@ pub const ACCEPT_RETRY_SLEEP: Duration = Duration::from_millis(10);
 /// any socket buffer takes at once) before the close.
 pub const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 
-const _: () = assert!(SHUTDOWN_DRAIN_DEADLINE.as_secs() < runtime::launcher::SHUTDOWN_DEADLINE.as_secs());
+const _: () =
+    assert!(SHUTDOWN_DRAIN_DEADLINE.as_secs() < runtime::launcher::SHUTDOWN_DEADLINE.as_secs());
 const _: () = assert!(LISTEN_BIND_RETRY_SLEEP.as_millis() < LISTEN_BIND_RETRY_MAX.as_millis());

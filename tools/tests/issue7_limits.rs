@@ -47,12 +47,7 @@ fn unprivileged_server() -> Command {
         return Command::new(BIN);
     }
     let mut command = Command::new("setpriv");
-    command.args([
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-        BIN,
-    ]);
+    command.args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN]);
     command
 }
 
@@ -85,15 +80,15 @@ fn serve_under_memlock(root: &std::path::Path, shards: u16, limit_bytes: u64) ->
     let started = first_line.starts_with("listening on ");
     if started {
         // SAFETY: kill(2) on our own child.
-        assert_eq!(
-            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) },
-            0
-        );
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     }
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert!(!stderr.contains("panicked"), "limit {limit_bytes}: {stderr}");
-    let expected_code = if started { 0 } else { 1 };
+    assert!(
+        !stderr.contains("panicked"),
+        "limit {limit_bytes}: {stderr}"
+    );
+    let expected_code = i32::from(!started);
     assert_eq!(
         output.status.code(),
         Some(expected_code),
@@ -159,7 +154,14 @@ fn issue7_2_boot_refuses_partitions_beyond_the_open_file_budget() {
     let data_dir = data_dir_with_partitions(dir.path(), 100);
     // 600 descriptors: 344 after the reserve, half for partitions at two each: 86 < 100.
     let output = with_rlimit(Command::new(BIN), libc::RLIMIT_NOFILE, 600)
-        .args(["serve", "--listen", "127.0.0.1:0", "--shards", "2", "--no-pin"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--shards",
+            "2",
+            "--no-pin",
+        ])
         .arg("--data-dir")
         .arg(&data_dir)
         .output()
@@ -173,7 +175,10 @@ fn issue7_2_boot_refuses_partitions_beyond_the_open_file_budget() {
         "shard 0: cannot open the partitions of {}: {refusal}",
         data_dir.display()
     );
-    assert!(stderr.contains(&expected), "expected {expected:?} in {stderr}");
+    assert!(
+        stderr.contains(&expected),
+        "expected {expected:?} in {stderr}"
+    );
     assert!(refusal.contains("ulimit -n 656"), "{refusal}");
     assert!(!stderr.contains("Too many open files"), "{stderr}");
     // At the named limit it boots and serves every partition.
@@ -256,7 +261,8 @@ fn issue7_2_clients_refused_at_the_open_file_limit_read_why() {
     assert!(served, "no client served after the others closed");
     let stderr = server.stderr();
     assert!(
-        stderr.contains("accepts failed in the last 1 s: the process is at its open-file limit (40)"),
+        stderr
+            .contains("accepts failed in the last 1 s: the process is at its open-file limit (40)"),
         "{stderr}"
     );
     assert_eq!(server.stop(), Some(0));

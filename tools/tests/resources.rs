@@ -180,10 +180,7 @@ fn connections_beyond_the_budget_are_closed_at_accept() {
     let mut refusal = [0u8; bus::HEADER_SIZE];
     extra.read_exact(&mut refusal).unwrap();
     let refusal: bus::Header = bytemuck::pod_read_unaligned(&refusal);
-    assert_eq!(
-        refusal.error_code,
-        bus::ErrorCode::ResourceExhausted as u32
-    );
+    assert_eq!(refusal.error_code, bus::ErrorCode::ResourceExhausted as u32);
     let mut rest = Vec::new();
     extra.read_to_end(&mut rest).unwrap();
     assert_eq!(rest.len(), refusal.size as usize - bus::HEADER_SIZE);
