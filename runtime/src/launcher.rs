@@ -769,12 +769,31 @@ fn runtime_error(
     io_driver: IoDriver,
     source: std::io::Error,
 ) -> LaunchError {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let page_size = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    runtime_error_under_limit(
+        shard,
+        shard_count,
+        io_driver,
+        source,
+        crate::probe::raise_memlock_limit(),
+        page_size,
+    )
+}
+
+/// `runtime_error` with the locked-memory limit (`None`: unlimited) and page size given.
+fn runtime_error_under_limit(
+    shard: u16,
+    shard_count: u16,
+    io_driver: IoDriver,
+    source: std::io::Error,
+    memlock_limit_bytes: Option<u64>,
+    page_size: u64,
+) -> LaunchError {
     if io_driver == IoDriver::IoUring
         && source.raw_os_error() == Some(libc::ENOMEM)
-        && let Some(limit_bytes) = crate::probe::raise_memlock_limit()
+        && let Some(limit_bytes) = memlock_limit_bytes
     {
-        // SAFETY: sysconf has no memory-safety preconditions.
-        let page_size = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
         return LaunchError::IoUring {
             shard,
             source: memlock_unavailable(
@@ -869,6 +888,36 @@ pub enum LaunchError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn issue7_2_a_ring_refused_for_memory_names_the_memlock_limit() {
+        let enomem = || std::io::Error::from_raw_os_error(libc::ENOMEM);
+        let error =
+            runtime_error_under_limit(1, 2, IoDriver::IoUring, enomem(), Some(200 * 1024), 4096);
+        assert_eq!(
+            error.to_string(),
+            "failed to start shard 1: io_uring is unavailable: RLIMIT_MEMLOCK is 200 KiB but 2 \
+             shards need 232 KiB of locked memory for io_uring rings (ENOMEM; the limit counts \
+             every process of the same user); raise it to at least 232 KiB with `ulimit -l 232` \
+             in the shell that starts shardline, or `LimitMEMLOCK=232K` in its systemd unit; \
+             start with --io-driver poll to use the polling driver"
+        );
+        // Unlimited (real memory shortage), another errno, or the poll driver: the plain error.
+        for (driver, source, limit) in [
+            (IoDriver::IoUring, enomem(), None),
+            (
+                IoDriver::IoUring,
+                std::io::Error::from_raw_os_error(libc::EPERM),
+                Some(0),
+            ),
+            (IoDriver::Poll, enomem(), Some(0)),
+        ] {
+            assert!(matches!(
+                runtime_error_under_limit(0, 1, driver, source, limit, 4096),
+                LaunchError::Runtime { .. }
+            ));
+        }
+    }
 
     #[test]
     fn panic_payloads_become_messages() {

@@ -126,6 +126,7 @@ fn issue7_2_memlock_too_low_is_named_at_every_value() {
             assert!(!stderr.contains("Cannot allocate memory"), "{stderr}");
         }
     }
+    eprintln!("rings charged to RLIMIT_MEMLOCK here: {}", !started_at_zero);
     // Exactly the need starts, with two shards (the most rings).
     let needed = runtime::probe::memlock_needed_bytes(2, page);
     let (started, stderr) = serve_under_memlock(dir.path(), 2, needed);

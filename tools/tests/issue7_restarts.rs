@@ -180,6 +180,9 @@ fn issue7_3_sigterm_answers_every_request_it_read() {
             .await
             .unwrap();
     });
+    // An idle client: the drain must end its connection at once, not wait for the deadline.
+    let mut idle = TcpStream::connect(server.addr).unwrap();
+    idle.set_read_timeout(Some(WAIT_MAX)).unwrap();
     let acknowledged_count = Arc::new(AtomicUsize::new(0));
     let senders: Vec<_> = (0..SENDER_COUNT)
         .map(|sender| {
@@ -198,6 +201,15 @@ fn issue7_3_sigterm_answers_every_request_it_read() {
         .flat_map(|sender| sender.join().unwrap())
         .collect();
     assert_eq!(wait_exit_code(&mut server), Some(0), "{}", server.stderr());
+    assert_eq!(
+        idle.read(&mut [0u8; 1]).unwrap(),
+        0,
+        "idle connection closed"
+    );
+    // Shutting the read side woke every idle connection: the drain ended well before its deadline.
+    let stderr = server.stderr();
+    assert!(stderr.contains("draining connections"), "{stderr}");
+    assert!(!stderr.contains("drain deadline passed"), "{stderr}");
     drop(server);
 
     let server = Server::start(&data_dir, &SHARDS);
