@@ -143,12 +143,23 @@ pub async fn accept_loop(
 ) {
     let mut reserve = open_reserve();
     let mut warning = RateLimitedWarning::new(ACCEPT_WARNING_INTERVAL);
+    let mut refusal_warning = RateLimitedWarning::new(ACCEPT_WARNING_INTERVAL);
     loop {
         if reserve.is_none() {
             reserve = open_reserve();
         }
         match listener.accept().await {
-            Ok((stream, peer)) => admit(&shard, &budget, stream, peer, &connections).await,
+            Ok((stream, peer)) => {
+                admit(
+                    &shard,
+                    &budget,
+                    stream,
+                    peer,
+                    &connections,
+                    &mut refusal_warning,
+                )
+                .await;
+            }
             Err(error) if is_fd_exhaustion(&error) && reserve.is_some() => {
                 // Free one descriptor, take the waiting client, tell it why, close, take the
                 // descriptor back.
@@ -186,15 +197,19 @@ async fn admit(
     stream: TcpStream,
     peer: SocketAddr,
     connections: &Connections,
+    refusal_warning: &mut RateLimitedWarning,
 ) {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
     }
     if !shard.try_admit_connection() {
-        tracing::warn!(
-            shard = shard.id.0, %peer,
-            "refusing connection: the shard is at its connection limit (open-file budget)"
-        );
+        if let Some(count) = refusal_warning.record(Instant::now()) {
+            tracing::warn!(
+                shard = shard.id.0, %peer, refused_count = count,
+                "refusing connection: the shard is at its connection limit of {} (open-file budget); {count} refused since the last such line",
+                budget.connections_per_shard_max
+            );
+        }
         refuse(stream, budget.connection_limit_refusal(shard.id.0)).await;
         return;
     }
