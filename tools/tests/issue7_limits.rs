@@ -19,6 +19,17 @@ use common::{BIN, Server, block_on};
 /// How long a read may wait for an answer before the test gives up (not a timed assertion).
 const WAIT_MAX: Duration = Duration::from_mins(1);
 
+/// The tests of this file run one at a time: `RLIMIT_MEMLOCK` counts the locked memory of every
+/// process of a user, so another test's server, run by the same (non-root) user, would change
+/// what the memlock test's servers can lock.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// `command` with `resource` set to `limit` (soft and hard) in the child only.
 fn with_rlimit(mut command: Command, resource: libc::__rlimit_resource_t, limit: u64) -> Command {
     // SAFETY: setrlimit is async-signal-safe and touches only the child's own limits.
@@ -99,6 +110,7 @@ fn serve_under_memlock(root: &std::path::Path, shards: u16, limit_bytes: u64) ->
 
 #[test]
 fn issue7_2_memlock_too_low_is_named_at_every_value() {
+    let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     // `nobody` creates the data directories.
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
@@ -151,6 +163,7 @@ fn data_dir_with_partitions(root: &std::path::Path, partition_count: u32) -> std
 
 #[test]
 fn issue7_2_boot_refuses_partitions_beyond_the_open_file_budget() {
+    let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let data_dir = data_dir_with_partitions(dir.path(), 100);
     // 600 descriptors: 344 after the reserve, half for partitions at two each: 86 < 100.
@@ -226,6 +239,7 @@ fn ping_or_refusal(addr: SocketAddr) -> (TcpStream, Result<(), (Header, String)>
 
 #[test]
 fn issue7_2_clients_refused_at_the_open_file_limit_read_why() {
+    let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     // 40 descriptors: the budget's floor allows 32 connections, but the server holds about 14
     // descriptors of its own, so the process runs out of descriptors first.
@@ -271,6 +285,7 @@ fn issue7_2_clients_refused_at_the_open_file_limit_read_why() {
 
 #[test]
 fn issue7_2_clients_refused_by_the_connection_budget_read_why() {
+    let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     // 600 descriptors: 172 connections on the one shard, far below the descriptor limit.
     let server = Server::start_with(
