@@ -566,6 +566,16 @@ impl Client {
                 header.request, reply.command
             )));
         }
+        if reply.error_code == ErrorCode::ResourceExhausted as u32 && reply.request == 0 {
+            // A refusal at accept (connection budget or no descriptor left) answers no request
+            // of ours: the server sent it before reading any, then closed the connection.
+            self.broken = true;
+            let message = String::from_utf8_lossy(&frame.body).into_owned();
+            return Err(ClientError::Server {
+                code: ErrorCode::ResourceExhausted,
+                message,
+            });
+        }
         if reply.request != header.request || reply.operation != header.operation {
             return Err(ClientError::Protocol(format!(
                 "reply to request {} operation {} while waiting for request {} operation {}",

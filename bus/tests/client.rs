@@ -168,6 +168,33 @@ fn client_ids_differ_between_connections() {
 }
 
 #[test]
+fn issue7_2_refusal_at_accept_is_resource_exhausted_not_a_protocol_error() {
+    run(async {
+        // What a server at its connection or descriptor limit writes before the close: a Reply
+        // to no request (request 0, operation Ping), whatever the client's first request was.
+        let script: Script = Box::new(move |_request| {
+            let mut refused = Header::new(Command::Request, Operation::Ping);
+            refused.request = 0;
+            Some(error_reply(
+                &refused,
+                ErrorCode::ResourceExhausted,
+                "connection limit of 4 reached",
+            ))
+        });
+        let (addr, _server) = fake_server(script).await;
+        let mut client = Client::connect(addr)
+            .await
+            .unwrap()
+            .with_retry_budget(Duration::ZERO);
+        let error = client.create_stream(1, "orders").await.unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "server error ResourceExhausted (18): connection limit of 4 reached"
+        );
+    });
+}
+
+#[test]
 fn error_reply_maps_to_server_error_and_connection_stays_usable() {
     run(async {
         let mut first = true;

@@ -19,9 +19,10 @@ use std::time::Duration;
 use compio::driver::{DriverType, ProactorBuilder};
 use compio::runtime::{Runtime, RuntimeBuilder};
 
+use crate::limits::SHARD_RING_ENTRIES;
 pub use crate::mesh::StopHandle;
 use crate::mesh::{MeshEndpoint, Pump, ShardId, WakeRx, WakeTx, mesh, wake_lane};
-use crate::probe::IoDriver;
+use crate::probe::{IoDriver, IoUringUnavailable, memlock_needed_bytes, memlock_unavailable};
 use crate::topology::Topology;
 
 /// What `ShardSet::launch` starts: where each shard runs, on which driver, with which inbox size.
@@ -454,8 +455,10 @@ impl ShardSet {
         self.stop.clone()
     }
 
-    /// Stops the shards on SIGINT/SIGTERM (a watcher thread, ended by `join`). A second signal
-    /// while stopping exits the process at once with code 130.
+    /// Stops the shards on SIGINT, SIGTERM or SIGHUP (a watcher thread, ended by `join`): the same
+    /// drain, final fsync and checkpoint for each, so a closed terminal or `kill -HUP` never ends
+    /// the server uncleanly (there is no configuration to reload). A second signal while stopping
+    /// exits the process at once with code 130.
     ///
     /// The watcher acts first and logs after, and a log statement that panics (a subscriber whose
     /// write to a closed stderr pipe fails, e.g. `serve 2>&1 | head`) cannot end it: signals are
@@ -467,6 +470,7 @@ impl ShardSet {
         let mut signals = signal_hook::iterator::Signals::new([
             signal_hook::consts::SIGINT,
             signal_hook::consts::SIGTERM,
+            signal_hook::consts::SIGHUP,
         ])?;
         let handle = signals.handle();
         let stop = self.stop.clone();
@@ -484,7 +488,11 @@ impl ShardSet {
                     stopping = true;
                     stop.stop();
                     log_without_unwinding(|| {
-                        tracing::info!(signal, "signal received: stopping the shards");
+                        tracing::info!(
+                            signal,
+                            name = signal_name(signal),
+                            "signal received: draining connections and stopping the shards"
+                        );
                     });
                 }
             });
@@ -598,11 +606,12 @@ where
     fn run(self) {
         let ShardThread {
             shard,
+            shard_count,
             core,
             io_driver,
             ..
         } = self;
-        let started = catch_unwind(|| start_runtime(shard, core, io_driver));
+        let started = catch_unwind(|| start_runtime(shard, shard_count, core, io_driver));
         let runtime = match started {
             Ok(Ok(runtime)) => runtime,
             Ok(Err(error)) => {
@@ -722,6 +731,7 @@ pub fn block_on_with_idle_poll<F: Future>(
 /// forced to `io_driver` (no silent fallback).
 fn start_runtime(
     shard: u16,
+    shard_count: u16,
     core: Option<usize>,
     io_driver: IoDriver,
 ) -> Result<Runtime, LaunchError> {
@@ -736,19 +746,68 @@ fn start_runtime(
     match io_driver {
         // COOP_TASKRUN (checked by the probe): completions are reaped when the shard enters the
         // kernel anyway, so the interrupt-driven task work it saves is pure overhead.
-        IoDriver::IoUring => proactor.driver_type(DriverType::IoUring).coop_taskrun(true),
+        IoDriver::IoUring => proactor
+            .driver_type(DriverType::IoUring)
+            .coop_taskrun(true)
+            .capacity(SHARD_RING_ENTRIES),
         IoDriver::Poll => proactor.driver_type(DriverType::Poll),
     };
     let runtime = RuntimeBuilder::new()
         .with_proactor(proactor)
         .build()
-        .map_err(|source| LaunchError::Runtime {
-            shard,
-            driver: io_driver,
-            source,
-        })?;
+        .map_err(|source| runtime_error(shard, shard_count, io_driver, source))?;
     tracing::info!(shard, driver = ?runtime.driver_type(), core = ?core, "shard runtime started");
     Ok(runtime)
+}
+
+/// Why a shard's runtime could not be built. ENOMEM from `io_uring_setup` is the locked-memory
+/// limit (the probe checked it, but the limit counts every process of the user, e.g. a server
+/// killed a moment ago whose rings the kernel is still tearing down): named like the probe names it.
+fn runtime_error(
+    shard: u16,
+    shard_count: u16,
+    io_driver: IoDriver,
+    source: std::io::Error,
+) -> LaunchError {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let page_size = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    runtime_error_under_limit(
+        shard,
+        shard_count,
+        io_driver,
+        source,
+        crate::probe::raise_memlock_limit(),
+        page_size,
+    )
+}
+
+/// `runtime_error` with the locked-memory limit (`None`: unlimited) and page size given.
+fn runtime_error_under_limit(
+    shard: u16,
+    shard_count: u16,
+    io_driver: IoDriver,
+    source: std::io::Error,
+    memlock_limit_bytes: Option<u64>,
+    page_size: u64,
+) -> LaunchError {
+    if io_driver == IoDriver::IoUring
+        && source.raw_os_error() == Some(libc::ENOMEM)
+        && let Some(limit_bytes) = memlock_limit_bytes
+    {
+        return LaunchError::IoUring {
+            shard,
+            source: memlock_unavailable(
+                limit_bytes,
+                memlock_needed_bytes(shard_count, page_size),
+                shard_count,
+            ),
+        };
+    }
+    LaunchError::Runtime {
+        shard,
+        driver: io_driver,
+        source,
+    }
 }
 
 /// Runs one log statement on a thread that must outlive it (the signal watcher). The subscriber
@@ -758,6 +817,16 @@ fn start_runtime(
 fn log_without_unwinding(log: impl FnOnce()) {
     // Err: the subscriber panicked; the panic hook already reported it wherever it still could.
     let _ = catch_unwind(AssertUnwindSafe(log));
+}
+
+/// The name of a signal the watcher handles, for the log line.
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        signal_hook::consts::SIGINT => "SIGINT",
+        signal_hook::consts::SIGTERM => "SIGTERM",
+        signal_hook::consts::SIGHUP => "SIGHUP",
+        _ => "other",
+    }
 }
 
 /// Joins threads that are about to end (their go lane was dropped), ignoring their results.
@@ -803,6 +872,12 @@ pub enum LaunchError {
         driver: IoDriver,
         source: std::io::Error,
     },
+    /// `io_uring_setup` refused the shard's ring for want of locked memory (`RLIMIT_MEMLOCK`).
+    #[error("failed to start shard {shard}: {source}")]
+    IoUring {
+        shard: u16,
+        source: IoUringUnavailable,
+    },
     /// Stop fired but these shards did not finish (flush and fsync) within the deadline.
     #[error(
         "shards {shards:?} did not stop within {deadline_s} s of the stop signal; exiting without them (their last writes may not be fsynced)"
@@ -813,6 +888,36 @@ pub enum LaunchError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn issue7_2_a_ring_refused_for_memory_names_the_memlock_limit() {
+        let enomem = || std::io::Error::from_raw_os_error(libc::ENOMEM);
+        let error =
+            runtime_error_under_limit(1, 2, IoDriver::IoUring, enomem(), Some(200 * 1024), 4096);
+        assert_eq!(
+            error.to_string(),
+            "failed to start shard 1: io_uring is unavailable: RLIMIT_MEMLOCK is 200 KiB but 2 \
+             shards need 232 KiB of locked memory for io_uring rings (ENOMEM; the limit counts \
+             every process of the same user); raise it to at least 232 KiB with `ulimit -l 232` \
+             in the shell that starts shardline, or `LimitMEMLOCK=232K` in its systemd unit; \
+             start with --io-driver poll to use the polling driver"
+        );
+        // Unlimited (real memory shortage), another errno, or the poll driver: the plain error.
+        for (driver, source, limit) in [
+            (IoDriver::IoUring, enomem(), None),
+            (
+                IoDriver::IoUring,
+                std::io::Error::from_raw_os_error(libc::EPERM),
+                Some(0),
+            ),
+            (IoDriver::Poll, enomem(), Some(0)),
+        ] {
+            assert!(matches!(
+                runtime_error_under_limit(0, 1, driver, source, limit, 4096),
+                LaunchError::Runtime { .. }
+            ));
+        }
+    }
 
     #[test]
     fn panic_payloads_become_messages() {

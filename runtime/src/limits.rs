@@ -21,6 +21,12 @@ pub const CPU_ID_MAX: usize = 4095;
 /// smallest power of two that exercises the same setup path as a shard's ring (a few KiB of
 /// locked memory).
 pub const PROBE_RING_ENTRIES: u32 = 8;
+/// Submission-queue entries of each shard's ring (compio's default, set explicitly so that
+/// `probe::memlock_needed_bytes` and the rings agree): 104 KiB of locked memory with 4 KiB pages
+/// (the ring header, 2048 CQEs and the 4 KiB SQ index rounded up to 40 KiB, plus 64 KiB of SQEs).
+pub const SHARD_RING_ENTRIES: u32 = 1024;
+/// Entries of the ring compio-driver creates once to probe opcodes (`is_op_supported`).
+pub const COMPIO_PROBE_RING_ENTRIES: u32 = 2;
 /// Capacity of one stop (and ready-barrier release) lane: the signal is a level stored in an
 /// atomic, the lane only wakes the waiting task, so one queued wakeup is enough.
 pub const STOP_LANE_CAPACITY: usize = 1;
@@ -30,3 +36,4 @@ const _: () = assert!(PUMP_BATCH_MAX >= 1);
 const _: () = assert!(TICK_MS >= 1);
 const _: () = assert!(SHARD_COUNT_MAX >= 1 && SHARD_COUNT_MAX <= u16::MAX as usize + 1);
 const _: () = assert!(STOP_LANE_CAPACITY >= 1);
+const _: () = assert!(SHARD_RING_ENTRIES.is_power_of_two() && PROBE_RING_ENTRIES.is_power_of_two());

@@ -317,11 +317,26 @@ impl<F: Send + 'static> Pump<F> {
     /// Cancel safe: no frame is lost if the future is dropped. Envelopes leave a lane only in the
     /// poll that returns them, and the tick deadline only advances when `Tick` is returned.
     pub async fn next(&mut self) -> PumpEvent<F> {
+        self.next_event(true).await
+    }
+
+    /// As `next`, but never yields `Stop`: for the drain after the stop signal, when a shard
+    /// still answers other shards' forwarded requests (and their replies to its own) until every
+    /// connection of every shard finished its request. The ticks keep coming, so the caller can
+    /// check its drain deadline.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as `next`.
+    pub async fn next_draining(&mut self) -> PumpEvent<F> {
+        self.next_event(false).await
+    }
+
+    async fn next_event(&mut self, yield_stop: bool) -> PumpEvent<F> {
         loop {
             // Created per call: the deadline lives in `self`, so a dropped `next` loses nothing.
             // The timer is only registered when every other source is empty.
             let mut tick_sleep = pin!(compio::time::sleep_until(self.tick_deadline));
-            let ready = poll_fn(|cx| self.poll_sources(cx, tick_sleep.as_mut())).await;
+            let ready = poll_fn(|cx| self.poll_sources(cx, tick_sleep.as_mut(), yield_stop)).await;
             match ready {
                 Ready::Stop => return PumpEvent::Stop,
                 Ready::Tick => return PumpEvent::Tick,
@@ -345,14 +360,17 @@ impl<F: Send + 'static> Pump<F> {
         &mut self,
         cx: &mut Context<'_>,
         tick_sleep: Pin<&mut impl Future<Output = ()>>,
+        yield_stop: bool,
     ) -> Poll<Ready<F>> {
-        if self.stop.is_stopped() {
-            return Poll::Ready(Ready::Stop);
-        }
-        // A queued wakeup means `stop` ran, and it sets the flag before filling the lane.
-        if let Poll::Ready(Some(())) = self.stop_lane.poll_item(cx) {
-            assert!(self.stop.is_stopped());
-            return Poll::Ready(Ready::Stop);
+        if yield_stop {
+            if self.stop.is_stopped() {
+                return Poll::Ready(Ready::Stop);
+            }
+            // A queued wakeup means `stop` ran, and it sets the flag before filling the lane.
+            if let Poll::Ready(Some(())) = self.stop_lane.poll_item(cx) {
+                assert!(self.stop.is_stopped());
+                return Poll::Ready(Ready::Stop);
+            }
         }
         let now = Instant::now();
         if now >= self.tick_deadline {
@@ -593,6 +611,16 @@ mod tests {
             endpoint.stop_handle().stop();
             assert!(matches!(pump.next().await, PumpEvent::Stop));
             assert!(matches!(pump.next().await, PumpEvent::Stop));
+            // The drain still delivers the frame queued before stop, never `Stop`.
+            let frame = loop {
+                match pump.next_draining().await {
+                    PumpEvent::Tick => {}
+                    PumpEvent::Inbox(batch) => break batch[0].frame,
+                    other => panic!("expected Inbox, got {other:?}"),
+                }
+            };
+            assert_eq!(frame, 3);
+            assert!(matches!(pump.next_draining().await, PumpEvent::Tick));
         });
     }
 

@@ -33,6 +33,10 @@ impl Drop for ConnectionSlot {
 /// Serves one connection until the peer closes it, sends a malformed frame, idles past the
 /// configured idle timeout, leaves a reply unread past `REPLY_WRITE_TIMEOUT`, or the task is
 /// cancelled at shutdown. The caller admitted it with `Shard::try_admit_connection`.
+///
+/// At shutdown the drain shuts the socket's read side: the request being handled is finished and
+/// answered, requests the client had already sent are answered `ShuttingDown` without being
+/// applied, and the end of stream ends the task.
 pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: SocketAddr) {
     let _slot = ConnectionSlot(Rc::clone(&shard));
     let max_message_size = shard.config.max_message_size;
@@ -92,6 +96,19 @@ pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: Soc
             }
         };
         let frame = Frame { header, body };
+        if shard.endpoint_stopped() {
+            // Read after the stop signal (the drain answers only what was read before it): not
+            // applied, and the client is told so.
+            let refusal = bus::reply::error_reply(
+                &frame.header,
+                ErrorCode::ShuttingDown,
+                "the server is stopping; this request was not applied, retry after the restart",
+            );
+            if !write_reply(&shard, &mut stream, peer, refusal, Vec::new()).await {
+                return;
+            }
+            continue;
+        }
         // A poll reply is up to `poll_bytes_max` of memory held until the client reads it: it
         // counts against the same budget, so clients that never read cannot grow memory.
         let mut reply_permit = None;

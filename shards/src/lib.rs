@@ -4,6 +4,7 @@
 //! It never performs blocking I/O on a shard thread and never holds a `RefCell` borrow across an
 //! `.await`.
 
+pub mod accept;
 pub mod config;
 pub mod connection;
 pub mod frame;

@@ -17,8 +17,10 @@ pub const MESH_RETRY_SLEEP: Duration = Duration::from_micros(200);
 /// Retries of such a send before the shard gives up and reports the peer as stuck (50k * 200 µs
 /// = 10 s: far beyond any healthy drain time).
 pub const MESH_RETRY_MAX: u32 = 50_000;
-/// Grace given to connections with a request in flight when the server stops.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// Drain deadline at shutdown: after the stop signal, connections finish and answer the requests
+/// they had read (and answer later ones `ShuttingDown`) for at most this long before they are
+/// closed; well inside the launcher's 30 s `SHUTDOWN_DEADLINE`, which also covers the fsyncs.
+pub const SHUTDOWN_DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 /// Name of the lock file that keeps a second server off the same data directory.
 pub const LOCK_FILE_NAME: &str = "LOCK";
 /// Default `--idle-timeout-s`: a connection with no complete frame for this long is closed (Kafka's
@@ -82,3 +84,19 @@ pub const PRODUCER_WINDOW_BATCH_COUNT: usize = 5;
 /// next batch is then taken as a first batch). A state is about 250 bytes (five remembered
 /// batches, keys, eviction order), so 32 Ki states are about 8 MiB per shard.
 pub const PRODUCER_STATE_COUNT_MAX: usize = 32 * 1024;
+/// How long startup retries a listen address that is in use before it gives up: covers the few
+/// milliseconds a server killed by SIGKILL keeps its listeners, with room for a loaded host.
+pub const LISTEN_BIND_RETRY_MAX: Duration = Duration::from_secs(5);
+/// Pause between two binds of an address in use.
+pub const LISTEN_BIND_RETRY_SLEEP: Duration = Duration::from_millis(20);
+/// At most one warning line per shard per this interval for failing accepts, with a count.
+pub const ACCEPT_WARNING_INTERVAL: Duration = Duration::from_secs(1);
+/// Pause before the next accept after a failure that a reserve descriptor cannot absorb.
+pub const ACCEPT_RETRY_SLEEP: Duration = Duration::from_millis(10);
+/// Longest wait to hand a refused client its `ResourceExhausted` frame (a few hundred bytes, which
+/// any socket buffer takes at once) before the close.
+pub const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+
+const _: () =
+    assert!(SHUTDOWN_DRAIN_DEADLINE.as_secs() < runtime::launcher::SHUTDOWN_DEADLINE.as_secs());
+const _: () = assert!(LISTEN_BIND_RETRY_SLEEP.as_millis() < LISTEN_BIND_RETRY_MAX.as_millis());

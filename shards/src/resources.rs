@@ -7,7 +7,10 @@ use std::path::Path;
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::limits::{FD_RESERVE, FDS_PER_PARTITION, LOCK_FILE_NAME, PARTITION_FD_SHARE_PERCENT};
+use crate::limits::{
+    FD_RESERVE, FDS_PER_PARTITION, LISTEN_BIND_RETRY_MAX, LISTEN_BIND_RETRY_SLEEP, LOCK_FILE_NAME,
+    PARTITION_FD_SHARE_PERCENT,
+};
 
 /// Budgets derived from the open-file limit, so that creating topics or accepting connections can
 /// never exhaust file descriptors and leave the server unable to open its own partitions, or to
@@ -33,6 +36,54 @@ impl ResourceBudget {
             connections_per_shard_max: (connection_fds / u64::from(shard_count.max(1))).max(1),
         }
     }
+}
+
+impl ResourceBudget {
+    /// Why `partition_count` partitions do not fit the budget (`None` when they do): the limit,
+    /// how it is derived, the open-file limit that would fit them and how to raise it. The create
+    /// path refuses a topic with the first sentence; boot refuses a data directory with all of it.
+    pub fn partitions_refusal(&self, partition_count: u64) -> Option<String> {
+        if partition_count <= self.partitions_max {
+            return None;
+        }
+        let open_file_limit_needed = open_file_limit_for_partitions(partition_count);
+        Some(format!(
+            "the server would hold {partition_count} partitions, above its limit of {} (half of \
+             the open-file limit {} after a reserve of {FD_RESERVE} descriptors, two per \
+             partition); raise the open-file limit (ulimit -n) or use fewer partitions: \
+             {partition_count} partitions need an open-file limit of at least \
+             {open_file_limit_needed} (`ulimit -n {open_file_limit_needed}`, or \
+             `LimitNOFILE={open_file_limit_needed}` in a systemd unit)",
+            self.partitions_max, self.open_file_limit,
+        ))
+    }
+
+    /// The body of the `ResourceExhausted` frame a client refused by the connection budget reads.
+    pub fn connection_limit_refusal(&self, shard: u16) -> String {
+        format!(
+            "shard {shard} is at its limit of {} client connections (its share of the open-file \
+             limit {}); retry later, close idle connections, or raise the open-file limit \
+             (ulimit -n / LimitNOFILE=)",
+            self.connections_per_shard_max, self.open_file_limit
+        )
+    }
+
+    /// The body of the `ResourceExhausted` frame a client reads when the process has no file
+    /// descriptor left to serve it.
+    pub fn fd_limit_refusal(&self) -> String {
+        format!(
+            "the server is out of file descriptors (open-file limit {}); retry later, or raise the \
+             open-file limit (ulimit -n / LimitNOFILE=)",
+            self.open_file_limit
+        )
+    }
+}
+
+/// The smallest open-file limit whose budget holds `partition_count` partitions (the inverse of
+/// `ResourceBudget::from_open_file_limit`).
+pub fn open_file_limit_for_partitions(partition_count: u64) -> u64 {
+    let partition_fds = partition_count * FDS_PER_PARTITION;
+    FD_RESERVE + (partition_fds * 100).div_ceil(PARTITION_FD_SHARE_PERCENT)
 }
 
 /// Raises the soft open-file limit to the hard one (what Kafka and Redpanda ask operators to do by
@@ -154,6 +205,33 @@ pub fn probe_listen_addr(addr: SocketAddr) -> std::io::Result<SocketAddr> {
         .ok_or_else(|| std::io::Error::other("bound socket has no inet address"))
 }
 
+/// `probe_listen_addr`, retried while the address is in use for up to `LISTEN_BIND_RETRY_MAX`:
+/// a server killed a moment ago keeps its listeners until the kernel has torn its rings down
+/// (a few milliseconds), so an immediate restart on the same port would otherwise fail. Logs
+/// once when it starts waiting. A port held by a live server still fails, after the wait.
+pub fn probe_listen_addr_retrying(addr: SocketAddr) -> std::io::Result<SocketAddr> {
+    let deadline = std::time::Instant::now() + LISTEN_BIND_RETRY_MAX;
+    let mut logged = false;
+    loop {
+        match probe_listen_addr(addr) {
+            Err(error)
+                if error.kind() == std::io::ErrorKind::AddrInUse
+                    && std::time::Instant::now() < deadline =>
+            {
+                if !logged {
+                    tracing::info!(
+                        %addr, retry_s = LISTEN_BIND_RETRY_MAX.as_secs(),
+                        "listen address in use (a server stopped a moment ago may still hold it); retrying"
+                    );
+                    logged = true;
+                }
+                std::thread::sleep(LISTEN_BIND_RETRY_SLEEP);
+            }
+            result => return result,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +245,46 @@ mod tests {
         assert_eq!(
             (tiny.partitions_max, tiny.connections_per_shard_max),
             (16, 8)
+        );
+    }
+
+    #[test]
+    fn issue7_2_partition_refusal_names_need_limit_and_fix() {
+        // The issue's case: 4 topics x 1000 partitions under `ulimit -n 2048`.
+        let budget = ResourceBudget::from_open_file_limit(2048, 2);
+        assert_eq!(budget.partitions_max, 448);
+        assert_eq!(budget.partitions_refusal(448), None);
+        assert_eq!(
+            budget.partitions_refusal(4000).unwrap(),
+            "the server would hold 4000 partitions, above its limit of 448 (half of the open-file \
+             limit 2048 after a reserve of 256 descriptors, two per partition); raise the \
+             open-file limit (ulimit -n) or use fewer partitions: 4000 partitions need an \
+             open-file limit of at least 16256 (`ulimit -n 16256`, or `LimitNOFILE=16256` in a \
+             systemd unit)"
+        );
+        // The limit named is enough, and one less is not (above the budget's floor of 64 usable
+        // descriptors, where any limit holds 16 partitions).
+        assert_eq!(open_file_limit_for_partitions(1), 260);
+        for count in [448, 449, 4000, 12_345] {
+            let needed = open_file_limit_for_partitions(count);
+            assert!(ResourceBudget::from_open_file_limit(needed, 2).partitions_max >= count);
+            assert!(ResourceBudget::from_open_file_limit(needed - 1, 2).partitions_max < count);
+        }
+    }
+
+    #[test]
+    fn issue7_2_refusal_bodies_name_the_limit() {
+        let budget = ResourceBudget::from_open_file_limit(600, 1);
+        assert_eq!(
+            budget.connection_limit_refusal(0),
+            "shard 0 is at its limit of 172 client connections (its share of the open-file limit \
+             600); retry later, close idle connections, or raise the open-file limit (ulimit -n / \
+             LimitNOFILE=)"
+        );
+        assert_eq!(
+            budget.fd_limit_refusal(),
+            "the server is out of file descriptors (open-file limit 600); retry later, or raise \
+             the open-file limit (ulimit -n / LimitNOFILE=)"
         );
     }
 

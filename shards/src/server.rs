@@ -1,15 +1,23 @@
 //! Server bootstrap and the shard main loop: validate config, resolve the topology, probe
 //! io_uring, reserve the listen port, launch the shards, wait until every shard listens.
 //!
-//! Startup order (DESIGN section 3): shard 0 recovers metadata and hands each shard its copy;
-//! every shard opens the partitions it owns; after the ready barrier each shard opens its
-//! SO_REUSEPORT listener. Never opens a listener before every shard is ready.
+//! Startup order (DESIGN section 3): shard 0 recovers metadata, checks its partitions against the
+//! open-file budget and hands each shard its copy; every shard opens the partitions it owns;
+//! after the ready barrier each shard opens its SO_REUSEPORT listener. Never opens a listener
+//! before every shard is ready.
+//!
+//! Shutdown order: on the stop signal every shard closes its listener and shuts the read side of
+//! its connections; connections finish the request they hold, answer what was already sent with
+//! `ShuttingDown` and end; all shards keep pumping until every shard's connections are done (or
+//! `SHUTDOWN_DRAIN_DEADLINE`); then shard 0 checkpoints and every shard fsyncs its logs. Never
+//! drops a request it read without answering it, unless the drain deadline passes.
 
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use compio::net::TcpListener;
 use runtime::{
@@ -18,10 +26,10 @@ use runtime::{
 };
 use socket2::{Domain, Protocol, Socket, Type};
 
+use crate::accept::{Connections, accept_loop};
 use crate::config::{ConfigError, ServerConfig};
-use crate::connection::serve_connection;
 use crate::frame::ShardFrame;
-use crate::limits::{LISTEN_BACKLOG, PARTITIONS_DIR_NAME};
+use crate::limits::{LISTEN_BACKLOG, PARTITIONS_DIR_NAME, SHUTDOWN_DRAIN_DEADLINE};
 use crate::metadata::{MetadataState, store};
 use crate::resources::{self, ResourceBudget};
 use crate::shard::Shard;
@@ -117,14 +125,15 @@ impl RunningServer {
         config.validate()?;
         let topology = Topology::resolve(&config.topology)?;
         if config.io_driver == IoDriver::IoUring {
-            runtime::probe_io_uring()?;
+            runtime::probe_io_uring(topology.shard_count())?;
         }
         // The port first: a start that fails on a busy port leaves nothing on disk.
-        let listen =
-            resources::probe_listen_addr(config.listen).map_err(|source| ServerError::Listen {
+        let listen = resources::probe_listen_addr_retrying(config.listen).map_err(|source| {
+            ServerError::Listen {
                 addr: config.listen,
                 source,
-            })?;
+            }
+        })?;
         crate::vsr::failpoint::check_env().map_err(ServerError::Startup)?;
         std::fs::create_dir_all(&config.data_dir).map_err(|source| ServerError::DataDir {
             path: config.data_dir.display().to_string(),
@@ -184,6 +193,7 @@ impl RunningServer {
             shutdown_deadline: runtime::launcher::SHUTDOWN_DEADLINE,
         };
         let config = Arc::new(config);
+        let drain = Arc::new(DrainState::new(shard_count));
         let (report_tx, report_rx) = std_mpsc::channel::<StartupReport>();
         let report_tx = std::sync::Mutex::new(report_tx);
         let shard_set = ShardSet::launch(&launch, move |ctx: ShardContext<ShardFrame>| {
@@ -198,6 +208,7 @@ impl RunningServer {
                 budget,
                 local_addr,
                 guard,
+                Arc::clone(&drain),
             ))
         })?;
 
@@ -249,18 +260,72 @@ impl RunningServer {
     }
 }
 
-/// One shard's whole life: bootstrap, open partitions, ready barrier, listen, pump, shutdown.
+/// Shards still draining at shutdown, shared by every shard: a shard keeps answering other
+/// shards' forwarded requests until every shard's connections are done (or the drain deadline).
+#[derive(Debug)]
+struct DrainState {
+    draining_count: AtomicUsize,
+}
+
+impl DrainState {
+    fn new(shard_count: u16) -> DrainState {
+        DrainState {
+            draining_count: AtomicUsize::new(usize::from(shard_count)),
+        }
+    }
+
+    fn all_drained(&self) -> bool {
+        self.draining_count.load(Ordering::Acquire) == 0
+    }
+}
+
+/// One shard's vote in `DrainState`: cast when its connections are done, or when the shard ends
+/// however it ends (a shard that failed has no connection left to wait for).
+struct DrainVote {
+    state: Arc<DrainState>,
+    cast: bool,
+}
+
+impl DrainVote {
+    fn cast(&mut self) {
+        if !self.cast {
+            self.cast = true;
+            self.state.draining_count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for DrainVote {
+    fn drop(&mut self) {
+        self.cast();
+    }
+}
+
+/// One shard's whole life: bootstrap, open partitions, ready barrier, listen, pump, drain,
+/// shutdown.
 async fn run_shard(
     ctx: ShardContext<ShardFrame>,
     config: Arc<ServerConfig>,
     budget: ResourceBudget,
     listen_addr: SocketAddr,
     mut startup: StartupGuard,
+    drain: Arc<DrainState>,
 ) -> Result<(), String> {
+    let mut drain_vote = DrainVote {
+        state: drain,
+        cast: false,
+    };
     let (shard_id, shard_count) = (ctx.shard_id, ctx.shard_count);
     let (endpoint, mut pump, ready_barrier) = ctx.into_parts();
     let (metadata, replica) = if shard_id == ShardId(0) {
         let (replica, metadata) = crate::vsr::boot::open(&config).await?;
+        // Before any partition opens: past the budget, opening them would end in EMFILE.
+        if let Some(refusal) = budget.partitions_refusal(metadata.namespaces().len() as u64) {
+            return Err(format!(
+                "cannot open the partitions of {}: {refusal}",
+                config.data_dir.display()
+            ));
+        }
         for target in 1..shard_count {
             endpoint
                 .try_send(
@@ -302,9 +367,10 @@ async fn run_shard(
         bind_listener(listen_addr).map_err(|e| format!("listen on {listen_addr}: {e}"))?;
     let metadata_task =
         (shard_id == ShardId(0)).then(|| compio::runtime::spawn(Rc::clone(&shard).metadata_task()));
-    let connections: Rc<std::cell::RefCell<Vec<compio::runtime::JoinHandle<()>>>> = Rc::default();
+    let connections = Rc::new(Connections::default());
     let accept_task = compio::runtime::spawn(accept_loop(
         Rc::clone(&shard),
+        budget,
         listener,
         Rc::clone(&connections),
     ));
@@ -313,39 +379,46 @@ async fn run_shard(
     loop {
         match pump.next().await {
             PumpEvent::Stop => break,
-            PumpEvent::Tick => {
-                if matches!(config.fsync, storage::FsyncPolicy::Interval(_)) {
-                    let logs = shard.logs();
-                    compio::runtime::spawn(async move {
-                        for log in logs {
-                            if let Err(e) = log.on_tick().await {
-                                tracing::error!(error = %e, "interval fsync failed");
-                            }
-                        }
-                    })
-                    .detach();
-                }
-            }
-            PumpEvent::Inbox(envelopes) => {
-                for envelope in envelopes {
-                    shard.on_inbox(envelope).await;
-                }
-            }
-            PumpEvent::Reply(envelopes) => {
-                for envelope in envelopes {
-                    shard.on_reply(envelope);
-                }
-            }
+            event => on_event(&shard, &config, event).await,
         }
     }
 
+    // Drain: no new connection, each connection finishes the request it holds and answers what
+    // its client already sent with `ShuttingDown`, while every shard keeps pumping so that
+    // forwarded requests and their replies still flow.
+    drop(accept_task);
+    let live_count = connections.shut_reads();
     tracing::info!(
         shard = shard_id.0,
-        "stopping: closing listener and connections, fsyncing logs"
+        connections = live_count,
+        deadline_s = SHUTDOWN_DRAIN_DEADLINE.as_secs(),
+        "stopping: listener closed, draining connections"
     );
-    drop(accept_task);
+    let drain_deadline = Instant::now() + SHUTDOWN_DRAIN_DEADLINE;
+    loop {
+        if connections.all_finished() {
+            drain_vote.cast();
+        }
+        if drain_vote.state.all_drained() {
+            break;
+        }
+        if Instant::now() >= drain_deadline {
+            tracing::warn!(
+                shard = shard_id.0,
+                deadline_s = SHUTDOWN_DRAIN_DEADLINE.as_secs(),
+                "drain deadline passed: closing the connections still busy (their requests may be unanswered)"
+            );
+            break;
+        }
+        // Ticks come every 10 ms, so the checks above run at least that often.
+        let event = pump.next_draining().await;
+        on_event(&shard, &config, event).await;
+    }
+    drain_vote.cast();
+
+    tracing::info!(shard = shard_id.0, "stopping: fsyncing logs");
     drop(metadata_task);
-    connections.borrow_mut().clear();
+    connections.cancel_all();
     let mut close_failed = false;
     if shard_id == ShardId(0) {
         // The final checkpoint: the next boot starts from this snapshot and replays nothing. A
@@ -369,6 +442,36 @@ async fn run_shard(
     }
     tracing::info!(shard = shard_id.0, "stopped");
     Ok(())
+}
+
+/// Handles one pump event other than `Stop`, while serving and while draining.
+async fn on_event(shard: &Rc<Shard>, config: &ServerConfig, event: PumpEvent<ShardFrame>) {
+    match event {
+        PumpEvent::Stop => {}
+        PumpEvent::Tick => {
+            if matches!(config.fsync, storage::FsyncPolicy::Interval(_)) {
+                let logs = shard.logs();
+                compio::runtime::spawn(async move {
+                    for log in logs {
+                        if let Err(e) = log.on_tick().await {
+                            tracing::error!(error = %e, "interval fsync failed");
+                        }
+                    }
+                })
+                .detach();
+            }
+        }
+        PumpEvent::Inbox(envelopes) => {
+            for envelope in envelopes {
+                shard.on_inbox(envelope).await;
+            }
+        }
+        PumpEvent::Reply(envelopes) => {
+            for envelope in envelopes {
+                shard.on_reply(envelope);
+            }
+        }
+    }
 }
 
 /// Waits for shard 0's metadata copy; any other frame before it is a bug in the startup order.
@@ -399,40 +502,4 @@ fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
     let socket = reuse_port_socket(addr)?;
     socket.listen(LISTEN_BACKLOG)?;
     TcpListener::from_std(socket.into())
-}
-
-/// Accepts connections and spawns one task each; finished tasks are pruned on every accept.
-async fn accept_loop(
-    shard: Rc<Shard>,
-    listener: TcpListener,
-    connections: Rc<std::cell::RefCell<Vec<compio::runtime::JoinHandle<()>>>>,
-) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                if let Err(e) = stream.set_nodelay(true) {
-                    tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
-                }
-                if !shard.try_admit_connection() {
-                    tracing::warn!(
-                        shard = shard.id.0, %peer,
-                        "refusing connection: the shard is at its connection limit (open-file budget)"
-                    );
-                    drop(stream);
-                    continue;
-                }
-                tracing::debug!(shard = shard.id.0, %peer, "connection accepted");
-                let task =
-                    compio::runtime::spawn(serve_connection(Rc::clone(&shard), stream, peer));
-                let mut connections = connections.borrow_mut();
-                connections.retain(|task| !task.is_finished());
-                connections.push(task);
-            }
-            Err(e) => {
-                // EMFILE/ENFILE and friends: log, back off, keep serving existing connections.
-                tracing::warn!(shard = shard.id.0, error = %e, "accept failed; retrying in 10 ms");
-                compio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    }
 }

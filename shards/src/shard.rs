@@ -841,18 +841,8 @@ impl Shard {
                 _ => Vec::new(),
             };
             let partition_count_after = metadata.namespaces().len() as u64 + created.len() as u64;
-            if partition_count_after > self.budget.partitions_max {
-                return ShardReply::error(
-                    ErrorCode::InvalidArgument,
-                    format!(
-                        "the server would hold {partition_count_after} partitions, above its limit of {} \
-                         (half of the open-file limit {} after a reserve of {} descriptors, two per \
-                         partition); raise the open-file limit (ulimit -n) or use fewer partitions",
-                        self.budget.partitions_max,
-                        self.budget.open_file_limit,
-                        crate::limits::FD_RESERVE
-                    ),
-                );
+            if let Some(refusal) = self.budget.partitions_refusal(partition_count_after) {
+                return ShardReply::error(ErrorCode::InvalidArgument, refusal);
             }
             created
         };

@@ -1,5 +1,6 @@
 //! `shardline serve`: flags (with `SHARDLINE_*` environment equivalents) to `ServerConfig`, start,
-//! print `listening on ADDR` on stdout once every shard listens, run until SIGINT/SIGTERM.
+//! print `listening on ADDR` on stdout once every shard listens, run until SIGINT, SIGTERM or
+//! SIGHUP (each drains the connections, fsyncs and checkpoints, then exits 0).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -108,7 +109,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     let server = RunningServer::start(config)?;
     server
         .stop_on_signals()
-        .context("cannot install SIGINT/SIGTERM handlers")?;
+        .context("cannot install SIGINT/SIGTERM/SIGHUP handlers")?;
     let cores: Vec<String> = server
         .topology
         .shard_cores

@@ -176,12 +176,14 @@ fn connections_beyond_the_budget_are_closed_at_accept() {
     extra
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    let mut buffer = [0u8; 1];
-    assert_eq!(
-        extra.read(&mut buffer).unwrap_or(0),
-        0,
-        "the connection over the limit is closed"
-    );
+    // The connection over the limit reads a ResourceExhausted frame (issue 7), then the close.
+    let mut refusal = [0u8; bus::HEADER_SIZE];
+    extra.read_exact(&mut refusal).unwrap();
+    let refusal: bus::Header = bytemuck::pod_read_unaligned(&refusal);
+    assert_eq!(refusal.error_code, bus::ErrorCode::ResourceExhausted as u32);
+    let mut rest = Vec::new();
+    extra.read_to_end(&mut rest).unwrap();
+    assert_eq!(rest.len(), refusal.size as usize - bus::HEADER_SIZE);
     drop(held);
     // Slots are released when connections close.
     std::thread::sleep(Duration::from_millis(200));

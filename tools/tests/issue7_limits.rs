@@ -1,0 +1,311 @@
+//! Issue 7 section 2: resource limits are named before they bite. A locked-memory limit too low
+//! for the io_uring rings refuses at startup with the limit, the need and the fixes (never a
+//! panic, never a bare ENOMEM); a data directory with more partitions than the open-file budget
+//! refuses at boot before opening any; clients refused at the connection budget or at the real
+//! open-file limit read a `ResourceExhausted` frame that names the limit before the close.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use bus::{ErrorCode, Header, Operation};
+use common::{BIN, Server, block_on};
+
+/// How long a read may wait for an answer before the test gives up (not a timed assertion).
+const WAIT_MAX: Duration = Duration::from_mins(1);
+
+/// The tests of this file run one at a time: `RLIMIT_MEMLOCK` counts the locked memory of every
+/// process of a user, so another test's server, run by the same (non-root) user, would change
+/// what the memlock test's servers can lock.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `command` with `resource` set to `limit` (soft and hard) in the child only.
+fn with_rlimit(mut command: Command, resource: libc::__rlimit_resource_t, limit: u64) -> Command {
+    // SAFETY: setrlimit is async-signal-safe and touches only the child's own limits.
+    unsafe {
+        command.pre_exec(move || {
+            let value = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            if libc::setrlimit(resource, &raw const value) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    command
+}
+
+/// The server binary as a user that the locked-memory limit binds: root (`CAP_IPC_LOCK`) ignores
+/// it, so a root test runs the server as `nobody` through `setpriv`; any other user runs it as
+/// itself.
+fn unprivileged_server() -> Command {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Command::new(BIN);
+    }
+    let mut command = Command::new("setpriv");
+    command.args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN]);
+    command
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap()
+}
+
+/// Runs `serve` with RLIMIT_MEMLOCK at `limit_bytes`; stops it if it starts. Returns whether it
+/// started, its exit code and its stderr.
+fn serve_under_memlock(root: &std::path::Path, shards: u16, limit_bytes: u64) -> (bool, String) {
+    let data_dir = root.join(format!("data-{shards}-{limit_bytes}"));
+    let mut child = with_rlimit(unprivileged_server(), libc::RLIMIT_MEMLOCK, limit_bytes)
+        .args(["serve", "--listen", "127.0.0.1:0", "--no-pin", "--shards"])
+        .arg(shards.to_string())
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first_line = String::new();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut byte = [0u8; 1];
+    while stdout.read(&mut byte).unwrap_or(0) == 1 && byte[0] != b'\n' {
+        first_line.push(byte[0] as char);
+    }
+    let started = first_line.starts_with("listening on ");
+    if started {
+        // SAFETY: kill(2) on our own child.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    }
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        !stderr.contains("panicked"),
+        "limit {limit_bytes}: {stderr}"
+    );
+    let expected_code = i32::from(!started);
+    assert_eq!(
+        output.status.code(),
+        Some(expected_code),
+        "limit {limit_bytes}: {stderr}"
+    );
+    (started, stderr)
+}
+
+#[test]
+fn issue7_2_memlock_too_low_is_named_at_every_value() {
+    let _serial = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    // `nobody` creates the data directories.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let page = page_size();
+    // Whether this kernel charges rings to the limit at all: if a zero limit starts, every
+    // value must start (kernels that account ring memory to the memory cgroup only).
+    let (started_at_zero, _) = serve_under_memlock(dir.path(), 1, 0);
+    for shards in [1_u16, 2] {
+        let needed = runtime::probe::memlock_needed_bytes(shards, page);
+        // Every page-sized value below the need refuses, naming limit, need and the fixes. These
+        // runs create no ring (the check comes first), so they leave nothing charged to the user
+        // for the run that follows.
+        for limit in (0..needed).step_by(page as usize) {
+            let (started, stderr) = serve_under_memlock(dir.path(), shards, limit);
+            if started_at_zero {
+                assert!(started, "limit {limit}: {stderr}");
+                continue;
+            }
+            assert!(!started, "limit {limit} started");
+            let expected = runtime::probe::memlock_unavailable(limit, needed, shards).to_string();
+            assert!(
+                stderr.contains(&expected),
+                "limit {limit}, shards {shards}: expected {expected:?} in {stderr}"
+            );
+            assert!(!stderr.contains("Cannot allocate memory"), "{stderr}");
+        }
+    }
+    eprintln!("rings charged to RLIMIT_MEMLOCK here: {}", !started_at_zero);
+    // Exactly the need starts, with two shards (the most rings).
+    let needed = runtime::probe::memlock_needed_bytes(2, page);
+    let (started, stderr) = serve_under_memlock(dir.path(), 2, needed);
+    assert!(started, "limit {needed}: {stderr}");
+}
+
+/// A data directory holding one topic of `partition_count` partitions.
+fn data_dir_with_partitions(root: &std::path::Path, partition_count: u32) -> std::path::PathBuf {
+    let data_dir = root.join("data");
+    let server = Server::start(&data_dir, &["--shards", "2", "--no-pin"]);
+    block_on(async {
+        let mut client = bus::Client::connect(server.addr).await.unwrap();
+        client.create_stream(1, "s").await.unwrap();
+        client
+            .create_topic(1, 1, "t", partition_count)
+            .await
+            .unwrap();
+    });
+    assert_eq!(server.stop(), Some(0));
+    data_dir
+}
+
+#[test]
+fn issue7_2_boot_refuses_partitions_beyond_the_open_file_budget() {
+    let _serial = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = data_dir_with_partitions(dir.path(), 100);
+    // 600 descriptors: 344 after the reserve, half for partitions at two each: 86 < 100.
+    let output = with_rlimit(Command::new(BIN), libc::RLIMIT_NOFILE, 600)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--shards",
+            "2",
+            "--no-pin",
+        ])
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let refusal = shards::resources::ResourceBudget::from_open_file_limit(600, 2)
+        .partitions_refusal(100)
+        .unwrap();
+    let expected = format!(
+        "shard 0: cannot open the partitions of {}: {refusal}",
+        data_dir.display()
+    );
+    assert!(
+        stderr.contains(&expected),
+        "expected {expected:?} in {stderr}"
+    );
+    assert!(refusal.contains("ulimit -n 656"), "{refusal}");
+    assert!(!stderr.contains("Too many open files"), "{stderr}");
+    // At the named limit it boots and serves every partition.
+    let server = Server::start_with(
+        with_rlimit(Command::new(BIN), libc::RLIMIT_NOFILE, 656),
+        &data_dir,
+        &["--shards", "2", "--no-pin"],
+    );
+    block_on(async {
+        let mut client = bus::Client::connect(server.addr).await.unwrap();
+        let metadata = client.get_metadata().await.unwrap();
+        assert_eq!(metadata.streams[0].topics[0].partitions.len(), 100);
+    });
+    assert_eq!(server.stop(), Some(0));
+}
+
+/// What one new client gets: `Ok(())` when its Ping is answered (admitted), or the refusal frame.
+fn ping_or_refusal(addr: SocketAddr) -> (TcpStream, Result<(), (Header, String)>) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(WAIT_MAX)).unwrap();
+    let mut header = Header::new(bus::Command::Request, Operation::Ping);
+    header.request = 7;
+    stream
+        .write_all(&bus::encode_frame(&mut header, &[]))
+        .unwrap();
+    let mut head = [0u8; bus::HEADER_SIZE];
+    stream.read_exact(&mut head).unwrap();
+    let reply: Header = bytemuck::pod_read_unaligned(&head);
+    assert!(reply.valid_checksum());
+    let mut body = vec![0u8; reply.size as usize - bus::HEADER_SIZE];
+    stream.read_exact(&mut body).unwrap();
+    if reply.error_code == 0 {
+        assert_eq!(reply.request, 7);
+        return (stream, Ok(()));
+    }
+    // The refusal is followed by the close.
+    let mut rest = [0u8; 1];
+    assert_eq!(stream.read(&mut rest).unwrap_or(0), 0);
+    (
+        stream,
+        Err((reply, String::from_utf8_lossy(&body).into_owned())),
+    )
+}
+
+#[test]
+fn issue7_2_clients_refused_at_the_open_file_limit_read_why() {
+    let _serial = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    // 40 descriptors: the budget's floor allows 32 connections, but the server holds about 14
+    // descriptors of its own, so the process runs out of descriptors first.
+    let server = Server::start_with(
+        with_rlimit(Command::new(BIN), libc::RLIMIT_NOFILE, 40),
+        &dir.path().join("data"),
+        &["--shards", "1"],
+    );
+    let mut admitted = Vec::new();
+    let (header, body) = loop {
+        assert!(admitted.len() < 40, "never refused");
+        match ping_or_refusal(server.addr) {
+            (stream, Ok(())) => admitted.push(stream),
+            (_, Err(refusal)) => break refusal,
+        }
+    };
+    assert_eq!(header.command, bus::Command::Reply as u8);
+    assert_eq!(header.error_code, ErrorCode::ResourceExhausted as u32);
+    assert_eq!(header.request, 0);
+    assert_eq!(
+        body,
+        "the server is out of file descriptors (open-file limit 40); retry later, or raise the \
+         open-file limit (ulimit -n / LimitNOFILE=)"
+    );
+    // The next client is refused the same way, not left in the backlog.
+    let (_, next) = ping_or_refusal(server.addr);
+    assert_eq!(next.unwrap_err().1, body);
+    // Descriptors come back when clients leave: a new client is served.
+    drop(admitted);
+    let served = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        ping_or_refusal(server.addr).1.is_ok()
+    });
+    assert!(served, "no client served after the others closed");
+    let stderr = server.stderr();
+    assert!(
+        stderr
+            .contains("accepts failed in the last 1 s: the process is at its open-file limit (40)"),
+        "{stderr}"
+    );
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[test]
+fn issue7_2_clients_refused_by_the_connection_budget_read_why() {
+    let _serial = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    // 600 descriptors: 172 connections on the one shard, far below the descriptor limit.
+    let server = Server::start_with(
+        with_rlimit(Command::new(BIN), libc::RLIMIT_NOFILE, 600),
+        &dir.path().join("data"),
+        &["--shards", "1"],
+    );
+    let mut admitted = Vec::new();
+    for _ in 0..172 {
+        let (stream, answer) = ping_or_refusal(server.addr);
+        assert_eq!(answer, Ok(()));
+        admitted.push(stream);
+    }
+    let (header, body) = ping_or_refusal(server.addr).1.unwrap_err();
+    assert_eq!(header.error_code, ErrorCode::ResourceExhausted as u32);
+    assert_eq!(
+        body,
+        "shard 0 is at its limit of 172 client connections (its share of the open-file limit \
+         600); retry later, close idle connections, or raise the open-file limit (ulimit -n / \
+         LimitNOFILE=)"
+    );
+    assert_eq!(server.stop(), Some(0));
+}
