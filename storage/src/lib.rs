@@ -8,15 +8,18 @@
 
 pub mod durable;
 pub mod entry;
+pub mod fault;
 pub mod journal;
 pub mod limits;
 pub mod log;
 pub mod snapshot;
+pub mod space;
 pub mod superblock;
 
 pub use durable::{
     DurableError, ReplaceStep, durable_replace, durable_replace_observed, read_verified,
 };
+pub use fault::{FaultInjector, FaultOp};
 pub use entry::{ENTRY_HEADER_SIZE, EntryHeader, build_entry, payload_checksum};
 pub use journal::{
     JOURNAL_HEADER_SIZE, Journal, JournalConfig, JournalError, JournalHeader, JournalRecovery,
