@@ -80,7 +80,9 @@ pub enum JournalError {
     /// segment fsynced: the journal is as before the append (`last_op` unchanged), not
     /// poisoned, and the same op may be appended again once space is freed. `free_bytes` is
     /// what the journal's filesystem had free after the rollback.
-    #[error("{path}: {op} failed: {source} ({free_bytes}); nothing was journaled, retry once space is freed")]
+    #[error(
+        "{path}: {op} failed: {source} ({free_bytes}); nothing was journaled, retry once space is freed"
+    )]
     StorageFull {
         path: PathBuf,
         op: &'static str,
@@ -308,7 +310,9 @@ impl Journal {
         self.write_buffer = buffer;
         if let Err(error) = result {
             if is_storage_full(&error) {
-                return Err(self.roll_back(self.active_path.clone(), "write record", error).await);
+                return Err(self
+                    .roll_back(self.active_path.clone(), "write record", error)
+                    .await);
             }
             return Err(self.poison(self.active_path.clone(), "write record", error));
         }
@@ -343,9 +347,18 @@ impl Journal {
     /// After a write refused for lack of space at `op` on `path`: cuts whatever part of the record
     /// reached the active segment, fsyncs it, clears the poison and returns `StorageFull`; if the
     /// cut or the fsync fails, the journal is poisoned with that failure instead.
-    async fn roll_back(&mut self, path: PathBuf, op: &'static str, error: io::Error) -> JournalError {
+    async fn roll_back(
+        &mut self,
+        path: PathBuf,
+        op: &'static str,
+        error: io::Error,
+    ) -> JournalError {
         if let Err(cut_error) = self.active_file.set_len(self.active_size_bytes).await {
-            return self.poison(self.active_path.clone(), "truncate a refused record", cut_error);
+            return self.poison(
+                self.active_path.clone(),
+                "truncate a refused record",
+                cut_error,
+            );
         }
         if let Err(sync_error) = self.sync_active().await {
             return self.poison(

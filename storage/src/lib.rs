@@ -19,8 +19,8 @@ pub mod superblock;
 pub use durable::{
     DurableError, ReplaceStep, durable_replace, durable_replace_observed, read_verified,
 };
-pub use fault::{FaultInjector, FaultOp};
 pub use entry::{ENTRY_HEADER_SIZE, EntryHeader, build_entry, payload_checksum};
+pub use fault::{FaultInjector, FaultOp};
 pub use journal::{
     JOURNAL_HEADER_SIZE, Journal, JournalConfig, JournalError, JournalHeader, JournalRecovery,
     Prepare,

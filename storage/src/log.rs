@@ -30,10 +30,10 @@ use compio::fs::File;
 use crate::durable::read_exact_append;
 use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, payload_checksum};
 use crate::fault::FaultInjector;
-use crate::space::{FreeBytes, is_storage_full};
 use crate::limits::{
     APPEND_QUEUE_BYTES_MAX, APPEND_QUEUE_ENTRY_COUNT_MAX, ENTRY_SIZE_MAX, SEGMENT_SIZE_MAX_LIMIT,
 };
+use crate::space::{FreeBytes, is_storage_full};
 use compio::BufResult;
 use completion::Completion;
 use index::SegmentIndex;
@@ -118,7 +118,9 @@ pub enum LogError {
     /// group and those queued behind it were not kept and got no offset; the log is not poisoned
     /// and accepts appends again (they succeed once space is freed). `free_bytes` is what the
     /// filesystem of the log had free after the rollback.
-    #[error("{path}: {op} failed: {source} ({free_bytes}); nothing of this append was kept, retry once space is freed")]
+    #[error(
+        "{path}: {op} failed: {source} ({free_bytes}); nothing of this append was kept, retry once space is freed"
+    )]
     StorageFull {
         path: PathBuf,
         op: &'static str,

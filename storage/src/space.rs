@@ -35,7 +35,10 @@ pub fn free_bytes(path: &Path) -> Option<u64> {
     if result != 0 {
         return None;
     }
-    #[allow(clippy::unnecessary_cast, reason = "the field widths differ between targets")]
+    #[allow(
+        clippy::unnecessary_cast,
+        reason = "the field widths differ between targets"
+    )]
     Some((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
 }
 

@@ -87,7 +87,11 @@ fn issue7_1_log_enospc_on_a_write_then_space_recovers() {
             .await
             .unwrap();
         assert_eq!(
-            (report.next_offset, report.entry_count, report.truncated_bytes),
+            (
+                report.next_offset,
+                report.entry_count,
+                report.truncated_bytes
+            ),
             (4, 3, 0)
         );
         assert_eq!(log.read(0, u32::MAX, usize::MAX).await.unwrap(), expected);
@@ -131,7 +135,11 @@ fn issue7_1_log_enospc_after_a_roll_deletes_the_new_segment() {
             .await
             .unwrap();
         assert_eq!(
-            (report.next_offset, report.segment_count, report.truncated_bytes),
+            (
+                report.next_offset,
+                report.segment_count,
+                report.truncated_bytes
+            ),
             (4, 2, 0)
         );
         let expected: Vec<u8> = entries
@@ -185,9 +193,9 @@ fn prepare(op: u64, size: usize) -> Prepare {
     }
 }
 
-fn assert_journal_full(result: Result<(), JournalError>, path: &Path, op: &str) {
+fn assert_journal_full(result: &Result<(), JournalError>, path: &Path, op: &str) {
     assert!(
-        matches!(&result, Err(JournalError::StorageFull { path: failed, op: failed_op, free_bytes, source })
+        matches!(result, Err(JournalError::StorageFull { path: failed, op: failed_op, free_bytes, source })
             if failed == path && *failed_op == op && free_bytes.0.is_some()
                 && source.raw_os_error() == Some(libc::ENOSPC)),
         "{result:?}"
@@ -205,7 +213,7 @@ fn issue7_1_journal_enospc_on_a_record_then_space_recovers() {
             .fault_injector()
             .fail(FaultOp::Write, 0, 1, libc::ENOSPC);
         assert_journal_full(
-            journal.append(&prepare(2, 300)).await,
+            &journal.append(&prepare(2, 300)).await,
             &wal_path(dir.path(), 1),
             "write record",
         );
@@ -240,7 +248,7 @@ fn issue7_1_journal_enospc_after_a_roll_then_space_recovers() {
             .fail(FaultOp::Write, 0, 1, libc::ENOSPC);
         // Op 2 rolls to segment 2, whose first write is refused: the segment stays, empty.
         assert_journal_full(
-            journal.append(&prepare(2, 100)).await,
+            &journal.append(&prepare(2, 100)).await,
             &wal_path(dir.path(), 2),
             "write record",
         );

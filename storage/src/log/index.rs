@@ -93,7 +93,9 @@ impl SegmentIndex {
         if end_offset == self.end_offset {
             return;
         }
-        let keep_count = self.rows.partition_point(|row| row.base_offset < end_offset);
+        let keep_count = self
+            .rows
+            .partition_point(|row| row.base_offset < end_offset);
         let first_dropped = self.rows[keep_count];
         assert_eq!(
             first_dropped.base_offset, end_offset,
@@ -320,7 +322,10 @@ mod tests {
         assert_eq!(index, full);
         index.truncate_to(103);
         assert_eq!(index.rows, full.rows[..1]);
-        assert_eq!((index.end_offset, index.size_bytes), (103, full.rows[1].position));
+        assert_eq!(
+            (index.end_offset, index.size_bytes),
+            (103, full.rows[1].position)
+        );
         index.truncate_to(100);
         assert_eq!(index, SegmentIndex::empty(100));
     }

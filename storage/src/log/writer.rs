@@ -7,7 +7,7 @@
 //! is poisoned until reopened. A write refused for lack of space (`ENOSPC`, `EDQUOT`, `EFBIG`)
 //! is rolled back instead: segments created by the failed group are deleted, the active segment
 //! is truncated to the acknowledged end and fsynced, the group and the queue behind it fail with
-//! `StorageFull`, and the offsets are reused (storage/FORMAT.md section 4).
+//! `StorageFull`, and the offsets are reused (storage/FORMAT.md section 3, "Rollback").
 
 use std::mem;
 use std::rc::Rc;
