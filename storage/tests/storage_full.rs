@@ -151,6 +151,58 @@ fn issue7_1_log_enospc_after_a_roll_deletes_the_new_segment() {
     });
 }
 
+/// Returns `Pending` once (waking itself), so other tasks (the log's writer) run.
+async fn yield_once() {
+    let mut yielded = false;
+    std::future::poll_fn(|context| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            context.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+}
+
+#[test]
+fn issue7_1_log_enospc_fails_the_appends_queued_behind_and_reuses_offsets() {
+    let dir = tempfile::tempdir().unwrap();
+    let kept = build_entry(0, 1, b"kept");
+    block_on(async {
+        let (log, _) = PartitionLog::open(dir.path(), config(FsyncPolicy::Always, 1 << 20))
+            .await
+            .unwrap();
+        assert_eq!(log.append(kept.clone()).await.unwrap(), 0);
+        log.fault_injector()
+            .fail(FaultOp::Write, 0, 1, libc::EDQUOT);
+        let refused = log.append(build_entry(0, 2, b"refused"));
+        // Let the writer take the first group; the next append queues behind it (offset 3).
+        yield_once().await;
+        let queued = log.append(build_entry(0, 1, b"queued behind"));
+        assert_eq!(log.next_offset(), 4);
+        for result in [refused.await, queued.await] {
+            assert!(
+                matches!(&result, Err(LogError::StorageFull { source, .. })
+                    if source.raw_os_error() == Some(libc::EDQUOT)),
+                "{result:?}"
+            );
+        }
+        assert_eq!((log.next_offset(), log.acked_offset()), (1, 1));
+        let after = build_entry(0, 2, b"after");
+        assert_eq!(log.append(after.clone()).await.unwrap(), 1);
+        assert_eq!(
+            log.read(0, u32::MAX, usize::MAX).await.unwrap(),
+            [stored(&kept, 0), stored(&after, 1)].concat()
+        );
+        assert_eq!(
+            file_size(&segment(dir.path(), 0)),
+            (kept.len() + after.len()) as u64
+        );
+    });
+}
+
 #[test]
 fn issue7_1_log_fsync_failure_still_poisons() {
     let dir = tempfile::tempdir().unwrap();
