@@ -416,9 +416,9 @@ impl PartitionLog {
     ///
     /// # Errors
     /// `InvalidEntry`, `QueueFull`, `Closed`, or the poisoning `Io` error, without writing;
-    /// `StorageFull` if a write of its group (or of a group before it that was still queued) was
-    /// refused for lack of space: nothing of the group or of the queue behind it is kept, the
-    /// offsets are reused, and the log keeps accepting appends; `Io` if any other write or an
+    /// `StorageFull` if a write of its group was refused for lack of space, or it was queued
+    /// behind such a group: nothing of the group or of the queue behind it is kept, the offsets
+    /// are reused, and the log keeps accepting appends; `Io` if any other write or an
     /// fsync of its group fails (nothing in that group is acknowledged, and the log is
     /// poisoned).
     ///
