@@ -148,6 +148,24 @@ pub fn tune_allocator() {
     }
 }
 
+/// Ignores SIGXFSZ, so that a write past `RLIMIT_FSIZE` fails with EFBIG (which the partition
+/// log and the journal roll back and answer `StorageFull`, issue 7 item 1) instead of the
+/// signal's default action killing the process mid-write (a write from a thread of the process
+/// raises it: `--io-driver poll`, blocking-pool writes; io_uring's kernel workers do not). Call
+/// once at startup, before shard threads start.
+///
+/// # Errors
+/// The OS error if the disposition cannot be set (it can always be for SIGXFSZ on Linux).
+pub fn ignore_file_size_signal() -> std::io::Result<()> {
+    // SAFETY: SIG_IGN installs no handler code; changing a disposition is async-signal-safe and
+    // affects no Rust-visible state.
+    let previous = unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    if previous == libc::SIG_ERR {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Why the data directory cannot be taken.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {

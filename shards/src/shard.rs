@@ -251,8 +251,17 @@ fn verdict_reply(
     }
 }
 
-/// The reply to a metadata request whose prepare could not be made durable.
+/// The reply to a metadata request whose prepare could not be made durable: `StorageFull`
+/// naming the journal when the write was refused for lack of space (rolled back; later changes
+/// succeed once space is freed), else `StorageFailure` (the journal is poisoned until restart).
 fn journal_failure(error: &storage::JournalError) -> ShardReply {
+    if let storage::JournalError::StorageFull { .. } = error {
+        tracing::warn!(%error, "metadata journal full; the change is not applied");
+        return ShardReply::error(
+            ErrorCode::StorageFull,
+            format!("metadata journal full, the change is not applied: {error}"),
+        );
+    }
     tracing::error!(
         %error,
         "metadata journal append failed; the change is not acknowledged, and every later change \
@@ -261,6 +270,30 @@ fn journal_failure(error: &storage::JournalError) -> ShardReply {
     ShardReply::error(
         ErrorCode::StorageFailure,
         format!("metadata not persisted: {error}"),
+    )
+}
+
+/// The reply to a send whose append failed: `StorageFull` naming the partition when the write
+/// was refused for lack of space (rolled back; later sends succeed once space is freed), else
+/// `StorageFailure`.
+fn append_failure(shard: ShardId, namespace: Namespace, error: &storage::LogError) -> ShardReply {
+    if let storage::LogError::StorageFull { .. } = error {
+        tracing::warn!(shard = shard.0, %namespace, %error, "partition storage full; append refused");
+        return ShardReply::error(
+            ErrorCode::StorageFull,
+            format!(
+                "partition {namespace} (stream {}, topic {}, partition {}) is full, nothing was \
+                 appended: {error}",
+                namespace.stream_id(),
+                namespace.topic_id(),
+                namespace.partition_id()
+            ),
+        );
+    }
+    tracing::error!(shard = shard.0, %namespace, %error, "append failed");
+    ShardReply::error(
+        ErrorCode::StorageFailure,
+        format!("append to {namespace} failed: {error}"),
     )
 }
 
@@ -587,13 +620,7 @@ impl Shard {
                 message_count,
                 ends: partition_ends(log),
             },
-            Err(e) => {
-                tracing::error!(shard = self.id.0, %namespace, error = %e, "append failed");
-                ShardReply::error(
-                    ErrorCode::StorageFailure,
-                    format!("append to {namespace} failed: {e}"),
-                )
-            }
+            Err(e) => append_failure(self.id, namespace, &e),
         }
     }
 

@@ -6,9 +6,11 @@
 //! Cowling 2012, section 4.1: a replica appends the prepare to its log before it sends
 //! PrepareOk, and the primary executes it only after a quorum of PrepareOks; with
 //! `replica_count = 1` the local fsync is that quorum), never skip or truncate a record that a
-//! torn write cannot explain, and never keep writing after a failed write or fsync (a failed
-//! fsync may have dropped the dirty pages; see FORMAT.md section 1). Byte layout, write order and
-//! crash cases: `storage/FORMAT.md` section 8. It never interprets a prepare's body.
+//! torn write cannot explain, and never keep writing after a failed fsync or a failed write other
+//! than a full filesystem (a failed fsync may have dropped the dirty pages; see FORMAT.md section
+//! 1). A record write refused with `ENOSPC`, `EDQUOT` or `EFBIG` is rolled back (the segment is
+//! truncated to its last record and fsynced) and the journal goes on. Byte layout, write order
+//! and crash cases: `storage/FORMAT.md` section 8. It never interprets a prepare's body.
 
 mod record;
 mod recovery;
@@ -21,7 +23,9 @@ use compio::fs::{File, OpenOptions};
 use compio::io::AsyncWriteAtExt;
 
 use crate::durable::sync_dir;
+use crate::fault::{FaultInjector, FaultOp};
 use crate::limits::{JOURNAL_BODY_SIZE_MAX, JOURNAL_SEGMENT_SIZE_MAX};
+use crate::space::{FreeBytes, free_bytes, is_storage_full};
 pub use record::{JOURNAL_HEADER_SIZE, JournalHeader, Prepare, header_checksum, parse_record};
 
 /// How a [`Journal`] writes.
@@ -69,6 +73,20 @@ pub enum JournalError {
     Io {
         path: PathBuf,
         op: &'static str,
+        source: io::Error,
+    },
+    /// The record write (or the creation of a new segment for it) was refused for lack of space
+    /// (`ENOSPC`, `EDQUOT` or `EFBIG`) at `op` on `path`. The partial record was cut and the
+    /// segment fsynced: the journal is as before the append (`last_op` unchanged), not
+    /// poisoned, and the same op may be appended again once space is freed. `free_bytes` is
+    /// what the journal's filesystem had free after the rollback.
+    #[error(
+        "{path}: {op} failed: {source} ({free_bytes}); nothing was journaled, retry once space is freed"
+    )]
+    StorageFull {
+        path: PathBuf,
+        op: &'static str,
+        free_bytes: FreeBytes,
         source: io::Error,
     },
     /// Stored bytes are damaged where a torn append cannot explain them (a closed segment, a
@@ -132,6 +150,8 @@ pub struct Journal {
     /// Reused for every append's record bytes (handed to the kernel and back).
     write_buffer: Vec<u8>,
     failure: Option<Failure>,
+    /// Test seam: consulted before every record write and segment fsync.
+    faults: FaultInjector,
 }
 
 impl Journal {
@@ -190,6 +210,7 @@ impl Journal {
             last_op: recovered.last_op,
             write_buffer: Vec::new(),
             failure: None,
+            faults: FaultInjector::default(),
         };
         Ok((journal, recovered.recovery))
     }
@@ -215,6 +236,12 @@ impl Journal {
         &self.dir
     }
 
+    /// The fault-injecting seam of this journal (record writes and segment fsyncs), for tests of
+    /// the failure paths; unarmed unless a caller arms it.
+    pub fn fault_injector(&self) -> FaultInjector {
+        self.faults.clone()
+    }
+
     /// Appends `prepare` as one record (header + body, one write at the end of the active
     /// segment), then `fdatasync`s it; returns only once the record is durable, so the caller
     /// may then send PrepareOk / apply it (VSR Revisited section 4.1). If the active segment is
@@ -223,9 +250,13 @@ impl Journal {
     ///
     /// # Errors
     /// - `BodyTooLarge`: the body exceeds [`JOURNAL_BODY_SIZE_MAX`]; nothing written.
-    /// - `Io`: a write, fsync, segment creation or directory fsync failed. The record may or may
-    ///   not be on disk; the journal is poisoned and must be reopened (which keeps the record
-    ///   only if it is complete and valid).
+    /// - `StorageFull`: the record write or the new segment's creation was refused for lack of
+    ///   space; the partial record was cut and fsynced, nothing is journaled, and the journal
+    ///   accepts the same op again.
+    /// - `Io`: any other write failure, an fsync, or a directory fsync failed (or the rollback
+    ///   after a refused write did). The record may or may not be on disk; the journal is
+    ///   poisoned and must be reopened (which keeps the record only if it is complete and
+    ///   valid).
     /// - `Poisoned`: an earlier append or release failed or was cancelled.
     ///
     /// # Panics
@@ -275,14 +306,17 @@ impl Journal {
         let mut buffer = std::mem::take(&mut self.write_buffer);
         buffer.clear();
         record::encode_record(prepare, &mut buffer);
-        let BufResult(result, buffer) = (&self.active_file)
-            .write_all_at(buffer, self.active_size_bytes)
-            .await;
+        let (result, buffer) = self.write_record(buffer).await;
         self.write_buffer = buffer;
         if let Err(error) = result {
+            if is_storage_full(&error) {
+                return Err(self
+                    .roll_back(self.active_path.clone(), "write record", error)
+                    .await);
+            }
             return Err(self.poison(self.active_path.clone(), "write record", error));
         }
-        if let Err(error) = self.active_file.sync_data().await {
+        if let Err(error) = self.sync_active().await {
             return Err(self.poison(self.active_path.clone(), "fsync segment", error));
         }
         self.active_size_bytes += record_size;
@@ -291,9 +325,65 @@ impl Journal {
         Ok(())
     }
 
+    /// Writes `buffer` at the end of the active segment, through the fault seam: an injected
+    /// write fault first writes half the record, as a write that runs out of space part way does.
+    async fn write_record(&self, buffer: Vec<u8>) -> (io::Result<()>, Vec<u8>) {
+        let position = self.active_size_bytes;
+        if let Err(error) = self.faults.check(FaultOp::Write) {
+            let half = buffer[..buffer.len() / 2].to_vec();
+            let BufResult(_, _) = (&self.active_file).write_all_at(half, position).await;
+            return (Err(error), buffer);
+        }
+        let BufResult(result, buffer) = (&self.active_file).write_all_at(buffer, position).await;
+        (result, buffer)
+    }
+
+    /// `fdatasync` of the active segment, through the fault seam.
+    async fn sync_active(&self) -> io::Result<()> {
+        self.faults.check(FaultOp::Fsync)?;
+        self.active_file.sync_data().await
+    }
+
+    /// After a write refused for lack of space at `op` on `path`: cuts whatever part of the record
+    /// reached the active segment, fsyncs it, clears the poison and returns `StorageFull`; if the
+    /// cut or the fsync fails, the journal is poisoned with that failure instead.
+    async fn roll_back(
+        &mut self,
+        path: PathBuf,
+        op: &'static str,
+        error: io::Error,
+    ) -> JournalError {
+        if let Err(cut_error) = self.active_file.set_len(self.active_size_bytes).await {
+            return self.poison(
+                self.active_path.clone(),
+                "truncate a refused record",
+                cut_error,
+            );
+        }
+        if let Err(sync_error) = self.sync_active().await {
+            return self.poison(
+                self.active_path.clone(),
+                "fsync after truncating a refused record",
+                sync_error,
+            );
+        }
+        self.failure = None;
+        let free_bytes = FreeBytes(free_bytes(&self.dir));
+        tracing::warn!(
+            path = %path.display(), op, %error, %free_bytes, last_op = self.last_op,
+            "journal write refused for lack of space; rolled back, the journal accepts appends again"
+        );
+        JournalError::StorageFull {
+            path,
+            op,
+            free_bytes,
+            source: error,
+        }
+    }
+
     /// Closes the active segment and makes `{first_op:020}.wal` the new one.
     async fn roll(&mut self, first_op: u64) -> Result<(), JournalError> {
-        if let Err(error) = self.active_file.sync_data().await {
+        if let Err(error) = self.sync_active().await {
             return Err(self.poison(self.active_path.clone(), "fsync segment before roll", error));
         }
         let path = segment_path(&self.dir, first_op);
@@ -305,6 +395,10 @@ impl Journal {
             .await
         {
             Ok(file) => file,
+            // Nothing was created: the active segment is as it was, and it was just fsynced.
+            Err(error) if is_storage_full(&error) => {
+                return Err(self.roll_back(path, "create segment", error).await);
+            }
             Err(error) => return Err(self.poison(path, "create segment", error)),
         };
         if let Err(error) = sync_dir(&self.dir).await {

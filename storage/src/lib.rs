@@ -8,10 +8,12 @@
 
 pub mod durable;
 pub mod entry;
+pub mod fault;
 pub mod journal;
 pub mod limits;
 pub mod log;
 pub mod snapshot;
+pub mod space;
 pub mod superblock;
 
 pub use durable::{
@@ -20,6 +22,7 @@ pub use durable::{
 pub use entry::{
     ENTRY_HEADER_SIZE, EntryHeader, ProducerBatch, build_entry, payload_checksum, producer_stamp,
 };
+pub use fault::{FaultInjector, FaultOp};
 pub use journal::{
     JOURNAL_HEADER_SIZE, Journal, JournalConfig, JournalError, JournalHeader, JournalRecovery,
     Prepare,

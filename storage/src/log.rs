@@ -4,8 +4,10 @@
 //! One `PartitionLog` is owned by one shard and is `!Send`: its writer task runs on the runtime that
 //! opened it. It must never acknowledge an entry before it is written (and fsynced under
 //! `FsyncPolicy::Always`), never expose an unacknowledged entry to `read`, and never keep writing
-//! after a failed write or fsync (the tail state is then unknown; see the 2018 "fsyncgate"
-//! discussion: a failed fsync may have dropped dirty pages, and retrying it reports success).
+//! after a failed fsync or any failed write other than a full filesystem (the tail state is then
+//! unknown; see the 2018 "fsyncgate" discussion: a failed fsync may have dropped dirty pages, and
+//! retrying it reports success). A write refused with `ENOSPC`, `EDQUOT` or `EFBIG` is the one
+//! recoverable failure: the writer rolls the files back to the acknowledged end and goes on.
 //! The byte layouts and crash cases are in `storage/FORMAT.md`.
 
 mod completion;
@@ -28,9 +30,11 @@ use compio::fs::File;
 
 use crate::durable::read_exact_append;
 use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, payload_checksum};
+use crate::fault::FaultInjector;
 use crate::limits::{
     APPEND_QUEUE_BYTES_MAX, APPEND_QUEUE_ENTRY_COUNT_MAX, ENTRY_SIZE_MAX, SEGMENT_SIZE_MAX_LIMIT,
 };
+use crate::space::{FreeBytes, is_storage_full};
 use compio::BufResult;
 use completion::Completion;
 use index::SegmentIndex;
@@ -106,13 +110,27 @@ pub struct RecoveryReport {
 /// Why a log operation failed; the variants say how the caller recovers.
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
-    /// An I/O step failed. After a failed append write or fsync the log is poisoned: every later
-    /// append, sync and close fails with this error again, and the log must be reopened (which
-    /// truncates whatever tail did not survive).
+    /// An I/O step failed. After a failed append write (other than [`LogError::StorageFull`]) or
+    /// fsync the log is poisoned: every later append, sync and close fails with this error
+    /// again, and the log must be reopened (which truncates whatever tail did not survive).
     #[error("{path}: {op} failed: {source}")]
     Io {
         path: PathBuf,
         op: &'static str,
+        source: std::io::Error,
+    },
+    /// A write was refused for lack of space (`ENOSPC`, `EDQUOT` or `EFBIG`) at `op` on `path`.
+    /// The log rolled its files back to the acknowledged end: this append, the others of its
+    /// group and those queued behind it were not kept and got no offset; the log is not poisoned
+    /// and accepts appends again (they succeed once space is freed). `free_bytes` is what the
+    /// filesystem of the log had free after the rollback.
+    #[error(
+        "{path}: {op} failed: {source} ({free_bytes}); nothing of this append was kept, retry once space is freed"
+    )]
+    StorageFull {
+        path: PathBuf,
+        op: &'static str,
+        free_bytes: FreeBytes,
         source: std::io::Error,
     },
     /// Stored bytes are damaged where a torn write cannot explain them (inside a closed segment,
@@ -145,30 +163,63 @@ pub enum LogError {
     OffsetOutOfRange { offset: u64, next_offset: u64 },
 }
 
-/// A write or fsync failure, kept to fail everything after it with the same error.
+/// A write or fsync failure: kept to fail everything after it with the same error (poisoned), or,
+/// when `storage_full`, given to the appends a rollback discarded.
 #[derive(Debug, Clone)]
 struct Failure {
     path: PathBuf,
     op: &'static str,
     kind: io::ErrorKind,
+    raw_os_error: Option<i32>,
     message: String,
+    /// A write refused for lack of space: recoverable by rolling back (never set for an fsync).
+    storage_full: bool,
+    /// Free bytes of the log's filesystem, measured after the rollback (`storage_full` only).
+    free_bytes: FreeBytes,
 }
 
 impl Failure {
+    /// A failure that poisons the log whatever its errno: fsync, rename, directory steps.
     fn new(path: &Path, op: &'static str, error: &io::Error) -> Self {
         Failure {
             path: path.to_path_buf(),
             op,
             kind: error.kind(),
+            raw_os_error: error.raw_os_error(),
             message: error.to_string(),
+            storage_full: false,
+            free_bytes: FreeBytes(None),
+        }
+    }
+
+    /// A failed write (or file creation): recoverable when the filesystem is full.
+    fn write(path: &Path, op: &'static str, error: &io::Error) -> Self {
+        Failure {
+            storage_full: is_storage_full(error),
+            ..Failure::new(path, op, error)
+        }
+    }
+
+    fn source(&self) -> io::Error {
+        match self.raw_os_error {
+            Some(errno) => io::Error::from_raw_os_error(errno),
+            None => io::Error::new(self.kind, self.message.clone()),
         }
     }
 
     fn to_error(&self) -> LogError {
+        if self.storage_full {
+            return LogError::StorageFull {
+                path: self.path.clone(),
+                op: self.op,
+                free_bytes: self.free_bytes,
+                source: self.source(),
+            };
+        }
         LogError::Io {
             path: self.path.clone(),
             op: self.op,
-            source: io::Error::new(self.kind, self.message.clone()),
+            source: self.source(),
         }
     }
 }
@@ -238,6 +289,8 @@ struct Shared {
     dir: PathBuf,
     config: LogConfig,
     state: RefCell<State>,
+    /// Test seam: consulted before every entry write and segment fsync.
+    faults: FaultInjector,
 }
 
 /// One partition's log, owned by one shard (!Send). Methods take `&self`; concurrent appends from
@@ -330,6 +383,7 @@ impl PartitionLog {
             dir: dir.to_path_buf(),
             config,
             state: RefCell::new(state),
+            faults: FaultInjector::default(),
         });
         compio::runtime::spawn(writer::run(Rc::clone(&shared))).detach();
         Ok((PartitionLog { shared }, recovered.report))
@@ -357,6 +411,12 @@ impl PartitionLog {
         &self.shared.dir
     }
 
+    /// The fault-injecting seam of this log (entry writes and segment fsyncs), for tests of the
+    /// failure paths; unarmed unless a caller arms it.
+    pub fn fault_injector(&self) -> FaultInjector {
+        self.shared.faults.clone()
+    }
+
     /// Appends one entry (`EntryHeader` + payload, `base_offset` is overwritten). Returns the base
     /// offset once the entry is durable per the fsync policy.
     ///
@@ -365,9 +425,12 @@ impl PartitionLog {
     /// checksum is trusted (the server checked it) and only checked in debug builds.
     ///
     /// # Errors
-    /// `InvalidEntry`, `QueueFull`, `Closed`, or the poisoning `Io` error, without writing; `Io`
-    /// if the write or fsync of its group fails (nothing in that group is acknowledged, and the log
-    /// is poisoned).
+    /// `InvalidEntry`, `QueueFull`, `Closed`, or the poisoning `Io` error, without writing;
+    /// `StorageFull` if a write of its group was refused for lack of space, or it was queued
+    /// behind such a group: nothing of the group or of the queue behind it is kept, the offsets
+    /// are reused, and the log keeps accepting appends; `Io` if any other write or an
+    /// fsync of its group fails (nothing in that group is acknowledged, and the log is
+    /// poisoned).
     ///
     /// # Cancel safety
     /// The offset is reserved and the write proceeds even if the future is dropped.

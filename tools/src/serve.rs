@@ -101,6 +101,8 @@ impl ServeArgs {
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     shards::resources::tune_allocator();
+    shards::resources::ignore_file_size_signal()
+        .context("cannot ignore SIGXFSZ (a file-size limit would kill the server mid-write)")?;
     let config = args.to_config();
     tracing::info!(
         data_dir = %config.data_dir.display(), fsync = ?config.fsync, io_driver = ?config.io_driver,

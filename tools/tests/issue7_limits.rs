@@ -9,12 +9,11 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use bus::{ErrorCode, Header, Operation};
-use common::{BIN, Server, block_on};
+use common::{BIN, Server, block_on, with_rlimit};
 
 /// How long a read may wait for an answer before the test gives up (not a timed assertion).
 const WAIT_MAX: Duration = Duration::from_mins(1);
@@ -28,25 +27,6 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// `command` with `resource` set to `limit` (soft and hard) in the child only.
-fn with_rlimit(mut command: Command, resource: libc::__rlimit_resource_t, limit: u64) -> Command {
-    // SAFETY: setrlimit is async-signal-safe and touches only the child's own limits.
-    unsafe {
-        command.pre_exec(move || {
-            let value = libc::rlimit {
-                rlim_cur: limit,
-                rlim_max: limit,
-            };
-            if libc::setrlimit(resource, &raw const value) == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        });
-    }
-    command
 }
 
 /// The server binary as a user that the locked-memory limit binds: root (`CAP_IPC_LOCK`) ignores

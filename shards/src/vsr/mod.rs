@@ -109,7 +109,9 @@ impl Replica {
     /// applies it and calls [`Replica::committed`]; one prepare at a time (the metadata task).
     ///
     /// # Errors
-    /// The journal's: `BodyTooLarge` (nothing written), `Io` or `Poisoned` (the journal refuses
+    /// The journal's: `BodyTooLarge` (nothing written), `StorageFull` (the write was refused for
+    /// lack of space and rolled back: nothing is journaled, `commit_min` is unchanged, and the
+    /// next append reuses the op once space is freed), `Io` or `Poisoned` (the journal refuses
     /// every later append until the server restarts and reopens it; the op may or may not be on
     /// disk, and if it is, boot applies it).
     ///

@@ -77,6 +77,35 @@ impl SegmentIndex {
         self.size_bytes += size_bytes;
     }
 
+    /// Forgets every entry at or after `end_offset`, which must be an entry boundary of this
+    /// segment (used when a refused write rolls the log back to its acknowledged end).
+    ///
+    /// # Panics
+    /// If `end_offset` is outside the segment or not where an entry starts or the last one ends:
+    /// the writer rolls back only to an acknowledged end, which is always a boundary.
+    pub(crate) fn truncate_to(&mut self, end_offset: u64) {
+        assert!(
+            self.base_offset <= end_offset && end_offset <= self.end_offset,
+            "roll back to offset {end_offset} outside segment {}..{}",
+            self.base_offset,
+            self.end_offset
+        );
+        if end_offset == self.end_offset {
+            return;
+        }
+        let keep_count = self
+            .rows
+            .partition_point(|row| row.base_offset < end_offset);
+        let first_dropped = self.rows[keep_count];
+        assert_eq!(
+            first_dropped.base_offset, end_offset,
+            "roll back to offset {end_offset}, which is inside an entry"
+        );
+        self.rows.truncate(keep_count);
+        self.size_bytes = first_dropped.position;
+        self.end_offset = end_offset;
+    }
+
     /// The index file payload (before the durable-replace trailer); see `storage/FORMAT.md`.
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut bytes = Vec::with_capacity(INDEX_HEADER_SIZE + self.rows.len() * INDEX_ROW_SIZE);
@@ -283,6 +312,22 @@ mod tests {
         assert_eq!(index.row_containing(103), Some(1));
         assert_eq!(index.row_containing(113), Some(2));
         assert_eq!(SegmentIndex::empty(5).row_containing(5), None);
+    }
+
+    #[test]
+    fn truncate_to_drops_the_entries_from_a_boundary() {
+        let mut index = sample();
+        let full = index.clone();
+        index.truncate_to(full.end_offset);
+        assert_eq!(index, full);
+        index.truncate_to(103);
+        assert_eq!(index.rows, full.rows[..1]);
+        assert_eq!(
+            (index.end_offset, index.size_bytes),
+            (103, full.rows[1].position)
+        );
+        index.truncate_to(100);
+        assert_eq!(index, SegmentIndex::empty(100));
     }
 
     proptest! {

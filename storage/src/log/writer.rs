@@ -3,21 +3,27 @@
 //! group under `FsyncPolicy::Always`, then acknowledges the group in offset order.
 //!
 //! It must never acknowledge an entry whose write (or required fsync) has not succeeded, and after
-//! any failed write or fsync it must not write again: the log is poisoned until reopened.
+//! a failed fsync or a failed write other than a full filesystem it must not write again: the log
+//! is poisoned until reopened. A write refused for lack of space (`ENOSPC`, `EDQUOT`, `EFBIG`)
+//! is rolled back instead: segments created by the failed group are deleted, the active segment
+//! is truncated to the acknowledged end and fsynced, the group and the queue behind it fail with
+//! `StorageFull`, and the offsets are reused (storage/FORMAT.md section 3, "Rollback").
 
 use std::mem;
 use std::rc::Rc;
 use std::time::Instant;
 
 use compio::BufResult;
-use compio::fs::OpenOptions;
+use compio::fs::{File, OpenOptions};
 use compio::io::AsyncWriteAtExt;
 
 use super::completion::Completion;
 use super::recovery::{index_path, segment_path};
 use super::{Failure, FsyncPolicy, LogError, PendingAppend, Segment, Shared};
 use crate::durable::{DurableError, durable_replace, sync_dir};
+use crate::fault::FaultOp;
 use crate::limits::WRITE_IOVEC_COUNT_MAX;
+use crate::space::{FreeBytes, free_bytes};
 
 use super::index::SegmentIndex;
 
@@ -100,6 +106,10 @@ async fn process_group(
                 sync.complete(Ok(()));
             }
         }
+        Err(failure) if failure.storage_full => {
+            let completions = completions.into_iter().map(|(_, completion)| completion);
+            recover_from_full(shared, failure, completions.collect(), syncs).await;
+        }
         Err(failure) => {
             tracing::error!(
                 path = %failure.path.display(),
@@ -116,6 +126,135 @@ async fn process_group(
                 sync.complete(Err(failure.to_error()));
             }
         }
+    }
+}
+
+/// A write of the group was refused for lack of space: roll the files back to the acknowledged
+/// end, then fail the group and everything queued behind it with `StorageFull` and reuse their
+/// offsets. If the rollback itself fails, the log is poisoned with that failure instead.
+async fn recover_from_full(
+    shared: &Shared,
+    mut failure: Failure,
+    group: Vec<Completion<Result<u64, LogError>>>,
+    syncs: Vec<Completion<Result<(), LogError>>>,
+) {
+    if let Err(rollback_failure) = roll_back(shared).await {
+        tracing::error!(
+            path = %rollback_failure.path.display(),
+            op = rollback_failure.op,
+            error = %rollback_failure.message,
+            refused_write = %failure.message,
+            "log rollback after a refused write failed; the log is poisoned until reopened"
+        );
+        shared.state.borrow_mut().failure = Some(rollback_failure.clone());
+        for completion in group {
+            completion.complete(Err(rollback_failure.to_error()));
+        }
+        for sync in syncs {
+            sync.complete(Err(rollback_failure.to_error()));
+        }
+        return;
+    }
+    failure.free_bytes = FreeBytes(free_bytes(&shared.dir));
+    let (queued, acked_offset) = {
+        let mut state = shared.state.borrow_mut();
+        // Everything queued has an offset past the rollback point: it fails too, and the
+        // offsets are handed out again from the acknowledged end.
+        state.next_offset = state.acked_offset;
+        state.queued_bytes = 0;
+        let queued: Vec<PendingAppend> = state.queue.drain(..).collect();
+        (queued, state.acked_offset)
+    };
+    tracing::warn!(
+        path = %failure.path.display(),
+        op = failure.op,
+        error = %failure.message,
+        free_bytes = %failure.free_bytes,
+        next_offset = acked_offset,
+        failed_append_count = group.len() + queued.len(),
+        "log write refused for lack of space; rolled back to the acknowledged end, appends continue"
+    );
+    for completion in group {
+        completion.complete(Err(failure.to_error()));
+    }
+    for append in queued {
+        append.completion.complete(Err(failure.to_error()));
+    }
+    // Everything acknowledged is durable: closed segments were fsynced when they closed, and the
+    // rollback fsynced the active one.
+    for sync in syncs {
+        sync.complete(Ok(()));
+    }
+}
+
+/// Returns the files and the in-memory index to the acknowledged end: deletes the segments a roll
+/// of the failed group created (newest first, then one directory fsync, so a crash can never
+/// leave a shortened segment followed by one that starts past its end), truncates the active
+/// segment to the acknowledged end and fsyncs it, and deletes the active segment's index file,
+/// which a roll of the failed group may have written before it failed (recovery ignores the last
+/// segment's index file, but `inspect` should not find a stale one).
+async fn roll_back(shared: &Shared) -> Result<(), Failure> {
+    let acked_offset = shared.state.borrow().acked_offset;
+    let mut deleted_any = false;
+    loop {
+        let deleted = {
+            let mut state = shared.state.borrow_mut();
+            if state.segments.len() > 1 && state.active().index.base_offset > acked_offset {
+                state.segments.pop()
+            } else {
+                None
+            }
+        };
+        let Some(segment) = deleted else {
+            break;
+        };
+        remove_if_present(&segment.path, "delete a rolled-back segment").await?;
+        remove_if_present(
+            &index_path(&shared.dir, segment.index.base_offset),
+            "delete the index of a rolled-back segment",
+        )
+        .await?;
+        deleted_any = true;
+    }
+    if deleted_any {
+        sync_dir(&shared.dir).await.map_err(|error| {
+            Failure::new(
+                &shared.dir,
+                "fsync log directory after deleting rolled-back segments",
+                &error,
+            )
+        })?;
+    }
+    let (file, path, base_offset, size_bytes) = {
+        let mut state = shared.state.borrow_mut();
+        let active = state.active_mut();
+        active.index.truncate_to(acked_offset);
+        (
+            active.file.clone(),
+            active.path.clone(),
+            active.index.base_offset,
+            active.index.size_bytes,
+        )
+    };
+    file.set_len(size_bytes)
+        .await
+        .map_err(|error| Failure::new(&path, "truncate rolled-back entries", &error))?;
+    shared.state.borrow_mut().dirty = true;
+    sync_active(shared).await?;
+    remove_if_present(
+        &index_path(&shared.dir, base_offset),
+        "delete the index of the reopened segment",
+    )
+    .await?;
+    Ok(())
+}
+
+/// Deletes `path`; a missing file is not an error.
+async fn remove_if_present(path: &std::path::Path, op: &'static str) -> Result<(), Failure> {
+    match compio::fs::remove_file(path).await {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(Failure::new(path, op, &error)),
     }
 }
 
@@ -229,8 +368,9 @@ async fn write_batch(shared: &Shared, batch: Vec<Entry>) -> Result<(), Failure> 
         ));
         buffers.push(entry.bytes);
     }
-    let BufResult(result, _) = (&file).write_vectored_all_at(buffers, position).await;
-    result.map_err(|error| Failure::new(&path, "write entries", &error))?;
+    write_entries(shared, &file, buffers, position)
+        .await
+        .map_err(|error| Failure::write(&path, "write entries", &error))?;
     let mut state = shared.state.borrow_mut();
     let active = state.active_mut();
     assert_eq!(
@@ -244,15 +384,39 @@ async fn write_batch(shared: &Shared, batch: Vec<Entry>) -> Result<(), Failure> 
     Ok(())
 }
 
+/// One vectored write at `position`, through the fault seam: an injected write fault first
+/// writes half of the first buffer, as a real write that runs out of space part way does.
+async fn write_entries(
+    shared: &Shared,
+    file: &File,
+    buffers: Vec<Vec<u8>>,
+    position: u64,
+) -> std::io::Result<()> {
+    if let Err(error) = shared.faults.check(FaultOp::Write) {
+        let mut partial = buffers.into_iter().next().unwrap_or_default();
+        partial.truncate(partial.len() / 2);
+        if !partial.is_empty() {
+            let mut writer = file;
+            let BufResult(_, _) = writer.write_all_at(partial, position).await;
+        }
+        return Err(error);
+    }
+    let mut writer = file;
+    let BufResult(result, _) = writer.write_vectored_all_at(buffers, position).await;
+    result
+}
+
 /// Fsyncs the active segment's data (`fdatasync`, which also persists the size a read needs).
 async fn sync_active(shared: &Shared) -> Result<(), Failure> {
     let (file, path) = {
         let state = shared.state.borrow();
         (state.active().file.clone(), state.active().path.clone())
     };
-    file.sync_data()
-        .await
-        .map_err(|error| Failure::new(&path, "fsync segment", &error))?;
+    let synced = match shared.faults.check(FaultOp::Fsync) {
+        Ok(()) => file.sync_data().await,
+        Err(error) => Err(error),
+    };
+    synced.map_err(|error| Failure::new(&path, "fsync segment", &error))?;
     let mut state = shared.state.borrow_mut();
     state.dirty = false;
     state.last_sync_at = Instant::now();
@@ -273,13 +437,18 @@ async fn roll(shared: &Shared) -> Result<(), Failure> {
     durable_replace(&index_file, index.encode())
         .await
         .map_err(|error| match error {
+            // The index is written to `.tmp` and renamed: a refused write leaves the old files.
+            DurableError::Io { path, op, source }
+                if op.starts_with("write") || op == "create temporary file" =>
+            {
+                Failure::write(&path, op, &source)
+            }
             DurableError::Io { path, op, source } => Failure::new(&path, op, &source),
-            DurableError::Corrupt { path, reason } => Failure {
-                path,
-                op: "write index file",
-                kind: std::io::ErrorKind::InvalidData,
-                message: reason,
-            },
+            DurableError::Corrupt { path, reason } => Failure::new(
+                &path,
+                "write index file",
+                &std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
+            ),
         })?;
     let base_offset = index.end_offset;
     let path = segment_path(&shared.dir, base_offset);
@@ -289,7 +458,7 @@ async fn roll(shared: &Shared) -> Result<(), Failure> {
         .create_new(true)
         .open(&path)
         .await
-        .map_err(|error| Failure::new(&path, "create segment", &error))?;
+        .map_err(|error| Failure::write(&path, "create segment", &error))?;
     sync_dir(&shared.dir).await.map_err(|error| {
         Failure::new(
             &shared.dir,

@@ -5,6 +5,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -163,4 +164,27 @@ pub async fn read_all(
             offset += 1;
         }
     }
+}
+
+/// `command` with `resource` set to `limit` (soft and hard) in the child only.
+pub fn with_rlimit(
+    mut command: Command,
+    resource: libc::__rlimit_resource_t,
+    limit: u64,
+) -> Command {
+    // SAFETY: setrlimit is async-signal-safe and touches only the child's own limits.
+    unsafe {
+        command.pre_exec(move || {
+            let value = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            if libc::setrlimit(resource, &raw const value) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    command
 }

@@ -1,0 +1,80 @@
+//! Recognising a full filesystem and reporting its free space, for the refusals of the log and
+//! the journal when a write fails with `ENOSPC`, `EDQUOT` or `EFBIG`.
+//!
+//! Only these three errnos are recoverable by rolling back: the kernel refused to store bytes, so
+//! the page cache holds nothing that was not also reported written. It must never classify an
+//! fsync failure or any other errno as recoverable (after a failed fsync the page cache state is
+//! unknown; FORMAT.md section 1).
+
+use std::ffi::CString;
+use std::fmt;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// Whether `error` says the filesystem (or the quota, or the file size limit) has no room:
+/// `ENOSPC`, `EDQUOT` or `EFBIG` (write(2) ERRORS).
+pub fn is_storage_full(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)
+    )
+}
+
+/// Bytes an unprivileged writer can still use on the filesystem holding `path`
+/// (`statvfs(3)`: `f_bavail * f_frsize`), or `None` if `statvfs` fails.
+///
+/// A plain syscall on the calling thread: it reads the superblock counters the kernel keeps in
+/// memory, and it runs only on the rare path of a refused write.
+pub fn free_bytes(path: &Path) -> Option<u64> {
+    let c_path = CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is plain old data, valid when zeroed; `c_path` is a NUL-terminated string
+    // that outlives the call, and the kernel writes only within `stat`.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    let result = unsafe { libc::statvfs(c_path.as_ptr(), &raw mut stat) };
+    if result != 0 {
+        return None;
+    }
+    #[allow(
+        clippy::unnecessary_cast,
+        reason = "the field widths differ between targets"
+    )]
+    Some((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
+}
+
+/// Free bytes for a message: the number, or that it is unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FreeBytes(pub Option<u64>);
+
+impl fmt::Display for FreeBytes {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(bytes) => write!(formatter, "{bytes} bytes free"),
+            None => formatter.write_str("free space unknown (statvfs failed)"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_errnos_are_recoverable_and_others_are_not() {
+        for errno in [libc::ENOSPC, libc::EDQUOT, libc::EFBIG] {
+            assert!(is_storage_full(&io::Error::from_raw_os_error(errno)));
+        }
+        for errno in [libc::EIO, libc::EBADF, libc::EROFS] {
+            assert!(!is_storage_full(&io::Error::from_raw_os_error(errno)));
+        }
+        assert!(!is_storage_full(&io::Error::other("no errno")));
+    }
+
+    #[test]
+    fn free_bytes_of_a_directory_and_of_a_missing_path() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(free_bytes(dir.path()).is_some());
+        assert_eq!(free_bytes(&dir.path().join("missing")), None);
+        assert_eq!(FreeBytes(Some(12)).to_string(), "12 bytes free");
+    }
+}
