@@ -77,8 +77,25 @@ pub struct Client {
 /// The owner shard acknowledged a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SendAck {
+    /// Offset of the batch's first message.
     pub base_offset: u64,
     pub message_count: u32,
+    /// The partition's next offset when the reply was sent (at least `base_offset +
+    /// message_count`; more if other batches were acknowledged since).
+    pub next_offset: u64,
+    /// The partition's first offset when the reply was sent.
+    pub first_offset: u64,
+}
+
+impl SendAck {
+    fn from_reply(reply: &Header) -> SendAck {
+        SendAck {
+            base_offset: reply.offset,
+            message_count: reply.count,
+            next_offset: reply.next_offset,
+            first_offset: reply.first_offset,
+        }
+    }
 }
 
 /// The answer to a poll: the stored batches from the one containing the offset asked, and where
@@ -769,10 +786,7 @@ impl Client {
     ) -> Result<SendAck, ClientError> {
         let header = Client::request_header(Operation::SendMessages, namespace);
         let frame = self.exchange(header, batch).await?;
-        Ok(SendAck {
-            base_offset: frame.header.offset,
-            message_count: frame.header.count,
-        })
+        Ok(SendAck::from_reply(&frame.header))
     }
 
     /// Sends one batch of an idempotent producer: `batch` was finished with
@@ -800,10 +814,7 @@ impl Client {
         header.producer = stamp.producer;
         header.sequence = stamp.sequence;
         let frame = self.exchange(header, batch).await?;
-        Ok(SendAck {
-            base_offset: frame.header.offset,
-            message_count: frame.header.count,
-        })
+        Ok(SendAck::from_reply(&frame.header))
     }
 
     /// Reads up to `max_count` messages from `offset`: the batches from the one containing

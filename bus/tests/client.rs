@@ -333,6 +333,8 @@ fn send_and_poll_messages() {
             if request.header.operation == Operation::SendMessages as u8 {
                 header.offset = 100;
                 header.count = 3;
+                header.next_offset = 105;
+                header.first_offset = 20;
                 Some(encode_frame(&mut header, b""))
             } else {
                 Some(encode_frame(&mut header, &stored))
@@ -349,7 +351,9 @@ fn send_and_poll_messages() {
             ack,
             bus::SendAck {
                 base_offset: 100,
-                message_count: 3
+                message_count: 3,
+                next_offset: 105,
+                first_offset: 20,
             }
         );
         let body = client.poll_messages(namespace, 101, 50).await.unwrap();
@@ -889,7 +893,9 @@ fn send_messages_is_resent_after_busy_with_the_same_bytes() {
             ack,
             bus::SendAck {
                 base_offset: 40,
-                message_count: 1
+                message_count: 1,
+                next_offset: 0,
+                first_offset: 0,
             }
         );
         assert_eq!(client.session(), None, "sends are not session-tracked");
@@ -975,7 +981,9 @@ fn issue7_5_stamped_send_is_resent_after_a_lost_reply_with_the_same_bytes() {
             ack,
             bus::SendAck {
                 base_offset: 40,
-                message_count: 1
+                message_count: 1,
+                next_offset: 0,
+                first_offset: 0,
             }
         );
         drop(client);

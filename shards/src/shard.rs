@@ -882,8 +882,8 @@ impl Shard {
             match prepared {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
-                    tracing::error!(error = %e, ?op, "cannot create partition directories; change not applied");
-                    return ShardReply::error(ErrorCode::StorageFailure, e);
+                    tracing::error!(error = %e.message, ?op, "cannot create partition directories; change not applied");
+                    return ShardReply::error(e.code, e.message);
                 }
                 Err(_) => {
                     return ShardReply::error(
@@ -1118,17 +1118,16 @@ impl Shard {
 fn prepare_partition_dirs(
     data_dir: &std::path::Path,
     namespaces: &[Namespace],
-) -> Result<(), String> {
+) -> Result<(), PartitionDirError> {
     let mut parents = std::collections::BTreeSet::new();
     for namespace in namespaces {
         let dir = partition_dir(data_dir, *namespace);
         if dir.exists() {
             tracing::warn!(%namespace, path = %dir.display(), "removing leftover partition data of a deleted topic");
             std::fs::remove_dir_all(&dir)
-                .map_err(|e| format!("cannot remove leftover {}: {e}", dir.display()))?;
+                .map_err(|e| PartitionDirError::new("remove leftover", &dir, &e))?;
         }
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(|e| PartitionDirError::new("create", &dir, &e))?;
         let mut parent = dir.parent();
         while let Some(path) = parent {
             parents.insert(path.to_path_buf());
@@ -1142,9 +1141,45 @@ fn prepare_partition_dirs(
     for parent in parents.iter().rev() {
         std::fs::File::open(parent)
             .and_then(|dir| dir.sync_all())
-            .map_err(|e| format!("cannot fsync directory {}: {e}", parent.display()))?;
+            .map_err(|e| PartitionDirError::new("fsync directory", parent, &e))?;
     }
     Ok(())
+}
+
+/// Why the directories of a new topic's partitions could not be prepared (before its prepare is
+/// journaled, so nothing was applied).
+#[derive(Debug)]
+struct PartitionDirError {
+    /// `StorageFull` when the filesystem refused for lack of space or quota (retry once space is
+    /// freed), else `StorageFailure`.
+    code: ErrorCode,
+    message: String,
+}
+
+impl PartitionDirError {
+    fn new(step: &str, path: &std::path::Path, error: &std::io::Error) -> PartitionDirError {
+        if storage::space::is_storage_full(error) {
+            let free = path
+                .ancestors()
+                .find_map(storage::space::free_bytes)
+                .map_or_else(
+                    || "free space unknown".to_owned(),
+                    |b| format!("{b} bytes free"),
+                );
+            return PartitionDirError {
+                code: ErrorCode::StorageFull,
+                message: format!(
+                    "cannot {step} {}: {error} ({free}); nothing was applied, retry once space is \
+                     freed",
+                    path.display()
+                ),
+            };
+        }
+        PartitionDirError {
+            code: ErrorCode::StorageFailure,
+            message: format!("cannot {step} {}: {error}", path.display()),
+        }
+    }
 }
 
 async fn remove_dir_all(dir: PathBuf) {
@@ -1270,5 +1305,44 @@ mod tests {
         assert_eq!(message_count_from(&bytes, 11), 6);
         assert_eq!(message_count_from(&bytes, 13), 4);
         assert_eq!(message_count_from(&bytes[..10], 10), 0);
+    }
+
+    #[test]
+    fn issue7_1_a_partition_directory_refused_for_space_is_storage_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("partitions/1/1/0");
+        let full = PartitionDirError::new(
+            "create",
+            &path,
+            &std::io::Error::from_raw_os_error(libc::ENOSPC),
+        );
+        assert_eq!(full.code, ErrorCode::StorageFull);
+        assert!(
+            full.message.starts_with(&format!(
+                "cannot create {}: No space left on device (os error 28) (",
+                path.display()
+            )),
+            "{}",
+            full.message
+        );
+        assert!(
+            full.message
+                .ends_with(" bytes free); nothing was applied, retry once space is freed"),
+            "{}",
+            full.message
+        );
+        let failed = PartitionDirError::new(
+            "create",
+            &path,
+            &std::io::Error::from_raw_os_error(libc::EIO),
+        );
+        assert_eq!(failed.code, ErrorCode::StorageFailure);
+        assert_eq!(
+            failed.message,
+            format!(
+                "cannot create {}: Input/output error (os error 5)",
+                path.display()
+            )
+        );
     }
 }
