@@ -247,22 +247,24 @@ fn now_us() -> u64 {
         .map_or(0, |elapsed| elapsed.as_micros() as u64)
 }
 
-/// A client id unlikely to collide across processes and connections: XXH3-128 of the clock in
-/// nanoseconds, the process id and a per-process counter. Never 0.
+/// A client id unlikely to collide across processes and connections: XXH3-128 of
+/// `unique_seed`. Never 0.
 fn client_id_new() -> u128 {
-    static CONNECTION_COUNT: AtomicU64 = AtomicU64::new(0);
+    twox_hash::XxHash3_128::oneshot(&unique_seed()).max(1)
+}
+
+/// Bytes that differ between every call in every process: the clock in nanoseconds, the process
+/// id and a per-process counter. Hashed into client and producer ids.
+pub(crate) fn unique_seed() -> [u8; 28] {
+    static CALL_COUNT: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_nanos());
     let mut seed = [0u8; 28];
     seed[..16].copy_from_slice(&nanos.to_le_bytes());
     seed[16..20].copy_from_slice(&std::process::id().to_le_bytes());
-    seed[20..].copy_from_slice(
-        &CONNECTION_COUNT
-            .fetch_add(1, Ordering::Relaxed)
-            .to_le_bytes(),
-    );
-    twox_hash::XxHash3_128::oneshot(&seed).max(1)
+    seed[20..].copy_from_slice(&CALL_COUNT.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    seed
 }
 
 /// Whether a failed connect may succeed if tried again soon: nothing listens yet (refused), the

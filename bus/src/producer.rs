@@ -11,7 +11,6 @@
 //! same (producer, partition, sequence).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::batch::{BatchBuilder, ProducerStamp};
 use crate::client::{Client, ClientError, SendAck};
@@ -30,18 +29,11 @@ pub struct Producer {
     send_in_flight: bool,
 }
 
-/// A producer id unlikely to collide across processes and sessions: XXH3-64 of the clock in
-/// nanoseconds, the process id and a per-process counter. Never 0 (0 means "not idempotent").
+/// A producer id unlikely to collide across processes and sessions: XXH3-64 of
+/// `client::unique_seed` (clock, process id, a per-process counter). Never 0 (0 means "not
+/// idempotent").
 pub fn producer_id_new() -> u64 {
-    static SESSION_COUNT: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_nanos());
-    let mut seed = [0u8; 28];
-    seed[..16].copy_from_slice(&nanos.to_le_bytes());
-    seed[16..20].copy_from_slice(&std::process::id().to_le_bytes());
-    seed[20..].copy_from_slice(&SESSION_COUNT.fetch_add(1, Ordering::Relaxed).to_le_bytes());
-    twox_hash::XxHash3_64::oneshot(&seed).max(1)
+    twox_hash::XxHash3_64::oneshot(&crate::client::unique_seed()).max(1)
 }
 
 impl Producer {

@@ -252,13 +252,21 @@ fn page_size_bytes() -> u64 {
 /// Raises the soft `RLIMIT_MEMLOCK` to the hard one (as the open-file limit is raised) and returns
 /// the resulting soft limit in bytes; `None` when unlimited.
 pub fn raise_memlock_limit() -> Option<u64> {
+    raise_soft_limit_to_hard(libc::RLIMIT_MEMLOCK)
+        .and_then(|soft| (soft != libc::RLIM_INFINITY).then_some(soft))
+}
+
+/// Raises the soft limit of `resource` to its hard limit (what Kafka and Redpanda ask operators
+/// to do by hand) and returns the soft limit in force afterwards (`RLIM_INFINITY` when
+/// unlimited; unchanged if the raise is refused); `None` when `getrlimit` fails.
+pub fn raise_soft_limit_to_hard(resource: libc::__rlimit_resource_t) -> Option<u64> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit and setrlimit only read or write the plain struct passed to them.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_MEMLOCK, &raw mut limit) != 0 {
+        if libc::getrlimit(resource, &raw mut limit) != 0 {
             return None;
         }
         if limit.rlim_cur < limit.rlim_max {
@@ -266,12 +274,12 @@ pub fn raise_memlock_limit() -> Option<u64> {
                 rlim_cur: limit.rlim_max,
                 rlim_max: limit.rlim_max,
             };
-            if libc::setrlimit(libc::RLIMIT_MEMLOCK, &raw const raised) == 0 {
+            if libc::setrlimit(resource, &raw const raised) == 0 {
                 limit.rlim_cur = limit.rlim_max;
             }
         }
     }
-    (limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
+    Some(limit.rlim_cur)
 }
 
 /// Whether this kernel charges ring memory to this user's `RLIMIT_MEMLOCK`: a forked child sets

@@ -89,26 +89,7 @@ pub fn open_file_limit_for_partitions(partition_count: u64) -> u64 {
 /// Raises the soft open-file limit to the hard one (what Kafka and Redpanda ask operators to do by
 /// hand) and returns the resulting soft limit.
 pub fn raise_open_file_limit() -> u64 {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit only read or write the plain struct passed to them.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) != 0 {
-            return 1024;
-        }
-        if limit.rlim_cur < limit.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: limit.rlim_max,
-                rlim_max: limit.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raw const raised) == 0 {
-                limit.rlim_cur = limit.rlim_max;
-            }
-        }
-    }
-    limit.rlim_cur
+    runtime::probe::raise_soft_limit_to_hard(libc::RLIMIT_NOFILE).unwrap_or(1024)
 }
 
 /// Largest allocation glibc serves from its heaps after `tune_allocator` (bytes): the 32 MiB
