@@ -48,19 +48,87 @@ impl Default for JournalConfig {
 /// What `Journal::open` found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct JournalRecovery {
-    /// Every record in the journal, in op order (ops `first_op()..=last_op()`), for replay. It
-    /// may start at or below the checkpoint op (a crash during `release_below`); the caller
-    /// skips ops `<= checkpoint_op`. Bounded by what the journal holds: the ops since the
-    /// oldest unreleased segment.
+    /// Every record in the journal, in op order, for replay. It may start at or below the
+    /// checkpoint op (a crash during `release_below`); the caller skips ops `<= checkpoint_op`.
+    /// Ops are contiguous except after a damaged record the snapshot covers (see
+    /// [`TailDisposition::CoveredBySnapshot`]): the ops from it up to `covered_op` are missing.
+    /// Bounded by what the journal holds: the ops since the oldest unreleased segment.
     pub prepares: Vec<Prepare>,
     /// Where each of `prepares` lies, same order: (the first op of its segment, which names the
     /// file via [`segment_path`], and the byte position of its record there), so a caller that
     /// refuses a record can name the file and byte.
     pub record_positions: Vec<(u64, u64)>,
-    /// Bytes cut from a torn tail of the last segment (0 if clean).
+    /// Bytes cut from a torn tail of the last segment (0 if clean or if the damaged last record
+    /// was covered by the snapshot, which is never cut).
     pub truncated_bytes: u64,
+    /// Damaged last records a torn write explains, oldest first: the last segment's (cut or
+    /// covered), and any closed segment's left covered by an earlier open. Empty when clean.
+    pub damaged_records: Vec<DamagedRecord>,
     /// Segment files after open (a new journal has one, empty).
     pub segment_count: u32,
+}
+
+/// A damaged record at the end of a segment, of the shape a torn append leaves (FORMAT.md
+/// section 8, open): nothing valid after it and at most one record's bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DamagedRecord {
+    /// The segment file.
+    pub path: PathBuf,
+    /// Byte offset of the damaged record in `path`.
+    pub position: u64,
+    /// The op the record holds by its place in the chain: one after the last valid record.
+    pub op: u64,
+    /// Bytes from `position` to the end of the segment.
+    pub size_bytes: u64,
+    /// Why the record does not check out.
+    pub reason: String,
+    /// What open does with it.
+    pub disposition: TailDisposition,
+}
+
+/// What open does with a [`DamagedRecord`]; decided by its op against the `covered_op` the caller
+/// passes to [`Journal::scan`] (the snapshot's checkpoint op).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TailDisposition {
+    /// `op > covered_op`: a torn tail, cut from the segment. Every append is fsynced before it is
+    /// acknowledged, so if a crash cut the write short the prepare was never acknowledged.
+    Truncated,
+    /// `op <= covered_op`: the snapshot already holds the op (it was acknowledged), so the record
+    /// is left in place, never cut, and the journal continues in segment `resume_op`
+    /// (`covered_op + 1` when open creates it). The next checkpoint releases the damaged segment.
+    CoveredBySnapshot {
+        /// The first op of the segment that follows the damaged one.
+        resume_op: u64,
+    },
+}
+
+/// A journal read and checked by [`Journal::scan`], with its repair decided but not yet made:
+/// the caller may still refuse (nothing has been written) or hand it to [`Journal::open_scanned`].
+#[derive(Debug)]
+pub struct JournalScan {
+    scanned: recovery::Scanned,
+}
+
+impl JournalScan {
+    /// The records found and the damaged records, as `open_scanned` will return them.
+    pub fn recovery(&self) -> &JournalRecovery {
+        &self.scanned.recovery
+    }
+
+    /// The journal's [`Journal::first_op`] once opened.
+    pub fn first_op(&self) -> u64 {
+        self.scanned.segment_first_ops[0]
+    }
+
+    /// The journal's [`Journal::last_op`] once opened (after the repair).
+    pub fn last_op(&self) -> u64 {
+        self.scanned.last_op
+    }
+
+    /// Whether opening writes nothing (no torn tail to cut, no segment to create).
+    pub fn is_read_only(&self) -> bool {
+        self.scanned.repair == recovery::Repair::None
+    }
 }
 
 /// Why a journal operation failed; the variants say how the caller recovers.
@@ -134,7 +202,8 @@ struct Failure {
 }
 
 /// The metadata journal of one replica, owned by shard 0 (`!Send`: its file belongs to the
-/// runtime that opened it). Holds ops `first_op()..=last_op()`; empty when
+/// runtime that opened it). Holds ops `first_op()..=last_op()`, less those after a damaged
+/// record the snapshot covers (see [`TailDisposition::CoveredBySnapshot`]); empty when
 /// `last_op() == first_op() - 1`.
 #[derive(Debug)]
 pub struct Journal {
@@ -167,26 +236,62 @@ impl Journal {
         Journal::open_with_config(dir, JournalConfig::default()).await
     }
 
-    /// Opens the journal in `dir`, creating the directory (and missing ancestors, fsynced) and
-    /// a first segment `00000000000000000001.wal` if it has none. Reads every segment in op
-    /// order, checks every record, and returns them for replay. The first invalid record of the
-    /// **last** segment starts a torn tail, which is truncated and fsynced
-    /// (`truncated_bytes`), unless a valid record for a later op follows it or more bytes follow
-    /// it than one append writes: that is interior damage. Rules: `storage/FORMAT.md` section 8.
+    /// Opens the journal in `dir` as [`Journal::scan`] with `covered_op` 0 (no snapshot: every
+    /// damaged last record is a torn tail) followed by [`Journal::open_scanned`].
+    ///
+    /// # Errors
+    /// As [`Journal::scan`] and [`Journal::open_scanned`].
+    ///
+    /// # Cancel safety
+    /// As [`Journal::open_scanned`].
+    pub async fn open_with_config(
+        dir: &Path,
+        config: JournalConfig,
+    ) -> Result<(Journal, JournalRecovery), JournalError> {
+        let scan = Journal::scan(dir, 0).await?;
+        Journal::open_scanned(scan, config).await
+    }
+
+    /// Reads every segment of the journal in `dir` in op order, checks every record, and decides
+    /// what a damaged last record needs; **writes nothing**, so the caller can still refuse with
+    /// the files untouched. The first invalid record of the **last** segment is a damaged tail
+    /// unless a valid record for a later op follows it or more bytes follow it than one append
+    /// writes (interior damage). A damaged tail whose op is above `covered_op` (the op up to
+    /// which the caller's snapshot holds the state) will be cut; one at or below it is covered
+    /// by the snapshot and will be left in place, the journal continuing in a new segment
+    /// `{covered_op + 1:020}.wal`. A closed segment may end in such a covered record only if the
+    /// next segment starts after it and at most at `covered_op + 1`. A missing or empty `dir` is
+    /// a new journal. Rules: `storage/FORMAT.md` section 8.
     ///
     /// # Errors
     /// - `Corrupt { path, position, reason }`: an invalid record in a segment other than the
-    ///   last, interior damage in the last one, a segment whose first op is not where the
-    ///   previous one ends (op gap) or is 0, or a segment larger than
-    ///   [`JOURNAL_SEGMENT_SIZE_MAX`]. The server must refuse to boot; nothing was changed.
-    /// - `Io`: creating, listing, opening, reading, truncating or fsyncing failed (path + step).
-    /// - `InvalidConfig`: `segment_size_max` is 0 or above [`JOURNAL_SEGMENT_SIZE_MAX`].
+    ///   last (unless covered as above), interior damage in the last one, a segment whose first
+    ///   op is not where the previous one ends (op gap) or is 0, or a segment larger than
+    ///   [`JOURNAL_SEGMENT_SIZE_MAX`]. The server must refuse to boot.
+    /// - `Io`: listing, opening or reading failed (path + step).
     ///
     /// # Cancel safety
-    /// Not cancel safe, but safe to retry: a dropped open leaves the files as they were, or
-    /// with the torn tail cut (possibly not yet fsynced); the next open redoes the cut.
-    pub async fn open_with_config(
-        dir: &Path,
+    /// Cancel safe: it only reads.
+    pub async fn scan(dir: &Path, covered_op: u64) -> Result<JournalScan, JournalError> {
+        let scanned = recovery::scan(dir, covered_op).await?;
+        Ok(JournalScan { scanned })
+    }
+
+    /// Makes the repair `scan` decided and opens the journal for appends: creates the directory
+    /// (missing ancestors fsynced) and `00000000000000000001.wal` for a new journal; cuts a torn
+    /// tail and fsyncs the segment (`truncated_bytes`); or creates the segment after a covered
+    /// damaged record and fsyncs the directory. The files must not have changed since the scan.
+    ///
+    /// # Errors
+    /// - `Io`: creating, opening, truncating or fsyncing failed (path + step).
+    /// - `InvalidConfig`: `segment_size_max` is 0 or above [`JOURNAL_SEGMENT_SIZE_MAX`]; nothing
+    ///   was written.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe, but safe to retry from a new scan: a dropped open leaves the files as
+    /// they were, or with the repair made (possibly not yet fsynced); the next scan finds either.
+    pub async fn open_scanned(
+        scan: JournalScan,
         config: JournalConfig,
     ) -> Result<(Journal, JournalRecovery), JournalError> {
         if config.segment_size_max == 0 || config.segment_size_max > JOURNAL_SEGMENT_SIZE_MAX {
@@ -195,15 +300,16 @@ impl Journal {
                 config.segment_size_max
             )));
         }
-        let recovered = recovery::recover(dir).await?;
+        let dir = scan.scanned.dir.clone();
+        let recovered = recovery::apply(scan.scanned).await?;
         let active_first_op = *recovered
             .segment_first_ops
             .last()
             .expect("recovery leaves at least one segment");
         let journal = Journal {
-            dir: dir.to_path_buf(),
+            active_path: segment_path(&dir, active_first_op),
+            dir,
             config,
-            active_path: segment_path(dir, active_first_op),
             segment_first_ops: recovered.segment_first_ops,
             active_file: recovered.active_file,
             active_size_bytes: recovered.active_size_bytes,

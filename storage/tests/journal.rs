@@ -84,6 +84,7 @@ fn new_journal_starts_at_op_1_with_one_empty_segment() {
                 prepares: Vec::new(),
                 record_positions: Vec::new(),
                 truncated_bytes: 0,
+                damaged_records: Vec::new(),
                 segment_count: 1
             }
         );

@@ -1,13 +1,16 @@
-//! Opening a journal directory: list the segments, check that their ops follow each other, read
-//! every record, and truncate a torn tail of the last segment. Damage anywhere a torn write
-//! cannot explain is an error here, never skipped or truncated.
+//! Opening a journal directory, in two steps so that a caller can refuse before anything is
+//! written: [`scan`] lists the segments, checks that their ops follow each other, reads every
+//! record and decides what a damaged last record needs (read only); [`apply`] then does it
+//! (truncate a torn tail, or start a segment after a record the snapshot covers, or create the
+//! first segment of a new journal). Damage anywhere a torn write cannot explain is an error
+//! here, never skipped or truncated.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use compio::fs::{File, OpenOptions};
 
 use super::record::{JOURNAL_HEADER_SIZE, JournalHeader, Prepare, parse_record};
-use super::{JournalError, JournalRecovery, io_error, segment_path};
+use super::{DamagedRecord, JournalError, JournalRecovery, TailDisposition, io_error, segment_path};
 use crate::durable::{create_dir_durable, list_dir_names, read_exact_at, sync_dir};
 use crate::limits::{JOURNAL_BODY_SIZE_MAX, JOURNAL_RECORD_SIZE_MAX, JOURNAL_SEGMENT_SIZE_MAX};
 
@@ -18,6 +21,34 @@ pub(super) fn parse_segment_name(name: &str) -> Option<u64> {
         return None;
     }
     digits.parse().ok()
+}
+
+/// The one write [`apply`] makes before the journal is usable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Repair {
+    /// Nothing to write.
+    None,
+    /// A new journal: create the directory and `00000000000000000001.wal`.
+    CreateFirstSegment,
+    /// Cut the last segment to `size_bytes` (a torn tail above the covered op).
+    Truncate { size_bytes: u64 },
+    /// Create the empty segment `{first_op:020}.wal` (`covered_op + 1`) after a damaged last
+    /// record the snapshot covers; the damaged segment is left as it is, now closed.
+    StartSegment { first_op: u64 },
+}
+
+/// What [`scan`] found and decided; nothing has been written yet.
+#[derive(Debug)]
+pub(super) struct Scanned {
+    pub(super) dir: PathBuf,
+    /// First op of each segment after the repair, ascending; the last is the active segment.
+    pub(super) segment_first_ops: Vec<u64>,
+    /// Bytes of valid records in the active segment after the repair.
+    pub(super) active_size_bytes: u64,
+    /// The last op after the repair (`first op of the active segment - 1` when it is empty).
+    pub(super) last_op: u64,
+    pub(super) repair: Repair,
+    pub(super) recovery: JournalRecovery,
 }
 
 /// The state `Journal::open` starts from.
@@ -33,28 +64,19 @@ pub(super) struct Recovered {
     pub(super) recovery: JournalRecovery,
 }
 
-pub(super) async fn recover(dir: &Path) -> Result<Recovered, JournalError> {
-    create_journal_dir(dir).await?;
+/// Reads the journal in `dir` and decides its repair, writing nothing. `covered_op` is the op up
+/// to which the caller's snapshot holds the state: a damaged last record at or below it is left
+/// in place and the journal continues at `covered_op + 1` (FORMAT.md section 8, open).
+pub(super) async fn scan(dir: &Path, covered_op: u64) -> Result<Scanned, JournalError> {
     let first_ops = list_segments(dir).await?;
     let Some((&last_first_op, closed_first_ops)) = first_ops.split_last() else {
         // A new journal: VSR numbers prepares from op 1 (op 0 is the root prepare).
-        let path = segment_path(dir, 1);
-        let active_file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .await
-            .map_err(io_error(&path, "create segment"))?;
-        sync_dir(dir).await.map_err(io_error(
-            dir,
-            "fsync journal directory after creating a segment",
-        ))?;
-        return Ok(Recovered {
+        return Ok(Scanned {
+            dir: dir.to_path_buf(),
             segment_first_ops: vec![1],
-            active_file,
             active_size_bytes: 0,
             last_op: 0,
+            repair: Repair::CreateFirstSegment,
             recovery: JournalRecovery {
                 segment_count: 1,
                 ..JournalRecovery::default()
@@ -64,8 +86,9 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, JournalError> {
 
     let mut prepares = Vec::new();
     let mut record_positions = Vec::new();
+    let mut damaged_records = Vec::new();
     let mut next_op = None;
-    for &first_op in closed_first_ops {
+    for (index, &first_op) in closed_first_ops.iter().enumerate() {
         let path = segment_path(dir, first_op);
         check_first_op(&path, first_op, next_op)?;
         let file = File::open(&path)
@@ -75,29 +98,36 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, JournalError> {
         // A close error on a read-only descriptor cannot lose data; the bytes are verified.
         let _ = file.close().await;
         let scan = scan_segment(&bytes, first_op, &mut prepares, &mut record_positions);
-        if let Some(invalid) = scan.invalid {
-            return Err(JournalError::Corrupt {
-                path,
-                position: invalid.position as u64,
-                reason: format!(
-                    "in a closed segment (damage before the tail refuses to boot): {}",
-                    invalid.reason
-                ),
-            });
-        }
         next_op = Some(scan.next_op);
+        let Some(invalid) = scan.invalid else {
+            continue;
+        };
+        let following_first_op = first_ops[index + 1];
+        let damaged = covered_closed_tail(
+            &path,
+            &bytes,
+            &invalid,
+            scan.next_op,
+            following_first_op,
+            covered_op,
+        )?;
+        damaged_records.push(damaged);
+        // The ops from the damaged one up to the next segment are held by the snapshot.
+        next_op = Some(following_first_op);
     }
 
     let path = segment_path(dir, last_first_op);
     check_first_op(&path, last_first_op, next_op)?;
-    let active_file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
+    let file = File::open(&path)
         .await
         .map_err(io_error(&path, "open segment"))?;
-    let bytes = read_segment(&active_file, &path).await?;
+    let bytes = read_segment(&file, &path).await?;
+    let _ = file.close().await;
     let scan = scan_segment(&bytes, last_first_op, &mut prepares, &mut record_positions);
+    let mut segment_first_ops = first_ops.clone();
+    let mut active_size_bytes = scan.end_position as u64;
+    let mut last_op = scan.next_op - 1;
+    let mut repair = Repair::None;
     let mut truncated_bytes = 0;
     if let Some(invalid) = scan.invalid {
         if let Some(reason) = interior_damage(&bytes, invalid.position, scan.next_op) {
@@ -107,34 +137,150 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, JournalError> {
                 reason: format!("{} ({reason})", invalid.reason),
             });
         }
-        truncated_bytes = (bytes.len() - invalid.position) as u64;
-        tracing::warn!(
-            segment = %path.display(),
-            position = invalid.position,
-            truncated_bytes,
-            reason = %invalid.reason,
-            "truncating the torn tail of the journal"
-        );
-        active_file
-            .set_len(invalid.position as u64)
-            .await
-            .map_err(io_error(&path, "truncate torn tail"))?;
-        active_file
-            .sync_all()
-            .await
-            .map_err(io_error(&path, "fsync after truncating torn tail"))?;
+        let size_bytes = (bytes.len() - invalid.position) as u64;
+        let disposition = if scan.next_op <= covered_op {
+            // The snapshot holds this op: nothing acknowledged is lost by leaving it, and cutting
+            // it would leave a journal that ends below the snapshot.
+            let resume_op = covered_op + 1;
+            repair = Repair::StartSegment {
+                first_op: resume_op,
+            };
+            segment_first_ops.push(resume_op);
+            active_size_bytes = 0;
+            last_op = covered_op;
+            TailDisposition::CoveredBySnapshot { resume_op }
+        } else {
+            repair = Repair::Truncate {
+                size_bytes: invalid.position as u64,
+            };
+            truncated_bytes = size_bytes;
+            TailDisposition::Truncated
+        };
+        damaged_records.push(DamagedRecord {
+            path,
+            position: invalid.position as u64,
+            op: scan.next_op,
+            size_bytes,
+            reason: invalid.reason,
+            disposition,
+        });
     }
-    Ok(Recovered {
-        segment_first_ops: first_ops.clone(),
-        active_file,
-        active_size_bytes: scan.end_position as u64,
-        last_op: scan.next_op - 1,
+    let segment_count = segment_first_ops.len() as u32;
+    Ok(Scanned {
+        dir: dir.to_path_buf(),
+        segment_first_ops,
+        active_size_bytes,
+        last_op,
+        repair,
         recovery: JournalRecovery {
             prepares,
             record_positions,
             truncated_bytes,
-            segment_count: first_ops.len() as u32,
+            damaged_records,
+            segment_count,
         },
+    })
+}
+
+/// A closed segment whose first invalid record, at `invalid`, is acceptable only as a damaged
+/// last record the snapshot covers, left behind by an earlier open (FORMAT.md section 8, open
+/// step 4): tail-shaped (nothing valid after it, at most one record's bytes), and every op from
+/// it (`damaged_op`) up to the next segment's first op is at or below `covered_op`.
+fn covered_closed_tail(
+    path: &Path,
+    bytes: &[u8],
+    invalid: &Invalid,
+    damaged_op: u64,
+    following_first_op: u64,
+    covered_op: u64,
+) -> Result<DamagedRecord, JournalError> {
+    let refuse = |why: String| JournalError::Corrupt {
+        path: path.to_path_buf(),
+        position: invalid.position as u64,
+        reason: format!(
+            "in a closed segment (damage before the tail refuses to boot): {} ({why})",
+            invalid.reason
+        ),
+    };
+    if let Some(why) = interior_damage(bytes, invalid.position, damaged_op) {
+        return Err(refuse(why));
+    }
+    if following_first_op <= damaged_op || following_first_op - 1 > covered_op {
+        return Err(refuse(format!(
+            "the next segment starts at op {following_first_op}, but only a damaged last record \
+             at or below the snapshot's checkpoint op {covered_op}, followed by a segment \
+             starting at most at op {}, is left in a closed segment",
+            covered_op + 1
+        )));
+    }
+    Ok(DamagedRecord {
+        path: path.to_path_buf(),
+        position: invalid.position as u64,
+        op: damaged_op,
+        size_bytes: (bytes.len() - invalid.position) as u64,
+        reason: invalid.reason.clone(),
+        disposition: TailDisposition::CoveredBySnapshot {
+            resume_op: following_first_op,
+        },
+    })
+}
+
+/// Makes the repair [`scan`] decided and opens the active segment read-write.
+pub(super) async fn apply(scanned: Scanned) -> Result<Recovered, JournalError> {
+    let Scanned {
+        dir,
+        segment_first_ops,
+        active_size_bytes,
+        last_op,
+        repair,
+        recovery,
+    } = scanned;
+    let active_first_op = *segment_first_ops
+        .last()
+        .expect("a scan leaves at least one segment");
+    let path = segment_path(&dir, active_first_op);
+    let active_file = match repair {
+        Repair::CreateFirstSegment | Repair::StartSegment { .. } => {
+            if repair == Repair::CreateFirstSegment {
+                create_journal_dir(&dir).await?;
+            }
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .await
+                .map_err(io_error(&path, "create segment"))?;
+            sync_dir(&dir).await.map_err(io_error(
+                &dir,
+                "fsync journal directory after creating a segment",
+            ))?;
+            file
+        }
+        Repair::None | Repair::Truncate { .. } => {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .await
+                .map_err(io_error(&path, "open segment"))?;
+            if let Repair::Truncate { size_bytes } = repair {
+                file.set_len(size_bytes)
+                    .await
+                    .map_err(io_error(&path, "truncate torn tail"))?;
+                file.sync_all()
+                    .await
+                    .map_err(io_error(&path, "fsync after truncating torn tail"))?;
+            }
+            file
+        }
+    };
+    Ok(Recovered {
+        segment_first_ops,
+        active_file,
+        active_size_bytes,
+        last_op,
+        recovery,
     })
 }
 
@@ -145,13 +291,15 @@ async fn create_journal_dir(dir: &Path) -> Result<(), JournalError> {
         .map_err(|failed| io_error(&failed.path, failed.step)(failed.source))
 }
 
-/// First ops of the segment files in `dir`, ascending; other files are skipped (a `*.wal` file
-/// with a malformed name is logged). Listing uses `std::fs::read_dir` on compio's blocking pool:
-/// `io_uring` has no getdents operation.
+/// First ops of the segment files in `dir`, ascending (none when `dir` does not exist); other
+/// files are skipped (a `*.wal` file with a malformed name is logged). Listing uses
+/// `std::fs::read_dir` on compio's blocking pool: `io_uring` has no getdents operation.
 async fn list_segments(dir: &Path) -> Result<Vec<u64>, JournalError> {
-    let names = list_dir_names(dir)
-        .await
-        .map_err(io_error(dir, "list journal directory"))?;
+    let names = match list_dir_names(dir).await {
+        Ok(names) => names,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(error) => return Err(io_error(dir, "list journal directory")(error)),
+    };
     let mut first_ops = Vec::new();
     for name in names {
         if let Some(first_op) = parse_segment_name(&name) {
@@ -403,5 +551,106 @@ mod tests {
         );
         let long = vec![0u8; JOURNAL_RECORD_SIZE_MAX];
         assert_eq!(interior_damage(&long, 0, 1), None);
+    }
+
+    /// Writes `bytes` as segment `first_op` in `dir`.
+    fn write_segment(dir: &Path, first_op: u64, bytes: &[u8]) {
+        std::fs::write(segment_path(dir, first_op), bytes).unwrap();
+    }
+
+    fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
+        compio::runtime::Runtime::new().unwrap().block_on(future)
+    }
+
+    /// Ops 1..=3 with record 3 damaged: cut when op 3 is above the covered op, left in place with
+    /// a new segment at `covered_op + 1` when it is at or below; the scan itself writes nothing.
+    #[test]
+    fn damaged_last_record_is_cut_above_the_covered_op_and_kept_at_or_below() {
+        let bytes = records(1..=3);
+        let record_size = bytes.len() / 3;
+        let mut damaged = bytes.clone();
+        damaged[bytes.len() - 10] ^= 0xFF;
+        for (covered_op, expected_last_op) in [(2, 2), (3, 3), (5, 5)] {
+            let dir = tempfile::tempdir().unwrap();
+            write_segment(dir.path(), 1, &damaged);
+            let scanned = block_on(scan(dir.path(), covered_op)).unwrap();
+            let record = &scanned.recovery.damaged_records[0];
+            assert_eq!(
+                (record.position, record.op, record.size_bytes),
+                (2 * record_size as u64, 3, record_size as u64)
+            );
+            assert_eq!(scanned.last_op, expected_last_op);
+            assert_eq!(scanned.recovery.prepares.len(), 2);
+            if covered_op < 3 {
+                assert_eq!(record.disposition, TailDisposition::Truncated);
+                assert_eq!(
+                    scanned.repair,
+                    Repair::Truncate {
+                        size_bytes: 2 * record_size as u64
+                    }
+                );
+                assert_eq!(scanned.recovery.truncated_bytes, record_size as u64);
+            } else {
+                let resume_op = covered_op + 1;
+                assert_eq!(
+                    record.disposition,
+                    TailDisposition::CoveredBySnapshot { resume_op }
+                );
+                assert_eq!(
+                    scanned.repair,
+                    Repair::StartSegment {
+                        first_op: resume_op
+                    }
+                );
+                assert_eq!(scanned.segment_first_ops, vec![1, resume_op]);
+                assert_eq!(scanned.recovery.truncated_bytes, 0);
+            }
+            // Deciding wrote nothing.
+            assert_eq!(
+                std::fs::read(segment_path(dir.path(), 1)).unwrap(),
+                damaged
+            );
+            assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+
+            // After the repair, a second scan accepts the result and decides nothing more.
+            let recovered = block_on(apply(scanned)).unwrap();
+            drop(recovered);
+            let again = block_on(scan(dir.path(), covered_op)).unwrap();
+            assert_eq!(again.repair, Repair::None);
+            assert_eq!(again.last_op, expected_last_op);
+            assert_eq!(
+                again.recovery.damaged_records.len(),
+                usize::from(covered_op >= 3)
+            );
+        }
+    }
+
+    /// A closed segment ending in a damaged record is accepted only when the snapshot covers
+    /// every op from it to the next segment's first op.
+    #[test]
+    fn a_closed_segment_ends_in_damage_only_when_the_snapshot_covers_the_gap() {
+        let mut damaged = records(1..=3);
+        let length = damaged.len();
+        damaged[length - 10] ^= 0xFF;
+        let dir = tempfile::tempdir().unwrap();
+        write_segment(dir.path(), 1, &damaged);
+        write_segment(dir.path(), 4, &records(4..=4));
+        let scanned = block_on(scan(dir.path(), 3)).unwrap();
+        assert_eq!(scanned.last_op, 4);
+        let ops: Vec<u64> = scanned.recovery.prepares.iter().map(|p| p.op).collect();
+        assert_eq!(ops, vec![1, 2, 4]);
+        assert_eq!(
+            scanned.recovery.damaged_records[0].disposition,
+            TailDisposition::CoveredBySnapshot { resume_op: 4 }
+        );
+        // A snapshot at op 2 does not hold op 3: refused, naming the file and byte.
+        let Err(JournalError::Corrupt { path, position, .. }) = block_on(scan(dir.path(), 2))
+        else {
+            panic!("a damaged closed segment above the covered op was accepted");
+        };
+        assert_eq!(
+            (path, position),
+            (segment_path(dir.path(), 1), (length - length / 3) as u64)
+        );
     }
 }
