@@ -600,6 +600,7 @@ fn wal_interior_corruption_refuses() {
     let wal = wal_path(&data_dir);
     let (position, size) = wal_records(&wal)[1];
     flip_byte(&wal, position + 64 + size / 2);
+    let before = std::fs::read(&wal).unwrap();
     let stderr = serve_refuses(&data_dir, &[]);
     assert_contains(
         &stderr,
@@ -611,7 +612,16 @@ fn wal_interior_corruption_refuses() {
     );
     assert_contains(&stderr, "refusing to boot", "refusal");
     // Nothing was truncated or rewritten.
-    assert_eq!(wal_records(&wal).len(), 6, "journal after the refusal");
+    assert_eq!(
+        std::fs::read(&wal).unwrap(),
+        before,
+        "a refused boot changed the journal"
+    );
+    assert_eq!(
+        std::fs::read_dir(data_dir.join("journal")).unwrap().count(),
+        1,
+        "a refused boot added a segment"
+    );
 }
 
 /// Boots `data_dir` whose last journal record (request 5 of client `0xB1`) is torn or damaged:
@@ -1097,6 +1107,227 @@ fn a_journal_record_that_does_not_decode_is_named_by_file_and_byte() {
         &stderr,
         &format!(
             "{} at byte {position} (op 7): the prepare body does not decode",
+            wal.display()
+        ),
+        "refusal",
+    );
+    assert_eq!(
+        std::fs::read(&wal).unwrap(),
+        before,
+        "a refused boot changed the journal"
+    );
+}
+
+// ------------------------------------------------------------------------------------------------
+// Issue 7: a damaged last journal record at or below the checkpoint is covered by the snapshot.
+
+/// The adversarial repro: create stream 1 (client `0xC1`: Register is op 1, the create op 2),
+/// stop cleanly (a checkpoint at op 2, the last journal record), then flip the byte 10 before the
+/// end of the last segment, inside op 2's record.
+fn covered_tail_data_dir(root: &Path) -> PathBuf {
+    let data_dir = root.join("covered");
+    let server = Server::start(&data_dir, &SHARDS);
+    let mut client = RawClient::connect(server.addr, 0xC1);
+    client.register();
+    client.create(1, 1).assert_ok(1, "create");
+    drop(client);
+    assert_eq!(server.stop(), Some(0));
+    assert_eq!(superblock_checkpoint_ops(&data_dir), [2; 4], "checkpoint");
+    let wal = wal_path(&data_dir);
+    assert_eq!(wal_records(&wal).len(), 2, "journal records");
+    flip_byte(&wal, std::fs::metadata(&wal).unwrap().len() - 10);
+    data_dir
+}
+
+#[test]
+fn issue7_wal_damaged_last_record_covered_by_the_snapshot_boots() {
+    let root = tempfile::tempdir().unwrap();
+    let data_dir = covered_tail_data_dir(root.path());
+    let wal = wal_path(&data_dir);
+    let damaged = std::fs::read(&wal).unwrap();
+    // The record layout is intact (only a body byte flipped), so it still tiles the file.
+    let (op2_position, op2_body_size) = wal_records(&wal)[1];
+
+    // Before boot, inspect tells the truth: covered, not "never acknowledged".
+    let (code, text) = inspect("wal", &data_dir.join("journal"));
+    assert_eq!(code, Some(1), "{text}");
+    assert_contains(
+        &text,
+        &format!(
+            "damage: {} at byte {op2_position}: body checksum",
+            wal.display()
+        ),
+        "inspect",
+    );
+    assert_contains(
+        &text,
+        &format!(
+            "the damaged last record (op 2, {} bytes) is covered by the snapshot at checkpoint op \
+             2: open leaves it in place and continues the journal in a new segment at op 3; \
+             nothing acknowledged is lost",
+            64 + op2_body_size
+        ),
+        "inspect",
+    );
+    assert!(!text.contains("never acknowledged"), "inspect: {text}");
+
+    let server = Server::start(&data_dir, &SHARDS);
+    assert_streams(server.addr, [1], "boot over the covered record");
+    let log = server.stderr();
+    let warning = log
+        .lines()
+        .find(|line| line.contains("covered by the snapshot"))
+        .unwrap_or_else(|| panic!("no warning in:\n{log}"));
+    for field in [
+        format!("path={}", wal.display()),
+        format!("position={op2_position}"),
+        "op=2".to_owned(),
+        "checkpoint_op=2".to_owned(),
+        "resume_op=3".to_owned(),
+    ] {
+        assert_contains(warning, &field, "warning");
+    }
+    assert!(!log.contains("never acknowledged"), "boot log: {log}");
+    // Nothing was cut: the damaged segment is as it was, and the journal goes on in segment 3.
+    assert_eq!(std::fs::read(&wal).unwrap(), damaged, "damaged segment");
+    let resumed = data_dir.join("journal").join("00000000000000000003.wal");
+    assert_eq!(std::fs::metadata(&resumed).unwrap().len(), 0, "new segment");
+
+    // The client table came back from the snapshot: request 1 is answered from the cache, and
+    // request 2 is new.
+    let mut client = RawClient::connect(server.addr, 0xC1);
+    client.create(1, 1).assert_ok(1, "request 1 cached");
+    client.create(2, 2).assert_ok(2, "request 2 is new");
+    drop(client);
+    assert_streams(server.addr, [1, 2], "after a new create");
+    assert_eq!(server.stop(), Some(0));
+
+    // The clean stop checkpointed op 3 and released the damaged segment.
+    assert_eq!(superblock_checkpoint_ops(&data_dir), [3; 4], "checkpoint");
+    assert!(!wal.exists(), "the damaged segment was not released");
+    let server = Server::start(&data_dir, &SHARDS);
+    assert_streams(server.addr, [1, 2], "after another restart");
+    assert_eq!(server.stop(), Some(0));
+    let (code, text) = inspect("wal", &data_dir.join("journal"));
+    assert_eq!(code, Some(0), "{text}");
+}
+
+#[test]
+fn issue7_wal_damaged_last_record_covered_restarts_before_the_next_checkpoint() {
+    // A second boot before any new op finds the damaged closed segment and the empty segment 3
+    // after it, and accepts them: the snapshot covers the gap.
+    let root = tempfile::tempdir().unwrap();
+    let data_dir = covered_tail_data_dir(root.path());
+    let wal = wal_path(&data_dir);
+    let server = Server::start(&data_dir, &SHARDS);
+    assert_streams(server.addr, [1], "first boot");
+    server.kill9();
+    let (code, text) = inspect("wal", &data_dir.join("journal"));
+    assert_eq!(code, Some(1), "{text}");
+    assert_contains(
+        &text,
+        "the damaged last record of a closed segment (op 2) is covered by the snapshot at \
+         checkpoint op 2: open leaves it in place, the journal continues at op 3",
+        "inspect",
+    );
+    assert!(!text.contains("op gap"), "inspect: {text}");
+    let server = Server::start(&data_dir, &SHARDS);
+    assert_streams(server.addr, [1], "second boot");
+    assert_contains(&server.stderr(), "covered by the snapshot", "second boot");
+    let mut client = RawClient::connect(server.addr, 0xC1);
+    client.create(2, 2).assert_ok(2, "request 2 is new");
+    drop(client);
+    assert_eq!(server.stop(), Some(0));
+    assert!(!wal.exists(), "the damaged segment was not released");
+}
+
+#[test]
+fn issue7_wal_damaged_last_record_above_the_checkpoint_is_truncated() {
+    let root = tempfile::tempdir().unwrap();
+    let data_dir = covered_tail_data_dir(root.path());
+    // Undo the flip, then journal op 3 (stream 2) without a checkpoint and damage it.
+    let wal = wal_path(&data_dir);
+    flip_byte(&wal, std::fs::metadata(&wal).unwrap().len() - 10);
+    let server = Server::start(&data_dir, &SHARDS);
+    let mut client = RawClient::connect(server.addr, 0xC1);
+    client.create(2, 2).assert_ok(2, "create");
+    drop(client);
+    server.kill9();
+    let (op3_position, _) = *wal_records(&wal).last().unwrap();
+    flip_byte(&wal, std::fs::metadata(&wal).unwrap().len() - 10);
+
+    let (code, text) = inspect("wal", &data_dir.join("journal"));
+    assert_eq!(code, Some(1), "{text}");
+    assert_contains(
+        &text,
+        &format!(
+            "torn tail: {} at byte {op3_position}: body checksum",
+            wal.display()
+        ),
+        "inspect",
+    );
+    assert_contains(
+        &text,
+        &format!(
+            "which open would truncate (op 3 is above the checkpoint op 2 in {}: if a crash cut \
+             the write short, that prepare was never acknowledged)",
+            data_dir.join("superblock").display()
+        ),
+        "inspect",
+    );
+
+    let server = Server::start(&data_dir, &SHARDS);
+    assert_streams(server.addr, [1], "boot");
+    let log = server.stderr();
+    let warning = log
+        .lines()
+        .find(|line| line.contains("torn tail"))
+        .unwrap_or_else(|| panic!("no warning in:\n{log}"));
+    for field in [
+        format!("path={}", wal.display()),
+        format!("position={op3_position}"),
+        "op=3".to_owned(),
+        "checkpoint_op=2".to_owned(),
+        "never acknowledged".to_owned(),
+    ] {
+        assert_contains(warning, &field, "warning");
+    }
+    assert_eq!(wal_records(&wal).len(), 2, "journal after boot");
+    let mut client = RawClient::connect(server.addr, 0xC1);
+    client.create(2, 2).assert_ok(2, "request 2 is new again");
+    drop(client);
+    assert_streams(server.addr, [1, 2], "after the retry");
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[test]
+fn issue7_wal_refusal_after_a_torn_tail_changes_nothing() {
+    // A record that does not decode (op 7) before a damaged last record (op 8): boot used to cut
+    // op 8 and then refuse at op 7. It must refuse with the journal as it was.
+    let root = tempfile::tempdir().unwrap();
+    let data_dir = journal_only_data_dir(root.path(), "refuse-then-cut");
+    let wal = wal_path(&data_dir);
+    let journal_dir = data_dir.join("journal");
+    block_on(async move {
+        let (mut journal, _) = storage::Journal::open(&journal_dir).await.unwrap();
+        for body in [&br#"{"operation":"RenameStream"}"#[..], &b"torn"[..]] {
+            let prepare = storage::journal::Prepare {
+                op: journal.last_op() + 1,
+                view: 0,
+                commit: journal.last_op(),
+                body: body.to_vec(),
+            };
+            journal.append(&prepare).await.unwrap();
+        }
+    });
+    let (op7_position, _) = wal_records(&wal)[6];
+    flip_byte(&wal, std::fs::metadata(&wal).unwrap().len() - 2);
+    let before = std::fs::read(&wal).unwrap();
+    let stderr = serve_refuses(&data_dir, &[]);
+    assert_contains(
+        &stderr,
+        &format!(
+            "{} at byte {op7_position} (op 7): the prepare body does not decode",
             wal.display()
         ),
         "refusal",

@@ -11,7 +11,9 @@ use std::cell::{Cell, RefCell};
 use std::path::Path;
 
 use futures_util::lock::Mutex;
-use storage::journal::Journal;
+use storage::journal::{
+    DamagedRecord, Journal, JournalConfig, JournalRecovery, JournalScan, TailDisposition,
+};
 use storage::superblock::{Superblock, SuperblockError, SuperblockState};
 
 use super::client_table::{CachedReply, ClientTable, Lookup, request_checksum};
@@ -218,65 +220,27 @@ pub async fn open(config: &ServerConfig) -> Result<(Replica, MetadataState), Str
             superblock_state.checkpoint_op
         )));
     }
-    let (journal, recovery) = Journal::open(&journal_path).await.map_err(refuse)?;
-    if recovery.truncated_bytes > 0 {
-        tracing::warn!(
-            path = %journal_path.display(), truncated_bytes = recovery.truncated_bytes,
-            "journal had a torn tail (a write cut short by a crash); truncated it. Only an op \
-             that was never acknowledged can be lost this way"
-        );
-    }
-    if journal.last_op() < snapshot_op {
-        return Err(refuse(format!(
-            "{}: ends at op {} but the snapshot {} is at op {snapshot_op}: journal records are \
-             missing",
-            journal_path.display(),
-            journal.last_op(),
-            snapshot_file.display()
-        )));
-    }
-    if journal.first_op() > snapshot_op + 1 {
-        return Err(refuse(format!(
-            "{}: starts at op {} but the snapshot {} covers only ops up to {snapshot_op}: ops {} \
-             to {} are missing",
-            journal_path.display(),
-            journal.first_op(),
-            snapshot_file.display(),
-            snapshot_op + 1,
-            journal.first_op() - 1
-        )));
-    }
-    let mut replayed_count = 0u64;
-    assert_eq!(
-        recovery.prepares.len(),
-        recovery.record_positions.len(),
-        "the journal reports one position per record"
-    );
-    let replay = recovery
-        .prepares
-        .iter()
-        .zip(&recovery.record_positions)
-        .filter(|(prepare, _)| prepare.op > snapshot_op);
-    for (prepare, &(segment_first_op, position)) in replay {
-        // Names the record as `FILE at byte N (op K)`, the way journal damage is named.
-        let record = || {
-            format!(
-                "{} at byte {position} (op {})",
-                storage::journal::segment_path(&journal_path, segment_first_op).display(),
-                prepare.op
-            )
-        };
-        let body = PrepareBody::decode(&prepare.body).map_err(|reason| {
-            refuse(format!(
-                "{}: the prepare body does not decode: {reason}",
-                record()
-            ))
-        })?;
-        apply_prepare(&mut metadata, &mut client_table, prepare.op, &body)
-            .map_err(|reason| refuse(format!("{}: {reason}", record())))?;
-        replayed_count += 1;
-    }
+    // Decide first, write after: the journal is scanned read-only, checked against the snapshot
+    // and replayed, and only then repaired (a torn tail cut, or a segment started after a
+    // damaged record the snapshot covers), so a refusal leaves every file as it was.
+    let scan = Journal::scan(&journal_path, snapshot_op)
+        .await
+        .map_err(refuse)?;
+    check_journal_span(&scan, &journal_path, &snapshot_file, snapshot_op)?;
+    let replayed_count = replay_journal(
+        scan.recovery(),
+        &journal_path,
+        snapshot_op,
+        &mut metadata,
+        &mut client_table,
+    )?;
     warn_about_orphan_partitions(data_dir, &metadata).await;
+    let (journal, recovery) = Journal::open_scanned(scan, JournalConfig::default())
+        .await
+        .map_err(refuse)?;
+    for damaged in &recovery.damaged_records {
+        warn_damaged_record(damaged, snapshot_op);
+    }
     let commit_min = journal.last_op().max(snapshot_op);
     tracing::info!(
         checkpoint_op = superblock_state.checkpoint_op,
@@ -299,6 +263,105 @@ pub async fn open(config: &ServerConfig) -> Result<(Replica, MetadataState), Str
         client_table: RefCell::new(client_table),
     };
     Ok((replica, metadata))
+}
+
+/// The journal must reach the snapshot: it may not end below `snapshot_op` (records the snapshot
+/// was taken after are missing) nor start above `snapshot_op + 1` (ops between them are missing).
+/// A damaged last record the snapshot covers does not end it below: `scan.last_op()` is then
+/// `snapshot_op` (the journal continues at `snapshot_op + 1`).
+fn check_journal_span(
+    scan: &JournalScan,
+    journal_path: &Path,
+    snapshot_file: &Path,
+    snapshot_op: u64,
+) -> Result<(), String> {
+    if scan.last_op() < snapshot_op {
+        return Err(refuse(format!(
+            "{}: ends at op {} but the snapshot {} is at op {snapshot_op}: journal records are \
+             missing",
+            journal_path.display(),
+            scan.last_op(),
+            snapshot_file.display()
+        )));
+    }
+    if scan.first_op() > snapshot_op + 1 {
+        return Err(refuse(format!(
+            "{}: starts at op {} but the snapshot {} covers only ops up to {snapshot_op}: ops {} \
+             to {} are missing",
+            journal_path.display(),
+            scan.first_op(),
+            snapshot_file.display(),
+            snapshot_op + 1,
+            scan.first_op() - 1
+        )));
+    }
+    Ok(())
+}
+
+/// Applies every journaled prepare above `snapshot_op` to `metadata` and `client_table`, in op
+/// order; returns how many. A record that does not decode or apply is named by file, byte and
+/// op in the refusal.
+fn replay_journal(
+    recovery: &JournalRecovery,
+    journal_path: &Path,
+    snapshot_op: u64,
+    metadata: &mut MetadataState,
+    client_table: &mut ClientTable,
+) -> Result<u64, String> {
+    assert_eq!(
+        recovery.prepares.len(),
+        recovery.record_positions.len(),
+        "the journal reports one position per record"
+    );
+    let mut replayed_count = 0u64;
+    let replay = recovery
+        .prepares
+        .iter()
+        .zip(&recovery.record_positions)
+        .filter(|(prepare, _)| prepare.op > snapshot_op);
+    for (prepare, &(segment_first_op, position)) in replay {
+        // Names the record as `FILE at byte N (op K)`, the way journal damage is named.
+        let record = || {
+            format!(
+                "{} at byte {position} (op {})",
+                storage::journal::segment_path(journal_path, segment_first_op).display(),
+                prepare.op
+            )
+        };
+        let body = PrepareBody::decode(&prepare.body).map_err(|reason| {
+            refuse(format!(
+                "{}: the prepare body does not decode: {reason}",
+                record()
+            ))
+        })?;
+        apply_prepare(metadata, client_table, prepare.op, &body)
+            .map_err(|reason| refuse(format!("{}: {reason}", record())))?;
+        replayed_count += 1;
+    }
+    Ok(replayed_count)
+}
+
+/// Logs what boot did with a damaged journal record, naming file, byte and op. Only a record
+/// above the checkpoint can be a prepare that was never acknowledged (the journal fsyncs each
+/// prepare before it is acknowledged, so a crash can tear only an unacknowledged one); one at or
+/// below it was acknowledged, and the snapshot holds it.
+fn warn_damaged_record(damaged: &DamagedRecord, snapshot_op: u64) {
+    match damaged.disposition {
+        TailDisposition::Truncated => tracing::warn!(
+            path = %damaged.path.display(), position = damaged.position, op = damaged.op,
+            truncated_bytes = damaged.size_bytes, checkpoint_op = snapshot_op,
+            reason = %damaged.reason,
+            "journal had a torn tail; truncated it. Its op is above the checkpoint op, so if a \
+             crash cut the write short that prepare was never acknowledged"
+        ),
+        TailDisposition::CoveredBySnapshot { resume_op } => tracing::warn!(
+            path = %damaged.path.display(), position = damaged.position, op = damaged.op,
+            checkpoint_op = snapshot_op, resume_op, reason = %damaged.reason,
+            "damaged journal record covered by the snapshot (its op is at or below the \
+             checkpoint op, so the snapshot holds it); left in place, the journal continues at \
+             resume_op and the next checkpoint releases the damaged segment"
+        ),
+    }
 }
 
 /// Logs partition directories the recovered metadata does not name: a deletion whose

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use compio::fs::{File, OpenOptions};
 
 use super::record::{JOURNAL_HEADER_SIZE, JournalHeader, Prepare, parse_record};
-use super::{DamagedRecord, JournalError, JournalRecovery, TailDisposition, io_error, segment_path};
+use super::{
+    DamagedRecord, JournalError, JournalRecovery, TailDisposition, io_error, segment_path,
+};
 use crate::durable::{create_dir_durable, list_dir_names, read_exact_at, sync_dir};
 use crate::limits::{JOURNAL_BODY_SIZE_MAX, JOURNAL_RECORD_SIZE_MAX, JOURNAL_SEGMENT_SIZE_MAX};
 
@@ -606,10 +608,7 @@ mod tests {
                 assert_eq!(scanned.recovery.truncated_bytes, 0);
             }
             // Deciding wrote nothing.
-            assert_eq!(
-                std::fs::read(segment_path(dir.path(), 1)).unwrap(),
-                damaged
-            );
+            assert_eq!(std::fs::read(segment_path(dir.path(), 1)).unwrap(), damaged);
             assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
 
             // After the repair, a second scan accepts the result and decides nothing more.

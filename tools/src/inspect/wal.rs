@@ -1,14 +1,23 @@
 //! `inspect wal`: checks the metadata journal by the open rules of `storage/FORMAT.md` section 8
 //! (segment names and op contiguity, every record through `storage::journal::parse_record`, torn
-//! tail versus interior damage in the last segment). Reads only; never truncates a torn tail.
+//! tail versus interior damage in the last segment, and, when the data directory's superblock lies
+//! beside the journal directory, whether a damaged last record is above the checkpoint op (a torn
+//! tail open cuts) or at or below it (covered by the snapshot, left in place). Reads only; never
+//! truncates a torn tail. It must never call a record "never acknowledged" unless its op is above
+//! the checkpoint.
 
 use std::fmt::Write as _;
+use std::io::Read as _;
 use std::path::Path;
 
 use storage::journal::{JOURNAL_HEADER_SIZE, JournalHeader, parse_record};
-use storage::limits::{JOURNAL_BODY_SIZE_MAX, JOURNAL_RECORD_SIZE_MAX, JOURNAL_SEGMENT_SIZE_MAX};
+use storage::limits::{
+    JOURNAL_BODY_SIZE_MAX, JOURNAL_RECORD_SIZE_MAX, JOURNAL_SEGMENT_SIZE_MAX,
+    SUPERBLOCK_COPY_COUNT, SUPERBLOCK_COPY_SIZE,
+};
+use storage::superblock::{SUPERBLOCK_FILE_NAME, decode_copy};
 
-use super::{Damage, Report, read_bounded, segments_for};
+use super::{Damage, Report, open_read_only, parent_dir, read_bounded, segments_for};
 
 #[derive(Debug, serde::Serialize)]
 pub(crate) struct WalReport {
@@ -20,6 +29,9 @@ pub(crate) struct WalReport {
     /// The op of the last valid record (`first_op - 1` when there is none).
     last_op: Option<u64>,
     size_bytes: u64,
+    /// The checkpoint op of the superblock beside the journal directory (its newest valid copy),
+    /// when there is one: damaged last records at or below it are covered by the snapshot.
+    checkpoint_op: Option<u64>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -84,6 +96,96 @@ fn interior_damage(bytes: &[u8], position: usize, next_op: u64) -> Option<String
     None
 }
 
+/// The superblock beside the journal at `path` (a journal directory, or one segment in it): the
+/// data directory's `superblock`, and the checkpoint op of its newest valid copy, if it is there
+/// and readable.
+fn checkpoint_beside(path: &Path) -> Option<(String, u64)> {
+    let journal_dir = if path.is_dir() {
+        path
+    } else {
+        parent_dir(path)
+    };
+    let superblock = parent_dir(journal_dir).join(SUPERBLOCK_FILE_NAME);
+    let file = open_read_only(&superblock).ok()?;
+    let mut bytes = Vec::new();
+    file.take((SUPERBLOCK_COPY_COUNT * SUPERBLOCK_COPY_SIZE) as u64)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    let newest = (0..SUPERBLOCK_COPY_COUNT)
+        .filter_map(|copy_index| {
+            let start = copy_index * SUPERBLOCK_COPY_SIZE;
+            decode_copy(bytes.get(start..start + SUPERBLOCK_COPY_SIZE)?, copy_index).ok()
+        })
+        .max_by_key(|state| state.sequence)?;
+    Some((superblock.display().to_string(), newest.checkpoint_op))
+}
+
+/// The verdict on a damaged record at the end of the **last** segment (tail-shaped), whose op is
+/// `op`, `torn_bytes` from the end: cut as a torn tail when `op` is above the checkpoint, left in
+/// place when the snapshot covers it (FORMAT.md section 8, open step 5). Returns (whether open
+/// cuts it, the text).
+fn last_record_verdict(
+    op: u64,
+    torn_bytes: usize,
+    checkpoint: Option<&(String, u64)>,
+) -> (bool, String) {
+    match checkpoint {
+        Some((_, checkpoint_op)) if op <= *checkpoint_op => (
+            false,
+            format!(
+                "the damaged last record (op {op}, {torn_bytes} bytes) is covered by the snapshot \
+                 at checkpoint op {checkpoint_op}: open leaves it in place and continues the \
+                 journal in a new segment at op {}; nothing acknowledged is lost",
+                checkpoint_op + 1
+            ),
+        ),
+        Some((superblock, checkpoint_op)) => (
+            true,
+            format!(
+                "a torn tail of {torn_bytes} bytes in the last segment, which open would \
+                 truncate (op {op} is above the checkpoint op {checkpoint_op} in {superblock}: \
+                 if a crash cut the write short, that prepare was never acknowledged)"
+            ),
+        ),
+        None => (
+            true,
+            format!(
+                "a torn tail of {torn_bytes} bytes in the last segment, which open would \
+                 truncate if op {op} is above the snapshot's checkpoint op, and leave in place if \
+                 the snapshot covers it (no readable superblock beside this journal to tell which)"
+            ),
+        ),
+    }
+}
+
+/// The verdict on a damaged record at the end of a **closed** segment, at op `op`, followed by the
+/// segment starting at `following_first_op`: acceptable only when tail-shaped and covered by the
+/// snapshot up to that segment (an earlier open left it there; FORMAT.md section 8, open step 4).
+/// `None` when open accepts it.
+fn closed_record_verdict(
+    bytes: &[u8],
+    position: usize,
+    op: u64,
+    following_first_op: Option<u64>,
+    checkpoint: Option<&(String, u64)>,
+) -> Option<String> {
+    if let Some(why) = interior_damage(bytes, position, op) {
+        return Some(format!("{why}; in a closed segment: open refuses to boot"));
+    }
+    match (following_first_op, checkpoint) {
+        (Some(following), Some((_, checkpoint_op)))
+            if following > op && following - 1 <= *checkpoint_op =>
+        {
+            None
+        }
+        _ => Some(
+            "in a closed segment: open refuses to boot; only a damaged last record that the \
+             snapshot's checkpoint covers up to the next segment is left in a closed segment"
+                .to_owned(),
+        ),
+    }
+}
+
 pub(crate) fn inspect(path: &Path) -> anyhow::Result<(WalReport, Vec<Damage>)> {
     let (files, final_is_last) = segments_for(path, "wal")?;
     let mut damage = Vec::new();
@@ -100,6 +202,16 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(WalReport, Vec<Damage>)> {
             },
         ));
     }
+    let checkpoint = checkpoint_beside(path);
+    let following_first_ops: Vec<Option<u64>> = files
+        .iter()
+        .skip(1)
+        .map(|(first_op, _)| *first_op)
+        .chain(std::iter::once(None))
+        .collect();
+    // Set after a closed segment ends in a record the snapshot covers: the next segment then
+    // starts after the gap, by design.
+    let mut covered_gap = false;
     let mut segments = Vec::new();
     let mut record_count = 0;
     let mut size_bytes = 0;
@@ -117,6 +229,7 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(WalReport, Vec<Damage>)> {
         }
         if let (Some(first_op), Some(expected)) = (first_op, next_op)
             && first_op != expected
+            && !std::mem::take(&mut covered_gap)
         {
             damage.push(Damage::new(
                 &file,
@@ -182,30 +295,44 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(WalReport, Vec<Damage>)> {
             next_op = Some(expected + 1);
         };
         if let Some(reason) = invalid {
+            let op = next_op.unwrap_or(1);
+            let position_u64 = Some(position as u64);
             if !last {
+                let following = following_first_ops[segment_index];
+                match closed_record_verdict(&bytes, position, op, following, checkpoint.as_ref()) {
+                    Some(why) => damage.push(Damage::new(
+                        &file,
+                        position_u64,
+                        format!("{reason} ({why})"),
+                    )),
+                    None => {
+                        covered_gap = true;
+                        damage.push(Damage::new(
+                            &file,
+                            position_u64,
+                            format!(
+                                "{reason}; the damaged last record of a closed segment (op {op}) \
+                                 is covered by the snapshot at checkpoint op {}: open leaves it \
+                                 in place, the journal continues at op {}, and the next \
+                                 checkpoint releases this segment",
+                                checkpoint.as_ref().map_or(0, |(_, op)| *op),
+                                following.unwrap_or(0)
+                            ),
+                        ));
+                    }
+                }
+            } else if let Some(why) = interior_damage(&bytes, position, op) {
                 damage.push(Damage::new(
                     &file,
-                    Some(position as u64),
-                    format!("{reason} (in a closed segment: open refuses to boot)"),
-                ));
-            } else if let Some(why) = interior_damage(&bytes, position, next_op.unwrap_or(1)) {
-                damage.push(Damage::new(
-                    &file,
-                    Some(position as u64),
+                    position_u64,
                     format!("{reason} ({why}: interior damage, open refuses to boot)"),
                 ));
             } else {
-                let torn_bytes = bytes.len() - position;
+                let (torn_tail, verdict) =
+                    last_record_verdict(op, bytes.len() - position, checkpoint.as_ref());
                 damage.push(Damage {
-                    torn_tail: true,
-                    ..Damage::new(
-                        &file,
-                        Some(position as u64),
-                        format!(
-                            "{reason}; a torn tail of {torn_bytes} bytes in the last segment, \
-                             which open would truncate (the prepare was never acknowledged)"
-                        ),
-                    )
+                    torn_tail,
+                    ..Damage::new(&file, position_u64, format!("{reason}; {verdict}"))
                 });
             }
         }
@@ -222,6 +349,7 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(WalReport, Vec<Damage>)> {
         first_op,
         last_op,
         size_bytes,
+        checkpoint_op: checkpoint.map(|(_, checkpoint_op)| checkpoint_op),
     };
     Ok((report, damage))
 }
@@ -258,12 +386,14 @@ impl Report for WalReport {
         let show = |op: Option<u64>| op.map_or_else(|| "-".to_owned(), |op| op.to_string());
         let _ = writeln!(
             out,
-            "summary: {} segment(s), {} record(s), first_op {}, last_op {}, {} bytes",
+            "summary: {} segment(s), {} record(s), first_op {}, last_op {}, {} bytes, \
+             checkpoint_op {}",
             self.segment_count,
             self.record_count,
             show(self.first_op),
             show(self.last_op),
-            self.size_bytes
+            self.size_bytes,
+            show(self.checkpoint_op)
         );
     }
 }
