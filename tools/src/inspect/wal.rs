@@ -161,26 +161,38 @@ fn last_record_verdict(
 /// The verdict on a damaged record at the end of a **closed** segment, at op `op`, followed by the
 /// segment starting at `following_first_op`: acceptable only when tail-shaped and covered by the
 /// snapshot up to that segment (an earlier open left it there; FORMAT.md section 8, open step 4).
-/// `None` when open accepts it.
+/// Returns (whether open accepts it, the text to append to the record's defect).
 fn closed_record_verdict(
     bytes: &[u8],
     position: usize,
     op: u64,
     following_first_op: Option<u64>,
     checkpoint: Option<&(String, u64)>,
-) -> Option<String> {
+) -> (bool, String) {
     if let Some(why) = interior_damage(bytes, position, op) {
-        return Some(format!("{why}; in a closed segment: open refuses to boot"));
+        return (
+            false,
+            format!(" ({why}; in a closed segment: open refuses to boot)"),
+        );
     }
     match (following_first_op, checkpoint) {
         (Some(following), Some((_, checkpoint_op)))
             if following > op && following - 1 <= *checkpoint_op =>
         {
-            None
+            (
+                true,
+                format!(
+                    "; the damaged last record of a closed segment (op {op}) is covered by the \
+                     snapshot at checkpoint op {checkpoint_op}: open leaves it in place, the \
+                     journal continues at op {following}, and the next checkpoint releases this \
+                     segment"
+                ),
+            )
         }
-        _ => Some(
-            "in a closed segment: open refuses to boot; only a damaged last record that the \
-             snapshot's checkpoint covers up to the next segment is left in a closed segment"
+        _ => (
+            false,
+            " (in a closed segment: open refuses to boot; only a damaged last record that the \
+             snapshot's checkpoint covers up to the next segment is left in a closed segment)"
                 .to_owned(),
         ),
     }
@@ -298,29 +310,19 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(WalReport, Vec<Damage>)> {
             let op = next_op.unwrap_or(1);
             let position_u64 = Some(position as u64);
             if !last {
-                let following = following_first_ops[segment_index];
-                match closed_record_verdict(&bytes, position, op, following, checkpoint.as_ref()) {
-                    Some(why) => damage.push(Damage::new(
-                        &file,
-                        position_u64,
-                        format!("{reason} ({why})"),
-                    )),
-                    None => {
-                        covered_gap = true;
-                        damage.push(Damage::new(
-                            &file,
-                            position_u64,
-                            format!(
-                                "{reason}; the damaged last record of a closed segment (op {op}) \
-                                 is covered by the snapshot at checkpoint op {}: open leaves it \
-                                 in place, the journal continues at op {}, and the next \
-                                 checkpoint releases this segment",
-                                checkpoint.as_ref().map_or(0, |(_, op)| *op),
-                                following.unwrap_or(0)
-                            ),
-                        ));
-                    }
-                }
+                let (covered, verdict) = closed_record_verdict(
+                    &bytes,
+                    position,
+                    op,
+                    following_first_ops[segment_index],
+                    checkpoint.as_ref(),
+                );
+                covered_gap = covered;
+                damage.push(Damage::new(
+                    &file,
+                    position_u64,
+                    format!("{reason}{verdict}"),
+                ));
             } else if let Some(why) = interior_damage(&bytes, position, op) {
                 damage.push(Damage::new(
                     &file,
