@@ -567,7 +567,7 @@ fn issue7_6_bench_creates_its_data_root_and_notes_latency_data_and_placement() {
     assert!(
         data_line.starts_with(&format!("data: {}/shardline-bench-", root.display()))
             && data_line
-                .ends_with("/data (embedded server, fsync=never; removed after a clean run)"),
+                .ends_with("/data (embedded server, fsync=never; removed when the run ends)"),
         "{data_line}"
     );
     let owned = lines
@@ -578,5 +578,90 @@ fn issue7_6_bench_creates_its_data_root_and_notes_latency_data_and_placement() {
         owned.contains("shard 0 owns 1, shard 1 owns 2")
             || owned.contains("shard 0 owns 2, shard 1 owns 1"),
         "{owned}"
+    );
+}
+
+#[test]
+fn issue7_6_bench_refuses_a_batch_over_the_server_frame_limit_before_creating_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &["--shards", "1", "--max-message-size", "1024"]);
+    let addr = server.addr.to_string();
+    let bench = |message_size: &str, batch: &str| {
+        shardline(&[
+            "bench",
+            "--addr",
+            &addr,
+            "--stream-id",
+            "7",
+            "--message-size",
+            message_size,
+            "--batch",
+            batch,
+            "--messages",
+            "20",
+            "--producers",
+            "1",
+            "--consumers",
+            "1",
+        ])
+    };
+    let output = bench("2000", "10");
+    assert_eq!(output.status.code(), Some(1), "{}", stdout_of(&output));
+    // 256 + 32 + 10 × (32 + 2000) = 20608 bytes.
+    assert_eq!(
+        stderr_of(&output),
+        format!(
+            "error: --batch 10 messages of up to 2000 payload bytes make a 20608-byte request \
+             frame, above the server at {addr}'s --max-message-size 1024; lower --batch or the \
+             payload size\n"
+        )
+    );
+    assert_eq!(
+        metadata(&server)["streams"],
+        serde_json::json!([]),
+        "nothing was created"
+    );
+
+    // A batch that fits runs; a second run on the same stream id says so once.
+    let output = bench("10", "10");
+    assert!(output.status.success(), "{}", stderr_of(&output));
+    let output = bench("10", "10");
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        stderr_of(&output),
+        format!(
+            "error: stream 7 already exists on {addr}; the bench needs a fresh stream (it names \
+             stream N \"bench-N\"): pass --stream-id with an unused id\n"
+        )
+    );
+}
+
+#[test]
+fn issue7_6_bench_refuses_more_shards_than_cores_before_starting_a_server() {
+    let allowed = runtime::topology::allowed_cpus().unwrap();
+    let shards = (allowed.len() + 1).to_string();
+    let root = tempfile::tempdir().unwrap();
+    let output = shardline(&[
+        "bench",
+        "--shards",
+        &shards,
+        "--messages",
+        "10",
+        "--data-root",
+        root.path().to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = stderr_of(&output);
+    assert!(
+        stderr.starts_with(&format!(
+            "error: --shards {shards}: more shards than allowed cores ({}: ",
+            allowed.len()
+        )) && stderr.ends_with("); pass --no-pin to overprovision\n"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_dir(root.path()).unwrap().count(),
+        0,
+        "no run directory was created"
     );
 }
