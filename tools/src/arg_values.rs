@@ -142,9 +142,11 @@ mod tests {
         assert_eq!(parse_no_pin("true"), Ok(true));
         assert_eq!(
             parse_no_pin("maybe"),
-            Err("SHARDLINE_NO_PIN=\"maybe\" is not a boolean; accepted: 1, 0, true, false, yes, \
+            Err(
+                "SHARDLINE_NO_PIN=\"maybe\" is not a boolean; accepted: 1, 0, true, false, yes, \
                  no, on, off (any case), or empty"
-                .into())
+                    .into()
+            )
         );
     }
 
@@ -160,7 +162,10 @@ mod tests {
                        KiB, MiB or GiB (e.g. 64MiB)";
         assert_eq!(parse_byte_size("64MB"), Err(format!("\"64MB\" {refused}")));
         assert_eq!(parse_byte_size("MiB"), Err(format!("\"MiB\" {refused}")));
-        assert_eq!(parse_byte_size("1.5MiB"), Err(format!("\"1.5MiB\" {refused}")));
+        assert_eq!(
+            parse_byte_size("1.5MiB"),
+            Err(format!("\"1.5MiB\" {refused}"))
+        );
         assert_eq!(
             parse_byte_size("17179869184GiB"),
             Err("\"17179869184GiB\" is too large a size".into())

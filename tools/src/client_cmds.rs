@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use bus::{
-    BATCH_HEADER_SIZE, BatchBuilder, Client, ClientError, HEADER_SIZE, MESSAGE_HEADER_SIZE, Namespace,
-    PRODUCER_STAMP_SIZE, Producer,
+    BATCH_HEADER_SIZE, BatchBuilder, Client, ClientError, HEADER_SIZE, MESSAGE_HEADER_SIZE,
+    Namespace, PRODUCER_STAMP_SIZE, Producer,
 };
 use shardline::output::{print_line, stdout_error};
 
@@ -143,7 +143,10 @@ pub enum PollOutput {
     /// `PAYLOAD<LF>`: the payload's bytes only.
     Raw,
     /// One JSON object per line: `{"offset":N,"timestamp_us":N,"id":N,"payload":"..."}`, with
-    /// `payload_hex` (lowercase hex) instead of `payload` when the bytes are not UTF-8.
+    /// `payload_hex` (lowercase hex) instead of `payload` when the bytes are not UTF-8. `id` is
+    /// the producer's message id (`send` numbers each run's messages from 0, so ids repeat
+    /// across runs; `offset` is unique); `timestamp_us` is the producer's clock, µs since the
+    /// Unix epoch.
     Json,
 }
 
@@ -511,7 +514,7 @@ struct JsonMessage<'a> {
     offset: u64,
     /// Microseconds since the Unix epoch, as the producer stamped the message.
     timestamp_us: u64,
-    /// The producer's message id.
+    /// The producer's message id: `send` numbers the messages of each run from 0.
     id: u64,
     /// The payload, when it is UTF-8.
     #[serde(skip_serializing_if = "Option::is_none")]

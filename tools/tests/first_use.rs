@@ -379,7 +379,14 @@ fn issue7_6_sizes_take_suffixes_and_send_takes_any_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let server = start(
         dir.path(),
-        &["--shards", "1", "--max-message-size", "1KiB", "--segment-size", "64MiB"],
+        &[
+            "--shards",
+            "1",
+            "--max-message-size",
+            "1KiB",
+            "--segment-size",
+            "64MiB",
+        ],
     );
     client(&server, &["stream", "create", "1", "orders"]);
     client(&server, &["topic", "create", "1", "1", "events"]);
@@ -395,9 +402,14 @@ fn issue7_6_sizes_take_suffixes_and_send_takes_any_bytes() {
         &server,
         &["poll", "--stream", "1", "--topic", "1", "--output", "raw"],
     );
-    assert_eq!(polled.as_bytes(), "ok line\nbad \u{fffd}\u{fffd} line\n".as_bytes());
+    assert_eq!(
+        polled.as_bytes(),
+        "ok line\nbad \u{fffd}\u{fffd} line\n".as_bytes()
+    );
     let polled = Command::new(BIN)
-        .args(["poll", "--stream", "1", "--topic", "1", "--output", "raw", "--addr"])
+        .args([
+            "poll", "--stream", "1", "--topic", "1", "--output", "raw", "--addr",
+        ])
         .arg(server.addr.to_string())
         .output()
         .unwrap();
@@ -480,7 +492,9 @@ fn issue7_6_help_names_sighup_and_the_segment_size_range() {
     };
     let top = help(&["--help"]);
     assert!(
-        top.contains("serve Run the server until SIGINT, SIGTERM or SIGHUP (each stops it cleanly)"),
+        top.contains(
+            "serve Run the server until SIGINT, SIGTERM or SIGHUP (each stops it cleanly)"
+        ),
         "{top}"
     );
     let serve = help(&["serve", "--help"]);

@@ -369,13 +369,20 @@ mod tests {
             error.contains("cannot bind: serve --listen 127.0.0.1:0 --data-dir"),
             "{error}"
         );
-        assert!(error.contains("was removed; last lines of its stderr:"), "{error}");
+        assert!(
+            error.contains("was removed; last lines of its stderr:"),
+            "{error}"
+        );
         let left: Vec<_> = std::fs::read_dir(root.path())
             .unwrap()
             .map(|entry| entry.unwrap().file_name())
             .filter(|name| name.to_string_lossy().starts_with("shardline-bench-"))
             .collect();
-        assert_eq!(left, Vec::<std::ffi::OsString>::new(), "the run directory is removed");
+        assert_eq!(
+            left,
+            Vec::<std::ffi::OsString>::new(),
+            "the run directory is removed"
+        );
     }
 
     #[test]

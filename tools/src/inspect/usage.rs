@@ -90,19 +90,20 @@ impl DirLooks {
 /// `dir` refused for `kind`: `DIR: a journal directory (...), not what ...; inspect segment
 /// takes ...`, with the data directory named when `dir` sits in one.
 fn refused(kind: Kind, dir: &Path, missing: &str) -> UsageError {
-    let mut text = format!(
-        "{}: {} without {missing}; {}",
+    let parent = parent_dir(dir);
+    let hint = if matches!(kind, Kind::Superblock | Kind::Snapshot | Kind::Wal)
+        && parent.join(SUPERBLOCK_FILE_NAME).is_file()
+    {
+        format!(" (the data directory is {})", parent.display())
+    } else {
+        String::new()
+    };
+    UsageError(format!(
+        "{}: {} without {missing}; {}{hint}",
         dir.display(),
         DirLooks::of(dir).describe(),
         takes(kind)
-    );
-    let parent = parent_dir(dir);
-    if matches!(kind, Kind::Superblock | Kind::Snapshot | Kind::Wal)
-        && parent.join(SUPERBLOCK_FILE_NAME).is_file()
-    {
-        text.push_str(&format!(" (the data directory is {})", parent.display()));
-    }
-    UsageError(text)
+    ))
 }
 
 /// The path `kind` inspects for the user's `path`: `path` itself, or for `wal` on a data
