@@ -1,7 +1,8 @@
 //! Parsers of flag values shared by subcommands, whose errors list what is accepted: `HOST:PORT`
 //! (`--addr`, `--listen`; an IP address or a host name, resolved once when the argument is parsed,
-//! never re-resolved: a client reconnects to the address it resolved) and booleans set from the
-//! environment (`SHARDLINE_NO_PIN`).
+//! never re-resolved: a client reconnects to the address it resolved), byte sizes with binary
+//! suffixes (`--max-message-size 64MiB`, `--segment-size`) and booleans set from the environment
+//! (`SHARDLINE_NO_PIN`).
 
 use std::net::{SocketAddr, ToSocketAddrs as _};
 
@@ -56,6 +57,70 @@ pub fn parse_boolean(text: &str) -> Result<bool, String> {
     }
 }
 
+/// Parses `--no-pin`'s value, which only `SHARDLINE_NO_PIN` can give (the flag itself takes
+/// none): `parse_boolean`, with an empty or blank variable counted as unset (off).
+///
+/// # Errors
+/// A text naming the variable and its value and listing the accepted values.
+pub fn parse_no_pin(text: &str) -> Result<bool, String> {
+    if text.trim().is_empty() {
+        return Ok(false);
+    }
+    parse_boolean(text).map_err(|_| {
+        format!("SHARDLINE_NO_PIN={text:?} is not a boolean; accepted: {BOOLEAN_VALUES}, or empty")
+    })
+}
+
+/// Binary suffixes a byte size accepts, with their multipliers (matched in any case).
+const SIZE_SUFFIXES: [(&str, u64); 4] = [
+    ("kib", 1 << 10),
+    ("mib", 1 << 20),
+    ("gib", 1 << 30),
+    ("b", 1),
+];
+
+/// Parses a byte size: an integer of bytes (`67108864`) or one with a binary suffix, `KiB`,
+/// `MiB` or `GiB` in any case (`64MiB`, `4 KiB`). Range checks are the caller's.
+///
+/// # Errors
+/// A text naming `text` and the accepted forms: not a whole number, an unknown suffix (decimal
+/// `MB` included: say `MiB`), or a size beyond `u64`.
+pub fn parse_byte_size(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let digits_end = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (digits, suffix) = trimmed.split_at(digits_end);
+    let suffix = suffix.trim_start().to_ascii_lowercase();
+    let multiplier = if suffix.is_empty() {
+        Some(1)
+    } else {
+        SIZE_SUFFIXES
+            .iter()
+            .find(|(name, _)| *name == suffix)
+            .map(|(_, multiplier)| *multiplier)
+    };
+    let (Ok(count), Some(multiplier)) = (digits.parse::<u64>(), multiplier) else {
+        return Err(format!(
+            "{text:?} is not a size: use bytes, an integer (e.g. 67108864), or one with a \
+             suffix KiB, MiB or GiB (e.g. 64MiB)"
+        ));
+    };
+    count
+        .checked_mul(multiplier)
+        .ok_or_else(|| format!("{text:?} is too large a size"))
+}
+
+/// `parse_byte_size` for a flag held in a `u32` (`--max-message-size`).
+///
+/// # Errors
+/// Those of `parse_byte_size`, or a size above `u32::MAX` bytes.
+pub fn parse_byte_size_u32(text: &str) -> Result<u32, String> {
+    let size = parse_byte_size(text)?;
+    u32::try_from(size)
+        .map_err(|_| format!("{text:?} is {size} bytes, more than {} bytes", u32::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,6 +133,48 @@ mod tests {
         );
         assert_eq!(parse_boolean(" YES "), Ok(true));
         assert_eq!(parse_boolean("off"), Ok(false));
+    }
+
+    #[test]
+    fn issue7_6_empty_no_pin_is_unset_and_a_bad_one_names_the_variable() {
+        assert_eq!(parse_no_pin(""), Ok(false));
+        assert_eq!(parse_no_pin(" "), Ok(false));
+        assert_eq!(parse_no_pin("true"), Ok(true));
+        assert_eq!(
+            parse_no_pin("maybe"),
+            Err(
+                "SHARDLINE_NO_PIN=\"maybe\" is not a boolean; accepted: 1, 0, true, false, yes, \
+                 no, on, off (any case), or empty"
+                    .into()
+            )
+        );
+    }
+
+    #[test]
+    fn issue7_6_sizes_take_binary_suffixes() {
+        assert_eq!(parse_byte_size("67108864"), Ok(67_108_864));
+        assert_eq!(parse_byte_size("64MiB"), Ok(67_108_864));
+        assert_eq!(parse_byte_size("64 mib"), Ok(67_108_864));
+        assert_eq!(parse_byte_size("4KiB"), Ok(4096));
+        assert_eq!(parse_byte_size("1GiB"), Ok(1_073_741_824));
+        assert_eq!(parse_byte_size("100B"), Ok(100));
+        let refused = "is not a size: use bytes, an integer (e.g. 67108864), or one with a suffix \
+                       KiB, MiB or GiB (e.g. 64MiB)";
+        assert_eq!(parse_byte_size("64MB"), Err(format!("\"64MB\" {refused}")));
+        assert_eq!(parse_byte_size("MiB"), Err(format!("\"MiB\" {refused}")));
+        assert_eq!(
+            parse_byte_size("1.5MiB"),
+            Err(format!("\"1.5MiB\" {refused}"))
+        );
+        assert_eq!(
+            parse_byte_size("17179869184GiB"),
+            Err("\"17179869184GiB\" is too large a size".into())
+        );
+        assert_eq!(parse_byte_size_u32("64MiB"), Ok(67_108_864));
+        assert_eq!(
+            parse_byte_size_u32("4GiB"),
+            Err("\"4GiB\" is 4294967296 bytes, more than 4294967295 bytes".into())
+        );
     }
 
     #[test]

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use bus::{
-    BATCH_HEADER_SIZE, BatchBuilder, Client, HEADER_SIZE, MESSAGE_HEADER_SIZE, Namespace,
-    PRODUCER_STAMP_SIZE, Producer,
+    BATCH_HEADER_SIZE, BatchBuilder, Client, ClientError, HEADER_SIZE, MESSAGE_HEADER_SIZE,
+    Namespace, PRODUCER_STAMP_SIZE, Producer,
 };
 use shardline::output::{print_line, stdout_error};
 
@@ -143,7 +143,10 @@ pub enum PollOutput {
     /// `PAYLOAD<LF>`: the payload's bytes only.
     Raw,
     /// One JSON object per line: `{"offset":N,"timestamp_us":N,"id":N,"payload":"..."}`, with
-    /// `payload_hex` (lowercase hex) instead of `payload` when the bytes are not UTF-8.
+    /// `payload_hex` (lowercase hex) instead of `payload` when the bytes are not UTF-8. `id` is
+    /// the producer's message id (`send` numbers each run's messages from 0, so ids repeat
+    /// across runs; `offset` is unique); `timestamp_us` is the producer's clock, µs since the
+    /// Unix epoch.
     Json,
 }
 
@@ -174,12 +177,43 @@ async fn connect(args: &AddrArgs) -> anyhow::Result<Client> {
     let addr = args.addr;
     Client::connect_with_timeout(addr, args.connect_timeout)
         .await
+        .map_err(connect_error)
         .with_context(|| {
             format!(
                 "is `shardline serve` running at {addr}? pass --addr HOST:PORT or set \
                  SHARDLINE_ADDR, and --connect-timeout to wait longer for it"
             )
         })
+}
+
+/// `error` of a failed connect, with `ConnectTimeout` told in words: `within the connect timeout
+/// of 700 ms (3 attempts)`, or `in one attempt, no retry (--connect-timeout 0)`.
+fn connect_error(error: ClientError) -> anyhow::Error {
+    match error {
+        ClientError::ConnectTimeout {
+            addr,
+            timeout,
+            attempt_count,
+            source,
+        } => anyhow::anyhow!(
+            "cannot connect to {addr} {}: {source}",
+            connect_attempts(timeout, attempt_count)
+        ),
+        other => other.into(),
+    }
+}
+
+/// How long and how often a connect was tried, for `connect_error`.
+fn connect_attempts(timeout: Duration, attempt_count: u32) -> String {
+    if timeout.is_zero() {
+        "in one attempt, no retry (--connect-timeout 0)".to_owned()
+    } else {
+        format!(
+            "within the connect timeout of {} ms ({})",
+            timeout.as_millis(),
+            counted(u64::from(attempt_count), "attempt")
+        )
+    }
 }
 
 pub fn stream(command: StreamCommand) -> anyhow::Result<()> {
@@ -247,13 +281,16 @@ fn now_us() -> u64 {
 }
 
 pub fn send(args: &SendArgs) -> anyhow::Result<()> {
-    let reader: Box<dyn BufRead> = match &args.file {
-        Some(path) => Box::new(std::io::BufReader::new(
-            std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?,
-        )),
-        None => Box::new(std::io::stdin().lock()),
+    let lines = match &args.file {
+        Some(path) => {
+            let file = std::fs::File::open(path)
+                .with_context(|| format!("cannot open {}", path.display()))?;
+            message_lines(std::io::BufReader::new(file))
+                .with_context(|| format!("cannot read messages from {}", path.display()))?
+        }
+        None => message_lines(std::io::stdin().lock())
+            .context("cannot read messages from standard input")?,
     };
-    let lines = message_lines(reader)?;
     if lines.is_empty() {
         bail!("no messages to send: the input has no non-empty line");
     }
@@ -269,33 +306,51 @@ pub fn send(args: &SendArgs) -> anyhow::Result<()> {
         for range in batches {
             let chunk = &lines[range.clone()];
             let mut builder =
-                BatchBuilder::with_capacity(chunk.len(), chunk.iter().map(String::len).sum());
+                BatchBuilder::with_capacity(chunk.len(), chunk.iter().map(Vec::len).sum());
             for (index, line) in chunk.iter().enumerate() {
-                builder.push((range.start + index) as u64, now_us(), line.as_bytes());
+                builder.push((range.start + index) as u64, now_us(), line);
             }
-            let ack = producer.send(namespace, builder).await.with_context(|| {
-                format!(
-                    "{} acknowledged before this batch",
-                    counted(range.start as u64, "message")
-                )
-            })?;
+            let ack = producer
+                .send(namespace, builder)
+                .await
+                .with_context(|| send_failed_context(namespace, range.start as u64))?;
             acked.push(ack.base_offset..ack.base_offset + chunk.len() as u64);
         }
         print_line(&sent_line(namespace, &acked))
     })
 }
 
-/// The messages of `send`'s input: one per line, without its `\n` or `\r\n`; empty lines are
-/// skipped (the rule `bench --payload-file` follows too).
-fn message_lines(reader: impl BufRead) -> anyhow::Result<Vec<String>> {
+/// The context of a failed batch: `send to 1/1/0 failed after 1 message was acknowledged`.
+fn send_failed_context(namespace: Namespace, acked_count: u64) -> String {
+    let verb = if acked_count == 1 { "was" } else { "were" };
+    format!(
+        "send to {namespace} failed after {} {verb} acknowledged",
+        counted(acked_count, "message")
+    )
+}
+
+/// The messages of `send`'s input, as bytes (any bytes, UTF-8 or not): one per line, without its
+/// `\n` or `\r\n`; empty lines are skipped (the rule `bench --payload-file` follows too).
+///
+/// # Errors
+/// A read error of `reader`; the caller names the input.
+fn message_lines(mut reader: impl BufRead) -> std::io::Result<Vec<Vec<u8>>> {
     let mut lines = Vec::new();
-    for line in reader.lines() {
-        let line = line.context("cannot read messages")?;
+    loop {
+        let mut line = Vec::new();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            return Ok(lines);
+        }
+        if line.last() == Some(&b'\n') {
+            line.pop();
+        }
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
         if !line.is_empty() {
             lines.push(line);
         }
     }
-    Ok(lines)
 }
 
 /// `client` limited to the server's `max_message_size`, so requests are sized to what the server
@@ -330,7 +385,7 @@ fn send_frame_size(payload_lens: impl IntoIterator<Item = usize>) -> usize {
 /// # Errors
 /// A line too long to fit in any request frame, naming its line number, its size and the limit.
 fn batch_ranges(
-    lines: &[String],
+    lines: &[Vec<u8>],
     batch_message_count_max: u32,
     frame_size_max: u32,
 ) -> anyhow::Result<Vec<Range<usize>>> {
@@ -459,7 +514,7 @@ struct JsonMessage<'a> {
     offset: u64,
     /// Microseconds since the Unix epoch, as the producer stamped the message.
     timestamp_us: u64,
-    /// The producer's message id.
+    /// The producer's message id: `send` numbers the messages of each run from 0.
     id: u64,
     /// The payload, when it is UTF-8.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -518,8 +573,8 @@ pub fn metadata(args: &AddrArgs) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
-    fn lines(count: usize, len: usize) -> Vec<String> {
-        (0..count).map(|_| "x".repeat(len)).collect()
+    fn lines(count: usize, len: usize) -> Vec<Vec<u8>> {
+        (0..count).map(|_| vec![b'x'; len]).collect()
     }
 
     #[test]
@@ -547,7 +602,7 @@ mod tests {
     #[test]
     fn issue7_6_a_line_too_large_is_refused_with_its_size_and_the_limit() {
         let mut input = lines(3, 5);
-        input[1] = "y".repeat(689);
+        input[1] = vec![b'y'; 689];
         assert_eq!(
             batch_ranges(&input, 100, 1024).unwrap_err().to_string(),
             "line 2 holds 689 bytes, more than the 688 bytes a message may hold under the \
@@ -583,7 +638,56 @@ mod tests {
     #[test]
     fn issue7_6_send_skips_empty_lines() {
         let input = b"a\n\nb\r\n\r\n\nc";
-        assert_eq!(message_lines(&input[..]).unwrap(), vec!["a", "b", "c"]);
+        assert_eq!(
+            message_lines(&input[..]).unwrap(),
+            vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]
+        );
+    }
+
+    #[test]
+    fn issue7_6_send_reads_lines_as_bytes() {
+        let input = b"ok line\nbad \xff\xfe line\r\n\n\xc3\n";
+        assert_eq!(
+            message_lines(&input[..]).unwrap(),
+            vec![
+                b"ok line".to_vec(),
+                b"bad \xff\xfe line".to_vec(),
+                b"\xc3".to_vec()
+            ]
+        );
+    }
+
+    #[test]
+    fn issue7_6_send_failure_leads_with_the_partition() {
+        let namespace = Namespace::new(1, 1, 9);
+        assert_eq!(
+            send_failed_context(namespace, 0),
+            "send to 1/1/9 failed after 0 messages were acknowledged"
+        );
+        assert_eq!(
+            send_failed_context(namespace, 1),
+            "send to 1/1/9 failed after 1 message was acknowledged"
+        );
+        assert_eq!(
+            send_failed_context(namespace, 13),
+            "send to 1/1/9 failed after 13 messages were acknowledged"
+        );
+    }
+
+    #[test]
+    fn issue7_6_connect_attempts_in_words() {
+        assert_eq!(
+            connect_attempts(Duration::ZERO, 1),
+            "in one attempt, no retry (--connect-timeout 0)"
+        );
+        assert_eq!(
+            connect_attempts(Duration::from_millis(700), 1),
+            "within the connect timeout of 700 ms (1 attempt)"
+        );
+        assert_eq!(
+            connect_attempts(Duration::from_secs(5), 12),
+            "within the connect timeout of 5000 ms (12 attempts)"
+        );
     }
 
     #[test]

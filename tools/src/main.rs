@@ -30,7 +30,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the server until SIGINT/SIGTERM.
+    /// Run the server until SIGINT, SIGTERM or SIGHUP (each stops it cleanly).
     Serve(serve::ServeArgs),
     /// Measure throughput per core: produce, then consume and verify every message.
     Bench(shardline::bench::BenchArgs),

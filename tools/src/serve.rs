@@ -25,7 +25,8 @@ pub struct ServeArgs {
     #[arg(long, env = "SHARDLINE_CPUS", value_name = "LIST")]
     pub cpus: Option<CpuList>,
     /// Do not pin shards to cores (allows more shards than cores, for shared hosts).
-    #[arg(long, env = "SHARDLINE_NO_PIN", value_parser = shardline::arg_values::parse_boolean, action = clap::ArgAction::SetTrue)]
+    /// `SHARDLINE_NO_PIN` takes 1/0, true/false, yes/no, on/off; empty counts as unset.
+    #[arg(long, env = "SHARDLINE_NO_PIN", value_parser = shardline::arg_values::parse_no_pin, action = clap::ArgAction::SetTrue)]
     pub no_pin: bool,
     /// Client listen address; every shard accepts on it (SO_REUSEPORT). Port 0 picks a free port.
     /// A host name resolves to its first IPv4 address (e.g. `localhost:8090`).
@@ -43,10 +44,11 @@ pub struct ServeArgs {
         value_name = "always|interval=MS|never"
     )]
     pub fsync: FsyncPolicy,
-    /// Largest request or reply frame, bytes (1024..=67108864): the 256-byte header plus the
-    /// body, e.g. a batch of N messages takes 288 + 32 × N bytes plus its payloads. Clients learn
-    /// it from a Ping reply; `shardline send` cuts its batches to fit.
-    #[arg(long, env = "SHARDLINE_MAX_MESSAGE_SIZE", default_value_t = bus::limits::MESSAGE_SIZE_MAX_DEFAULT)]
+    /// Largest request or reply frame, bytes (1024..=67108864, i.e. 1KiB..=64MiB; a KiB, MiB or
+    /// GiB suffix is accepted): the 256-byte header plus the body, e.g. a batch of N messages
+    /// takes 288 + 32 × N bytes plus its payloads. Clients learn it from a Ping reply;
+    /// `shardline send` cuts its batches to fit.
+    #[arg(long, env = "SHARDLINE_MAX_MESSAGE_SIZE", default_value_t = bus::limits::MESSAGE_SIZE_MAX_DEFAULT, value_parser = shardline::arg_values::parse_byte_size_u32, value_name = "BYTES")]
     pub max_message_size: u32,
     /// Frames each shard inbox holds before senders get `Busy` (1..=1048576).
     #[arg(long, env = "SHARDLINE_INBOX_CAPACITY", default_value_t = runtime::limits::INBOX_CAPACITY_DEFAULT)]
@@ -55,8 +57,9 @@ pub struct ServeArgs {
     /// memlock limits, old kernels).
     #[arg(long, env = "SHARDLINE_IO_DRIVER", default_value = "io-uring")]
     pub io_driver: IoDriver,
-    /// Segment file size before a partition log rolls to a new segment (bytes, >= 4096).
-    #[arg(long, env = "SHARDLINE_SEGMENT_SIZE", default_value_t = storage::limits::SEGMENT_SIZE_MAX_DEFAULT)]
+    /// Segment file size before a partition log rolls to a new segment, bytes
+    /// (4096..=1073741824, i.e. 4KiB..=1GiB; a KiB, MiB or GiB suffix is accepted).
+    #[arg(long, env = "SHARDLINE_SEGMENT_SIZE", default_value_t = storage::limits::SEGMENT_SIZE_MAX_DEFAULT, value_parser = shardline::arg_values::parse_byte_size, value_name = "BYTES")]
     pub segment_size: u64,
     /// Microseconds an idle shard keeps polling before it sleeps (0..=10000). Lowers cross-shard
     /// and I/O latency (no wakeup needed) at the cost of CPU burnt while idle; 0 sleeps at once.

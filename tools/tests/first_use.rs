@@ -358,11 +358,159 @@ fn issue7_6_a_bad_no_pin_value_lists_the_accepted_values() {
     let stderr = stderr_of(&output);
     assert!(
         stderr.starts_with(
-            "error: invalid value 'maybe' for '--no-pin': \"maybe\" is not a boolean; accepted: \
-             1, 0, true, false, yes, no, on, off (any case)"
+            "error: invalid value 'maybe' for '--no-pin': SHARDLINE_NO_PIN=\"maybe\" is not a \
+             boolean; accepted: 1, 0, true, false, yes, no, on, off (any case), or empty"
         ),
         "{stderr}"
     );
+}
+
+#[test]
+fn issue7_6_an_empty_no_pin_counts_as_unset() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = Command::new(BIN);
+    command.env("SHARDLINE_NO_PIN", "");
+    let server = Server::start_with(command, &dir.path().join("data"), &["--shards", "1"]);
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[test]
+fn issue7_6_sizes_take_suffixes_and_send_takes_any_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(
+        dir.path(),
+        &[
+            "--shards",
+            "1",
+            "--max-message-size",
+            "1KiB",
+            "--segment-size",
+            "64MiB",
+        ],
+    );
+    client(&server, &["stream", "create", "1", "orders"]);
+    client(&server, &["topic", "create", "1", "1", "events"]);
+    let file = dir.path().join("bin.txt");
+    std::fs::write(&file, b"ok line\nbad \xff\xfe line\r\n\n").unwrap();
+    let file_arg = file.to_str().unwrap();
+    let sent = client(
+        &server,
+        &["send", "--stream", "1", "--topic", "1", "--file", file_arg],
+    );
+    assert_eq!(sent, "sent 2 messages to 1/1/0 at offsets 0-1\n");
+    let polled = client(
+        &server,
+        &["poll", "--stream", "1", "--topic", "1", "--output", "raw"],
+    );
+    assert_eq!(
+        polled.as_bytes(),
+        "ok line\nbad \u{fffd}\u{fffd} line\n".as_bytes()
+    );
+    let polled = Command::new(BIN)
+        .args([
+            "poll", "--stream", "1", "--topic", "1", "--output", "raw", "--addr",
+        ])
+        .arg(server.addr.to_string())
+        .output()
+        .unwrap();
+    assert_eq!(polled.stdout, b"ok line\nbad \xff\xfe line\n");
+
+    // --max-message-size 1KiB is 1024 bytes: the same refusal as `1024`.
+    let long = dir.path().join("long.txt");
+    std::fs::write(&long, "x".repeat(689)).unwrap();
+    let addr = server.addr.to_string();
+    let send = |path: &str, partition: &str| {
+        shardline(&[
+            "send",
+            "--stream",
+            "1",
+            "--topic",
+            "1",
+            "--partition",
+            partition,
+            "--file",
+            path,
+            "--addr",
+            &addr,
+        ])
+    };
+    let output = send(long.to_str().unwrap(), "0");
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        stderr_of(&output),
+        "error: line 1 holds 689 bytes, more than the 688 bytes a message may hold under the \
+         server's --max-message-size 1024 (the request frame, 336 bytes of headers included)\n"
+    );
+
+    // A refused batch leads with where it went and how much was acknowledged before it.
+    let output = send(file_arg, "9");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = stderr_of(&output);
+    assert!(
+        stderr.starts_with(
+            "error: send to 1/1/9 failed after 0 messages were acknowledged: server error \
+             PartitionNotFound (6): "
+        ),
+        "{stderr}"
+    );
+
+    // A read error names the file.
+    let output = send(dir.path().to_str().unwrap(), "0");
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        stderr_of(&output),
+        format!(
+            "error: cannot read messages from {}: Is a directory (os error 21)\n",
+            dir.path().display()
+        )
+    );
+}
+
+#[test]
+fn issue7_6_a_size_that_does_not_parse_names_the_accepted_forms() {
+    let output = shardline(&["serve", "--max-message-size", "64MB"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr_of(&output).starts_with(
+            "error: invalid value '64MB' for '--max-message-size <BYTES>': \"64MB\" is not a \
+             size: use bytes, an integer (e.g. 67108864), or one with a suffix KiB, MiB or GiB \
+             (e.g. 64MiB)"
+        ),
+        "{}",
+        stderr_of(&output)
+    );
+}
+
+#[test]
+fn issue7_6_help_names_sighup_and_the_segment_size_range() {
+    // Help wraps to the terminal width: compare with runs of whitespace made one space.
+    let help = |args: &[&str]| {
+        stdout_of(&shardline(args))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let top = help(&["--help"]);
+    assert!(
+        top.contains(
+            "serve Run the server until SIGINT, SIGTERM or SIGHUP (each stops it cleanly)"
+        ),
+        "{top}"
+    );
+    let serve = help(&["serve", "--help"]);
+    assert!(
+        serve.starts_with("Run the server until SIGINT, SIGTERM or SIGHUP (each stops it cleanly)"),
+        "{serve}"
+    );
+    assert!(
+        serve.contains(
+            "--segment-size <BYTES> Segment file size before a partition log rolls to a new \
+             segment, bytes (4096..=1073741824, i.e. 4KiB..=1GiB; a KiB, MiB or GiB suffix is \
+             accepted)"
+        ),
+        "{serve}"
+    );
+    assert!(!serve.contains(">= 4096"), "{serve}");
 }
 
 #[test]
@@ -433,7 +581,7 @@ fn issue7_6_bench_creates_its_data_root_and_notes_latency_data_and_placement() {
     assert!(
         data_line.starts_with(&format!("data: {}/shardline-bench-", root.display()))
             && data_line
-                .ends_with("/data (embedded server, fsync=never; removed after a clean run)"),
+                .ends_with("/data (embedded server, fsync=never; removed when the run ends)"),
         "{data_line}"
     );
     let owned = lines
@@ -444,5 +592,90 @@ fn issue7_6_bench_creates_its_data_root_and_notes_latency_data_and_placement() {
         owned.contains("shard 0 owns 1, shard 1 owns 2")
             || owned.contains("shard 0 owns 2, shard 1 owns 1"),
         "{owned}"
+    );
+}
+
+#[test]
+fn issue7_6_bench_refuses_a_batch_over_the_server_frame_limit_before_creating_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &["--shards", "1", "--max-message-size", "1024"]);
+    let addr = server.addr.to_string();
+    let bench = |message_size: &str, batch: &str| {
+        shardline(&[
+            "bench",
+            "--addr",
+            &addr,
+            "--stream-id",
+            "7",
+            "--message-size",
+            message_size,
+            "--batch",
+            batch,
+            "--messages",
+            "20",
+            "--producers",
+            "1",
+            "--consumers",
+            "1",
+        ])
+    };
+    let output = bench("2000", "10");
+    assert_eq!(output.status.code(), Some(1), "{}", stdout_of(&output));
+    // 256 + 32 + 10 × (32 + 2000) = 20608 bytes.
+    assert_eq!(
+        stderr_of(&output),
+        format!(
+            "error: --batch 10 messages of up to 2000 payload bytes make a 20608-byte request \
+             frame, above the server at {addr}'s --max-message-size 1024; lower --batch or the \
+             payload size\n"
+        )
+    );
+    assert_eq!(
+        metadata(&server)["streams"],
+        serde_json::json!([]),
+        "nothing was created"
+    );
+
+    // A batch that fits runs; a second run on the same stream id says so once.
+    let output = bench("10", "10");
+    assert!(output.status.success(), "{}", stderr_of(&output));
+    let output = bench("10", "10");
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        stderr_of(&output),
+        format!(
+            "error: stream 7 already exists on {addr}; the bench needs a fresh stream (it names \
+             stream N \"bench-N\"): pass --stream-id with an unused id\n"
+        )
+    );
+}
+
+#[test]
+fn issue7_6_bench_refuses_more_shards_than_cores_before_starting_a_server() {
+    let allowed = runtime::topology::allowed_cpus().unwrap();
+    let shards = (allowed.len() + 1).to_string();
+    let root = tempfile::tempdir().unwrap();
+    let output = shardline(&[
+        "bench",
+        "--shards",
+        &shards,
+        "--messages",
+        "10",
+        "--data-root",
+        root.path().to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = stderr_of(&output);
+    assert!(
+        stderr.starts_with(&format!(
+            "error: --shards {shards}: more shards than allowed cores ({}: ",
+            allowed.len()
+        )) && stderr.ends_with("); pass --no-pin to overprovision\n"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_dir(root.path()).unwrap().count(),
+        0,
+        "no run directory was created"
     );
 }

@@ -576,8 +576,13 @@ fn snapshot_clean_shows_op_checksum_pairing_and_sessions() {
     );
     let (code, json) = inspect_json("snapshot", &path);
     assert_eq!(code, 0);
-    assert_eq!(json["checkpoint_op"], 5);
-    assert_eq!(json["sessions"][1]["client"], format!("{:#034x}", 0xdef));
+    assert_eq!(json["present"], true);
+    assert_eq!(json["snapshot"]["checkpoint_op"], 5);
+    assert_eq!(json["snapshot"]["trailer_ok"], true);
+    assert_eq!(
+        json["snapshot"]["sessions"][1]["client"],
+        format!("{:#034x}", 0xdef)
+    );
 }
 
 #[test]
@@ -707,5 +712,158 @@ fn fifos_and_devices_are_refused_not_read() {
     assert!(
         format!("{stdout}{stderr}").contains("not a regular file"),
         "{stdout}{stderr}"
+    );
+}
+
+// ---------------------------------------------------------------- issue 7 section 6: PATH kinds
+
+/// A data directory as the server lays it out: a superblock recording `checkpoint_op` (and no
+/// snapshot file), `journal/` with the journal of `journal`, and partition 1/1/0 with the log of
+/// `partition_log`.
+fn data_dir(dir: &Path, checkpoint_op: u64) -> PathBuf {
+    let data = dir.join("data");
+    let journal_dir = data.join("journal");
+    let partition = data.join("partitions/1/1/0");
+    std::fs::create_dir_all(&journal_dir).unwrap();
+    std::fs::create_dir_all(&partition).unwrap();
+    block_on(Superblock::create(
+        &data.join("superblock"),
+        SuperblockState {
+            replica_count: 1,
+            commit_max: checkpoint_op,
+            checkpoint_op,
+            snapshot_checksum: if checkpoint_op == 0 { 0 } else { 0xbeef },
+            ..SuperblockState::default()
+        },
+    ))
+    .unwrap();
+    journal(&journal_dir);
+    partition_log(&partition);
+    data
+}
+
+#[test]
+fn issue7_6_inspect_wal_takes_a_data_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = data_dir(dir.path(), 0);
+    let journal_dir = data.join("journal");
+    let (code, stdout, stderr) = inspect_path("wal", &data);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let (_, direct, _) = inspect_path("wal", &journal_dir);
+    assert_eq!(stdout, direct, "the data directory is read as its journal/");
+    assert!(
+        stdout.starts_with(&format!("wal {}\n", journal_dir.display())),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("summary: 3 segment(s), 5 record(s), first_op 1, last_op 5"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn issue7_6_inspect_a_path_of_another_kind_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = data_dir(dir.path(), 0);
+    let journal_dir = data.join("journal");
+    let d = data.display();
+    let j = journal_dir.display();
+    let segment_takes = "inspect segment takes a partition directory \
+                         (DATA/partitions/STREAM/TOPIC/PARTITION) or one .log segment";
+    let journal_looks = "a journal directory (.wal segments: use inspect wal)";
+    for (kind, path, expected) in [
+        (
+            "segment",
+            &journal_dir,
+            format!("{j}: {journal_looks} without .log segments; {segment_takes}"),
+        ),
+        (
+            "segment",
+            &data,
+            format!("{d}: a data directory without .log segments; {segment_takes}"),
+        ),
+        (
+            "superblock",
+            &journal_dir,
+            format!(
+                "{j}: {journal_looks} without a superblock file; inspect superblock takes the \
+                 data directory or its superblock file (the data directory is {d})"
+            ),
+        ),
+        (
+            "snapshot",
+            &journal_dir,
+            format!(
+                "{j}: {journal_looks} without a snapshot or superblock file; inspect snapshot \
+                 takes the data directory or its snapshot file (the data directory is {d})"
+            ),
+        ),
+        (
+            "metadata",
+            &data,
+            format!(
+                "{d}: a data directory without metadata.json (it is in the journal format: use \
+                 inspect snapshot and inspect wal); inspect metadata takes a data directory of \
+                 the format before the journal, or its metadata.json"
+            ),
+        ),
+        (
+            "wal",
+            &log_segment(&data.join("partitions/1/1/0"), 0),
+            format!(
+                "{}: expected a .wal file or a directory of them; use the inspect kind that \
+                 matches the file",
+                log_segment(&data.join("partitions/1/1/0"), 0).display()
+            ),
+        ),
+    ] {
+        let (code, stdout, stderr) = inspect_path(kind, path);
+        assert_eq!(code, 2, "{kind} {}: {stdout}{stderr}", path.display());
+        assert_eq!(stderr, format!("error: {expected}\n"), "{kind}");
+        assert_eq!(stdout, "", "{kind}");
+    }
+    // The right kinds on the same directory are clean, and damage still exits 1.
+    assert_eq!(inspect_path("segment", &data.join("partitions/1/1/0")).0, 0);
+    assert_eq!(inspect_path("superblock", &data).0, 0);
+    flip_byte(&wal_segment(&journal_dir, 1), 64 + 10);
+    assert_eq!(inspect_path("wal", &data).0, 1);
+}
+
+#[test]
+fn issue7_6_inspect_snapshot_json_without_a_snapshot_says_not_present() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = data_dir(dir.path(), 0);
+    let (code, json) = inspect_json("snapshot", &data);
+    assert_eq!(code, 0);
+    assert_eq!(
+        json,
+        serde_json::json!({
+            "kind": "snapshot",
+            "path": data.display().to_string(),
+            "clean": true,
+            "damage": [],
+            "file": data.join("snapshot").display().to_string(),
+            "present": false,
+            "no_snapshot_yet": "no snapshot yet: no checkpoint has been written (the first \
+                comes after --checkpoint-interval committed metadata ops, or at a clean shutdown \
+                after one)",
+            "snapshot": null,
+        })
+    );
+    // A superblock that records a checkpoint makes the missing file damage, still not present.
+    let dir = tempfile::tempdir().unwrap();
+    let data = data_dir(dir.path(), 10);
+    let (code, json) = inspect_json("snapshot", &data);
+    assert_eq!(code, 1);
+    assert_eq!(json["present"], false);
+    assert_eq!(json["snapshot"], serde_json::Value::Null);
+    assert_eq!(json.get("no_snapshot_yet"), None);
+    assert_eq!(
+        json["damage"][0]["reason"],
+        format!(
+            "missing: {} records checkpoint_op 10 with checksum 0x000000000000beef (the server \
+             refuses to boot)",
+            data.join("superblock").display()
+        )
     );
 }

@@ -204,14 +204,15 @@ pub enum BenchArgsError {
     /// The server's own `--cpus` parser rejected the list (its message names value and rule).
     #[error("{reason}")]
     Cpus { reason: String },
+    /// One batch's request frame exceeds the frame limit; `limit` names it and whose it is.
     #[error(
-        "--batch {batch} messages of up to {payload_len_max} payload bytes make a {request_bytes}-byte request, above the server's default --max-message-size {max}; lower --batch or the payload size"
+        "--batch {batch} messages of up to {payload_len_max} payload bytes make a {request_bytes}-byte request frame, above {limit}; lower --batch or the payload size"
     )]
     BatchTooLarge {
         batch: u32,
         payload_len_max: usize,
         request_bytes: u64,
-        max: u64,
+        limit: String,
     },
 }
 
@@ -259,22 +260,40 @@ fn check_fsync(value: &str) -> Result<(), BenchArgsError> {
     }
 }
 
+/// Bytes of the SendMessages request frame the bench sends for `batch` messages of
+/// `payload_len` bytes: frame header, batch header, then a message header and payload each.
+pub fn batch_frame_size(batch: u32, payload_len: usize) -> u64 {
+    (HEADER_SIZE + BATCH_HEADER_SIZE) as u64
+        + u64::from(batch) * (MESSAGE_HEADER_SIZE + payload_len) as u64
+}
+
 /// Checks that a batch of `batch` messages of up to `payload_len_max` bytes fits one request
-/// under the server's default `max_message_size`.
-pub fn check_batch_size(batch: u32, payload_len_max: usize) -> Result<(), BenchArgsError> {
-    let request_bytes = (HEADER_SIZE + BATCH_HEADER_SIZE) as u64
-        + u64::from(batch) * (MESSAGE_HEADER_SIZE + payload_len_max) as u64;
-    let max = u64::from(MESSAGE_SIZE_MAX_DEFAULT);
-    if request_bytes > max {
+/// frame of at most `frame_size_max` bytes; `limit_owner` says whose limit that is in the error
+/// (e.g. `the server's default`, `the server at 127.0.0.1:8090's`).
+///
+/// # Errors
+/// `BatchTooLarge` naming the batch, the payload size, the frame size and the limit.
+pub fn check_batch_size(
+    batch: u32,
+    payload_len_max: usize,
+    frame_size_max: u32,
+    limit_owner: &str,
+) -> Result<(), BenchArgsError> {
+    let request_bytes = batch_frame_size(batch, payload_len_max);
+    if request_bytes > u64::from(frame_size_max) {
         return Err(BenchArgsError::BatchTooLarge {
             batch,
             payload_len_max,
             request_bytes,
-            max,
+            limit: format!("{limit_owner} --max-message-size {frame_size_max}"),
         });
     }
     Ok(())
 }
+
+/// Whose limit `validate` checks batches against: any server's, as none can be configured above
+/// the default.
+pub const DEFAULT_LIMIT_OWNER: &str = "the server's default";
 
 impl BenchArgs {
     /// Checks every rule and resolves defaults.
@@ -360,7 +379,12 @@ impl BenchArgs {
             (size, None) => {
                 let size = size.unwrap_or(MESSAGE_SIZE_DEFAULT);
                 at_least_one("message-size", size.into())?;
-                check_batch_size(self.batch, size as usize)?;
+                check_batch_size(
+                    self.batch,
+                    size as usize,
+                    MESSAGE_SIZE_MAX_DEFAULT,
+                    DEFAULT_LIMIT_OWNER,
+                )?;
                 PayloadChoice::Size(size)
             }
         };
@@ -823,12 +847,27 @@ mod tests {
 
     #[test]
     fn oversized_batches_are_rejected() {
-        assert_eq!(check_batch_size(1000, 1000), Ok(()));
+        assert_eq!(
+            check_batch_size(1000, 1000, MESSAGE_SIZE_MAX_DEFAULT, DEFAULT_LIMIT_OWNER),
+            Ok(())
+        );
         assert_eq!(
             error(&["--batch", "100000", "--message-size", "1000"]),
-            "--batch 100000 messages of up to 1000 payload bytes make a 103200288-byte request, \
-             above the server's default --max-message-size 67108864; lower --batch or the payload \
-             size"
+            "--batch 100000 messages of up to 1000 payload bytes make a 103200288-byte request \
+             frame, above the server's default --max-message-size 67108864; lower --batch or the \
+             payload size"
         );
+        // 256 + 32 + 10 × (32 + 2000) = 20608 bytes.
+        assert_eq!(
+            check_batch_size(10, 2000, 1024, "the server at 127.0.0.1:8090's")
+                .unwrap_err()
+                .to_string(),
+            "--batch 10 messages of up to 2000 payload bytes make a 20608-byte request frame, \
+             above the server at 127.0.0.1:8090's --max-message-size 1024; lower --batch or the \
+             payload size"
+        );
+        // 288 + 2 × 232 = 752 bytes: a frame exactly at the limit fits.
+        assert_eq!(check_batch_size(2, 200, 752, "x"), Ok(()));
+        assert!(check_batch_size(2, 200, 751, "x").is_err());
     }
 }

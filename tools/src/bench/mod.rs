@@ -57,6 +57,7 @@ pub use self::plan::{BenchPlan, PayloadChoice, ServerTarget, ShardRequest, Workl
 /// verification (naming the counts and the first bad partition and offset).
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let plan = args.validate()?;
+    check_embedded_topology(&plan)?;
     if let Some(root) = &args.data_root {
         // As `serve --data-dir` does: a missing directory is created, not refused.
         std::fs::create_dir_all(root)
@@ -72,7 +73,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         PayloadChoice::Size(size_bytes) => PayloadSource::fixed(*size_bytes as usize),
         PayloadChoice::File(path) => PayloadSource::from_file(path)?,
     };
-    args::check_batch_size(plan.batch_message_count, payload.payload_len_max())?;
+    args::check_batch_size(
+        plan.batch_message_count,
+        payload.payload_len_max(),
+        bus::limits::MESSAGE_SIZE_MAX_DEFAULT,
+        args::DEFAULT_LIMIT_OWNER,
+    )?;
     let mut runs = Vec::new();
     for request in &plan.shard_requests {
         let (run, summary) = run_one(&plan, *request, &payload)?;
@@ -160,6 +166,7 @@ fn run_one(
     let mut server = start_server(plan, request)?;
     // Checked before the stream is created, so a refused run leaves nothing behind.
     check_external_shard_count(plan, request, server.addr)?;
+    check_external_frame_limit(plan, server.addr, payload)?;
     let measured = setup_topic(server.addr, plan).and_then(|layout| {
         let measured = measure(plan, &server, &layout, payload)?;
         Ok((layout, measured))
@@ -198,6 +205,63 @@ fn check_external_shard_count(
         if count != shard_count {
             bail!("--shards {count} but the server at {addr} runs {shard_count} shards");
         }
+    }
+    Ok(())
+}
+
+/// Without `--addr`: fails unless the embedded server can place every `--shards` entry, by the
+/// rule `serve` applies (`runtime::Topology`: without `--no-pin`, no more shards than allowed
+/// cores), before any server is started or directory created.
+fn check_embedded_topology(plan: &BenchPlan) -> anyhow::Result<()> {
+    let ServerTarget::Embedded { options, .. } = &plan.server else {
+        return Ok(());
+    };
+    let cpus = options
+        .cpus
+        .as_deref()
+        .map(str::parse::<runtime::CpuList>)
+        .transpose()?;
+    for request in &plan.shard_requests {
+        let shards = match request {
+            ShardRequest::All => runtime::ShardCountArg::All,
+            ShardRequest::Count(count) => runtime::ShardCountArg::Count(*count),
+        };
+        runtime::Topology::resolve(&runtime::TopologyConfig {
+            shards,
+            cpus: cpus.clone(),
+            pin: !options.no_pin,
+        })?;
+    }
+    Ok(())
+}
+
+/// With `--addr`: fails unless one batch's request frame fits the server's `--max-message-size`
+/// (asked with a Ping), before the bench stream is created.
+fn check_external_frame_limit(
+    plan: &BenchPlan,
+    server_addr: SocketAddr,
+    payload: &PayloadSource,
+) -> anyhow::Result<()> {
+    let ServerTarget::External { addr, .. } = &plan.server else {
+        return Ok(());
+    };
+    let runtime = compio::runtime::Runtime::new().context("cannot create a compio runtime")?;
+    let server_limit = runtime.block_on(async {
+        let mut client = Client::connect(server_addr)
+            .await
+            .context("cannot reach the server")?;
+        client
+            .server_max_message_size()
+            .await
+            .context("cannot ask the server for its --max-message-size")
+    })?;
+    if let Some(limit) = server_limit {
+        args::check_batch_size(
+            plan.batch_message_count,
+            payload.payload_len_max(),
+            limit,
+            &format!("the server at {addr}'s"),
+        )?;
     }
     Ok(())
 }
@@ -243,8 +307,8 @@ fn setup_topic(addr: SocketAddr, plan: &BenchPlan) -> anyhow::Result<TopicLayout
                 code: ErrorCode::StreamAlreadyExists,
                 message,
             }) => bail!(
-                "stream {stream_id} (or the name {stream_name:?}) already exists on {addr} \
-                 ({message}); the bench needs a fresh stream: pass --stream-id with an unused id"
+                "{message} on {addr}; the bench needs a fresh stream (it names stream N \
+                 \"bench-N\"): pass --stream-id with an unused id"
             ),
             result => result.with_context(|| format!("cannot create stream {stream_id}"))?,
         }

@@ -120,7 +120,7 @@ pub struct RunConfig {
     pub stream_id: u32,
     /// Why CPU figures are missing or shared between phases; absent when they are complete.
     pub cpu_note: Option<String>,
-    /// The embedded server's data directory (removed after a clean run); absent with `--addr`.
+    /// The embedded server's data directory (removed when the run ends); absent with `--addr`.
     pub data_dir: Option<String>,
     /// Whether `data_dir` is on tmpfs (memory), where fsync costs nothing; absent when unknown.
     pub data_dir_on_tmpfs: Option<bool>,
@@ -364,7 +364,7 @@ pub fn run_notes(run: &RunReport) -> Vec<String> {
     let mut lines = vec![LATENCY_NOTE.to_string()];
     match &config.data_dir {
         Some(dir) => lines.push(format!(
-            "data: {dir} (embedded server, fsync={}; removed after a clean run)",
+            "data: {dir} (embedded server, fsync={}; removed when the run ends)",
             config.fsync
         )),
         None => lines.push(format!(
@@ -630,7 +630,7 @@ mod tests {
                 "latency: p50us..max-us time one batch round trip per request (produce: a \
                  SendMessages batch until its acknowledgement; consume: a poll until its reply)",
                 "data: /srv/bench/shardline-bench-x/data (embedded server, fsync=never; removed \
-                 after a clean run)",
+                 when the run ends)",
             ]
         );
         report.config.data_dir_on_tmpfs = Some(true);

@@ -4,7 +4,8 @@
 //! Contract with `serve`: it prints exactly one line `listening on 127.0.0.1:PORT` to stdout when
 //! every shard is ready (logs go to stderr, captured here in `server.log` beside the data
 //! directory), and exits 0 on SIGTERM after fsyncing. This module must never leave the child
-//! running: a failure or a drop kills it, and a failure keeps its directory and names the log.
+//! running, nor its directory behind: a failure or a drop kills it and removes the directory (a
+//! failure quotes the log's last lines first).
 
 use std::ffi::OsString;
 use std::io::{BufRead as _, Write as _};
@@ -79,7 +80,7 @@ fn log_tail(path: &Path, count: usize) -> String {
 pub struct EmbeddedServer {
     child: Child,
     addr: SocketAddr,
-    /// Removed on a clean stop; kept (and named) when something failed.
+    /// Removed on a stop, clean or not, and on a failure (after quoting the log).
     dir: Option<tempfile::TempDir>,
     log_path: PathBuf,
 }
@@ -213,27 +214,30 @@ impl EmbeddedServer {
         }
     }
 
-    /// Kills the child if needed, keeps the directory, and builds an error quoting the log.
+    /// Kills the child if needed, removes its run directory (a failed bench leaves nothing
+    /// behind), and builds an error quoting the last lines of its log.
     fn fail(&mut self, what: &str) -> anyhow::Error {
         if matches!(self.child.try_wait(), Ok(None)) {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
-        let kept = self.dir.take().map(tempfile::TempDir::keep);
         let tail = log_tail(&self.log_path, SERVER_LOG_TAIL_LINES);
+        let removal = self.dir.take().map(|dir| {
+            let path = dir.path().display().to_string();
+            match dir.close() {
+                Ok(()) => format!("; its directory {path} was removed"),
+                Err(error) => format!("; its directory {path} could not be removed: {error}"),
+            }
+        });
         anyhow::anyhow!(
-            "embedded server (pid {}) {what}; its log is {}{}; last lines of its stderr:\n{tail}",
+            "embedded server (pid {}) {what}{}; last lines of its stderr:\n{tail}",
             self.child.id(),
-            self.log_path.display(),
-            kept.map_or(String::new(), |dir| format!(
-                " (directory {} kept)",
-                dir.display()
-            )),
+            removal.unwrap_or_default(),
         )
     }
 
-    /// Gives up on the server after a failed run: kills it, keeps its directory, and returns a
-    /// line naming its log with the log's last lines, to add to the run's error.
+    /// Gives up on the server after a failed run: kills it, removes its directory, and returns
+    /// a line with the last lines of its log, to add to the run's error.
     pub fn abandon(mut self) -> String {
         self.fail("was killed after the run failed").to_string()
     }
@@ -365,8 +369,20 @@ mod tests {
             error.contains("cannot bind: serve --listen 127.0.0.1:0 --data-dir"),
             "{error}"
         );
-        assert!(error.contains("server.log"), "{error}");
-        assert!(error.contains("kept"), "{error}");
+        assert!(
+            error.contains("was removed; last lines of its stderr:"),
+            "{error}"
+        );
+        let left: Vec<_> = std::fs::read_dir(root.path())
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name())
+            .filter(|name| name.to_string_lossy().starts_with("shardline-bench-"))
+            .collect();
+        assert_eq!(
+            left,
+            Vec::<std::ffi::OsString>::new(),
+            "the run directory is removed"
+        );
     }
 
     #[test]

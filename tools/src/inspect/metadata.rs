@@ -41,16 +41,6 @@ struct TopicReport {
 }
 
 pub(crate) fn inspect(path: &Path) -> anyhow::Result<(MetadataReport, Vec<Damage>)> {
-    if path.is_dir()
-        && !path.join(METADATA_FILE_NAME).exists()
-        && path.join(storage::SUPERBLOCK_FILE_NAME).exists()
-    {
-        anyhow::bail!(
-            "{}: no metadata.json: this data directory is in the journal format; use \
-             `inspect snapshot` and `inspect wal` on its journal/ directory",
-            path.display()
-        );
-    }
     let file = file_in(path, METADATA_FILE_NAME);
     let mut report = MetadataReport {
         file: file.display().to_string(),

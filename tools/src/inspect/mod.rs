@@ -10,6 +10,7 @@ mod metadata;
 mod segment;
 mod snapshot;
 mod superblock;
+mod usage;
 mod wal;
 
 use std::fmt::Write as _;
@@ -29,7 +30,7 @@ What each KIND checks (all by the rules of storage/FORMAT.md):
   superblock  PATH is the superblock file or its directory. Decodes all 4 copies (magic, version,
               copy index, XXH3-128 checksum, padding, field invariants), says which is current,
               stale or invalid and why, and prints the state open would choose.
-  wal         PATH is a journal directory or one .wal segment. Lists every record (op, view,
+  wal         PATH is the data directory (its journal/), a journal directory or one .wal segment. Lists every record (op, view,
               commit, body size, checksums), checks ops follow each other across segments, and
               tells a torn tail of the last segment (open would truncate it) from interior damage
               (open refuses to boot).
@@ -50,7 +51,7 @@ Files are opened read-only and never modified: a torn tail is reported, not trun
 Exit status:
   0  clean: every check passed
   1  damage found (each finding names the file and byte position), or a file could not be read
-  2  usage error (bad arguments, PATH does not exist)";
+  2  usage error (bad arguments, PATH does not exist, or is not what KIND takes)";
 
 /// Arguments of `shardline inspect`.
 #[derive(Debug, clap::Args)]
@@ -152,30 +153,42 @@ pub fn run(args: &InspectArgs) -> ExitCode {
         );
         return ExitCode::from(EXIT_USAGE);
     }
+    let path = match usage::resolve(args.kind, &args.path) {
+        Ok(path) => path,
+        Err(error) => {
+            let _ = writeln!(std::io::stderr(), "error: {error}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     let result = match args.kind {
-        Kind::Superblock => superblock::inspect(&args.path).map(|(r, d)| emit(args, &r, &d)),
-        Kind::Wal => wal::inspect(&args.path).map(|(r, d)| emit(args, &r, &d)),
-        Kind::Segment => segment::inspect(&args.path).map(|(r, d)| emit(args, &r, &d)),
-        Kind::Snapshot => snapshot::inspect(&args.path).map(|(r, d)| emit(args, &r, &d)),
-        Kind::Metadata => metadata::inspect(&args.path).map(|(r, d)| emit(args, &r, &d)),
+        Kind::Superblock => superblock::inspect(&path).map(|(r, d)| emit(args, &path, &r, &d)),
+        Kind::Wal => wal::inspect(&path).map(|(r, d)| emit(args, &path, &r, &d)),
+        Kind::Segment => segment::inspect(&path).map(|(r, d)| emit(args, &path, &r, &d)),
+        Kind::Snapshot => snapshot::inspect(&path).map(|(r, d)| emit(args, &path, &r, &d)),
+        Kind::Metadata => metadata::inspect(&path).map(|(r, d)| emit(args, &path, &r, &d)),
     };
     match result {
         Ok(code) => ExitCode::from(code),
         Err(error) => {
             let _ = writeln!(std::io::stderr(), "error: {error:#}");
-            ExitCode::from(EXIT_DAMAGE)
+            if error.downcast_ref::<usage::UsageError>().is_some() {
+                ExitCode::from(EXIT_USAGE)
+            } else {
+                ExitCode::from(EXIT_DAMAGE)
+            }
         }
     }
 }
 
 /// Prints the report (text or JSON) to stdout and returns the exit status it implies.
-fn emit<R: Report>(args: &InspectArgs, report: &R, damage: &[Damage]) -> u8 {
+/// `path` is what was inspected (`args.path`, or the journal/ directory in it).
+fn emit<R: Report>(args: &InspectArgs, path: &Path, report: &R, damage: &[Damage]) -> u8 {
     let clean = damage.is_empty();
     let mut out = String::new();
     if args.json {
         let document = Document {
             kind: args.kind.name(),
-            path: args.path.display().to_string(),
+            path: path.display().to_string(),
             clean,
             damage,
             report,
@@ -189,7 +202,7 @@ fn emit<R: Report>(args: &InspectArgs, report: &R, damage: &[Damage]) -> u8 {
         }
         out.push('\n');
     } else {
-        let _ = writeln!(out, "{} {}", args.kind.name(), args.path.display());
+        let _ = writeln!(out, "{} {}", args.kind.name(), path.display());
         report.write_text(&mut out);
         for finding in damage {
             let label = if finding.torn_tail {
@@ -310,10 +323,12 @@ pub(crate) fn segments_for(path: &Path, extension: &str) -> anyhow::Result<(Segm
         ));
     }
     if path.extension().and_then(|e| e.to_str()) != Some(extension) {
-        anyhow::bail!(
-            "{}: expected a .{extension} file or a directory of them; use the inspect kind that matches the file",
+        return Err(usage::UsageError(format!(
+            "{}: expected a .{extension} file or a directory of them; use the inspect kind that \
+             matches the file",
             path.display()
-        );
+        ))
+        .into());
     }
     let number = path
         .file_name()

@@ -341,13 +341,8 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SegmentReport, Vec<Damage>
         damage.push(Damage::new(
             path,
             None,
-            if path.join("partitions").is_dir() {
-                "no log segment (NNNNNNNNNNNNNNNNNNNN.log) here: this looks like a data \
-                 directory; inspect a partition directory, partitions/STREAM/TOPIC/PARTITION"
-            } else {
-                "no log segment (a file named by its base offset in 20 digits, e.g. \
-                 00000000000000000000.log) here (open would start an empty log)"
-            },
+            "no log segment (a file named by its base offset in 20 digits, e.g. \
+             00000000000000000000.log) here (open would start an empty log)",
         ));
     }
     let mut segments = Vec::new();

@@ -15,9 +15,23 @@ use storage::superblock::{SUPERBLOCK_FILE_NAME, SuperblockState, decode_copy};
 
 use super::{Damage, Report, file_in, open_read_only, parent_dir, read_bounded};
 
+/// What `inspect snapshot` found. In JSON: `present` (whether the snapshot file exists), `file`,
+/// `no_snapshot_yet` (only on a healthy directory without one) and `snapshot`: the file's
+/// details, or `null` when there is no file.
 #[derive(Debug, serde::Serialize)]
 pub(crate) struct SnapshotReport {
     file: String,
+    present: bool,
+    /// Set when a data directory has no snapshot file and its superblock records no checkpoint
+    /// yet: a healthy new directory, not damage.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    no_snapshot_yet: Option<String>,
+    snapshot: Option<SnapshotDetails>,
+}
+
+/// What the snapshot file holds, as far as it decodes.
+#[derive(Debug, Default, serde::Serialize)]
+struct SnapshotDetails {
     file_size_bytes: u64,
     trailer_ok: bool,
     checkpoint_op: Option<u64>,
@@ -32,9 +46,6 @@ pub(crate) struct SnapshotReport {
     sessions: Vec<SessionReport>,
     /// The pairing with the superblock beside the snapshot, when there is one.
     pairing: Option<String>,
-    /// Set when a data directory has no snapshot file and its superblock records no checkpoint
-    /// yet: a healthy new directory, not damage.
-    no_snapshot_yet: Option<String>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -102,18 +113,9 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SnapshotReport, Vec<Damage
     let file = file_in(path, SNAPSHOT_FILE_NAME);
     let mut report = SnapshotReport {
         file: file.display().to_string(),
-        file_size_bytes: 0,
-        trailer_ok: false,
-        checkpoint_op: None,
-        checksum: None,
-        payload_size_bytes: None,
-        payload_decoded: false,
-        stream_count: 0,
-        topic_count: 0,
-        partition_count: 0,
-        sessions: Vec::new(),
-        pairing: None,
+        present: false,
         no_snapshot_yet: None,
+        snapshot: None,
     };
     let mut damage = Vec::new();
     if path.is_dir() && !file.exists() {
@@ -123,16 +125,24 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SnapshotReport, Vec<Damage
         }
         return Ok((report, damage));
     }
-    let bytes = match read_bounded(&file, SNAPSHOT_FILE_SIZE_MAX)? {
+    report.present = true;
+    report.snapshot = Some(inspect_file(&file, &mut damage)?);
+    Ok((report, damage))
+}
+
+/// Decodes and checks the snapshot `file`, pushing what is wrong onto `damage`.
+fn inspect_file(file: &Path, damage: &mut Vec<Damage>) -> anyhow::Result<SnapshotDetails> {
+    let mut report = SnapshotDetails::default();
+    let bytes = match read_bounded(file, SNAPSHOT_FILE_SIZE_MAX)? {
         Ok(bytes) => bytes,
         Err(size_bytes) => {
             report.file_size_bytes = size_bytes;
             damage.push(Damage::new(
-                &file,
+                file,
                 None,
                 SnapshotDefect::TooLarge { size_bytes }.to_string(),
             ));
-            return Ok((report, damage));
+            return Ok(report);
         }
     };
     report.file_size_bytes = bytes.len() as u64;
@@ -140,11 +150,11 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SnapshotReport, Vec<Damage
         Ok(snapshot) => snapshot,
         Err(defect) => {
             damage.push(Damage::new(
-                &file,
+                file,
                 defect_position(&defect),
                 format!("{defect} (the server refuses to boot)"),
             ));
-            return Ok((report, damage));
+            return Ok(report);
         }
     };
     report.trailer_ok = true;
@@ -178,19 +188,19 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SnapshotReport, Vec<Damage
             }
         }
         Err(reason) => damage.push(Damage::new(
-            &file,
+            file,
             Some(storage::snapshot::SNAPSHOT_HEADER_SIZE as u64),
             format!("payload: {reason} (the server refuses to boot)"),
         )),
     }
-    if let Some((superblock, state)) = superblock_beside(parent_dir(&file)) {
+    if let Some((superblock, state)) = superblock_beside(parent_dir(file)) {
         let pairing = format!(
             "{superblock} records checkpoint_op {} with checksum {:#018x}",
             state.checkpoint_op, state.snapshot_checksum
         );
         if snapshot.checkpoint_op < state.checkpoint_op {
             damage.push(Damage::new(
-                &file,
+                file,
                 None,
                 format!(
                     "pairing rule: the snapshot is at op {}, older than the checkpoint: {pairing}",
@@ -201,7 +211,7 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SnapshotReport, Vec<Damage
             && snapshot.checksum != state.snapshot_checksum
         {
             damage.push(Damage::new(
-                &file,
+                file,
                 None,
                 format!(
                     "pairing rule: same op, different checksum {:#018x}: {pairing}",
@@ -218,19 +228,26 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SnapshotReport, Vec<Damage
         };
         report.pairing = Some(format!("{pairing}: {verdict}"));
     }
-    Ok((report, damage))
+    Ok(report)
 }
 
 impl Report for SnapshotReport {
     fn write_text(&self, out: &mut String) {
         if let Some(note) = &self.no_snapshot_yet {
             let _ = writeln!(out, "{note}");
-            return;
         }
+        if let Some(details) = &self.snapshot {
+            details.write_text(&self.file, out);
+        }
+    }
+}
+
+impl SnapshotDetails {
+    fn write_text(&self, file: &str, out: &mut String) {
         let _ = writeln!(
             out,
             "file: {} ({} bytes, trailer {})",
-            self.file,
+            file,
             self.file_size_bytes,
             if self.trailer_ok { "ok" } else { "BAD" }
         );

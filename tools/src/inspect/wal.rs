@@ -205,13 +205,8 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(WalReport, Vec<Damage>)> {
         damage.push(Damage::new(
             path,
             None,
-            if path.join("journal").is_dir() {
-                "no journal segment (NNNNNNNNNNNNNNNNNNNN.wal) here: this looks like a data \
-                 directory; inspect its journal/ directory"
-            } else {
-                "no journal segment (a file named by its first op in 20 digits, e.g. \
-                 00000000000000000001.wal) here (open would start a new, empty journal)"
-            },
+            "no journal segment (a file named by its first op in 20 digits, e.g. \
+             00000000000000000001.wal) here (open would start a new, empty journal)",
         ));
     }
     let checkpoint = checkpoint_beside(path);
