@@ -141,8 +141,10 @@ pub enum ClientError {
     /// `connect_with_timeout` kept getting a refused (or reset, or timed out) connection until
     /// its timeout ran out: no server listens at `addr`, or it is still starting.
     #[error(
-        "cannot connect to {addr} within the connect timeout of {} ms ({attempt_count} attempts): {source}",
-        timeout.as_millis()
+        "cannot connect to {addr} within the connect timeout of {} ms ({} attempt{}): {source}",
+        timeout.as_millis(),
+        attempt_count,
+        if *attempt_count == 1 { "" } else { "s" }
     )]
     ConnectTimeout {
         addr: std::net::SocketAddr,
