@@ -42,11 +42,15 @@ pub enum ServerError {
     Topology(#[from] runtime::TopologyError),
     #[error(transparent)]
     IoUring(#[from] runtime::IoUringUnavailable),
-    #[error("data directory {path}: {source}")]
+    /// `--data-dir` or a directory inside it could not be created.
+    #[error("cannot create data directory {path}: {source}")]
     DataDir {
         path: String,
         source: std::io::Error,
     },
+    /// `--data-dir` names something that exists but is not a directory (a regular file).
+    #[error("--data-dir {path} is not a directory; choose a directory (it is created if missing)")]
+    DataDirNotDirectory { path: String },
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -135,6 +139,12 @@ impl RunningServer {
             }
         })?;
         crate::vsr::failpoint::check_env().map_err(ServerError::Startup)?;
+        // create_dir_all on a regular file fails with a bare EEXIST: name the problem instead.
+        if config.data_dir.exists() && !config.data_dir.is_dir() {
+            return Err(ServerError::DataDirNotDirectory {
+                path: config.data_dir.display().to_string(),
+            });
+        }
         std::fs::create_dir_all(&config.data_dir).map_err(|source| ServerError::DataDir {
             path: config.data_dir.display().to_string(),
             source,
@@ -422,8 +432,12 @@ async fn run_shard(
     let mut close_failed = false;
     if shard_id == ShardId(0) {
         // The final checkpoint: the next boot starts from this snapshot and replays nothing. A
-        // failure loses nothing (the journal holds every committed op) but is reported.
-        if let Err(e) = shard.checkpoint().await {
+        // failure loses nothing (the journal holds every committed op) but is reported; one
+        // refused for lack of space (a full disk at shutdown) is only warned about (in
+        // `Shard::checkpoint`) and the exit stays clean.
+        if let Err(e) = shard.checkpoint().await
+            && e.space_refused().is_none()
+        {
             tracing::error!(error = %e, "final checkpoint failed; the journal keeps every op");
             close_failed = true;
         }

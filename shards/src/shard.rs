@@ -779,24 +779,32 @@ impl Shard {
         }
     }
 
-    /// Shard 0: runs one checkpoint now (logged; a failure leaves the previous one valid).
+    /// Shard 0: runs one checkpoint now (logged; a failure leaves the previous one valid). A
+    /// checkpoint refused for lack of space is logged as a warning: the journal keeps every op.
     ///
     /// # Errors
-    /// The failed step, already logged.
-    pub async fn checkpoint(&self) -> Result<(), String> {
+    /// The failed step, already logged; `CheckpointError::space_refused` tells a refusal for
+    /// lack of space from other failures.
+    pub async fn checkpoint(&self) -> Result<(), crate::vsr::CheckpointError> {
         let replica = self.replica();
-        match replica.checkpoint(&self.metadata).await {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                tracing::error!(
-                    error = %e,
-                    checkpoint_op = replica.checkpoint_op(),
-                    "checkpoint failed; the previous checkpoint stays valid and the journal keeps \
-                     every op above it"
-                );
-                Err(e.to_string())
-            }
+        let Err(error) = replica.checkpoint(&self.metadata).await else {
+            return Ok(());
+        };
+        if let Some(path) = error.space_refused() {
+            tracing::warn!(
+                %error, path = %path.display(), checkpoint_op = replica.checkpoint_op(),
+                "checkpoint refused for lack of space; the previous checkpoint stays valid and the \
+                 journal keeps every op above it (boot replays them)"
+            );
+        } else {
+            tracing::error!(
+                %error,
+                checkpoint_op = replica.checkpoint_op(),
+                "checkpoint failed; the previous checkpoint stays valid and the journal keeps \
+                 every op above it"
+            );
         }
+        Err(error)
     }
 
     /// Shard 0: deduplicate through the client table, validate, create the directories of new

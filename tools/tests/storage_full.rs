@@ -387,3 +387,61 @@ fn issue7_1_file_size_limit_is_storage_full_not_a_kill() {
     assert_eq!(server.stop(), Some(0), "SIGTERM after EFBIG exits 0");
     assert!(!sent.acked_ids.is_empty());
 }
+
+/// SIGTERM while the filesystem is still full: the final checkpoint's snapshot write is refused
+/// (ENOSPC), which loses nothing (the previous checkpoint stays valid, the journal keeps every
+/// op), so the server warns naming the file and exits 0; the next boot replays the journal.
+#[test]
+fn issue7_1_sigterm_with_the_disk_still_full_exits_0() {
+    let Some(mount) = mount_or_skip("issue7_1_sigterm_with_the_disk_still_full_exits_0") else {
+        return;
+    };
+    let namespace = Namespace::new(1, 1, 0);
+    let server = Server::start(&mount.dir, &SERVE_ARGS);
+    let addr = server.addr;
+    let (sent, filler) = block_on(async {
+        let mut client = bus::Client::connect(addr).await.unwrap();
+        client.create_stream(1, "full").await.unwrap();
+        client.create_topic(1, 1, "t", 1).await.unwrap();
+        let mut sent = Sent {
+            acked_ids: Vec::new(),
+            next_id: 0,
+        };
+        for _ in 0..3 {
+            sent.send(&mut client, namespace).await.unwrap();
+        }
+        (sent, fill(&mount.dir))
+    });
+    let stderr_log = server.stderr_log.clone();
+    assert_eq!(server.stop(), Some(0), "SIGTERM with the disk full");
+    let stderr = std::fs::read_to_string(&stderr_log).unwrap();
+    let warning = stderr
+        .lines()
+        .find(|line| line.contains("checkpoint refused for lack of space"))
+        .unwrap_or_else(|| panic!("no checkpoint warning in:\n{stderr}"));
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(warning.contains("snapshot.tmp"), "{warning}");
+    assert!(warning.contains("No space left on device"), "{warning}");
+    assert!(
+        warning.contains("the journal keeps every op above it"),
+        "{warning}"
+    );
+    assert!(!stderr.contains("final checkpoint failed"), "{stderr}");
+
+    std::fs::remove_file(&filler).unwrap();
+    let server = Server::start(&mount.dir, &SERVE_ARGS);
+    let addr = server.addr;
+    block_on(async {
+        let mut client = bus::Client::connect(addr).await.unwrap();
+        let metadata = client.get_metadata().await.unwrap();
+        assert_eq!(metadata.streams[0].topics[0].name, "t");
+        let read: Vec<u64> = read_all(&mut client, namespace)
+            .await
+            .into_iter()
+            .map(|(_, id, _)| id)
+            .collect();
+        assert_eq!(read, sent.acked_ids);
+    });
+    assert_eq!(server.stop(), Some(0));
+    drop(mount);
+}
