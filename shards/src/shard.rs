@@ -249,6 +249,7 @@ fn verdict_reply(
             ),
         ),
     }
+    .with_ends(ends)
 }
 
 /// The reply to a metadata request whose prepare could not be made durable: `StorageFull`
@@ -573,6 +574,17 @@ impl Shard {
                     ShardReply::error(ErrorCode::ShuttingDown, "shard 0 is stopping")
                 })
             }
+            ShardRequest::Refuse {
+                namespace,
+                code,
+                message,
+            } => {
+                let reply = ShardReply::error(code, message);
+                match self.partitions.borrow().get(&namespace) {
+                    Some(log) => reply.with_ends(partition_ends(log)),
+                    None => reply,
+                }
+            }
             ShardRequest::PartitionOffsets => ShardReply::Offsets(
                 self.partitions
                     .borrow()
@@ -620,7 +632,7 @@ impl Shard {
                 message_count,
                 ends: partition_ends(log),
             },
-            Err(e) => append_failure(self.id, namespace, &e),
+            Err(e) => append_failure(self.id, namespace, &e).with_ends(partition_ends(log)),
         }
     }
 
