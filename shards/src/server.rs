@@ -139,6 +139,21 @@ impl RunningServer {
             }
         })?;
         crate::vsr::failpoint::check_env().map_err(ServerError::Startup)?;
+        // Before anything is written: a limit too small to serve refuses with nothing on disk.
+        let budget = ResourceBudget::from_open_file_limit(
+            resources::raise_open_file_limit(),
+            topology.shard_count(),
+        );
+        if let Some(refusal) = budget.startup_refusal(topology.shard_count()) {
+            return Err(ServerError::Startup(refusal));
+        }
+        tracing::info!(
+            open_file_limit = budget.open_file_limit,
+            partitions_max = budget.partitions_max,
+            connections_per_shard_max = budget.connections_per_shard_max,
+            "resource budget"
+        );
+
         // create_dir_all on a regular file fails with a bare EEXIST: name the problem instead.
         if config.data_dir.exists() && !config.data_dir.is_dir() {
             return Err(ServerError::DataDirNotDirectory {
@@ -171,17 +186,6 @@ impl RunningServer {
             path: partitions_dir.display().to_string(),
             source,
         })?;
-        let budget = ResourceBudget::from_open_file_limit(
-            resources::raise_open_file_limit(),
-            topology.shard_count(),
-        );
-        tracing::info!(
-            open_file_limit = budget.open_file_limit,
-            partitions_max = budget.partitions_max,
-            connections_per_shard_max = budget.connections_per_shard_max,
-            "resource budget"
-        );
-
         // Reserve the port (port 0 picks one) so every shard binds the same one with SO_REUSEPORT.
         // The reservation never listens, so it never takes a connection.
         let reservation = reuse_port_socket(listen).map_err(|source| ServerError::Listen {

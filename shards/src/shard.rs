@@ -889,7 +889,7 @@ impl Shard {
             };
             let partition_count_after = metadata.namespaces().len() as u64 + created.len() as u64;
             if let Some(refusal) = self.budget.partitions_refusal(partition_count_after) {
-                return ShardReply::error(ErrorCode::InvalidArgument, refusal);
+                return ShardReply::error(ErrorCode::ResourceExhausted, refusal);
             }
             created
         };
