@@ -190,6 +190,60 @@ pub fn ignore_file_size_signal() -> std::io::Result<()> {
     Ok(())
 }
 
+/// The largest file shardline writes under `config` (bytes): a metadata journal segment
+/// (`JOURNAL_SEGMENT_SIZE_MAX`), a partition segment (`--segment-size`), or a segment holding
+/// one entry larger than that (bounded by `--max-message-size`).
+pub fn file_size_needed(config: &crate::config::ServerConfig) -> u64 {
+    storage::limits::JOURNAL_SEGMENT_SIZE_MAX
+        .max(config.segment_size_max)
+        .max(u64::from(config.max_message_size))
+}
+
+/// The soft file-size limit (`RLIMIT_FSIZE`, bytes; `RLIM_INFINITY` when unlimited), or `None`
+/// if `getrlimit` fails.
+pub fn file_size_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the plain struct passed to it.
+    let result = unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &raw mut limit) };
+    (result == 0).then_some(limit.rlim_cur)
+}
+
+/// Raises the soft file-size limit to the hard one and refuses (`Err` with the message) when it
+/// is still below `file_size_needed`: a write past it fails with `EFBIG`, which freeing disk
+/// space never cures, so it is named at startup like the locked-memory and open-file limits.
+///
+/// # Errors
+/// The refusal: names `RLIMIT_FSIZE`, its value, what is needed and why, `ulimit -f` and
+/// `LimitFSIZE=`.
+pub fn check_file_size_limit(config: &crate::config::ServerConfig) -> Result<(), String> {
+    let Some(limit) = runtime::probe::raise_soft_limit_to_hard(libc::RLIMIT_FSIZE) else {
+        return Ok(());
+    };
+    let needed = file_size_needed(config);
+    if limit >= needed {
+        return Ok(());
+    }
+    Err(file_size_refusal(limit, needed, config))
+}
+
+fn file_size_refusal(limit: u64, needed: u64, config: &crate::config::ServerConfig) -> String {
+    format!(
+        "the file-size limit (RLIMIT_FSIZE) is {limit} bytes but shardline writes files of up to \
+         {needed} bytes (the larger of a {}-byte metadata journal segment, --segment-size {} and \
+         --max-message-size {}); a write past the limit fails with EFBIG, which freeing disk \
+         space does not cure: raise it (`ulimit -f unlimited`, or at least `ulimit -f {}` in \
+         1024-byte blocks, in the shell that starts shardline, or `LimitFSIZE=infinity` in its \
+         systemd unit)",
+        storage::limits::JOURNAL_SEGMENT_SIZE_MAX,
+        config.segment_size_max,
+        config.max_message_size,
+        needed.div_ceil(1024),
+    )
+}
+
 /// Why the data directory cannot be taken.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
@@ -370,6 +424,27 @@ mod tests {
             budget.fd_limit_refusal(),
             "the server is out of file descriptors (open-file limit 600); retry later, or raise \
              the open-file limit (ulimit -n / LimitNOFILE=)"
+        );
+    }
+
+    #[test]
+    fn issue7_review_3_a_file_size_limit_below_the_segment_size_is_named() {
+        let mut config = crate::config::ServerConfig::new(std::path::PathBuf::from("d"));
+        config.segment_size_max = 1 << 30;
+        assert_eq!(file_size_needed(&config), 1 << 30);
+        config.segment_size_max = 1 << 20;
+        assert_eq!(file_size_needed(&config), 64 << 20);
+        assert_eq!(
+            file_size_refusal(204_800, 64 << 20, &config),
+            format!(
+                "the file-size limit (RLIMIT_FSIZE) is 204800 bytes but shardline writes files of \
+                 up to 67108864 bytes (the larger of a 67108864-byte metadata journal segment, \
+                 --segment-size 1048576 and --max-message-size {}); a write past the limit fails \
+                 with EFBIG, which freeing disk space does not cure: raise it (`ulimit -f \
+                 unlimited`, or at least `ulimit -f 65536` in 1024-byte blocks, in the shell that \
+                 starts shardline, or `LimitFSIZE=infinity` in its systemd unit)",
+                config.max_message_size
+            )
         );
     }
 

@@ -147,6 +147,7 @@ impl RunningServer {
         if let Some(refusal) = budget.startup_refusal(topology.shard_count()) {
             return Err(ServerError::Startup(refusal));
         }
+        resources::check_file_size_limit(&config).map_err(ServerError::Startup)?;
         tracing::info!(
             open_file_limit = budget.open_file_limit,
             partitions_max = budget.partitions_max,

@@ -252,10 +252,44 @@ fn verdict_reply(
     .with_ends(ends)
 }
 
+/// For a write refused with `EFBIG`: the file-size limit is the cause, not free space (the
+/// storage error's own text says "retry once space is freed", which never helps then). `None`
+/// for any other errno.
+fn file_size_limit_note(source: &std::io::Error) -> Option<String> {
+    if source.raw_os_error() != Some(libc::EFBIG) {
+        return None;
+    }
+    let limit = match crate::resources::file_size_limit() {
+        Some(bytes) if bytes == libc::RLIM_INFINITY => "unlimited now".to_owned(),
+        Some(bytes) => format!("{bytes} bytes"),
+        None => "unknown".to_owned(),
+    };
+    Some(format!(
+        "the file would pass the process's file-size limit (RLIMIT_FSIZE, {limit}); freeing \
+         disk space does not help: raise it (`ulimit -f unlimited`, or `LimitFSIZE=infinity` in \
+         the systemd unit) and restart the server"
+    ))
+}
+
 /// The reply to a metadata request whose prepare could not be made durable: `StorageFull`
 /// naming the journal when the write was refused for lack of space (rolled back; later changes
 /// succeed once space is freed), else `StorageFailure` (the journal is poisoned until restart).
 fn journal_failure(error: &storage::JournalError) -> ShardReply {
+    if let storage::JournalError::StorageFull {
+        path, op, source, ..
+    } = error
+        && let Some(note) = file_size_limit_note(source)
+    {
+        tracing::warn!(%error, "metadata journal write past the file-size limit; the change is not applied");
+        return ShardReply::error(
+            ErrorCode::StorageFull,
+            format!(
+                "metadata journal cannot grow, the change is not applied: {}: {op} failed: \
+                 {source}: {note}",
+                path.display()
+            ),
+        );
+    }
     if let storage::JournalError::StorageFull { .. } = error {
         tracing::warn!(%error, "metadata journal full; the change is not applied");
         return ShardReply::error(
@@ -278,6 +312,24 @@ fn journal_failure(error: &storage::JournalError) -> ShardReply {
 /// was refused for lack of space (rolled back; later sends succeed once space is freed), else
 /// `StorageFailure`.
 fn append_failure(shard: ShardId, namespace: Namespace, error: &storage::LogError) -> ShardReply {
+    if let storage::LogError::StorageFull {
+        path, op, source, ..
+    } = error
+        && let Some(note) = file_size_limit_note(source)
+    {
+        tracing::warn!(shard = shard.0, %namespace, %error, "partition write past the file-size limit; append refused");
+        return ShardReply::error(
+            ErrorCode::StorageFull,
+            format!(
+                "partition {namespace} (stream {}, topic {}, partition {}) cannot grow, nothing \
+                 was appended: {}: {op} failed: {source}: {note}",
+                namespace.stream_id(),
+                namespace.topic_id(),
+                namespace.partition_id(),
+                path.display()
+            ),
+        );
+    }
     if let storage::LogError::StorageFull { .. } = error {
         tracing::warn!(shard = shard.0, %namespace, %error, "partition storage full; append refused");
         return ShardReply::error(

@@ -321,21 +321,81 @@ fn issue7_1_journal_full_then_space_recovers() {
     drop(mount);
 }
 
-/// A file-size limit (`RLIMIT_FSIZE`, `ulimit -f`) below the segment size: the write past it
-/// fails with EFBIG instead of SIGXFSZ killing the server (its default action, which a write from
-/// a process thread raises: `--io-driver poll`), and the refusal is a `StorageFull` like a full
-/// disk. Needs no mount.
+/// A file-size limit (`RLIMIT_FSIZE`, `ulimit -f`) below the largest file shardline writes
+/// refuses at startup, naming the limit, what is needed, `ulimit -f` and `LimitFSIZE=` (freeing
+/// disk space would never cure the EFBIG it causes). Needs no mount.
 #[test]
-fn issue7_1_file_size_limit_is_storage_full_not_a_kill() {
+fn issue7_1_file_size_limit_below_the_segment_size_refuses_at_startup() {
     const FILE_SIZE_LIMIT_BYTES: u64 = 48 * 1024;
     let dir = tempfile::tempdir().unwrap();
-    let command = with_rlimit(
+    let data_dir = dir.path().join("data");
+    let output = with_rlimit(
         Command::new(env!("CARGO_BIN_EXE_shardline")),
         libc::RLIMIT_FSIZE,
         FILE_SIZE_LIMIT_BYTES,
+    )
+    .args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--shards",
+        "1",
+        "--no-pin",
+    ])
+    .args(["--segment-size", "1048576", "--data-dir"])
+    .arg(&data_dir)
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr.lines().last(),
+        Some(
+            format!(
+                "error: startup failed: the file-size limit (RLIMIT_FSIZE) is 49152 bytes but \
+                 shardline writes files of up to 67108864 bytes (the larger of a 67108864-byte \
+                 metadata journal segment, --segment-size 1048576 and --max-message-size {}); a \
+                 write past the limit fails with EFBIG, which freeing disk space does not cure: \
+                 raise it (`ulimit -f unlimited`, or at least `ulimit -f 65536` in 1024-byte \
+                 blocks, in the shell that starts shardline, or `LimitFSIZE=infinity` in its \
+                 systemd unit)",
+                bus::limits::MESSAGE_SIZE_MAX_DEFAULT
+            )
+            .as_str()
+        ),
+        "{stderr}"
     );
-    let server = Server::start_with(
-        command,
+    assert!(!data_dir.exists(), "a refused start writes nothing");
+}
+
+/// Sets `RLIMIT_FSIZE` (soft and hard) of the running process `pid` (prlimit(2)).
+fn set_file_size_limit(pid: u32, bytes: u64) {
+    let limit = libc::rlimit {
+        rlim_cur: bytes,
+        rlim_max: bytes,
+    };
+    // SAFETY: prlimit reads the plain struct passed to it and writes no old value (null).
+    let result = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_FSIZE,
+            &raw const limit,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(result, 0, "prlimit: {}", std::io::Error::last_os_error());
+}
+
+/// The file-size limit lowered under a running server (prlimit, as an operator could): the
+/// write past it fails with EFBIG instead of SIGXFSZ killing the server (its default action,
+/// which a write from a thread of the process raises: `--io-driver poll`), the refusal is a
+/// `StorageFull` whose message names the file-size limit (not free space), nothing acknowledged
+/// is lost, and SIGTERM exits 0.
+#[test]
+fn issue7_1_file_size_limit_lowered_at_runtime_is_named_not_a_kill() {
+    const FILE_SIZE_LIMIT_BYTES: u64 = 48 * 1024;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(
         dir.path(),
         // The poll driver writes from a thread of the process, where SIGXFSZ's default action
         // would kill it (io_uring's kernel workers get no such signal).
@@ -351,10 +411,12 @@ fn issue7_1_file_size_limit_is_storage_full_not_a_kill() {
     );
     let namespace = Namespace::new(1, 1, 0);
     let addr = server.addr;
+    let pid = server.pid();
     let sent = block_on(async {
         let mut client = bus::Client::connect(addr).await.unwrap();
         client.create_stream(1, "capped").await.unwrap();
         client.create_topic(1, 1, "t", 1).await.unwrap();
+        set_file_size_limit(pid, FILE_SIZE_LIMIT_BYTES);
         let mut sent = Sent {
             acked_ids: Vec::new(),
             next_id: 0,
@@ -367,11 +429,27 @@ fn issue7_1_file_size_limit_is_storage_full_not_a_kill() {
             }
         }
         let refusal = refusal.expect("the file-size limit refused a send");
-        assert_storage_full(
-            &refusal,
-            "partition 1/1/0 (stream 1, topic 1, partition 0) is full",
+        let ClientError::Server { code, message } = &refusal else {
+            panic!("expected StorageFull, got {refusal}");
+        };
+        assert_eq!(*code, ErrorCode::StorageFull, "{message}");
+        assert!(
+            message.starts_with(
+                "partition 1/1/0 (stream 1, topic 1, partition 0) cannot grow, nothing was \
+                 appended: "
+            ),
+            "{message}"
         );
-        assert_storage_full(&refusal, "File too large");
+        assert!(
+            message.ends_with(
+                "failed: File too large (os error 27): the file would pass the process's \
+                 file-size limit (RLIMIT_FSIZE, 49152 bytes); freeing disk space does not help: \
+                 raise it (`ulimit -f unlimited`, or `LimitFSIZE=infinity` in the systemd unit) \
+                 and restart the server"
+            ),
+            "{message}"
+        );
+        assert!(!message.contains("bytes free"), "{message}");
         // 7 batches of 6,160 bytes (entry header, 4 messages of 32 + 1500) fit under 48 KiB;
         // the eighth would cross it.
         assert_eq!(sent.acked_ids.len(), 28);
@@ -385,7 +463,7 @@ fn issue7_1_file_size_limit_is_storage_full_not_a_kill() {
         sent
     });
     assert_eq!(server.stop(), Some(0), "SIGTERM after EFBIG exits 0");
-    assert!(!sent.acked_ids.is_empty());
+    assert_eq!(sent.acked_ids.len(), 28);
 }
 
 /// SIGTERM while the filesystem is still full: the final checkpoint's snapshot write is refused
