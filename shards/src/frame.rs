@@ -21,11 +21,11 @@ pub enum ShardFrame {
     Reply { request_id: u64, reply: ShardReply },
     /// Shard 0 -> every other shard: apply this committed op, in op order.
     MetadataApply { op_number: u64, op: MetadataOp },
-    /// Every other shard -> shard 0, on the reply lane: the op is applied here (`error`: which
-    /// of its partitions could not be opened).
+    /// Every other shard -> shard 0, on the reply lane: the op is applied here (`failures`: its
+    /// partitions that could not be opened; each is retried on its next send or poll).
     MetadataApplied {
         op_number: u64,
-        error: Option<String>,
+        failures: Vec<crate::unopened::OpenFailure>,
     },
 }
 
@@ -122,6 +122,7 @@ impl ShardReply {
 
     /// This reply with `ends` attached when it is an `Error` (a refusal about a partition whose
     /// log is open); any other reply unchanged.
+    #[must_use]
     pub fn with_ends(self, ends: PartitionEnds) -> ShardReply {
         match self {
             ShardReply::Error { code, message } => ShardReply::PartitionError {

@@ -61,6 +61,18 @@ impl TmpfsMount {
     }
 }
 
+impl TmpfsMount {
+    /// Changes the mount's options in place (`mount -o remount,OPTIONS`), e.g. more inodes.
+    fn remount(&self, options: &str) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,{options}")])
+            .arg(&self.dir)
+            .status()
+            .unwrap();
+        assert!(status.success(), "remount {options}: {status}");
+    }
+}
+
 impl Drop for TmpfsMount {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.dir).status();
@@ -69,7 +81,12 @@ impl Drop for TmpfsMount {
 
 /// Mounts the test's tmpfs, or prints why the test is skipped.
 fn mount_or_skip(test: &str) -> Option<TmpfsMount> {
-    match TmpfsMount::new(TMPFS_SIZE) {
+    mount_with_or_skip(test, TMPFS_SIZE)
+}
+
+/// Mounts a tmpfs of `options`, or prints why the test is skipped.
+fn mount_with_or_skip(test: &str, options: &str) -> Option<TmpfsMount> {
+    match TmpfsMount::new(options) {
         Ok(mount) => Some(mount),
         Err(why) => {
             eprintln!(
@@ -519,6 +536,135 @@ fn issue7_1_sigterm_with_the_disk_still_full_exits_0() {
             .map(|(_, id, _)| id)
             .collect();
         assert_eq!(read, sent.acked_ids);
+    });
+    assert_eq!(server.stop(), Some(0));
+    drop(mount);
+}
+
+/// The partitions a `StorageFull` create reply names as not opened (`partition 1/2/4: `).
+fn unopened_partitions(message: &str, topic: &str) -> Vec<u16> {
+    let mut partitions: Vec<u16> = message
+        .split("partition ")
+        .skip(1)
+        .filter_map(|rest| rest.strip_prefix(topic))
+        .filter_map(|rest| rest.split(':').next()?.parse().ok())
+        .collect();
+    partitions.sort_unstable();
+    partitions.dedup();
+    partitions
+}
+
+/// Inodes run out while a topic's partitions are opened (after the change is committed): the
+/// create is answered `StorageFull` naming each partition not opened; a send to one of them is
+/// answered `StorageFull` while the filesystem is still full, and succeeds at offset 0 once
+/// inodes are added, without a restart.
+#[test]
+fn issue7_review_2_a_partition_not_opened_for_lack_of_inodes_opens_once_space_returns() {
+    let Some(mount) = mount_with_or_skip(
+        "issue7_review_2_a_partition_not_opened_for_lack_of_inodes_opens_once_space_returns",
+        "size=4m,nr_inodes=40",
+    ) else {
+        return;
+    };
+    let data_dir = mount.dir.join("d");
+    let serve_args = ["--shards", "2", "--no-pin", "--fsync=always"];
+    let server = Server::start(&data_dir, &serve_args);
+    let addr = server.addr;
+    block_on(async {
+        let mut client = bus::Client::connect(addr).await.unwrap();
+        client.create_stream(1, "s").await.unwrap();
+        client.create_topic(1, 1, "t", 8).await.unwrap();
+        let error = client.create_topic(1, 2, "u", 8).await.unwrap_err();
+        let ClientError::Server { code, message } = &error else {
+            panic!("expected StorageFull, got {error}");
+        };
+        assert_eq!(*code, ErrorCode::StorageFull, "{message}");
+        assert!(
+            message.starts_with("the change is committed, but "),
+            "{message}"
+        );
+        assert!(
+            message.ends_with(
+                "each is opened again on its next send or poll, which answers StorageFull until \
+                 the cause is fixed (free space, for StorageFull), then succeeds"
+            ),
+            "{message}"
+        );
+        let unopened = unopened_partitions(message, "1/2/");
+        assert!(!unopened.is_empty(), "{message}");
+        assert!(
+            message.contains(&format!("but {} of its partitions", unopened.len())),
+            "{message}"
+        );
+        let metadata = client.get_metadata().await.unwrap();
+        assert_eq!(metadata.streams[0].topics[1].partitions.len(), 8);
+
+        // Still full: each unopened partition answers StorageFull naming why.
+        for &partition in &unopened {
+            let namespace = Namespace::new(1, 2, partition);
+            let error = client
+                .send_messages(namespace, batch(0, 1, 10))
+                .await
+                .unwrap_err();
+            let ClientError::Server { code, message } = &error else {
+                panic!("expected StorageFull, got {error}");
+            };
+            assert_eq!(*code, ErrorCode::StorageFull, "{message}");
+            assert!(
+                message
+                    .starts_with("the partition is committed but its log cannot be opened: shard ")
+                    && message.contains(&format!("partition {namespace}: "))
+                    && message.contains("No space left on device")
+                    && message.ends_with(", here once space is freed)"),
+                "{message}"
+            );
+            let error = client.poll_messages(namespace, 0, 10).await.unwrap_err();
+            assert!(
+                matches!(
+                    error,
+                    ClientError::Server {
+                        code: ErrorCode::StorageFull,
+                        ..
+                    }
+                ),
+                "{error}"
+            );
+        }
+
+        mount.remount("nr_inodes=400");
+        for partition in 0..8u16 {
+            let namespace = Namespace::new(1, 2, partition);
+            let ack = client
+                .send_messages(namespace, batch(100 + u64::from(partition), 1, 10))
+                .await
+                .unwrap();
+            assert_eq!(ack.base_offset, 0, "partition {partition}");
+            let read = read_all(&mut client, namespace).await;
+            assert_eq!(
+                read,
+                vec![(
+                    0,
+                    100 + u64::from(partition),
+                    payload(100 + u64::from(partition), 10)
+                )]
+            );
+        }
+    });
+    assert_eq!(server.stop(), Some(0));
+
+    let server = Server::start(&data_dir, &serve_args);
+    let addr = server.addr;
+    block_on(async {
+        let mut client = bus::Client::connect(addr).await.unwrap();
+        for partition in 0..8u16 {
+            let namespace = Namespace::new(1, 2, partition);
+            let ids: Vec<u64> = read_all(&mut client, namespace)
+                .await
+                .into_iter()
+                .map(|(_, id, _)| id)
+                .collect();
+            assert_eq!(ids, vec![100 + u64::from(partition)]);
+        }
     });
     assert_eq!(server.stop(), Some(0));
     drop(mount);

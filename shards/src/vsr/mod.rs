@@ -48,16 +48,12 @@ impl CheckpointError {
     /// failure. Such a checkpoint changed nothing durable: the previous checkpoint stays valid and
     /// the journal keeps every op above it, so the caller may warn and carry on.
     pub fn space_refused(&self) -> Option<&std::path::Path> {
-        let (path, source) = match self {
-            CheckpointError::Snapshot(storage::snapshot::SnapshotError::Io {
-                path,
-                source,
-                ..
-            })
-            | CheckpointError::Superblock(storage::SuperblockError::Io { path, source, .. }) => {
-                (path, source)
-            }
-            _ => return None,
+        let (CheckpointError::Snapshot(storage::snapshot::SnapshotError::Io {
+            path, source, ..
+        })
+        | CheckpointError::Superblock(storage::SuperblockError::Io { path, source, .. })) = self
+        else {
+            return None;
         };
         storage::space::is_storage_full(source).then_some(path.as_path())
     }
