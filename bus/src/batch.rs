@@ -259,6 +259,19 @@ pub enum BatchError {
     TooManyMessages { count: u32, max: u32 },
     #[error("message {index} has offset_delta {offset_delta}, expected its index")]
     OffsetDelta { index: u32, offset_delta: u32 },
+    /// A message's payload does not match its own checksum although the batch checksum (computed
+    /// over the already wrong bytes) matches: the sender built a damaged batch.
+    #[error(
+        "message {index} (offset_delta {offset_delta}) fails its payload checksum: the message \
+         header says {recorded:#018x}, its {payload_len}-byte payload hashes to {actual:#018x}"
+    )]
+    MessageChecksum {
+        index: u32,
+        offset_delta: u32,
+        payload_len: u32,
+        recorded: u64,
+        actual: u64,
+    },
     #[error(
         "the first message flags a producer stamp but the section of {section_len} bytes cannot \
          hold a message and the 16-byte stamp"
@@ -474,6 +487,35 @@ impl<'a> BatchView<'a> {
         })
     }
 
+    /// Checks every message's payload against its own checksum (XXH3-64). `parse` does not (the
+    /// batch checksum covers the section as sent, so a sender that hashed a payload wrongly
+    /// passes it); the server calls this before it stores a batch, so that no consumer meets a
+    /// message that fails `MessageView::verify`.
+    ///
+    /// # Errors
+    /// `MessageChecksum` for the first message whose payload does not match, naming its index
+    /// and offset delta.
+    pub fn verify_messages(&self) -> Result<(), BatchError> {
+        let mut rest = self.bytes.get(BATCH_HEADER_SIZE..).unwrap_or_default();
+        for index in 0..self.header.message_count {
+            let Some((message, payload, next)) = split_message(rest) else {
+                return Err(BatchError::MessageOverrun { index });
+            };
+            let actual = checksum64(payload);
+            if actual != message.checksum {
+                return Err(BatchError::MessageChecksum {
+                    index,
+                    offset_delta: message.offset_delta,
+                    payload_len: message.length,
+                    recorded: message.checksum,
+                    actual,
+                });
+            }
+            rest = next;
+        }
+        Ok(())
+    }
+
     /// Offset of the last message (`base_offset + message_count - 1`).
     pub fn last_offset(&self) -> u64 {
         self.header
@@ -512,6 +554,36 @@ mod tests {
     fn reseal(batch: &mut [u8]) {
         let checksum = checksum64(&batch[BATCH_HEADER_SIZE..]);
         batch[24..32].copy_from_slice(&checksum.to_le_bytes());
+    }
+
+    #[test]
+    fn issue7_review_4_a_wrong_message_checksum_is_named_by_index_and_offset_delta() {
+        let mut batch = build(&[(1, 0, b"ab"), (2, 0, b"cd"), (3, 0, b"ef")]);
+        BatchView::parse(&batch).unwrap().verify_messages().unwrap();
+        // Message 1's checksum field: batch header, message 0 (header + 2 bytes), then byte 24.
+        let at = BATCH_HEADER_SIZE + MESSAGE_HEADER_SIZE + 2 + 24;
+        batch[at] ^= 0xff;
+        reseal(&mut batch);
+        let view = BatchView::parse(&batch).expect("the batch checksum covers the edited bytes");
+        let recorded = checksum64(b"cd") ^ 0xff;
+        assert_eq!(
+            view.verify_messages(),
+            Err(BatchError::MessageChecksum {
+                index: 1,
+                offset_delta: 1,
+                payload_len: 2,
+                recorded,
+                actual: checksum64(b"cd"),
+            })
+        );
+        assert_eq!(
+            view.verify_messages().unwrap_err().to_string(),
+            format!(
+                "message 1 (offset_delta 1) fails its payload checksum: the message header says \
+                 {recorded:#018x}, its 2-byte payload hashes to {:#018x}",
+                checksum64(b"cd")
+            )
+        );
     }
 
     #[test]

@@ -32,6 +32,23 @@ pub fn error_reply(request: &Header, code: ErrorCode, message: &str) -> Vec<u8> 
     encode_frame(&mut header, error_text(code, message))
 }
 
+/// `error_reply` for a request about an existing partition: the header also carries the
+/// partition's `next_offset` and `first_offset` as of the refusal, as every send and poll reply
+/// does.
+pub fn partition_error_reply(
+    request: &Header,
+    code: ErrorCode,
+    message: &str,
+    next_offset: u64,
+    first_offset: u64,
+) -> Vec<u8> {
+    let mut header = reply_header(request);
+    header.error_code = code as u32;
+    header.next_offset = next_offset;
+    header.first_offset = first_offset;
+    encode_frame(&mut header, error_text(code, message))
+}
+
 /// An encoded Eviction answering `request` (header + body, checksums set), sent instead of a
 /// reply to a session-tracked request whose client has no session: command `Eviction`, the same
 /// `operation`, `request`, `client`, `namespace` and `cluster` as `reply_header`, `error_code` =

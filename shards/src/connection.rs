@@ -302,10 +302,19 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
         Operation::SendMessages => {
             if !shard.partition_exists(namespace) {
                 shard.missing_partition(namespace)
-            } else if let Err(e) = bus::BatchView::parse(&body)
-                .and_then(|batch| batch.check_producer(header.producer, header.sequence))
-            {
-                ShardReply::error(ErrorCode::InvalidBatch, e.to_string())
+            } else if let Err(e) = bus::BatchView::parse(&body).and_then(|batch| {
+                batch.check_producer(header.producer, header.sequence)?;
+                batch.verify_messages()
+            }) {
+                // The owner answers, so the refusal carries the partition's ends.
+                let request = ShardRequest::Refuse {
+                    namespace,
+                    code: ErrorCode::InvalidBatch,
+                    message: e.to_string(),
+                };
+                shard
+                    .call(shard_for(namespace, shard.shard_count), request)
+                    .await
             } else {
                 let owner = shard_for(namespace, shard.shard_count);
                 shard
@@ -378,6 +387,20 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
         }
         ShardReply::Evicted { reason } => (bus::reply::eviction(header, &reason), Vec::new()),
         ShardReply::Error { code, message } => error_reply(header, code, &message),
+        ShardReply::PartitionError {
+            code,
+            message,
+            ends,
+        } => (
+            bus::reply::partition_error_reply(
+                header,
+                code,
+                &message,
+                ends.next_offset,
+                ends.first_offset,
+            ),
+            Vec::new(),
+        ),
         ShardReply::Offsets(_) => error_reply(header, ErrorCode::Internal, "unexpected reply"),
     }
 }

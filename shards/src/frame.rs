@@ -21,11 +21,11 @@ pub enum ShardFrame {
     Reply { request_id: u64, reply: ShardReply },
     /// Shard 0 -> every other shard: apply this committed op, in op order.
     MetadataApply { op_number: u64, op: MetadataOp },
-    /// Every other shard -> shard 0, on the reply lane: the op is applied here (`error`: which
-    /// of its partitions could not be opened).
+    /// Every other shard -> shard 0, on the reply lane: the op is applied here (`failures`: its
+    /// partitions that could not be opened; each is retried on its next send or poll).
     MetadataApplied {
         op_number: u64,
-        error: Option<String>,
+        failures: Vec<crate::unopened::OpenFailure>,
     },
 }
 
@@ -51,6 +51,14 @@ pub enum ShardRequest {
     },
     /// Next offsets of every partition this shard owns (for GetMetadata).
     PartitionOffsets,
+    /// Refuse a request about the owned partition `namespace` that the receiving shard already
+    /// judged (e.g. an invalid batch): the owner answers `PartitionError` with `code` and
+    /// `message` and the partition's ends, so the refusal carries them like every send reply.
+    Refuse {
+        namespace: Namespace,
+        code: ErrorCode,
+        message: String,
+    },
 }
 
 /// Where a partition's data is, as of a reply: `first_offset` is the first offset a poll can
@@ -96,6 +104,12 @@ pub enum ShardReply {
         code: ErrorCode,
         message: String,
     },
+    /// An error about an existing, open partition: the reply header also carries its ends.
+    PartitionError {
+        code: ErrorCode,
+        message: String,
+        ends: PartitionEnds,
+    },
 }
 
 impl ShardReply {
@@ -103,6 +117,20 @@ impl ShardReply {
         ShardReply::Error {
             code,
             message: message.into(),
+        }
+    }
+
+    /// This reply with `ends` attached when it is an `Error` (a refusal about a partition whose
+    /// log is open); any other reply unchanged.
+    #[must_use]
+    pub fn with_ends(self, ends: PartitionEnds) -> ShardReply {
+        match self {
+            ShardReply::Error { code, message } => ShardReply::PartitionError {
+                code,
+                message,
+                ends,
+            },
+            other => other,
         }
     }
 }

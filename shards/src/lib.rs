@@ -15,6 +15,7 @@ pub mod producers;
 pub mod resources;
 pub mod server;
 pub mod shard;
+pub mod unopened;
 pub mod vsr;
 
 pub use config::{ConfigError, ServerConfig};

@@ -26,19 +26,47 @@ pub struct ResourceBudget {
 }
 
 impl ResourceBudget {
+    /// The budget of `open_file_limit` descriptors for `shard_count` shards: `FD_RESERVE` kept
+    /// for the server itself, then `PARTITION_FD_SHARE_PERCENT` of the rest for partitions
+    /// (`FDS_PER_PARTITION` each) and the remainder for client connections, split evenly over
+    /// the shards. No floor: a limit too small for one partition and one connection per shard
+    /// gives zeros, which `startup_refusal` turns into a refusal to start.
     pub fn from_open_file_limit(open_file_limit: u64, shard_count: u16) -> ResourceBudget {
-        let usable = open_file_limit.saturating_sub(FD_RESERVE).max(64);
+        let usable = open_file_limit.saturating_sub(FD_RESERVE);
         let partition_fds = usable * PARTITION_FD_SHARE_PERCENT / 100;
         let connection_fds = usable - partition_fds;
         ResourceBudget {
             open_file_limit,
-            partitions_max: (partition_fds / FDS_PER_PARTITION).max(1),
-            connections_per_shard_max: (connection_fds / u64::from(shard_count.max(1))).max(1),
+            partitions_max: partition_fds / FDS_PER_PARTITION,
+            connections_per_shard_max: connection_fds / u64::from(shard_count.max(1)),
         }
+    }
+
+    /// Descriptors the budget shares out: the open-file limit less `FD_RESERVE`.
+    pub fn usable_fds(&self) -> u64 {
+        self.open_file_limit.saturating_sub(FD_RESERVE)
     }
 }
 
 impl ResourceBudget {
+    /// Why the server cannot start under this budget (`None` when it can): the open-file limit
+    /// leaves no room for one partition or for one client connection per shard. Names the
+    /// limit, the reserve, the smallest limit that would do and how to raise it.
+    pub fn startup_refusal(&self, shard_count: u16) -> Option<String> {
+        if self.partitions_max > 0 && self.connections_per_shard_max > 0 {
+            return None;
+        }
+        let needed = open_file_limit_to_start(shard_count);
+        Some(format!(
+            "the open-file limit (RLIMIT_NOFILE) is {} but the server reserves {FD_RESERVE} \
+             descriptors for itself (listeners, io_uring rings, journal, logs) and needs at least \
+             {needed} in all to hold one partition and one client connection on each of its \
+             {shard_count} shards; raise it (`ulimit -n {needed}` or more in the shell that starts \
+             shardline, or `LimitNOFILE={needed}` in its systemd unit)",
+            self.open_file_limit
+        ))
+    }
+
     /// Why `partition_count` partitions do not fit the budget (`None` when they do): the limit,
     /// how it is derived, the open-file limit that would fit them and how to raise it. The create
     /// path refuses a topic with the first sentence; boot refuses a data directory with all of it.
@@ -48,13 +76,15 @@ impl ResourceBudget {
         }
         let open_file_limit_needed = open_file_limit_for_partitions(partition_count);
         Some(format!(
-            "the server would hold {partition_count} partitions, above its limit of {} (half of \
-             the open-file limit {} after a reserve of {FD_RESERVE} descriptors, two per \
-             partition); raise the open-file limit (ulimit -n) or use fewer partitions: \
-             {partition_count} partitions need an open-file limit of at least \
-             {open_file_limit_needed} (`ulimit -n {open_file_limit_needed}`, or \
+            "the server would hold {partition_count} partitions, above its limit of {} (the \
+             open-file limit {} leaves {} descriptors after a reserve of {FD_RESERVE}; half of \
+             them, two per partition, are for partitions); raise the open-file limit (ulimit -n) \
+             or use fewer partitions: {partition_count} partitions need an open-file limit of at \
+             least {open_file_limit_needed} (`ulimit -n {open_file_limit_needed}`, or \
              `LimitNOFILE={open_file_limit_needed}` in a systemd unit)",
-            self.partitions_max, self.open_file_limit,
+            self.partitions_max,
+            self.open_file_limit,
+            self.usable_fds(),
         ))
     }
 
@@ -84,6 +114,19 @@ impl ResourceBudget {
 pub fn open_file_limit_for_partitions(partition_count: u64) -> u64 {
     let partition_fds = partition_count * FDS_PER_PARTITION;
     FD_RESERVE + (partition_fds * 100).div_ceil(PARTITION_FD_SHARE_PERCENT)
+}
+
+/// The smallest open-file limit whose budget holds one partition and one client connection per
+/// shard (`ResourceBudget::startup_refusal`). The loop is bounded: a limit of
+/// `FD_RESERVE + 2 * (FDS_PER_PARTITION + shard_count)` always fits.
+pub fn open_file_limit_to_start(shard_count: u16) -> u64 {
+    let bound = FD_RESERVE + 2 * (FDS_PER_PARTITION + u64::from(shard_count.max(1)));
+    (FD_RESERVE..=bound)
+        .find(|&limit| {
+            let budget = ResourceBudget::from_open_file_limit(limit, shard_count);
+            budget.partitions_max > 0 && budget.connections_per_shard_max > 0
+        })
+        .unwrap_or(bound)
 }
 
 /// Raises the soft open-file limit to the hard one (what Kafka and Redpanda ask operators to do by
@@ -145,6 +188,60 @@ pub fn ignore_file_size_signal() -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// The largest file shardline writes under `config` (bytes): a metadata journal segment
+/// (`JOURNAL_SEGMENT_SIZE_MAX`), a partition segment (`--segment-size`), or a segment holding
+/// one entry larger than that (bounded by `--max-message-size`).
+pub fn file_size_needed(config: &crate::config::ServerConfig) -> u64 {
+    storage::limits::JOURNAL_SEGMENT_SIZE_MAX
+        .max(config.segment_size_max)
+        .max(u64::from(config.max_message_size))
+}
+
+/// The soft file-size limit (`RLIMIT_FSIZE`, bytes; `RLIM_INFINITY` when unlimited), or `None`
+/// if `getrlimit` fails.
+pub fn file_size_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the plain struct passed to it.
+    let result = unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &raw mut limit) };
+    (result == 0).then_some(limit.rlim_cur)
+}
+
+/// Raises the soft file-size limit to the hard one and refuses (`Err` with the message) when it
+/// is still below `file_size_needed`: a write past it fails with `EFBIG`, which freeing disk
+/// space never cures, so it is named at startup like the locked-memory and open-file limits.
+///
+/// # Errors
+/// The refusal: names `RLIMIT_FSIZE`, its value, what is needed and why, `ulimit -f` and
+/// `LimitFSIZE=`.
+pub fn check_file_size_limit(config: &crate::config::ServerConfig) -> Result<(), String> {
+    let Some(limit) = runtime::probe::raise_soft_limit_to_hard(libc::RLIMIT_FSIZE) else {
+        return Ok(());
+    };
+    let needed = file_size_needed(config);
+    if limit >= needed {
+        return Ok(());
+    }
+    Err(file_size_refusal(limit, needed, config))
+}
+
+fn file_size_refusal(limit: u64, needed: u64, config: &crate::config::ServerConfig) -> String {
+    format!(
+        "the file-size limit (RLIMIT_FSIZE) is {limit} bytes but shardline writes files of up to \
+         {needed} bytes (the larger of a {}-byte metadata journal segment, --segment-size {} and \
+         --max-message-size {}); a write past the limit fails with EFBIG, which freeing disk \
+         space does not cure: raise it (`ulimit -f unlimited`, or at least `ulimit -f {}` in \
+         1024-byte blocks, in the shell that starts shardline, or `LimitFSIZE=infinity` in its \
+         systemd unit)",
+        storage::limits::JOURNAL_SEGMENT_SIZE_MAX,
+        config.segment_size_max,
+        config.max_message_size,
+        needed.div_ceil(1024),
+    )
 }
 
 /// Why the data directory cannot be taken.
@@ -240,11 +337,55 @@ mod tests {
         let budget = ResourceBudget::from_open_file_limit(20_256, 2);
         assert_eq!(budget.partitions_max, 5_000);
         assert_eq!(budget.connections_per_shard_max, 5_000);
-        let tiny = ResourceBudget::from_open_file_limit(10, 4);
+        assert_eq!(budget.startup_refusal(2), None);
+    }
+
+    #[test]
+    fn issue7_review_6_no_floor_the_budget_is_what_the_limit_leaves() {
+        // `ulimit -n 300`: 44 descriptors after the reserve, 22 for partitions at two each.
+        let budget = ResourceBudget::from_open_file_limit(300, 1);
+        assert_eq!(
+            (budget.partitions_max, budget.connections_per_shard_max),
+            (11, 22)
+        );
+        assert_eq!(
+            budget.partitions_refusal(12).unwrap(),
+            "the server would hold 12 partitions, above its limit of 11 (the open-file limit 300 \
+             leaves 44 descriptors after a reserve of 256; half of them, two per partition, are \
+             for partitions); raise the open-file limit (ulimit -n) or use fewer partitions: 12 \
+             partitions need an open-file limit of at least 304 (`ulimit -n 304`, or \
+             `LimitNOFILE=304` in a systemd unit)"
+        );
+        // `ulimit -n 40`: nothing is left after the reserve, so the server refuses to start
+        // instead of promising partitions and connections it cannot open.
+        let tiny = ResourceBudget::from_open_file_limit(40, 1);
         assert_eq!(
             (tiny.partitions_max, tiny.connections_per_shard_max),
-            (16, 8)
+            (0, 0)
         );
+        assert_eq!(
+            tiny.startup_refusal(1).unwrap(),
+            "the open-file limit (RLIMIT_NOFILE) is 40 but the server reserves 256 descriptors for \
+             itself (listeners, io_uring rings, journal, logs) and needs at least 260 in all to \
+             hold one partition and one client connection on each of its 1 shards; raise it \
+             (`ulimit -n 260` or more in the shell that starts shardline, or `LimitNOFILE=260` in \
+             its systemd unit)"
+        );
+        for shard_count in [1u16, 2, 7, 64] {
+            let needed = open_file_limit_to_start(shard_count);
+            assert_eq!(
+                ResourceBudget::from_open_file_limit(needed, shard_count)
+                    .startup_refusal(shard_count),
+                None
+            );
+            assert!(
+                ResourceBudget::from_open_file_limit(needed - 1, shard_count)
+                    .startup_refusal(shard_count)
+                    .is_some()
+            );
+        }
+        // 127 usable: 63 for partitions (31 of them), 64 for connections (one per shard).
+        assert_eq!(open_file_limit_to_start(64), 256 + 127);
     }
 
     #[test]
@@ -255,16 +396,15 @@ mod tests {
         assert_eq!(budget.partitions_refusal(448), None);
         assert_eq!(
             budget.partitions_refusal(4000).unwrap(),
-            "the server would hold 4000 partitions, above its limit of 448 (half of the open-file \
-             limit 2048 after a reserve of 256 descriptors, two per partition); raise the \
-             open-file limit (ulimit -n) or use fewer partitions: 4000 partitions need an \
-             open-file limit of at least 16256 (`ulimit -n 16256`, or `LimitNOFILE=16256` in a \
-             systemd unit)"
+            "the server would hold 4000 partitions, above its limit of 448 (the open-file limit \
+             2048 leaves 1792 descriptors after a reserve of 256; half of them, two per \
+             partition, are for partitions); raise the open-file limit (ulimit -n) or use fewer \
+             partitions: 4000 partitions need an open-file limit of at least 16256 (`ulimit -n \
+             16256`, or `LimitNOFILE=16256` in a systemd unit)"
         );
-        // The limit named is enough, and one less is not (above the budget's floor of 64 usable
-        // descriptors, where any limit holds 16 partitions).
+        // The limit named is enough, and one less is not.
         assert_eq!(open_file_limit_for_partitions(1), 260);
-        for count in [448, 449, 4000, 12_345] {
+        for count in [1, 11, 12, 448, 449, 4000, 12_345] {
             let needed = open_file_limit_for_partitions(count);
             assert!(ResourceBudget::from_open_file_limit(needed, 2).partitions_max >= count);
             assert!(ResourceBudget::from_open_file_limit(needed - 1, 2).partitions_max < count);
@@ -284,6 +424,27 @@ mod tests {
             budget.fd_limit_refusal(),
             "the server is out of file descriptors (open-file limit 600); retry later, or raise \
              the open-file limit (ulimit -n / LimitNOFILE=)"
+        );
+    }
+
+    #[test]
+    fn issue7_review_3_a_file_size_limit_below_the_segment_size_is_named() {
+        let mut config = crate::config::ServerConfig::new(std::path::PathBuf::from("d"));
+        config.segment_size_max = 1 << 30;
+        assert_eq!(file_size_needed(&config), 1 << 30);
+        config.segment_size_max = 1 << 20;
+        assert_eq!(file_size_needed(&config), 64 << 20);
+        assert_eq!(
+            file_size_refusal(204_800, 64 << 20, &config),
+            format!(
+                "the file-size limit (RLIMIT_FSIZE) is 204800 bytes but shardline writes files of \
+                 up to 67108864 bytes (the larger of a 67108864-byte metadata journal segment, \
+                 --segment-size 1048576 and --max-message-size {}); a write past the limit fails \
+                 with EFBIG, which freeing disk space does not cure: raise it (`ulimit -f \
+                 unlimited`, or at least `ulimit -f 65536` in 1024-byte blocks, in the shell that \
+                 starts shardline, or `LimitFSIZE=infinity` in its systemd unit)",
+                config.max_message_size
+            )
         );
     }
 

@@ -42,11 +42,15 @@ pub enum ServerError {
     Topology(#[from] runtime::TopologyError),
     #[error(transparent)]
     IoUring(#[from] runtime::IoUringUnavailable),
-    #[error("data directory {path}: {source}")]
+    /// `--data-dir` or a directory inside it could not be created.
+    #[error("cannot create data directory {path}: {source}")]
     DataDir {
         path: String,
         source: std::io::Error,
     },
+    /// `--data-dir` names something that exists but is not a directory (a regular file).
+    #[error("--data-dir {path} is not a directory; choose a directory (it is created if missing)")]
+    DataDirNotDirectory { path: String },
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -135,6 +139,28 @@ impl RunningServer {
             }
         })?;
         crate::vsr::failpoint::check_env().map_err(ServerError::Startup)?;
+        // Before anything is written: a limit too small to serve refuses with nothing on disk.
+        let budget = ResourceBudget::from_open_file_limit(
+            resources::raise_open_file_limit(),
+            topology.shard_count(),
+        );
+        if let Some(refusal) = budget.startup_refusal(topology.shard_count()) {
+            return Err(ServerError::Startup(refusal));
+        }
+        resources::check_file_size_limit(&config).map_err(ServerError::Startup)?;
+        tracing::info!(
+            open_file_limit = budget.open_file_limit,
+            partitions_max = budget.partitions_max,
+            connections_per_shard_max = budget.connections_per_shard_max,
+            "resource budget"
+        );
+
+        // create_dir_all on a regular file fails with a bare EEXIST: name the problem instead.
+        if config.data_dir.exists() && !config.data_dir.is_dir() {
+            return Err(ServerError::DataDirNotDirectory {
+                path: config.data_dir.display().to_string(),
+            });
+        }
         std::fs::create_dir_all(&config.data_dir).map_err(|source| ServerError::DataDir {
             path: config.data_dir.display().to_string(),
             source,
@@ -161,17 +187,6 @@ impl RunningServer {
             path: partitions_dir.display().to_string(),
             source,
         })?;
-        let budget = ResourceBudget::from_open_file_limit(
-            resources::raise_open_file_limit(),
-            topology.shard_count(),
-        );
-        tracing::info!(
-            open_file_limit = budget.open_file_limit,
-            partitions_max = budget.partitions_max,
-            connections_per_shard_max = budget.connections_per_shard_max,
-            "resource budget"
-        );
-
         // Reserve the port (port 0 picks one) so every shard binds the same one with SO_REUSEPORT.
         // The reservation never listens, so it never takes a connection.
         let reservation = reuse_port_socket(listen).map_err(|source| ServerError::Listen {
@@ -422,8 +437,12 @@ async fn run_shard(
     let mut close_failed = false;
     if shard_id == ShardId(0) {
         // The final checkpoint: the next boot starts from this snapshot and replays nothing. A
-        // failure loses nothing (the journal holds every committed op) but is reported.
-        if let Err(e) = shard.checkpoint().await {
+        // failure loses nothing (the journal holds every committed op) but is reported; one
+        // refused for lack of space (a full disk at shutdown) is only warned about (in
+        // `Shard::checkpoint`) and the exit stays clean.
+        if let Err(e) = shard.checkpoint().await
+            && e.space_refused().is_none()
+        {
             tracing::error!(error = %e, "final checkpoint failed; the journal keeps every op");
             close_failed = true;
         }

@@ -25,6 +25,7 @@ use crate::metadata::{MetadataOp, MetadataState};
 use crate::producers::{ProducerTable, Verdict};
 use crate::resources::ResourceBudget;
 use crate::shard_for;
+use crate::unopened::{Begin, OpenFailure, UnopenedPartitions};
 use crate::vsr::Replica;
 use crate::vsr::client_table::Lookup;
 use crate::vsr::prepare::{PrepareBody, PrepareOperation};
@@ -40,9 +41,9 @@ type MetadataQueue = (
 struct MetadataAck {
     op_number: u64,
     remaining: u16,
-    /// Shards that could not apply the op, with why.
-    failures: Vec<String>,
-    done: TxOneshot<Vec<String>>,
+    /// Partitions the other shards could not open, with why.
+    failures: Vec<OpenFailure>,
+    done: TxOneshot<Vec<OpenFailure>>,
 }
 
 /// Per-shard state, shared by the tasks of this shard through `Rc`.
@@ -58,6 +59,9 @@ pub struct Shard {
     /// Idempotent producers of the partitions this shard owns (`producers.rs`), rebuilt from
     /// each log's tail on open (`RecoveryReport::producer_batches`).
     producers: RefCell<ProducerTable>,
+    /// Owned partitions that are committed but whose log failed to open; retried on each send
+    /// or poll to them (`Shard::owned_log`).
+    unopened: UnopenedPartitions,
     pending: RefCell<AHashMap<u64, TxOneshot<ShardReply>>>,
     request_id_next: Cell<u64>,
     /// Shard 0 only: metadata requests in arrival order, served one at a time.
@@ -249,12 +253,47 @@ fn verdict_reply(
             ),
         ),
     }
+    .with_ends(ends)
+}
+
+/// For a write refused with `EFBIG`: the file-size limit is the cause, not free space (the
+/// storage error's own text says "retry once space is freed", which never helps then). `None`
+/// for any other errno.
+fn file_size_limit_note(source: &std::io::Error) -> Option<String> {
+    if source.raw_os_error() != Some(libc::EFBIG) {
+        return None;
+    }
+    let limit = match crate::resources::file_size_limit() {
+        Some(bytes) if bytes == libc::RLIM_INFINITY => "unlimited now".to_owned(),
+        Some(bytes) => format!("{bytes} bytes"),
+        None => "unknown".to_owned(),
+    };
+    Some(format!(
+        "the file would pass the process's file-size limit (RLIMIT_FSIZE, {limit}); freeing \
+         disk space does not help: raise it (`ulimit -f unlimited`, or `LimitFSIZE=infinity` in \
+         the systemd unit) and restart the server"
+    ))
 }
 
 /// The reply to a metadata request whose prepare could not be made durable: `StorageFull`
 /// naming the journal when the write was refused for lack of space (rolled back; later changes
 /// succeed once space is freed), else `StorageFailure` (the journal is poisoned until restart).
 fn journal_failure(error: &storage::JournalError) -> ShardReply {
+    if let storage::JournalError::StorageFull {
+        path, op, source, ..
+    } = error
+        && let Some(note) = file_size_limit_note(source)
+    {
+        tracing::warn!(%error, "metadata journal write past the file-size limit; the change is not applied");
+        return ShardReply::error(
+            ErrorCode::StorageFull,
+            format!(
+                "metadata journal cannot grow, the change is not applied: {}: {op} failed: \
+                 {source}: {note}",
+                path.display()
+            ),
+        );
+    }
     if let storage::JournalError::StorageFull { .. } = error {
         tracing::warn!(%error, "metadata journal full; the change is not applied");
         return ShardReply::error(
@@ -277,6 +316,24 @@ fn journal_failure(error: &storage::JournalError) -> ShardReply {
 /// was refused for lack of space (rolled back; later sends succeed once space is freed), else
 /// `StorageFailure`.
 fn append_failure(shard: ShardId, namespace: Namespace, error: &storage::LogError) -> ShardReply {
+    if let storage::LogError::StorageFull {
+        path, op, source, ..
+    } = error
+        && let Some(note) = file_size_limit_note(source)
+    {
+        tracing::warn!(shard = shard.0, %namespace, %error, "partition write past the file-size limit; append refused");
+        return ShardReply::error(
+            ErrorCode::StorageFull,
+            format!(
+                "partition {namespace} (stream {}, topic {}, partition {}) cannot grow, nothing \
+                 was appended: {}: {op} failed: {source}: {note}",
+                namespace.stream_id(),
+                namespace.topic_id(),
+                namespace.partition_id(),
+                path.display()
+            ),
+        );
+    }
     if let storage::LogError::StorageFull { .. } = error {
         tracing::warn!(shard = shard.0, %namespace, %error, "partition storage full; append refused");
         return ShardReply::error(
@@ -322,6 +379,7 @@ impl Shard {
             metadata: RefCell::new(Arc::new(metadata)),
             partitions: RefCell::new(AHashMap::new()),
             producers: RefCell::new(ProducerTable::default()),
+            unopened: UnopenedPartitions::default(),
             pending: RefCell::new(AHashMap::new()),
             request_id_next: Cell::new(1),
             metadata_queue,
@@ -517,11 +575,9 @@ impl Shard {
                 offset,
                 max_count,
             } => {
-                let Some(log) = self.partitions.borrow().get(&namespace).cloned() else {
-                    return ShardReply::error(
-                        ErrorCode::PartitionNotFound,
-                        format!("partition {namespace} does not exist"),
-                    );
+                let log = match self.owned_log(namespace).await {
+                    Ok(log) => log,
+                    Err(reply) => return reply,
                 };
                 match log.read(offset, max_count, self.poll_bytes_max()).await {
                     Ok(batches) => {
@@ -573,6 +629,17 @@ impl Shard {
                     ShardReply::error(ErrorCode::ShuttingDown, "shard 0 is stopping")
                 })
             }
+            ShardRequest::Refuse {
+                namespace,
+                code,
+                message,
+            } => {
+                let reply = ShardReply::error(code, message);
+                match self.partitions.borrow().get(&namespace) {
+                    Some(log) => reply.with_ends(partition_ends(log)),
+                    None => reply,
+                }
+            }
             ShardRequest::PartitionOffsets => ShardReply::Offsets(
                 self.partitions
                     .borrow()
@@ -586,11 +653,9 @@ impl Shard {
     /// Appends a validated batch to the owned partition `namespace`: a stamped batch through the
     /// producer table (`send_idempotent`), a plain one directly.
     async fn send(&self, namespace: Namespace, batch: Vec<u8>) -> ShardReply {
-        let Some(log) = self.partitions.borrow().get(&namespace).cloned() else {
-            return ShardReply::error(
-                ErrorCode::PartitionNotFound,
-                format!("partition {namespace} does not exist"),
-            );
+        let log = match self.owned_log(namespace).await {
+            Ok(log) => log,
+            Err(reply) => return reply,
         };
         let header: bus::BatchHeader =
             bytemuck::pod_read_unaligned(&batch[..bus::BATCH_HEADER_SIZE]);
@@ -620,7 +685,7 @@ impl Shard {
                 message_count,
                 ends: partition_ends(log),
             },
-            Err(e) => append_failure(self.id, namespace, &e),
+            Err(e) => append_failure(self.id, namespace, &e).with_ends(partition_ends(log)),
         }
     }
 
@@ -683,6 +748,73 @@ impl Shard {
         }
         drop(producers);
         self.sent_reply(namespace, log, result, message_count)
+    }
+
+    /// The open log of the owned partition `namespace`. A committed partition whose open failed
+    /// earlier is opened again here, so it becomes usable once the cause (a full disk) is gone.
+    ///
+    /// # Errors
+    /// The reply to send: `PartitionNotFound` when this shard has no such partition, `Busy`
+    /// while another request opens it, the failed open's `StorageFull` or `StorageFailure`.
+    async fn owned_log(&self, namespace: Namespace) -> Result<Rc<PartitionLog>, ShardReply> {
+        if let Some(log) = self.partitions.borrow().get(&namespace).cloned() {
+            return Ok(log);
+        }
+        match self.unopened.begin(namespace) {
+            Begin::NotUnopened => {
+                return Err(ShardReply::error(
+                    ErrorCode::PartitionNotFound,
+                    format!("partition {namespace} does not exist"),
+                ));
+            }
+            Begin::InProgress => {
+                return Err(ShardReply::error(
+                    ErrorCode::Busy,
+                    format!(
+                        "partition {namespace} is being opened by another request; nothing was \
+                         applied, retry"
+                    ),
+                ));
+            }
+            Begin::Started => {}
+        }
+        let opened = PartitionLog::open(
+            &partition_dir(&self.config.data_dir, namespace),
+            self.log_config(),
+        )
+        .await;
+        let still_committed = self.unopened.end(namespace, opened.is_ok());
+        match opened {
+            Ok((log, report)) => {
+                if !still_committed {
+                    // Deleted while it was being opened: the log must not be served.
+                    let _ = log.close().await;
+                    return Err(self.missing_partition(namespace));
+                }
+                tracing::info!(shard = self.id.0, %namespace, next_offset = report.next_offset, "partition opened on retry");
+                Ok(self.insert_opened(namespace, log, &report))
+            }
+            Err(e) => {
+                let failure = OpenFailure::new(self.id.0, namespace, &e);
+                tracing::warn!(shard = self.id.0, %namespace, error = %e, "partition still cannot be opened");
+                Err(failure.reply())
+            }
+        }
+    }
+
+    /// Makes an opened log serve `namespace`: restores its producers and records it.
+    fn insert_opened(
+        &self,
+        namespace: Namespace,
+        log: PartitionLog,
+        report: &storage::RecoveryReport,
+    ) -> Rc<PartitionLog> {
+        self.restore_producers(namespace, &report.producer_batches);
+        let log = Rc::new(log);
+        self.partitions
+            .borrow_mut()
+            .insert(namespace, Rc::clone(&log));
+        log
     }
 
     /// Rebuilds the producer table of `namespace` from the stamped batches its log recovered.
@@ -779,24 +911,32 @@ impl Shard {
         }
     }
 
-    /// Shard 0: runs one checkpoint now (logged; a failure leaves the previous one valid).
+    /// Shard 0: runs one checkpoint now (logged; a failure leaves the previous one valid). A
+    /// checkpoint refused for lack of space is logged as a warning: the journal keeps every op.
     ///
     /// # Errors
-    /// The failed step, already logged.
-    pub async fn checkpoint(&self) -> Result<(), String> {
+    /// The failed step, already logged; `CheckpointError::space_refused` tells a refusal for
+    /// lack of space from other failures.
+    pub async fn checkpoint(&self) -> Result<(), crate::vsr::CheckpointError> {
         let replica = self.replica();
-        match replica.checkpoint(&self.metadata).await {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                tracing::error!(
-                    error = %e,
-                    checkpoint_op = replica.checkpoint_op(),
-                    "checkpoint failed; the previous checkpoint stays valid and the journal keeps \
-                     every op above it"
-                );
-                Err(e.to_string())
-            }
+        let Err(error) = replica.checkpoint(&self.metadata).await else {
+            return Ok(());
+        };
+        if let Some(path) = error.space_refused() {
+            tracing::warn!(
+                %error, path = %path.display(), checkpoint_op = replica.checkpoint_op(),
+                "checkpoint refused for lack of space; the previous checkpoint stays valid and the \
+                 journal keeps every op above it (boot replays them)"
+            );
+        } else {
+            tracing::error!(
+                %error,
+                checkpoint_op = replica.checkpoint_op(),
+                "checkpoint failed; the previous checkpoint stays valid and the journal keeps \
+                 every op above it"
+            );
         }
+        Err(error)
     }
 
     /// Shard 0: deduplicate through the client table, validate, create the directories of new
@@ -869,7 +1009,7 @@ impl Shard {
             };
             let partition_count_after = metadata.namespaces().len() as u64 + created.len() as u64;
             if let Some(refusal) = self.budget.partitions_refusal(partition_count_after) {
-                return ShardReply::error(ErrorCode::InvalidArgument, refusal);
+                return ShardReply::error(ErrorCode::ResourceExhausted, refusal);
             }
             created
         };
@@ -907,11 +1047,11 @@ impl Shard {
         let mut failures = Vec::new();
         // commit_min advances together with the state (a shutdown may cancel this task at the
         // partition opens below: a checkpoint must never see the state ahead of commit_min).
-        if let Err(e) = self
+        if let Err(local_failures) = self
             .apply_metadata(op_number, &op, || self.committed(op_number))
             .await
         {
-            failures.push(e);
+            failures.extend(local_failures);
         }
         if self.shard_count > 1 {
             let (done_tx, done_rx) = oneshot();
@@ -957,15 +1097,8 @@ impl Shard {
             remove_dir_all(dir).await;
         }
         if !failures.is_empty() {
-            tracing::error!(op_number, ?op, failures = ?failures, "metadata committed, but not every shard could apply it");
-            return ShardReply::error(
-                ErrorCode::StorageFailure,
-                format!(
-                    "the change is committed, but its partitions are not usable until the cause is fixed \
-                     and the server restarted: {}",
-                    failures.join("; ")
-                ),
-            );
+            tracing::error!(op_number, ?op, failures = ?failures, "metadata committed, but not every partition could be opened; each is retried on its next send or poll");
+            return crate::unopened::commit_reply(&failures);
         }
         tracing::info!(op_number, ?op, "metadata committed");
         ShardReply::MetadataDone
@@ -976,13 +1109,14 @@ impl Shard {
     /// it owns.
     ///
     /// # Errors
-    /// Partitions that could not be opened, each named with its cause; the op stays applied.
+    /// Partitions that could not be opened, each named with its cause; the op stays applied and
+    /// each is opened again on its next send or poll (`Shard::owned_log`).
     pub async fn apply_metadata(
         &self,
         op_number: u64,
         op: &MetadataOp,
         on_applied: impl FnOnce(),
-    ) -> Result<(), String> {
+    ) -> Result<(), Vec<OpenFailure>> {
         let namespaces: Vec<Namespace> = {
             let mut shared = self.metadata.borrow_mut();
             let metadata = Arc::make_mut(&mut shared);
@@ -998,13 +1132,12 @@ impl Shard {
                     let dir = partition_dir(&self.config.data_dir, namespace);
                     match PartitionLog::open(&dir, self.log_config()).await {
                         Ok((log, report)) => {
-                            self.restore_producers(namespace, &report.producer_batches);
-                            self.partitions.borrow_mut().insert(namespace, Rc::new(log));
+                            self.insert_opened(namespace, log, &report);
                         }
                         Err(e) => {
-                            tracing::error!(shard = self.id.0, %namespace, error = %e, "cannot open partition log");
-                            failures
-                                .push(format!("shard {}: partition {namespace}: {e}", self.id.0));
+                            tracing::error!(shard = self.id.0, %namespace, error = %e, "cannot open partition log; retried on its next send or poll");
+                            self.unopened.insert(namespace);
+                            failures.push(OpenFailure::new(self.id.0, namespace, &e));
                         }
                     }
                 }
@@ -1012,6 +1145,7 @@ impl Shard {
             MetadataOp::DeleteTopic { .. } | MetadataOp::DeleteStream { .. } => {
                 for namespace in namespaces {
                     let log = self.partitions.borrow_mut().remove(&namespace);
+                    self.unopened.remove(namespace);
                     self.producers.borrow_mut().remove_partition(namespace);
                     if let Some(log) = log
                         && let Err(e) = log.close().await
@@ -1026,7 +1160,7 @@ impl Shard {
         if failures.is_empty() {
             Ok(())
         } else {
-            Err(failures.join("; "))
+            Err(failures)
         }
     }
 
@@ -1049,9 +1183,20 @@ impl Shard {
                 .detach();
             }
             ShardFrame::MetadataApply { op_number, op } => {
-                let error = self.apply_metadata(op_number, &op, || {}).await.err();
+                let failures = self
+                    .apply_metadata(op_number, &op, || {})
+                    .await
+                    .err()
+                    .unwrap_or_default();
                 if let Err(e) = self
-                    .send_reliably(from, ShardFrame::MetadataApplied { op_number, error }, true)
+                    .send_reliably(
+                        from,
+                        ShardFrame::MetadataApplied {
+                            op_number,
+                            failures,
+                        },
+                        true,
+                    )
                     .await
                 {
                     tracing::warn!(shard = self.id.0, error = %e, "metadata ack to shard 0 dropped");
@@ -1072,11 +1217,14 @@ impl Shard {
                     reply_tx.send(reply);
                 }
             }
-            ShardFrame::MetadataApplied { op_number, error } => {
+            ShardFrame::MetadataApplied {
+                op_number,
+                failures,
+            } => {
                 let mut ack = self.metadata_ack.borrow_mut();
                 let finished = match ack.as_mut() {
                     Some(pending) if pending.op_number == op_number => {
-                        pending.failures.extend(error);
+                        pending.failures.extend(failures);
                         pending.remaining -= 1;
                         pending.remaining == 0
                     }

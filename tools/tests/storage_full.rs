@@ -61,6 +61,18 @@ impl TmpfsMount {
     }
 }
 
+impl TmpfsMount {
+    /// Changes the mount's options in place (`mount -o remount,OPTIONS`), e.g. more inodes.
+    fn remount(&self, options: &str) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,{options}")])
+            .arg(&self.dir)
+            .status()
+            .unwrap();
+        assert!(status.success(), "remount {options}: {status}");
+    }
+}
+
 impl Drop for TmpfsMount {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.dir).status();
@@ -69,7 +81,12 @@ impl Drop for TmpfsMount {
 
 /// Mounts the test's tmpfs, or prints why the test is skipped.
 fn mount_or_skip(test: &str) -> Option<TmpfsMount> {
-    match TmpfsMount::new(TMPFS_SIZE) {
+    mount_with_or_skip(test, TMPFS_SIZE)
+}
+
+/// Mounts a tmpfs of `options`, or prints why the test is skipped.
+fn mount_with_or_skip(test: &str, options: &str) -> Option<TmpfsMount> {
+    match TmpfsMount::new(options) {
         Ok(mount) => Some(mount),
         Err(why) => {
             eprintln!(
@@ -321,21 +338,81 @@ fn issue7_1_journal_full_then_space_recovers() {
     drop(mount);
 }
 
-/// A file-size limit (`RLIMIT_FSIZE`, `ulimit -f`) below the segment size: the write past it
-/// fails with EFBIG instead of SIGXFSZ killing the server (its default action, which a write from
-/// a process thread raises: `--io-driver poll`), and the refusal is a `StorageFull` like a full
-/// disk. Needs no mount.
+/// A file-size limit (`RLIMIT_FSIZE`, `ulimit -f`) below the largest file shardline writes
+/// refuses at startup, naming the limit, what is needed, `ulimit -f` and `LimitFSIZE=` (freeing
+/// disk space would never cure the EFBIG it causes). Needs no mount.
 #[test]
-fn issue7_1_file_size_limit_is_storage_full_not_a_kill() {
+fn issue7_1_file_size_limit_below_the_segment_size_refuses_at_startup() {
     const FILE_SIZE_LIMIT_BYTES: u64 = 48 * 1024;
     let dir = tempfile::tempdir().unwrap();
-    let command = with_rlimit(
+    let data_dir = dir.path().join("data");
+    let output = with_rlimit(
         Command::new(env!("CARGO_BIN_EXE_shardline")),
         libc::RLIMIT_FSIZE,
         FILE_SIZE_LIMIT_BYTES,
+    )
+    .args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--shards",
+        "1",
+        "--no-pin",
+    ])
+    .args(["--segment-size", "1048576", "--data-dir"])
+    .arg(&data_dir)
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr.lines().last(),
+        Some(
+            format!(
+                "error: startup failed: the file-size limit (RLIMIT_FSIZE) is 49152 bytes but \
+                 shardline writes files of up to 67108864 bytes (the larger of a 67108864-byte \
+                 metadata journal segment, --segment-size 1048576 and --max-message-size {}); a \
+                 write past the limit fails with EFBIG, which freeing disk space does not cure: \
+                 raise it (`ulimit -f unlimited`, or at least `ulimit -f 65536` in 1024-byte \
+                 blocks, in the shell that starts shardline, or `LimitFSIZE=infinity` in its \
+                 systemd unit)",
+                bus::limits::MESSAGE_SIZE_MAX_DEFAULT
+            )
+            .as_str()
+        ),
+        "{stderr}"
     );
-    let server = Server::start_with(
-        command,
+    assert!(!data_dir.exists(), "a refused start writes nothing");
+}
+
+/// Sets `RLIMIT_FSIZE` (soft and hard) of the running process `pid` (prlimit(2)).
+fn set_file_size_limit(pid: u32, bytes: u64) {
+    let limit = libc::rlimit {
+        rlim_cur: bytes,
+        rlim_max: bytes,
+    };
+    // SAFETY: prlimit reads the plain struct passed to it and writes no old value (null).
+    let result = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_FSIZE,
+            &raw const limit,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(result, 0, "prlimit: {}", std::io::Error::last_os_error());
+}
+
+/// The file-size limit lowered under a running server (prlimit, as an operator could): the
+/// write past it fails with EFBIG instead of SIGXFSZ killing the server (its default action,
+/// which a write from a thread of the process raises: `--io-driver poll`), the refusal is a
+/// `StorageFull` whose message names the file-size limit (not free space), nothing acknowledged
+/// is lost, and SIGTERM exits 0.
+#[test]
+fn issue7_1_file_size_limit_lowered_at_runtime_is_named_not_a_kill() {
+    const FILE_SIZE_LIMIT_BYTES: u64 = 48 * 1024;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(
         dir.path(),
         // The poll driver writes from a thread of the process, where SIGXFSZ's default action
         // would kill it (io_uring's kernel workers get no such signal).
@@ -351,10 +428,12 @@ fn issue7_1_file_size_limit_is_storage_full_not_a_kill() {
     );
     let namespace = Namespace::new(1, 1, 0);
     let addr = server.addr;
+    let pid = server.pid();
     let sent = block_on(async {
         let mut client = bus::Client::connect(addr).await.unwrap();
         client.create_stream(1, "capped").await.unwrap();
         client.create_topic(1, 1, "t", 1).await.unwrap();
+        set_file_size_limit(pid, FILE_SIZE_LIMIT_BYTES);
         let mut sent = Sent {
             acked_ids: Vec::new(),
             next_id: 0,
@@ -367,11 +446,27 @@ fn issue7_1_file_size_limit_is_storage_full_not_a_kill() {
             }
         }
         let refusal = refusal.expect("the file-size limit refused a send");
-        assert_storage_full(
-            &refusal,
-            "partition 1/1/0 (stream 1, topic 1, partition 0) is full",
+        let ClientError::Server { code, message } = &refusal else {
+            panic!("expected StorageFull, got {refusal}");
+        };
+        assert_eq!(*code, ErrorCode::StorageFull, "{message}");
+        assert!(
+            message.starts_with(
+                "partition 1/1/0 (stream 1, topic 1, partition 0) cannot grow, nothing was \
+                 appended: "
+            ),
+            "{message}"
         );
-        assert_storage_full(&refusal, "File too large");
+        assert!(
+            message.ends_with(
+                "failed: File too large (os error 27): the file would pass the process's \
+                 file-size limit (RLIMIT_FSIZE, 49152 bytes); freeing disk space does not help: \
+                 raise it (`ulimit -f unlimited`, or `LimitFSIZE=infinity` in the systemd unit) \
+                 and restart the server"
+            ),
+            "{message}"
+        );
+        assert!(!message.contains("bytes free"), "{message}");
         // 7 batches of 6,160 bytes (entry header, 4 messages of 32 + 1500) fit under 48 KiB;
         // the eighth would cross it.
         assert_eq!(sent.acked_ids.len(), 28);
@@ -385,5 +480,192 @@ fn issue7_1_file_size_limit_is_storage_full_not_a_kill() {
         sent
     });
     assert_eq!(server.stop(), Some(0), "SIGTERM after EFBIG exits 0");
-    assert!(!sent.acked_ids.is_empty());
+    assert_eq!(sent.acked_ids.len(), 28);
+}
+
+/// SIGTERM while the filesystem is still full: the final checkpoint's snapshot write is refused
+/// (ENOSPC), which loses nothing (the previous checkpoint stays valid, the journal keeps every
+/// op), so the server warns naming the file and exits 0; the next boot replays the journal.
+#[test]
+fn issue7_1_sigterm_with_the_disk_still_full_exits_0() {
+    let Some(mount) = mount_or_skip("issue7_1_sigterm_with_the_disk_still_full_exits_0") else {
+        return;
+    };
+    let namespace = Namespace::new(1, 1, 0);
+    let server = Server::start(&mount.dir, &SERVE_ARGS);
+    let addr = server.addr;
+    let (sent, filler) = block_on(async {
+        let mut client = bus::Client::connect(addr).await.unwrap();
+        client.create_stream(1, "full").await.unwrap();
+        client.create_topic(1, 1, "t", 1).await.unwrap();
+        let mut sent = Sent {
+            acked_ids: Vec::new(),
+            next_id: 0,
+        };
+        for _ in 0..3 {
+            sent.send(&mut client, namespace).await.unwrap();
+        }
+        (sent, fill(&mount.dir))
+    });
+    let stderr_log = server.stderr_log.clone();
+    assert_eq!(server.stop(), Some(0), "SIGTERM with the disk full");
+    let stderr = std::fs::read_to_string(&stderr_log).unwrap();
+    let warning = stderr
+        .lines()
+        .find(|line| line.contains("checkpoint refused for lack of space"))
+        .unwrap_or_else(|| panic!("no checkpoint warning in:\n{stderr}"));
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(warning.contains("snapshot.tmp"), "{warning}");
+    assert!(warning.contains("No space left on device"), "{warning}");
+    assert!(
+        warning.contains("the journal keeps every op above it"),
+        "{warning}"
+    );
+    assert!(!stderr.contains("final checkpoint failed"), "{stderr}");
+
+    std::fs::remove_file(&filler).unwrap();
+    let server = Server::start(&mount.dir, &SERVE_ARGS);
+    let addr = server.addr;
+    block_on(async {
+        let mut client = bus::Client::connect(addr).await.unwrap();
+        let metadata = client.get_metadata().await.unwrap();
+        assert_eq!(metadata.streams[0].topics[0].name, "t");
+        let read: Vec<u64> = read_all(&mut client, namespace)
+            .await
+            .into_iter()
+            .map(|(_, id, _)| id)
+            .collect();
+        assert_eq!(read, sent.acked_ids);
+    });
+    assert_eq!(server.stop(), Some(0));
+    drop(mount);
+}
+
+/// The partitions a `StorageFull` create reply names as not opened (`partition 1/2/4: `).
+fn unopened_partitions(message: &str, topic: &str) -> Vec<u16> {
+    let mut partitions: Vec<u16> = message
+        .split("partition ")
+        .skip(1)
+        .filter_map(|rest| rest.strip_prefix(topic))
+        .filter_map(|rest| rest.split(':').next()?.parse().ok())
+        .collect();
+    partitions.sort_unstable();
+    partitions.dedup();
+    partitions
+}
+
+/// Inodes run out while a topic's partitions are opened (after the change is committed): the
+/// create is answered `StorageFull` naming each partition not opened; a send to one of them is
+/// answered `StorageFull` while the filesystem is still full, and succeeds at offset 0 once
+/// inodes are added, without a restart.
+#[test]
+fn issue7_review_2_a_partition_not_opened_for_lack_of_inodes_opens_once_space_returns() {
+    let Some(mount) = mount_with_or_skip(
+        "issue7_review_2_a_partition_not_opened_for_lack_of_inodes_opens_once_space_returns",
+        "size=4m,nr_inodes=40",
+    ) else {
+        return;
+    };
+    let data_dir = mount.dir.join("d");
+    let serve_args = ["--shards", "2", "--no-pin", "--fsync=always"];
+    let server = Server::start(&data_dir, &serve_args);
+    let addr = server.addr;
+    block_on(async {
+        let mut client = bus::Client::connect(addr).await.unwrap();
+        client.create_stream(1, "s").await.unwrap();
+        client.create_topic(1, 1, "t", 8).await.unwrap();
+        let error = client.create_topic(1, 2, "u", 8).await.unwrap_err();
+        let ClientError::Server { code, message } = &error else {
+            panic!("expected StorageFull, got {error}");
+        };
+        assert_eq!(*code, ErrorCode::StorageFull, "{message}");
+        assert!(
+            message.starts_with("the change is committed, but "),
+            "{message}"
+        );
+        assert!(
+            message.ends_with(
+                "each is opened again on its next send or poll, which answers StorageFull until \
+                 the cause is fixed (free space, for StorageFull), then succeeds"
+            ),
+            "{message}"
+        );
+        let unopened = unopened_partitions(message, "1/2/");
+        assert!(!unopened.is_empty(), "{message}");
+        assert!(
+            message.contains(&format!("but {} of its partitions", unopened.len())),
+            "{message}"
+        );
+        let metadata = client.get_metadata().await.unwrap();
+        assert_eq!(metadata.streams[0].topics[1].partitions.len(), 8);
+
+        // Still full: each unopened partition answers StorageFull naming why.
+        for &partition in &unopened {
+            let namespace = Namespace::new(1, 2, partition);
+            let error = client
+                .send_messages(namespace, batch(0, 1, 10))
+                .await
+                .unwrap_err();
+            let ClientError::Server { code, message } = &error else {
+                panic!("expected StorageFull, got {error}");
+            };
+            assert_eq!(*code, ErrorCode::StorageFull, "{message}");
+            assert!(
+                message
+                    .starts_with("the partition is committed but its log cannot be opened: shard ")
+                    && message.contains(&format!("partition {namespace}: "))
+                    && message.contains("No space left on device")
+                    && message.ends_with(", here once space is freed)"),
+                "{message}"
+            );
+            let error = client.poll_messages(namespace, 0, 10).await.unwrap_err();
+            assert!(
+                matches!(
+                    error,
+                    ClientError::Server {
+                        code: ErrorCode::StorageFull,
+                        ..
+                    }
+                ),
+                "{error}"
+            );
+        }
+
+        mount.remount("nr_inodes=400");
+        for partition in 0..8u16 {
+            let namespace = Namespace::new(1, 2, partition);
+            let ack = client
+                .send_messages(namespace, batch(100 + u64::from(partition), 1, 10))
+                .await
+                .unwrap();
+            assert_eq!(ack.base_offset, 0, "partition {partition}");
+            let read = read_all(&mut client, namespace).await;
+            assert_eq!(
+                read,
+                vec![(
+                    0,
+                    100 + u64::from(partition),
+                    payload(100 + u64::from(partition), 10)
+                )]
+            );
+        }
+    });
+    assert_eq!(server.stop(), Some(0));
+
+    let server = Server::start(&data_dir, &serve_args);
+    let addr = server.addr;
+    block_on(async {
+        let mut client = bus::Client::connect(addr).await.unwrap();
+        for partition in 0..8u16 {
+            let namespace = Namespace::new(1, 2, partition);
+            let ids: Vec<u64> = read_all(&mut client, namespace)
+                .await
+                .into_iter()
+                .map(|(_, id, _)| id)
+                .collect();
+            assert_eq!(ids, vec![100 + u64::from(partition)]);
+        }
+    });
+    assert_eq!(server.stop(), Some(0));
+    drop(mount);
 }

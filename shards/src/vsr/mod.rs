@@ -42,6 +42,23 @@ pub enum CheckpointError {
     Encode,
 }
 
+impl CheckpointError {
+    /// The file whose write the filesystem refused for lack of space, quota or file size
+    /// (`ENOSPC`, `EDQUOT`, `EFBIG`: `storage::space::is_storage_full`), or `None` for any other
+    /// failure. Such a checkpoint changed nothing durable: the previous checkpoint stays valid and
+    /// the journal keeps every op above it, so the caller may warn and carry on.
+    pub fn space_refused(&self) -> Option<&std::path::Path> {
+        let (CheckpointError::Snapshot(storage::snapshot::SnapshotError::Io {
+            path, source, ..
+        })
+        | CheckpointError::Superblock(storage::SuperblockError::Io { path, source, .. })) = self
+        else {
+            return None;
+        };
+        storage::space::is_storage_full(source).then_some(path.as_path())
+    }
+}
+
 /// What one completed checkpoint did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CheckpointDone {

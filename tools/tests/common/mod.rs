@@ -188,3 +188,34 @@ pub fn with_rlimit(
     }
     command
 }
+
+/// Sends one SendMessages frame for `namespace` with `batch` as its body and the request
+/// header's `producer` and `sequence`, on a fresh connection; returns the reply header and body.
+pub fn raw_send(
+    addr: SocketAddr,
+    namespace: bus::Namespace,
+    producer: u64,
+    sequence: u64,
+    batch: &[u8],
+) -> (bus::Header, Vec<u8>) {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_mins(1)))
+        .unwrap();
+    let mut header = bus::Header::new(bus::Command::Request, bus::Operation::SendMessages);
+    header.namespace = namespace.0;
+    header.producer = producer;
+    header.sequence = sequence;
+    header.client = 0x7e57;
+    header.request = 1;
+    stream
+        .write_all(&bus::encode_frame(&mut header, batch))
+        .unwrap();
+    let mut head = [0u8; bus::HEADER_SIZE];
+    stream.read_exact(&mut head).unwrap();
+    let reply: bus::Header = bytemuck::pod_read_unaligned(&head);
+    let mut body = vec![0u8; reply.size as usize - bus::HEADER_SIZE];
+    stream.read_exact(&mut body).unwrap();
+    (reply, body)
+}
