@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use bus::{ErrorCode, Header, Operation};
-use common::{BIN, Server, block_on, with_rlimit};
+use common::{BIN, Server, block_on, set_process_rlimit, with_rlimit};
 
 /// How long a read may wait for an answer before the test gives up (not a timed assertion).
 const WAIT_MAX: Duration = Duration::from_mins(1);
@@ -254,6 +254,64 @@ fn issue7_review_6_an_open_file_limit_too_small_to_serve_refuses_at_startup() {
         "{stderr}"
     );
     assert!(!data_dir.exists(), "a refused start writes nothing");
+}
+
+/// Descriptors running out outside the budget (here: the limit lowered under the running server
+/// with prlimit, to a few above what it holds): a client is not left in the listen backlog; the
+/// spare descriptor lets the shard accept it, answer `ResourceExhausted` naming the limit, and
+/// close; once descriptors are free again, clients are served. (Without the spare descriptor the
+/// client would sit in the backlog: the read timeout in `ping_or_refusal` fails the test then.)
+#[test]
+fn issue7_2_clients_refused_at_the_open_file_limit_read_why() {
+    const SPARE_FD_COUNT: u64 = 3;
+    const CLIENT_COUNT_MAX: usize = 32;
+    let _serial = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(
+        with_rlimit(Command::new(BIN), libc::RLIMIT_NOFILE, 600),
+        &dir.path().join("data"),
+        &["--shards", "1"],
+    );
+    let open_fd_count = std::fs::read_dir(format!("/proc/{}/fd", server.pid()))
+        .unwrap()
+        .count() as u64;
+    set_process_rlimit(
+        server.pid(),
+        libc::RLIMIT_NOFILE,
+        open_fd_count + SPARE_FD_COUNT,
+    );
+    let mut admitted = Vec::new();
+    let mut refusal = None;
+    for _ in 0..CLIENT_COUNT_MAX {
+        match ping_or_refusal(server.addr) {
+            (stream, Ok(())) => admitted.push(stream),
+            (_, Err(refused)) => {
+                refusal = Some(refused);
+                break;
+            }
+        }
+    }
+    let (header, body) = refusal.expect("a client was refused at the descriptor limit");
+    assert_eq!(header.error_code, ErrorCode::ResourceExhausted as u32);
+    assert_eq!(
+        body,
+        "the server is out of file descriptors (open-file limit 600); retry later, or raise the \
+         open-file limit (ulimit -n / LimitNOFILE=)"
+    );
+    // One more than the spares at most: a descriptor the server held when they were counted (a
+    // startup file) may be closed by the time the clients come.
+    assert!(
+        admitted.len() as u64 <= SPARE_FD_COUNT + 1,
+        "{} clients admitted with {SPARE_FD_COUNT} spare descriptors",
+        admitted.len()
+    );
+    // Refused again while full; served once a connection closes.
+    assert!(ping_or_refusal(server.addr).1.is_err());
+    admitted.clear();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let (_stream, answer) = ping_or_refusal(server.addr);
+    assert_eq!(answer, Ok(()));
+    assert_eq!(server.stop(), Some(0));
 }
 
 #[test]

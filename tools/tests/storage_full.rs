@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use bus::{BatchBuilder, ClientError, ErrorCode, Namespace};
-use common::{Server, block_on, read_all, with_rlimit};
+use common::{Server, block_on, read_all, set_process_rlimit, with_rlimit};
 
 /// tmpfs size: a few segments of data plus the journal, superblock and snapshot.
 const TMPFS_SIZE: &str = "size=4m";
@@ -385,24 +385,6 @@ fn issue7_1_file_size_limit_below_the_segment_size_refuses_at_startup() {
     assert!(!data_dir.exists(), "a refused start writes nothing");
 }
 
-/// Sets `RLIMIT_FSIZE` (soft and hard) of the running process `pid` (prlimit(2)).
-fn set_file_size_limit(pid: u32, bytes: u64) {
-    let limit = libc::rlimit {
-        rlim_cur: bytes,
-        rlim_max: bytes,
-    };
-    // SAFETY: prlimit reads the plain struct passed to it and writes no old value (null).
-    let result = unsafe {
-        libc::prlimit(
-            pid as libc::pid_t,
-            libc::RLIMIT_FSIZE,
-            &raw const limit,
-            std::ptr::null_mut(),
-        )
-    };
-    assert_eq!(result, 0, "prlimit: {}", std::io::Error::last_os_error());
-}
-
 /// The file-size limit lowered under a running server (prlimit, as an operator could): the
 /// write past it fails with EFBIG instead of SIGXFSZ killing the server (its default action,
 /// which a write from a thread of the process raises: `--io-driver poll`), the refusal is a
@@ -433,7 +415,7 @@ fn issue7_1_file_size_limit_lowered_at_runtime_is_named_not_a_kill() {
         let mut client = bus::Client::connect(addr).await.unwrap();
         client.create_stream(1, "capped").await.unwrap();
         client.create_topic(1, 1, "t", 1).await.unwrap();
-        set_file_size_limit(pid, FILE_SIZE_LIMIT_BYTES);
+        set_process_rlimit(pid, libc::RLIMIT_FSIZE, FILE_SIZE_LIMIT_BYTES);
         let mut sent = Sent {
             acked_ids: Vec::new(),
             next_id: 0,

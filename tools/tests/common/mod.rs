@@ -219,3 +219,22 @@ pub fn raw_send(
     stream.read_exact(&mut body).unwrap();
     (reply, body)
 }
+
+/// Sets `resource` (soft and hard) of the running process `pid` to `limit` (prlimit(2)), as an
+/// operator could with `prlimit --pid`.
+pub fn set_process_rlimit(pid: u32, resource: libc::__rlimit_resource_t, limit: u64) {
+    let value = libc::rlimit {
+        rlim_cur: limit,
+        rlim_max: limit,
+    };
+    // SAFETY: prlimit reads the plain struct passed to it and writes no old value (null).
+    let result = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            resource,
+            &raw const value,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(result, 0, "prlimit: {}", std::io::Error::last_os_error());
+}
