@@ -4,6 +4,7 @@
 //! warning naming the file and why, never failing the open; a refused snapshot write rolls back
 //! like any write of a roll; at most two snapshots are kept.
 
+use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -293,7 +294,7 @@ impl tracing::field::Visit for LineVisitor {
         if field.name() == "message" {
             self.0.insert_str(0, &format!("{value:?}"));
         } else {
-            self.0.push_str(&format!(" {}={value:?}", field.name()));
+            write!(self.0, " {}={value:?}", field.name()).unwrap();
         }
     }
 

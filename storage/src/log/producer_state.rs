@@ -410,10 +410,14 @@ async fn remove_other_snapshots(dir: &Path, keep: &[u64]) -> BTreeSet<u64> {
         let path = dir.join(&name);
         match compio::fs::remove_file(&path).await {
             Ok(()) => {
-                tracing::debug!(file = %path.display(), "deleted an old producer-state snapshot")
+                tracing::debug!(file = %path.display(), "deleted an old producer-state snapshot");
             }
             Err(error) => {
-                tracing::warn!(file = %path.display(), %error, "cannot delete an old producer-state snapshot; left in place")
+                tracing::warn!(
+                    file = %path.display(),
+                    %error,
+                    "cannot delete an old producer-state snapshot; left in place"
+                );
             }
         }
     }
