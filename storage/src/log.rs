@@ -423,8 +423,8 @@ impl PartitionLog {
         &self.shared.dir
     }
 
-    /// The fault-injecting seam of this log (entry writes and segment fsyncs), for tests of the
-    /// failure paths; unarmed unless a caller arms it.
+    /// The fault-injecting seam of this log (entry writes, segment fsyncs and producer-state
+    /// snapshot writes), for tests of the failure paths; unarmed unless a caller arms it.
     pub fn fault_injector(&self) -> FaultInjector {
         self.shared.faults.clone()
     }

@@ -427,6 +427,7 @@ async fn remove_other_snapshots(dir: &Path, keep: &[u64]) -> BTreeSet<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn batch(producer: u64, sequence: u64, message_count: u32, base_offset: u64) -> ProducerBatch {
         ProducerBatch {
@@ -557,5 +558,58 @@ mod tests {
             producer_snapshot_path(Path::new("/d"), 42),
             PathBuf::from("/d/00000000000000000042.producers")
         );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512),
+                               base in any::<u64>()) {
+            let _ = ProducerStates::decode(&bytes, base);
+        }
+
+        #[test]
+        fn decode_never_panics_on_a_damaged_snapshot(
+            producers in proptest::collection::vec(1u64..6, 1..40),
+            position in any::<usize>(), value in any::<u8>()) {
+            let mut states = ProducerStates::default();
+            for (offset, producer) in producers.iter().enumerate() {
+                states.record(batch(*producer, offset as u64, 1, offset as u64));
+            }
+            let base = producers.len() as u64;
+            let mut bytes = states.encode(base);
+            let position = position % bytes.len();
+            bytes[position] = value;
+            let _ = ProducerStates::decode(&bytes, base);
+            bytes.truncate(position);
+            let _ = ProducerStates::decode(&bytes, base);
+        }
+
+        #[test]
+        fn encode_decode_round_trips_and_keeps_each_producers_last_window(
+            appends in proptest::collection::vec((1u64..12, 1u32..4), 0..200)) {
+            let mut states = ProducerStates::default();
+            let mut all: Vec<ProducerBatch> = Vec::new();
+            let mut offset = 0u64;
+            for (producer, message_count) in appends {
+                let sequence = all.iter().filter(|b| b.producer == producer).count() as u64;
+                let recorded = batch(producer, sequence, message_count, offset);
+                states.record(recorded);
+                all.push(recorded);
+                offset += u64::from(message_count);
+            }
+            let expected: Vec<ProducerBatch> = all
+                .iter()
+                .enumerate()
+                .filter(|(index, recorded)| {
+                    all[index + 1..].iter().filter(|later| later.producer == recorded.producer).count()
+                        < PRODUCER_WINDOW_BATCH_COUNT
+                })
+                .map(|(_, recorded)| *recorded)
+                .collect();
+            prop_assert_eq!(states.batches_in_log_order(), expected);
+            prop_assert_eq!(ProducerStates::decode(&states.encode(offset), offset), Ok(states));
+        }
     }
 }
