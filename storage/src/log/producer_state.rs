@@ -314,7 +314,7 @@ impl Reader<'_> {
 }
 
 /// What opening a log knows of its producers.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct RecoveredProducers {
     pub(crate) states: ProducerStates,
     /// Base offsets of the snapshot files left in the directory (the active segment's and the

@@ -90,14 +90,10 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
             index: SegmentIndex::empty(0),
         });
         report.segment_count = 1;
-        let producers = RecoveredProducers {
-            states: ProducerStates::default(),
-            snapshot_base_offsets: std::collections::BTreeSet::new(),
-        };
         return Ok(Recovered {
             segments,
             report,
-            producers,
+            producers: RecoveredProducers::default(),
         });
     };
 

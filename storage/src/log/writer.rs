@@ -1,6 +1,7 @@
 //! The single writer task of one log (group commit). It takes every queued append at once, writes
-//! them with vectored writes at the end of the active segment, rolls segments, fsyncs once per
-//! group under `FsyncPolicy::Always`, then acknowledges the group in offset order.
+//! them with vectored writes at the end of the active segment, rolls segments (writing each new
+//! segment's producer-state snapshot), fsyncs once per group under `FsyncPolicy::Always`, then
+//! acknowledges the group in offset order and adds its producer stamps to the log's state.
 //!
 //! It must never acknowledge an entry whose write (or required fsync) has not succeeded, and after
 //! a failed fsync or a failed write other than a full filesystem it must not write again: the log
@@ -232,31 +233,7 @@ async fn roll_back(shared: &Shared) -> Result<(), Failure> {
         .await?;
         deleted_any = true;
     }
-    let rolled_back_snapshots: Vec<u64> = {
-        let state = shared.state.borrow();
-        let active_base_offset = state.active().index.base_offset;
-        state
-            .producer_snapshot_base_offsets
-            .range((
-                std::ops::Bound::Excluded(active_base_offset),
-                std::ops::Bound::Unbounded,
-            ))
-            .copied()
-            .collect()
-    };
-    for base_offset in rolled_back_snapshots {
-        remove_if_present(
-            &producer_snapshot_path(&shared.dir, base_offset),
-            "delete the producer-state snapshot of a rolled-back segment",
-        )
-        .await?;
-        shared
-            .state
-            .borrow_mut()
-            .producer_snapshot_base_offsets
-            .remove(&base_offset);
-        deleted_any = true;
-    }
+    deleted_any |= remove_rolled_back_snapshots(shared).await?;
     if deleted_any {
         sync_dir(&shared.dir).await.map_err(|error| {
             Failure::new(
@@ -288,6 +265,37 @@ async fn roll_back(shared: &Shared) -> Result<(), Failure> {
     )
     .await?;
     Ok(())
+}
+
+/// Deletes the producer-state snapshots of segments past the (rolled-back) active one: written by
+/// a roll of the failed group, they may hold stamps of the entries being cut. Returns whether it
+/// deleted any (the caller fsyncs the directory).
+async fn remove_rolled_back_snapshots(shared: &Shared) -> Result<bool, Failure> {
+    let rolled_back: Vec<u64> = {
+        let state = shared.state.borrow();
+        let active_base_offset = state.active().index.base_offset;
+        state
+            .producer_snapshot_base_offsets
+            .range((
+                std::ops::Bound::Excluded(active_base_offset),
+                std::ops::Bound::Unbounded,
+            ))
+            .copied()
+            .collect()
+    };
+    for &base_offset in &rolled_back {
+        remove_if_present(
+            &producer_snapshot_path(&shared.dir, base_offset),
+            "delete the producer-state snapshot of a rolled-back segment",
+        )
+        .await?;
+        shared
+            .state
+            .borrow_mut()
+            .producer_snapshot_base_offsets
+            .remove(&base_offset);
+    }
+    Ok(!rolled_back.is_empty())
 }
 
 /// Deletes `path`; a missing file is not an error.
