@@ -4,8 +4,8 @@
 //! appended twice, and a batch that skips sequence numbers is refused.
 //!
 //! Rules for a batch of producer `p` with sequence `s` and `n` messages in a partition:
-//! - `p` unknown here (never seen, evicted from the full table, or its last batch is older than
-//!   what recovery scans): appended, whatever `s` (a new session starts at 0; a non-zero `s` is a
+//! - `p` unknown here (never seen, or evicted from the full table or from the log's producer
+//!   state): appended, whatever `s` (a new session starts at 0; a non-zero `s` is a
 //!   producer this shard no longer remembers, and refusing it would block that producer for good).
 //! - `s` is the next expected sequence (end of the last remembered batch): appended.
 //! - `s`, `n` equal a remembered batch: a duplicate, answered with its base offset (or `Busy`
@@ -26,6 +26,13 @@ use bus::Namespace;
 use storage::ProducerBatch;
 
 use crate::limits::{PRODUCER_STATE_COUNT_MAX, PRODUCER_WINDOW_BATCH_COUNT};
+
+// After a restart the table is rebuilt from what the log's producer state kept (its snapshot at
+// the last roll plus the active segment): a log that kept a smaller window, or fewer producers
+// than one partition may have here, would forget across a restart batches the running server
+// answered resends of.
+const _: () = assert!(PRODUCER_WINDOW_BATCH_COUNT <= storage::limits::PRODUCER_WINDOW_BATCH_COUNT);
+const _: () = assert!(PRODUCER_STATE_COUNT_MAX <= storage::limits::PRODUCER_STATE_COUNT_MAX);
 
 /// One remembered batch of a producer in a partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -261,8 +268,10 @@ impl ProducerTable {
         });
     }
 
-    /// Rebuilds the states of `namespace` from the stamped batches recovery found in its log, in
-    /// log order. Returns how many states were evicted to make room.
+    /// Rebuilds the states of `namespace` from the stamped batches recovery found in its log
+    /// (`RecoveryReport::producer_batches`: each producer's last batches, from the active
+    /// segment's producer-state snapshot and the active segment), in log order. Returns how many
+    /// states were evicted to make room.
     pub fn restore(&mut self, namespace: Namespace, batches: &[ProducerBatch]) -> usize {
         batches
             .iter()

@@ -18,6 +18,10 @@ pub enum FaultOp {
     Write,
     /// An `fdatasync` of a segment.
     Fsync,
+    /// The write of a partition log's producer-state snapshot at a segment roll (a derived file;
+    /// a separate kind so that arming it does not shift the count of entry writes). An injected
+    /// fault writes nothing.
+    ProducerSnapshotWrite,
 }
 
 #[derive(Debug, Default)]

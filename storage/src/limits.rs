@@ -35,16 +35,29 @@ pub const APPEND_QUEUE_ENTRY_COUNT_MAX: usize = 16 * 1024;
 /// entries, enough to keep a disk busy while bounding memory per partition.
 pub const APPEND_QUEUE_BYTES_MAX: usize = 4 * ENTRY_SIZE_MAX as usize;
 
-/// Stamped batches (idempotent producers) that opening a log reports from its tail (the last
-/// segment and the end of the one before), the most recent ones: 64 Ki x 32 bytes = 2 MiB per log at most, held while the owner shard folds
-/// them into its producer table. A producer whose last batch is older than these is not
-/// remembered after a restart (its next batch is taken as a first batch).
-pub const RECOVERED_PRODUCER_BATCH_COUNT_MAX: usize = 64 * 1024;
+/// Batches remembered per idempotent producer in one log's producer state (`log/producer_state.rs`)
+/// and its snapshots: the owner shard's window (`shards` `PRODUCER_WINDOW_BATCH_COUNT`, the 5 of
+/// Kafka's `max.in.flight.requests.per.connection` with idempotence) must not be larger, or a
+/// restart would forget batches the running server answered resends of.
+pub const PRODUCER_WINDOW_BATCH_COUNT: usize = 5;
+/// Producers one log's producer state holds; one more evicts the least recently appended (its
+/// next batch after a restart is then taken as a first batch). Equal to the owner shard's table
+/// (`shards` `PRODUCER_STATE_COUNT_MAX` producer-partition pairs per shard), so a partition never
+/// forgets across a restart a producer its shard could still hold. About 250 bytes per producer
+/// (window, map and order entries): 8 MiB per log at most, reached only with that many producers;
+/// a snapshot file is at most 32 + 32 Ki x (16 + 5 x 24) bytes, about 4.3 MiB.
+pub const PRODUCER_STATE_COUNT_MAX: usize = 32 * 1024;
+
+/// Stamped batches that opening a log reports (`RecoveryReport::producer_batches`): the whole
+/// producer state, 160 Ki x 32 bytes = 5 MiB per log at most, held while the owner shard folds
+/// them into its producer table.
+pub const RECOVERED_PRODUCER_BATCH_COUNT_MAX: usize =
+    PRODUCER_STATE_COUNT_MAX * PRODUCER_WINDOW_BATCH_COUNT;
 
 /// Bytes at the end of the segment before the last one that opening a log reads for producer
-/// stamps (whole entries starting in this range, or the last entry alone if it is larger), so a
-/// producer whose last batches were appended just before a roll is still remembered after a
-/// restart. One read per log at open; small next to the scan of the whole last segment.
+/// stamps when the active segment's producer-state snapshot is missing or damaged (the fallback;
+/// whole entries starting in this range, or the last entry alone if it is larger). One read per
+/// log at open, only then; small next to the scan of the whole last segment.
 pub const RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES: u64 = 1 << 20;
 
 const _: () = assert!(ENTRY_SIZE_MAX as usize > ENTRY_HEADER_SIZE);

@@ -1,5 +1,6 @@
-//! A partition's append-only log: segment files `{base_offset:020}.log` plus offset index, append
-//! through `io_uring`, reads by offset, torn tail truncated on open, fsync policy with group commit.
+//! A partition's append-only log: segment files `{base_offset:020}.log` plus offset index and
+//! producer-state snapshot, append through `io_uring`, reads by offset, torn tail truncated on
+//! open, fsync policy with group commit.
 //!
 //! One `PartitionLog` is owned by one shard and is `!Send`: its writer task runs on the runtime that
 //! opened it. It must never acknowledge an entry before it is written (and fsynced under
@@ -12,6 +13,7 @@
 
 mod completion;
 mod index;
+mod producer_state;
 mod recovery;
 pub mod verify;
 mod writer;
@@ -100,10 +102,13 @@ pub struct RecoveryReport {
     /// Segments whose entries were read and checked on open: always the last one, plus each closed
     /// segment whose index file was missing or did not verify (its index is rewritten).
     pub scanned_segment_count: u32,
-    /// Stamped batches of idempotent producers in the last segment and the last
-    /// `RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES` of the one before, in log order (the last
-    /// `RECOVERED_PRODUCER_BATCH_COUNT_MAX` of them): the owner shard rebuilds its producer table
-    /// from these (`storage/FORMAT.md` section 3, "Producer stamp").
+    /// The last `PRODUCER_WINDOW_BATCH_COUNT` stamped batches of each idempotent producer of the
+    /// log (at most `PRODUCER_STATE_COUNT_MAX` producers, the most recently appended), in log
+    /// order: from the active segment's producer-state snapshot plus the stamps in the active
+    /// segment, or, when that snapshot is missing or damaged (logged), from the stamps in the
+    /// active segment and the last `RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES` of the one before.
+    /// The owner shard rebuilds its producer table from these (`storage/FORMAT.md` section 3,
+    /// "Producer stamp", and section 3a).
     pub producer_batches: Vec<crate::entry::ProducerBatch>,
 }
 
@@ -262,6 +267,11 @@ struct State {
     dirty: bool,
     last_sync_at: Instant,
     fsync_count: u64,
+    /// Every idempotent producer's last batches among the acknowledged entries; written as the
+    /// new segment's snapshot at each roll.
+    producers: producer_state::ProducerStates,
+    /// Base offsets of the producer-state snapshot files in the directory.
+    producer_snapshot_base_offsets: std::collections::BTreeSet<u64>,
 }
 
 impl State {
@@ -378,6 +388,8 @@ impl PartitionLog {
             dirty: false,
             last_sync_at: Instant::now(),
             fsync_count: 0,
+            producers: recovered.producers.states,
+            producer_snapshot_base_offsets: recovered.producers.snapshot_base_offsets,
         };
         let shared = Rc::new(Shared {
             dir: dir.to_path_buf(),
@@ -411,8 +423,8 @@ impl PartitionLog {
         &self.shared.dir
     }
 
-    /// The fault-injecting seam of this log (entry writes and segment fsyncs), for tests of the
-    /// failure paths; unarmed unless a caller arms it.
+    /// The fault-injecting seam of this log (entry writes, segment fsyncs and producer-state
+    /// snapshot writes), for tests of the failure paths; unarmed unless a caller arms it.
     pub fn fault_injector(&self) -> FaultInjector {
         self.shared.faults.clone()
     }

@@ -1,7 +1,7 @@
-//! Issue 7 item 5: opening a log reports the producer stamps of the last segment's entries (and of
-//! the tail of the segment before it), so the
-//! owner shard can rebuild its idempotent-producer table after a restart (`storage/FORMAT.md`
-//! section 3, "Producer stamp").
+//! Issue 7 item 5: opening a log reports every producer's last stamped batches (from the active
+//! segment's producer-state snapshot and the active segment's entries), so the owner shard can
+//! rebuild its idempotent-producer table after a restart (`storage/FORMAT.md` section 3,
+//! "Producer stamp"). The snapshot files themselves are tested in `producer_snapshots.rs`.
 
 use std::path::Path;
 
@@ -98,43 +98,21 @@ fn issue7_5_a_torn_stamped_entry_is_not_reported() {
 }
 
 #[test]
-fn issue7_5_the_last_segment_and_the_tail_of_the_one_before_are_scanned() {
+fn issue7_5_producers_of_every_earlier_segment_are_recovered() {
     let dir = tempfile::tempdir().unwrap();
     // Each entry is 32 + 32 + 10 + 16 = 90 bytes: a 100-byte segment holds one.
     block_on(async {
         let (log, _) = PartitionLog::open(dir.path(), config(100)).await.unwrap();
         append(&log, Some((7, 0)), 1).await;
         append(&log, Some((8, 0)), 2).await;
+        append(&log, None, 1).await;
+        append(&log, None, 1).await;
         append(&log, Some((9, 5)), 1).await;
         log.close().await.unwrap();
-        // Segments 0, 1 and 3: the first is not read for stamps.
+        // Segments 0, 1, 3, 4 and 5: producer 7 is three segments before the active one.
         assert_eq!(
             reopen(dir.path(), 100).await,
-            vec![batch(8, 0, 2, 1), batch(9, 5, 1, 3)]
-        );
-    });
-}
-
-#[test]
-fn issue7_5_only_the_last_mebibyte_of_the_previous_segment_is_read() {
-    let dir = tempfile::tempdir().unwrap();
-    let segment_size_max = 3 << 20;
-    block_on(async {
-        let (log, _) = PartitionLog::open(dir.path(), config(segment_size_max))
-            .await
-            .unwrap();
-        // Entries of 32 + 32 + 600_000 + 16 bytes: five fill the first segment (3_000_400
-        // bytes), the sixth rolls. The last MiB of the first segment starts at 1_954_752,
-        // so only its fifth entry (at 2_400_320) starts there.
-        for sequence in 0..6 {
-            log.append(build_entry(0, 1, &payload(Some((7, sequence)), 600_000)))
-                .await
-                .unwrap();
-        }
-        log.close().await.unwrap();
-        assert_eq!(
-            reopen(dir.path(), segment_size_max).await,
-            vec![batch(7, 4, 1, 4), batch(7, 5, 1, 5)]
+            vec![batch(7, 0, 1, 0), batch(8, 0, 2, 1), batch(9, 5, 1, 5)]
         );
     });
 }

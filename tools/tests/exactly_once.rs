@@ -264,6 +264,94 @@ fn issue7_5_producer_state_is_recovered_from_the_log_after_restart() {
     }
 }
 
+/// The adversarial case of issue 7 item 5 (`adv_dedup`): producer A's batch, then another
+/// producer fills three 4 KiB segments. Before the restart the resend of A's batch is a
+/// duplicate; after kill -9 and a restart it must still be one, though A's batch lies three
+/// segments before the active one: the active segment's producer-state snapshot remembers it.
+#[test]
+fn issue7_5_resend_after_restart_is_deduplicated_across_segment_rolls() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let serve_args: Vec<&str> = SERVE_ARGS
+        .iter()
+        .chain(&["--segment-size", "4096"])
+        .copied()
+        .collect();
+    let server = Server::start(&data_dir, &serve_args);
+    create_topic(server.addr, 1);
+    let first = stamped(stamp(0xA, 0), &["A0"]);
+    let filler = "b".repeat(400);
+    block_on(async {
+        let mut client = Client::connect(server.addr).await.unwrap();
+        let ack = client
+            .send_stamped(PARTITION, first.clone(), stamp(0xA, 0))
+            .await
+            .unwrap();
+        assert_eq!(ack.base_offset, 0);
+        let mut producer = Producer::new(Client::connect(server.addr).await.unwrap());
+        for index in 0..30u64 {
+            let mut builder = BatchBuilder::default();
+            builder.push(index, 0, filler.as_bytes());
+            let ack = producer.send(PARTITION, builder).await.unwrap();
+            assert_eq!(ack.base_offset, 1 + index);
+        }
+        let again = client
+            .send_stamped(PARTITION, first.clone(), stamp(0xA, 0))
+            .await
+            .unwrap();
+        assert_eq!((again.base_offset, again.message_count), (0, 1));
+    });
+    server.kill9();
+    let partition_dir = data_dir.join("partitions/1/1/0");
+    let segment_count = std::fs::read_dir(&partition_dir)
+        .unwrap()
+        .filter(|entry| {
+            entry
+                .as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|extension| extension == "log")
+        })
+        .count();
+    assert!(
+        segment_count >= 4,
+        "the filler rolled the log at least three times: {segment_count} segments"
+    );
+    let server = Server::start(&data_dir, &serve_args);
+    block_on(async {
+        let mut client = Client::connect(server.addr).await.unwrap();
+        let again = client
+            .send_stamped(PARTITION, first, stamp(0xA, 0))
+            .await
+            .unwrap();
+        assert_eq!((again.base_offset, again.message_count), (0, 1));
+        let next = client
+            .send_stamped(PARTITION, stamped(stamp(0xA, 1), &["A1"]), stamp(0xA, 1))
+            .await
+            .unwrap();
+        assert_eq!(next.base_offset, 31);
+        let stored = payloads(&mut client, PARTITION).await;
+        assert_eq!(stored.len(), 32);
+        assert_eq!(stored.iter().filter(|payload| *payload == "A0").count(), 1);
+        assert_eq!(stored[0], "A0");
+        assert_eq!(stored[31], "A1");
+    });
+    assert_eq!(server.stop(), Some(0));
+    // The snapshot files are the log's own: `inspect segment` reports no damage beside them.
+    let output = Command::new(BIN)
+        .args(["inspect", "segment"])
+        .arg(&partition_dir)
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+}
+
 /// The same stamped batch sent on two connections at once (two shards may route it): the owner
 /// shard checks and enqueues in one step, so it is appended once and both senders get its offset
 /// (one of them possibly after a `Busy` while the first append is in flight, which the client

@@ -9,6 +9,7 @@ use compio::BufResult;
 use compio::fs::{File, OpenOptions};
 
 use super::index::SegmentIndex;
+use super::producer_state::{ProducerStates, RecoveredProducers, recover_producers};
 use super::verify::{check_entry_header, check_entry_payload};
 use super::{LogError, RecoveryReport, Segment};
 use crate::durable::{
@@ -18,9 +19,7 @@ use crate::durable::{
 use crate::entry::{
     ENTRY_HEADER_SIZE, EntryHeader, ProducerBatch, payload_checksum, producer_stamp,
 };
-use crate::limits::{
-    RECOVERED_PRODUCER_BATCH_COUNT_MAX, RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES, SCAN_CHUNK_BYTES,
-};
+use crate::limits::{RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES, SCAN_CHUNK_BYTES};
 
 /// `{base_offset:020}.log` in `dir`.
 pub(super) fn segment_path(dir: &Path, base_offset: u64) -> PathBuf {
@@ -62,6 +61,8 @@ fn durable_error(error: DurableError) -> LogError {
 pub(super) struct Recovered {
     pub(super) segments: Vec<Segment>,
     pub(super) report: RecoveryReport,
+    /// The producer state at the end of the log, and the snapshot files kept.
+    pub(super) producers: RecoveredProducers,
 }
 
 pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
@@ -89,7 +90,11 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
             index: SegmentIndex::empty(0),
         });
         report.segment_count = 1;
-        return Ok(Recovered { segments, report });
+        return Ok(Recovered {
+            segments,
+            report,
+            producers: RecoveredProducers::default(),
+        });
     };
 
     check_starts_at_zero(dir, base_offsets[0])?;
@@ -106,25 +111,27 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
 
     let path = segment_path(dir, last_base_offset);
     check_follows(&path, last_base_offset, expected_base_offset)?;
-    let mut producer_batches = match segments.last() {
-        Some(previous) => previous_segment_stamps(previous).await?,
-        None => Vec::new(),
-    };
     let (segment, truncated_bytes, last_producer_batches) =
         open_last_segment(path, last_base_offset).await?;
     report.scanned_segment_count += 1;
-    producer_batches.extend(last_producer_batches);
-    let excess = producer_batches
-        .len()
-        .saturating_sub(RECOVERED_PRODUCER_BATCH_COUNT_MAX);
-    producer_batches.drain(..excess);
-    report.producer_batches = producer_batches;
+    let producers = recover_producers(
+        dir,
+        segments.last(),
+        last_base_offset,
+        last_producer_batches,
+    )
+    .await?;
+    report.producer_batches = producers.states.batches_in_log_order();
     report.truncated_bytes = truncated_bytes;
     report.entry_count += segment.index.rows.len() as u64;
     report.next_offset = segment.index.end_offset;
     segments.push(segment);
     report.segment_count = segments.len() as u32;
-    Ok(Recovered { segments, report })
+    Ok(Recovered {
+        segments,
+        report,
+        producers,
+    })
 }
 
 /// Creates the partition directory durably (see `durable::create_dir_durable`).
@@ -241,9 +248,12 @@ async fn open_closed_segment(
 }
 
 /// The producer stamps of the entries in the last `RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES` of a
-/// closed segment (the one before the last), found through its index with one read. An entry
+/// closed segment (the one before the last), found through its index with one read, in log
+/// order: the fallback when the active segment's producer-state snapshot is not usable. An entry
 /// whose bytes do not check out is skipped with a warning: reads report it as damage.
-async fn previous_segment_stamps(segment: &Segment) -> Result<Vec<ProducerBatch>, LogError> {
+pub(super) async fn previous_segment_stamps(
+    segment: &Segment,
+) -> Result<Vec<ProducerBatch>, LogError> {
     let index = &segment.index;
     let tail_start = index
         .size_bytes
@@ -355,14 +365,14 @@ struct Scan {
     /// Every valid entry before the first invalid one.
     index: SegmentIndex,
     invalid: Option<Invalid>,
-    /// The last `RECOVERED_PRODUCER_BATCH_COUNT_MAX` stamped entries among the valid ones.
-    producer_batches: std::collections::VecDeque<ProducerBatch>,
+    /// The producer state of the valid entries' stamps (bounded per producer and in producers).
+    producer_batches: ProducerStates,
 }
 
 /// Reads a segment entry by entry, checking each: the header fits, the entry is at most
 /// `ENTRY_SIZE_MAX`, `message_count >= 1`, `base_offset` is the next expected offset, the payload
 /// fits, and its XXH3-64 equals the header's checksum. Stops at the first entry that fails.
-/// Keeps the producer stamps of the last valid entries (bounded).
+/// Folds the producer stamps of the valid entries into a bounded producer state.
 async fn scan_segment(
     file: &File,
     path: &Path,
@@ -370,7 +380,7 @@ async fn scan_segment(
     size_bytes: u64,
 ) -> Result<Scan, LogError> {
     let mut index = SegmentIndex::empty(base_offset);
-    let mut producer_batches = std::collections::VecDeque::new();
+    let mut producer_batches = ProducerStates::default();
     let mut reader = ChunkReader {
         file,
         size_bytes,
@@ -406,10 +416,7 @@ async fn scan_segment(
             break invalid(reason);
         }
         if let Some((producer, sequence)) = producer_stamp(payload) {
-            if producer_batches.len() == RECOVERED_PRODUCER_BATCH_COUNT_MAX {
-                producer_batches.pop_front();
-            }
-            producer_batches.push_back(ProducerBatch {
+            producer_batches.record(ProducerBatch {
                 producer,
                 sequence,
                 message_count: header.message_count,

@@ -1,6 +1,7 @@
 //! The single writer task of one log (group commit). It takes every queued append at once, writes
-//! them with vectored writes at the end of the active segment, rolls segments, fsyncs once per
-//! group under `FsyncPolicy::Always`, then acknowledges the group in offset order.
+//! them with vectored writes at the end of the active segment, rolls segments (writing each new
+//! segment's producer-state snapshot), fsyncs once per group under `FsyncPolicy::Always`, then
+//! acknowledges the group in offset order and adds its producer stamps to the log's state.
 //!
 //! It must never acknowledge an entry whose write (or required fsync) has not succeeded, and after
 //! a failed fsync or a failed write other than a full filesystem it must not write again: the log
@@ -18,9 +19,11 @@ use compio::fs::{File, OpenOptions};
 use compio::io::AsyncWriteAtExt;
 
 use super::completion::Completion;
+use super::producer_state::producer_snapshot_path;
 use super::recovery::{index_path, segment_path};
 use super::{Failure, FsyncPolicy, LogError, PendingAppend, Segment, Shared};
 use crate::durable::{DurableError, durable_replace, sync_dir};
+use crate::entry::{ENTRY_HEADER_SIZE, ProducerBatch, producer_stamp};
 use crate::fault::FaultOp;
 use crate::limits::WRITE_IOVEC_COUNT_MAX;
 use crate::space::{FreeBytes, free_bytes};
@@ -80,7 +83,16 @@ async fn process_group(
     let sync_required = shared.config.fsync == FsyncPolicy::Always || !syncs.is_empty();
     let mut completions = Vec::with_capacity(appends.len());
     let mut entries = Vec::with_capacity(appends.len());
+    let mut stamps = Vec::new();
     for append in appends {
+        if let Some((producer, sequence)) = producer_stamp(&append.entry[ENTRY_HEADER_SIZE..]) {
+            stamps.push(ProducerBatch {
+                producer,
+                sequence,
+                message_count: append.message_count,
+                base_offset: append.base_offset,
+            });
+        }
         completions.push((append.base_offset, append.completion));
         entries.push(Entry {
             base_offset: append.base_offset,
@@ -89,7 +101,7 @@ async fn process_group(
         });
     }
     let written_end_offset = entries.last().map(Entry::end_offset);
-    match write_group(shared, entries, sync_required).await {
+    match write_group(shared, entries, &stamps, sync_required).await {
         Ok(()) => {
             if let Some(end_offset) = written_end_offset {
                 let mut state = shared.state.borrow_mut();
@@ -98,6 +110,9 @@ async fn process_group(
                     "groups are acknowledged in order"
                 );
                 state.acked_offset = end_offset;
+                for stamp in stamps {
+                    state.producers.record(stamp);
+                }
             }
             for (base_offset, completion) in completions {
                 completion.complete(Ok(base_offset));
@@ -188,8 +203,10 @@ async fn recover_from_full(
 }
 
 /// Returns the files and the in-memory index to the acknowledged end: deletes the segments a roll
-/// of the failed group created (newest first, then one directory fsync, so a crash can never
-/// leave a shortened segment followed by one that starts past its end), truncates the active
+/// of the failed group created with their index and producer-state snapshot files, and any
+/// snapshot a failed roll wrote for a segment it did not create (newest first, then one directory
+/// fsync, so a crash can never leave a shortened segment followed by one that starts past its
+/// end, or a snapshot holding stamps of the cut entries), truncates the active
 /// segment to the acknowledged end and fsyncs it, and deletes the active segment's index file,
 /// which a roll of the failed group may have written before it failed (recovery ignores the last
 /// segment's index file, but `inspect` should not find a stale one).
@@ -216,6 +233,7 @@ async fn roll_back(shared: &Shared) -> Result<(), Failure> {
         .await?;
         deleted_any = true;
     }
+    deleted_any |= remove_rolled_back_snapshots(shared).await?;
     if deleted_any {
         sync_dir(&shared.dir).await.map_err(|error| {
             Failure::new(
@@ -247,6 +265,37 @@ async fn roll_back(shared: &Shared) -> Result<(), Failure> {
     )
     .await?;
     Ok(())
+}
+
+/// Deletes the producer-state snapshots of segments past the (rolled-back) active one: written by
+/// a roll of the failed group, they may hold stamps of the entries being cut. Returns whether it
+/// deleted any (the caller fsyncs the directory).
+async fn remove_rolled_back_snapshots(shared: &Shared) -> Result<bool, Failure> {
+    let rolled_back: Vec<u64> = {
+        let state = shared.state.borrow();
+        let active_base_offset = state.active().index.base_offset;
+        state
+            .producer_snapshot_base_offsets
+            .range((
+                std::ops::Bound::Excluded(active_base_offset),
+                std::ops::Bound::Unbounded,
+            ))
+            .copied()
+            .collect()
+    };
+    for &base_offset in &rolled_back {
+        remove_if_present(
+            &producer_snapshot_path(&shared.dir, base_offset),
+            "delete the producer-state snapshot of a rolled-back segment",
+        )
+        .await?;
+        shared
+            .state
+            .borrow_mut()
+            .producer_snapshot_base_offsets
+            .remove(&base_offset);
+    }
+    Ok(!rolled_back.is_empty())
 }
 
 /// Deletes `path`; a missing file is not an error.
@@ -312,10 +361,12 @@ impl Entry {
 }
 
 /// Writes `entries` in order, rolling segments as they fill, then fsyncs the active segment if
-/// `sync_required` and anything is unsynced.
+/// `sync_required` and anything is unsynced. `stamps` are the producer stamps of `entries`, for
+/// the snapshots of the segments a roll starts.
 async fn write_group(
     shared: &Shared,
     entries: Vec<Entry>,
+    stamps: &[ProducerBatch],
     sync_required: bool,
 ) -> Result<(), Failure> {
     let segment_size_max = shared.config.segment_size_max;
@@ -327,7 +378,7 @@ async fn write_group(
         if active_size > 0 && active_size + entry_size > segment_size_max {
             write_batch(shared, mem::take(&mut batch)).await?;
             batch_bytes = 0;
-            roll(shared).await?;
+            roll(shared, stamps).await?;
         }
         batch_bytes += entry_size;
         batch.push(entry);
@@ -426,8 +477,10 @@ async fn sync_active(shared: &Shared) -> Result<(), Failure> {
 
 /// Closes the active segment and starts the next one. Order (see FORMAT.md): fsync the closed
 /// segment whatever the policy (so a crash can never leave a torn closed segment), write its index
-/// file durably, create the new segment file, fsync the directory.
-async fn roll(shared: &Shared) -> Result<(), Failure> {
+/// file durably, write the new segment's producer-state snapshot durably (the acknowledged state
+/// plus `group_stamps` of the entries written before the roll), create the new segment file,
+/// fsync the directory, then delete the snapshots no longer needed.
+async fn roll(shared: &Shared, group_stamps: &[ProducerBatch]) -> Result<(), Failure> {
     sync_active(shared).await?;
     let (closed_path, index) = {
         let state = shared.state.borrow();
@@ -436,21 +489,9 @@ async fn roll(shared: &Shared) -> Result<(), Failure> {
     let index_file = index_path(&shared.dir, index.base_offset);
     durable_replace(&index_file, index.encode())
         .await
-        .map_err(|error| match error {
-            // The index is written to `.tmp` and renamed: a refused write leaves the old files.
-            DurableError::Io { path, op, source }
-                if op.starts_with("write") || op == "create temporary file" =>
-            {
-                Failure::write(&path, op, &source)
-            }
-            DurableError::Io { path, op, source } => Failure::new(&path, op, &source),
-            DurableError::Corrupt { path, reason } => Failure::new(
-                &path,
-                "write index file",
-                &std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
-            ),
-        })?;
+        .map_err(|error| durable_failure(error, "write index file"))?;
     let base_offset = index.end_offset;
+    write_producer_snapshot(shared, base_offset, group_stamps).await?;
     let path = segment_path(&shared.dir, base_offset);
     let file = OpenOptions::new()
         .read(true)
@@ -477,5 +518,108 @@ async fn roll(shared: &Shared) -> Result<(), Failure> {
         file,
         index: SegmentIndex::empty(base_offset),
     });
+    remove_old_producer_snapshots(shared).await;
     Ok(())
+}
+
+/// A failed durable replace at a roll as a writer failure: a refused write of the `.tmp` file is
+/// recoverable (the old files are intact), anything else poisons.
+fn durable_failure(error: DurableError, what: &'static str) -> Failure {
+    match error {
+        DurableError::Io { path, op, source }
+            if op.starts_with("write") || op == "create temporary file" =>
+        {
+            Failure::write(&path, op, &source)
+        }
+        DurableError::Io { path, op, source } => Failure::new(&path, op, &source),
+        DurableError::Corrupt { path, reason } => Failure::new(
+            &path,
+            what,
+            &std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
+        ),
+    }
+}
+
+/// Writes `{base_offset:020}.producers` durably, before the segment it belongs to exists: the
+/// acknowledged producer state plus the stamps of this group's entries below `base_offset`
+/// (written and fsynced by the roll, acknowledged with the group or rolled back with it, and
+/// then this file with them). Goes through the fault seam (`ProducerSnapshotWrite`).
+async fn write_producer_snapshot(
+    shared: &Shared,
+    base_offset: u64,
+    group_stamps: &[ProducerBatch],
+) -> Result<(), Failure> {
+    let path = producer_snapshot_path(&shared.dir, base_offset);
+    let payload = {
+        let state = shared.state.borrow();
+        let written_before_roll = group_stamps
+            .iter()
+            .take_while(|stamp| stamp.base_offset < base_offset);
+        if group_stamps
+            .first()
+            .is_some_and(|stamp| stamp.base_offset < base_offset)
+        {
+            let mut producers = state.producers.clone();
+            for stamp in written_before_roll {
+                producers.record(*stamp);
+            }
+            producers.encode(base_offset)
+        } else {
+            state.producers.encode(base_offset)
+        }
+    };
+    shared
+        .faults
+        .check(FaultOp::ProducerSnapshotWrite)
+        .map_err(|error| Failure::write(&path, "write producer-state snapshot", &error))?;
+    // Tracked before the write: a rollback deletes it whether or not the write got far.
+    shared
+        .state
+        .borrow_mut()
+        .producer_snapshot_base_offsets
+        .insert(base_offset);
+    durable_replace(&path, payload)
+        .await
+        .map_err(|error| durable_failure(error, "write producer-state snapshot"))
+}
+
+/// Deletes the producer-state snapshots of segments before the previous one, keeping also the
+/// snapshot of the segment a rollback of this group would return to. A failed delete is logged
+/// and retried at the next roll: a stale snapshot is never read (open deletes it too).
+async fn remove_old_producer_snapshots(shared: &Shared) {
+    let stale: Vec<u64> = {
+        let state = shared.state.borrow();
+        let segment_count = state.segments.len();
+        let previous_base_offset = state.segments[segment_count - 2].index.base_offset;
+        let acknowledged_base_offset = state
+            .segments
+            .iter()
+            .rev()
+            .map(|segment| segment.index.base_offset)
+            .find(|base_offset| *base_offset <= state.acked_offset)
+            .unwrap_or(0);
+        let keep_from = previous_base_offset.min(acknowledged_base_offset);
+        state
+            .producer_snapshot_base_offsets
+            .range(..keep_from)
+            .copied()
+            .collect()
+    };
+    for base_offset in stale {
+        let path = producer_snapshot_path(&shared.dir, base_offset);
+        match remove_if_present(&path, "delete an old producer-state snapshot").await {
+            Ok(()) => {
+                shared
+                    .state
+                    .borrow_mut()
+                    .producer_snapshot_base_offsets
+                    .remove(&base_offset);
+            }
+            Err(failure) => tracing::warn!(
+                file = %path.display(),
+                error = %failure.message,
+                "cannot delete an old producer-state snapshot; retried at the next roll"
+            ),
+        }
+    }
 }
