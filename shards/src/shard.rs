@@ -1159,13 +1159,8 @@ struct PartitionDirError {
 impl PartitionDirError {
     fn new(step: &str, path: &std::path::Path, error: &std::io::Error) -> PartitionDirError {
         if storage::space::is_storage_full(error) {
-            let free = path
-                .ancestors()
-                .find_map(storage::space::free_bytes)
-                .map_or_else(
-                    || "free space unknown".to_owned(),
-                    |b| format!("{b} bytes free"),
-                );
+            let free =
+                storage::space::FreeBytes(path.ancestors().find_map(storage::space::free_bytes));
             return PartitionDirError {
                 code: ErrorCode::StorageFull,
                 message: format!(
