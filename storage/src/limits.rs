@@ -47,6 +47,12 @@ pub const RECOVERED_PRODUCER_BATCH_COUNT_MAX: usize = 64 * 1024;
 /// restart. One read per log at open; small next to the scan of the whole last segment.
 pub const RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES: u64 = 1 << 20;
 
+/// Names tried for the quarantine file of one damaged position (`X.log.damaged-at-P`, then
+/// `.1`, `.2`, ...): an existing one is never overwritten. A second copy exists only when a crash
+/// came between writing a quarantine file and truncating the segment, so a few suffice; when all
+/// are taken open refuses (naming the files) rather than drop the bytes.
+pub const QUARANTINE_FILE_NAME_ATTEMPT_COUNT_MAX: u32 = 16;
+
 const _: () = assert!(ENTRY_SIZE_MAX as usize > ENTRY_HEADER_SIZE);
 // A single maximal entry must always be accepted by an empty queue.
 const _: () = assert!(APPEND_QUEUE_BYTES_MAX >= ENTRY_SIZE_MAX as usize);

@@ -105,6 +105,31 @@ pub struct RecoveryReport {
     /// `RECOVERED_PRODUCER_BATCH_COUNT_MAX` of them): the owner shard rebuilds its producer table
     /// from these (`storage/FORMAT.md` section 3, "Producer stamp").
     pub producer_batches: Vec<crate::entry::ProducerBatch>,
+    /// Interior damage in the last segment: an entry that failed its payload checksum followed by
+    /// valid entries. Its bytes and everything after were copied to a quarantine file before the
+    /// segment was truncated there (`truncated_bytes` counts them); `None` when nothing valid
+    /// followed the first invalid entry (a plain torn tail) or the segment was clean.
+    pub quarantined: Option<Quarantine>,
+}
+
+/// Bytes cut from the last segment on open although valid entries followed the damage, kept in a
+/// quarantine file beside the segment (`storage/FORMAT.md` section 3, "Open").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quarantine {
+    /// The segment that was truncated.
+    pub segment: PathBuf,
+    /// Byte position in `segment` of the damaged entry, where the truncation cut.
+    pub position: u64,
+    /// The file holding the cut bytes, byte for byte (`{base_offset:020}.log.damaged-at-{position}`,
+    /// with a `.N` suffix when that name was taken).
+    pub path: PathBuf,
+    /// Bytes cut and copied (from `position` to the old end of the segment).
+    pub size_bytes: u64,
+    /// First offset cut: the damaged entry's base offset.
+    pub first_offset: u64,
+    /// Last offset of the last valid entry cut (the entries after the damaged one may have been
+    /// acknowledged).
+    pub last_offset: u64,
 }
 
 /// Why a log operation failed; the variants say how the caller recovers.

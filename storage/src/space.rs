@@ -97,7 +97,7 @@ mod tests {
     }
 
     #[test]
-    fn issue7_3_free_space_names_inodes_only_when_none_are_left() {
+    fn issue7_1_storage_full_names_inodes_only_when_none_are_left() {
         let space = |bytes, inodes| FreeBytes(Some(FreeSpace { bytes, inodes }));
         assert_eq!(space(12, Some(40)).to_string(), "12 bytes free");
         assert_eq!(space(12, None).to_string(), "12 bytes free");
