@@ -49,8 +49,8 @@ impl ResourceBudget {
         let open_file_limit_needed = open_file_limit_for_partitions(partition_count);
         Some(format!(
             "the server would hold {partition_count} partitions, above its limit of {} (half of \
-             the open-file limit {} after a reserve of {FD_RESERVE} descriptors, two per \
-             partition); raise the open-file limit (ulimit -n) or use fewer partitions: \
+             the open-file limit {} after a reserve of {FD_RESERVE} descriptors, \
+             {FDS_PER_PARTITION} per partition); raise the open-file limit (ulimit -n) or use fewer partitions: \
              {partition_count} partitions need an open-file limit of at least \
              {open_file_limit_needed} (`ulimit -n {open_file_limit_needed}`, or \
              `LimitNOFILE={open_file_limit_needed}` in a systemd unit)",
@@ -238,12 +238,12 @@ mod tests {
     #[test]
     fn budget_splits_the_open_file_limit() {
         let budget = ResourceBudget::from_open_file_limit(20_256, 2);
-        assert_eq!(budget.partitions_max, 5_000);
+        assert_eq!(budget.partitions_max, 3_333);
         assert_eq!(budget.connections_per_shard_max, 5_000);
         let tiny = ResourceBudget::from_open_file_limit(10, 4);
         assert_eq!(
             (tiny.partitions_max, tiny.connections_per_shard_max),
-            (16, 8)
+            (10, 8)
         );
     }
 
@@ -251,20 +251,20 @@ mod tests {
     fn issue7_2_partition_refusal_names_need_limit_and_fix() {
         // The issue's case: 4 topics x 1000 partitions under `ulimit -n 2048`.
         let budget = ResourceBudget::from_open_file_limit(2048, 2);
-        assert_eq!(budget.partitions_max, 448);
-        assert_eq!(budget.partitions_refusal(448), None);
+        assert_eq!(budget.partitions_max, 298);
+        assert_eq!(budget.partitions_refusal(298), None);
         assert_eq!(
             budget.partitions_refusal(4000).unwrap(),
-            "the server would hold 4000 partitions, above its limit of 448 (half of the open-file \
-             limit 2048 after a reserve of 256 descriptors, two per partition); raise the \
+            "the server would hold 4000 partitions, above its limit of 298 (half of the open-file \
+             limit 2048 after a reserve of 256 descriptors, 3 per partition); raise the \
              open-file limit (ulimit -n) or use fewer partitions: 4000 partitions need an \
-             open-file limit of at least 16256 (`ulimit -n 16256`, or `LimitNOFILE=16256` in a \
+             open-file limit of at least 24256 (`ulimit -n 24256`, or `LimitNOFILE=24256` in a \
              systemd unit)"
         );
         // The limit named is enough, and one less is not (above the budget's floor of 64 usable
-        // descriptors, where any limit holds 16 partitions).
-        assert_eq!(open_file_limit_for_partitions(1), 260);
-        for count in [448, 449, 4000, 12_345] {
+        // descriptors, where any limit holds 10 partitions).
+        assert_eq!(open_file_limit_for_partitions(1), 262);
+        for count in [298, 299, 4000, 12_345] {
             let needed = open_file_limit_for_partitions(count);
             assert!(ResourceBudget::from_open_file_limit(needed, 2).partitions_max >= count);
             assert!(ResourceBudget::from_open_file_limit(needed - 1, 2).partitions_max < count);

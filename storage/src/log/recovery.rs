@@ -89,7 +89,7 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
         ))?;
         segments.push(Segment {
             path,
-            file,
+            file: Some(file),
             index: SegmentIndex::empty(0),
         });
         report.segment_count = 1;
@@ -191,26 +191,29 @@ fn check_follows(path: &Path, base_offset: u64, expected: Option<u64>) -> Result
     }
 }
 
-/// Opens a closed segment read-only, from its index file when that verifies and matches the
-/// segment, else by a strict scan after which the index file is rewritten. Returns whether it
-/// scanned.
+/// Loads a closed segment, from its index file when that verifies and matches the segment, else
+/// by a strict scan (the file is opened read-only for it) after which the index file is
+/// rewritten. Returns whether it scanned. The segment keeps no descriptor: reads open it.
 async fn open_closed_segment(
     dir: &Path,
     path: PathBuf,
     base_offset: u64,
 ) -> Result<(Segment, bool), LogError> {
-    let file = File::open(&path)
-        .await
-        .map_err(io_error(&path, "open segment"))?;
-    let size_bytes = file
-        .metadata()
+    let size_bytes = compio::fs::metadata(&path)
         .await
         .map_err(io_error(&path, "stat segment"))?
         .len();
     let index_file = index_path(dir, base_offset);
     let why_scan = match read_verified(&index_file).await {
         Ok(Some(payload)) => match SegmentIndex::decode(&payload, base_offset, size_bytes) {
-            Ok(index) => return Ok((Segment { path, file, index }, false)),
+            Ok(index) => {
+                let segment = Segment {
+                    path,
+                    file: None,
+                    index,
+                };
+                return Ok((segment, false));
+            }
             Err(reason) => reason,
         },
         Ok(None) => "index file missing".to_owned(),
@@ -223,7 +226,11 @@ async fn open_closed_segment(
         reason = %why_scan,
         "rescanning closed segment: its index file is not usable"
     );
+    let file = File::open(&path)
+        .await
+        .map_err(io_error(&path, "open segment"))?;
     let scan = scan_segment(&file, &path, base_offset, size_bytes).await?;
+    drop(file);
     if let Some(torn) = scan.invalid {
         return Err(LogError::Corrupt {
             path,
@@ -237,7 +244,7 @@ async fn open_closed_segment(
     Ok((
         Segment {
             path,
-            file,
+            file: None,
             index: scan.index,
         },
         true,
@@ -262,8 +269,10 @@ async fn previous_segment_stamps(segment: &Segment) -> Result<Vec<ProducerBatch>
     };
     let start = index.rows[first_row].position;
     let length = usize::try_from(index.size_bytes - start).unwrap_or(usize::MAX);
-    let BufResult(result, bytes) =
-        read_exact_append(&segment.file, start, length, Vec::new()).await;
+    let file = File::open(&segment.path)
+        .await
+        .map_err(io_error(&segment.path, "open segment"))?;
+    let BufResult(result, bytes) = read_exact_append(&file, start, length, Vec::new()).await;
     result.map_err(io_error(
         &segment.path,
         "read segment tail for producer stamps",
@@ -376,7 +385,7 @@ async fn open_last_segment(
     Ok((
         Segment {
             path,
-            file,
+            file: Some(file),
             index: scan.index,
         },
         cut,
