@@ -598,7 +598,8 @@ impl PartitionLog {
     /// # Errors
     /// - `OffsetOutOfRange`: `offset` is beyond `acked_offset()` (nothing was ever written
     ///   there; resume at `next_offset`).
-    /// - `Io` naming the segment, when the first entry to return cannot be read.
+    /// - `Io` naming the segment, when the first entry to return cannot be read (or its closed
+    ///   segment cannot be opened: closed segments are opened on demand).
     /// - `Corrupt` naming the segment and byte position, when the first entry to return does not
     ///   match what was written.
     ///
@@ -624,7 +625,7 @@ impl PartitionLog {
             let start = bytes.len();
             let file = match span.file.take() {
                 Some(file) => Ok(file),
-                None => self.open_closed_segment(&span).await,
+                None => self.closed_segment_file(&span).await,
             };
             let failure = match file {
                 Ok(file) => {
@@ -664,7 +665,7 @@ impl PartitionLog {
 
     /// The file of the closed segment `span` reads: from the closed-file cache, or opened
     /// read-only and kept there (closing the least recently read beyond the bound).
-    async fn open_closed_segment(&self, span: &ReadSpan) -> Result<File, LogError> {
+    async fn closed_segment_file(&self, span: &ReadSpan) -> Result<File, LogError> {
         let cached = self
             .shared
             .state
