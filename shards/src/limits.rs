@@ -43,8 +43,12 @@ pub const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// File descriptors kept out of the partition and connection budgets (listeners, io_uring rings,
 /// metadata, logs, stdio).
 pub const FD_RESERVE: u64 = 256;
-/// File descriptors budgeted per partition: its active segment and, while rolling, the next.
-pub const FDS_PER_PARTITION: u64 = 2;
+/// File descriptors budgeted per partition: its active segment, a second file while rolling (the
+/// index file being written, then the next segment) or during recovery (a quarantine file), and
+/// the closed segment files its log keeps open for reads
+/// (`storage::limits::CLOSED_SEGMENT_FILES_OPEN_MAX`). Closed segments hold no descriptor
+/// otherwise, so the count does not grow with the number of segments.
+pub const FDS_PER_PARTITION: u64 = 2 + storage::limits::CLOSED_SEGMENT_FILES_OPEN_MAX as u64;
 /// Fraction of the open-file limit (after the reserve) given to partitions; the rest is for
 /// client connections.
 pub const PARTITION_FD_SHARE_PERCENT: u64 = 50;

@@ -78,7 +78,7 @@ impl ResourceBudget {
         Some(format!(
             "the server would hold {partition_count} partitions, above its limit of {} (the \
              open-file limit {} leaves {} descriptors after a reserve of {FD_RESERVE}; half of \
-             them, two per partition, are for partitions); raise the open-file limit (ulimit -n) \
+             them, {FDS_PER_PARTITION} per partition, are for partitions); raise the open-file limit (ulimit -n) \
              or use fewer partitions: {partition_count} partitions need an open-file limit of at \
              least {open_file_limit_needed} (`ulimit -n {open_file_limit_needed}`, or \
              `LimitNOFILE={open_file_limit_needed}` in a systemd unit)",
@@ -335,24 +335,24 @@ mod tests {
     #[test]
     fn budget_splits_the_open_file_limit() {
         let budget = ResourceBudget::from_open_file_limit(20_256, 2);
-        assert_eq!(budget.partitions_max, 5_000);
+        assert_eq!(budget.partitions_max, 3_333);
         assert_eq!(budget.connections_per_shard_max, 5_000);
         assert_eq!(budget.startup_refusal(2), None);
     }
 
     #[test]
     fn issue7_review_6_no_floor_the_budget_is_what_the_limit_leaves() {
-        // `ulimit -n 300`: 44 descriptors after the reserve, 22 for partitions at two each.
+        // `ulimit -n 300`: 44 descriptors after the reserve, 22 for partitions at three each.
         let budget = ResourceBudget::from_open_file_limit(300, 1);
         assert_eq!(
             (budget.partitions_max, budget.connections_per_shard_max),
-            (11, 22)
+            (7, 22)
         );
         assert_eq!(
-            budget.partitions_refusal(12).unwrap(),
-            "the server would hold 12 partitions, above its limit of 11 (the open-file limit 300 \
-             leaves 44 descriptors after a reserve of 256; half of them, two per partition, are \
-             for partitions); raise the open-file limit (ulimit -n) or use fewer partitions: 12 \
+            budget.partitions_refusal(8).unwrap(),
+            "the server would hold 8 partitions, above its limit of 7 (the open-file limit 300 \
+             leaves 44 descriptors after a reserve of 256; half of them, 3 per partition, are for \
+             partitions); raise the open-file limit (ulimit -n) or use fewer partitions: 8 \
              partitions need an open-file limit of at least 304 (`ulimit -n 304`, or \
              `LimitNOFILE=304` in a systemd unit)"
         );
@@ -366,9 +366,9 @@ mod tests {
         assert_eq!(
             tiny.startup_refusal(1).unwrap(),
             "the open-file limit (RLIMIT_NOFILE) is 40 but the server reserves 256 descriptors for \
-             itself (listeners, io_uring rings, journal, logs) and needs at least 260 in all to \
+             itself (listeners, io_uring rings, journal, logs) and needs at least 262 in all to \
              hold one partition and one client connection on each of its 1 shards; raise it \
-             (`ulimit -n 260` or more in the shell that starts shardline, or `LimitNOFILE=260` in \
+             (`ulimit -n 262` or more in the shell that starts shardline, or `LimitNOFILE=262` in \
              its systemd unit)"
         );
         for shard_count in [1u16, 2, 7, 64] {
@@ -384,7 +384,7 @@ mod tests {
                     .is_some()
             );
         }
-        // 127 usable: 63 for partitions (31 of them), 64 for connections (one per shard).
+        // 127 usable: 63 for partitions (21 of them), 64 for connections (one per shard).
         assert_eq!(open_file_limit_to_start(64), 256 + 127);
     }
 
@@ -392,19 +392,19 @@ mod tests {
     fn issue7_2_partition_refusal_names_need_limit_and_fix() {
         // The issue's case: 4 topics x 1000 partitions under `ulimit -n 2048`.
         let budget = ResourceBudget::from_open_file_limit(2048, 2);
-        assert_eq!(budget.partitions_max, 448);
-        assert_eq!(budget.partitions_refusal(448), None);
+        assert_eq!(budget.partitions_max, 298);
+        assert_eq!(budget.partitions_refusal(298), None);
         assert_eq!(
             budget.partitions_refusal(4000).unwrap(),
-            "the server would hold 4000 partitions, above its limit of 448 (the open-file limit \
-             2048 leaves 1792 descriptors after a reserve of 256; half of them, two per \
+            "the server would hold 4000 partitions, above its limit of 298 (the open-file limit \
+             2048 leaves 1792 descriptors after a reserve of 256; half of them, 3 per \
              partition, are for partitions); raise the open-file limit (ulimit -n) or use fewer \
-             partitions: 4000 partitions need an open-file limit of at least 16256 (`ulimit -n \
-             16256`, or `LimitNOFILE=16256` in a systemd unit)"
+             partitions: 4000 partitions need an open-file limit of at least 24256 (`ulimit -n \
+             24256`, or `LimitNOFILE=24256` in a systemd unit)"
         );
         // The limit named is enough, and one less is not.
-        assert_eq!(open_file_limit_for_partitions(1), 260);
-        for count in [1, 11, 12, 448, 449, 4000, 12_345] {
+        assert_eq!(open_file_limit_for_partitions(1), 262);
+        for count in [1, 7, 8, 298, 299, 4000, 12_345] {
             let needed = open_file_limit_for_partitions(count);
             assert!(ResourceBudget::from_open_file_limit(needed, 2).partitions_max >= count);
             assert!(ResourceBudget::from_open_file_limit(needed - 1, 2).partitions_max < count);

@@ -474,7 +474,16 @@ impl Shard {
             let (log, report) = PartitionLog::open(&dir, self.log_config())
                 .await
                 .map_err(|e| format!("partition {namespace}: {e}"))?;
-            if report.truncated_bytes > 0 {
+            if let Some(quarantined) = &report.quarantined {
+                tracing::error!(
+                    shard = self.id.0, %namespace, segment = %quarantined.segment.display(),
+                    position = quarantined.position,
+                    offsets = %format_args!("{}-{}", quarantined.first_offset, quarantined.last_offset),
+                    quarantine = %quarantined.path.display(),
+                    "partition had a damaged entry followed by valid ones; the entries from it on \
+                     (possibly acknowledged) were cut and kept in the quarantine file"
+                );
+            } else if report.truncated_bytes > 0 {
                 tracing::warn!(
                     shard = self.id.0, %namespace, truncated_bytes = report.truncated_bytes,
                     "partition had a torn tail; truncated to the last complete entry"
@@ -1307,13 +1316,8 @@ struct PartitionDirError {
 impl PartitionDirError {
     fn new(step: &str, path: &std::path::Path, error: &std::io::Error) -> PartitionDirError {
         if storage::space::is_storage_full(error) {
-            let free = path
-                .ancestors()
-                .find_map(storage::space::free_bytes)
-                .map_or_else(
-                    || "free space unknown".to_owned(),
-                    |b| format!("{b} bytes free"),
-                );
+            let free =
+                storage::space::FreeBytes(path.ancestors().find_map(storage::space::free_bytes));
             return PartitionDirError {
                 code: ErrorCode::StorageFull,
                 message: format!(

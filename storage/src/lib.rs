@@ -27,7 +27,9 @@ pub use journal::{
     JOURNAL_HEADER_SIZE, Journal, JournalConfig, JournalError, JournalHeader, JournalRecovery,
     Prepare,
 };
-pub use log::{AppendFuture, FsyncPolicy, LogConfig, LogError, PartitionLog, RecoveryReport};
+pub use log::{
+    AppendFuture, FsyncPolicy, LogConfig, LogError, PartitionLog, Quarantine, RecoveryReport,
+};
 pub use snapshot::{
     SNAPSHOT_FILE_NAME, Snapshot, SnapshotDefect, SnapshotError, read_snapshot, write_snapshot,
 };

@@ -60,6 +60,21 @@ pub const RECOVERED_PRODUCER_BATCH_COUNT_MAX: usize =
 /// log at open, only then; small next to the scan of the whole last segment.
 pub const RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES: u64 = 1 << 20;
 
+/// Files of closed segments one log keeps open for reads (the least recently read is closed
+/// first). A closed segment holds no descriptor otherwise: a read of one not kept open opens it
+/// (one `openat`) and keeps it. On a roll the segment just closed takes the place, since readers
+/// catching up read it next. One is what a consumer reading forward needs; more would multiply
+/// the server's descriptors per partition, which its budget counts
+/// (`shards::limits::FDS_PER_PARTITION`). A read holds the file it reads until it completes, so
+/// a closed file may outlive its place here by one read.
+pub const CLOSED_SEGMENT_FILES_OPEN_MAX: usize = 1;
+
+/// Names tried for the quarantine file of one damaged position (`X.log.damaged-at-P`, then
+/// `.1`, `.2`, ...): an existing one is never overwritten. A second copy exists only when a crash
+/// came between writing a quarantine file and truncating the segment, so a few suffice; when all
+/// are taken open refuses (naming the files) rather than drop the bytes.
+pub const QUARANTINE_FILE_NAME_ATTEMPT_COUNT_MAX: u32 = 16;
+
 const _: () = assert!(ENTRY_SIZE_MAX as usize > ENTRY_HEADER_SIZE);
 // A single maximal entry must always be accepted by an empty queue.
 const _: () = assert!(APPEND_QUEUE_BYTES_MAX >= ENTRY_SIZE_MAX as usize);

@@ -34,7 +34,8 @@ use crate::durable::read_exact_append;
 use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, payload_checksum};
 use crate::fault::FaultInjector;
 use crate::limits::{
-    APPEND_QUEUE_BYTES_MAX, APPEND_QUEUE_ENTRY_COUNT_MAX, ENTRY_SIZE_MAX, SEGMENT_SIZE_MAX_LIMIT,
+    APPEND_QUEUE_BYTES_MAX, APPEND_QUEUE_ENTRY_COUNT_MAX, CLOSED_SEGMENT_FILES_OPEN_MAX,
+    ENTRY_SIZE_MAX, SEGMENT_SIZE_MAX_LIMIT,
 };
 use crate::space::{FreeBytes, is_storage_full};
 use compio::BufResult;
@@ -110,6 +111,31 @@ pub struct RecoveryReport {
     /// The owner shard rebuilds its producer table from these (`storage/FORMAT.md` section 3,
     /// "Producer stamp", and section 3a).
     pub producer_batches: Vec<crate::entry::ProducerBatch>,
+    /// Interior damage in the last segment: an entry that failed its payload checksum followed by
+    /// valid entries. Its bytes and everything after were copied to a quarantine file before the
+    /// segment was truncated there (`truncated_bytes` counts them); `None` when nothing valid
+    /// followed the first invalid entry (a plain torn tail) or the segment was clean.
+    pub quarantined: Option<Quarantine>,
+}
+
+/// Bytes cut from the last segment on open although valid entries followed the damage, kept in a
+/// quarantine file beside the segment (`storage/FORMAT.md` section 3, "Open").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quarantine {
+    /// The segment that was truncated.
+    pub segment: PathBuf,
+    /// Byte position in `segment` of the damaged entry, where the truncation cut.
+    pub position: u64,
+    /// The file holding the cut bytes, byte for byte (`{base_offset:020}.log.damaged-at-{position}`,
+    /// with a `.N` suffix when that name was taken).
+    pub path: PathBuf,
+    /// Bytes cut and copied (from `position` to the old end of the segment).
+    pub size_bytes: u64,
+    /// First offset cut: the damaged entry's base offset.
+    pub first_offset: u64,
+    /// Last offset of the last valid entry cut (the entries after the damaged one may have been
+    /// acknowledged).
+    pub last_offset: u64,
 }
 
 /// Why a log operation failed; the variants say how the caller recovers.
@@ -233,8 +259,63 @@ impl Failure {
 #[derive(Debug)]
 struct Segment {
     path: PathBuf,
-    file: File,
+    /// The open file (read-write) while this is the active segment; `None` once closed: a closed
+    /// segment holds no descriptor, reads open it on demand through `ClosedFiles`.
+    file: Option<File>,
     index: SegmentIndex,
+}
+
+impl Segment {
+    /// The file of the active segment.
+    ///
+    /// # Panics
+    /// On a closed segment (a bug: only the active segment is written or fsynced).
+    fn active_file(&self) -> &File {
+        self.file
+            .as_ref()
+            .expect("the active segment keeps its file open")
+    }
+}
+
+/// The closed segment files a log keeps open for reads: at most
+/// [`CLOSED_SEGMENT_FILES_OPEN_MAX`], the most recently read last; one more closes the least
+/// recently read (its descriptor closes once no read in flight holds it).
+#[derive(Debug, Default)]
+struct ClosedFiles {
+    /// `(base_offset, file)`, least recently read first.
+    files: VecDeque<(u64, File)>,
+}
+
+impl ClosedFiles {
+    /// The open file of the closed segment at `base_offset`, if kept; marks it most recent.
+    fn get(&mut self, base_offset: u64) -> Option<File> {
+        let index = self
+            .files
+            .iter()
+            .position(|(base, _)| *base == base_offset)?;
+        let entry = self.files.remove(index)?;
+        let file = entry.1.clone();
+        self.files.push_back(entry);
+        Some(file)
+    }
+
+    /// Takes the file of the segment at `base_offset` out of the cache (it becomes active again).
+    fn take(&mut self, base_offset: u64) -> Option<File> {
+        let index = self
+            .files
+            .iter()
+            .position(|(base, _)| *base == base_offset)?;
+        self.files.remove(index).map(|(_, file)| file)
+    }
+
+    /// Keeps `file` open as the most recent, closing the least recent beyond the bound.
+    fn keep(&mut self, base_offset: u64, file: File) {
+        self.files.retain(|(base, _)| *base != base_offset);
+        self.files.push_back((base_offset, file));
+        while self.files.len() > CLOSED_SEGMENT_FILES_OPEN_MAX {
+            self.files.pop_front();
+        }
+    }
 }
 
 /// An entry waiting for the writer, with its offset already assigned.
@@ -262,6 +343,8 @@ struct State {
     writer_waker: Option<Waker>,
     /// Sorted by base offset; the last one is the active segment the writer appends to.
     segments: Vec<Segment>,
+    /// Open files of closed segments, for reads.
+    closed_files: ClosedFiles,
     failure: Option<Failure>,
     /// Bytes written to the active segment since its last fsync.
     dirty: bool,
@@ -285,6 +368,18 @@ impl State {
         self.segments
             .last_mut()
             .expect("a log always has an active segment")
+    }
+
+    /// Closes the active segment and starts `next` (a roll): the closed one's file moves to the
+    /// closed-file cache (readers catching up read it next), so the log keeps one descriptor
+    /// for its active segment and at most [`CLOSED_SEGMENT_FILES_OPEN_MAX`] for reads.
+    fn start_segment(&mut self, next: Segment) {
+        let closed = self.active_mut();
+        let base_offset = closed.index.base_offset;
+        if let Some(file) = closed.file.take() {
+            self.closed_files.keep(base_offset, file);
+        }
+        self.segments.push(next);
     }
 
     fn wake_writer(&mut self) {
@@ -346,12 +441,15 @@ impl Future for AppendFuture {
 }
 
 impl PartitionLog {
-    /// Opens or creates the log in `dir`, scanning the last segment and truncating a torn tail,
-    /// and starts the log's writer task on the current compio runtime.
+    /// Opens or creates the log in `dir`, scanning the last segment and truncating a torn tail
+    /// (after copying it to a quarantine file when valid entries follow the damage:
+    /// `RecoveryReport::quarantined`), and starts the log's writer task on the current compio
+    /// runtime.
     ///
     /// # Errors
     /// `InvalidConfig` for a `segment_size_max` of 0 or above [`SEGMENT_SIZE_MAX_LIMIT`]; `Io`
-    /// naming the path and step; `Corrupt` naming the file and byte position for damage inside a
+    /// naming the path and step (a quarantine file that cannot be written durably included:
+    /// nothing is truncated then); `Corrupt` naming the file and byte position for damage inside a
     /// closed segment, segments that do not follow each other, or a first segment that does not
     /// start at offset 0 (the segments before it are missing; storage/FORMAT.md section 3).
     ///
@@ -384,6 +482,7 @@ impl PartitionLog {
             writer_done: false,
             writer_waker: None,
             segments: recovered.segments,
+            closed_files: ClosedFiles::default(),
             failure: None,
             dirty: false,
             last_sync_at: Instant::now(),
@@ -511,7 +610,8 @@ impl PartitionLog {
     /// # Errors
     /// - `OffsetOutOfRange`: `offset` is beyond `acked_offset()` (nothing was ever written
     ///   there; resume at `next_offset`).
-    /// - `Io` naming the segment, when the first entry to return cannot be read.
+    /// - `Io` naming the segment, when the first entry to return cannot be read (or its closed
+    ///   segment cannot be opened: closed segments are opened on demand).
     /// - `Corrupt` naming the segment and byte position, when the first entry to return does not
     ///   match what was written.
     ///
@@ -533,23 +633,33 @@ impl PartitionLog {
         let spans = self.plan_read(offset, max_count, max_bytes);
         let total_bytes: u64 = spans.iter().map(|span| span.size_bytes).sum();
         let mut bytes = Vec::with_capacity(total_bytes as usize);
-        for span in spans {
+        for mut span in spans {
             let start = bytes.len();
-            // Straight into the reply buffer: the poll path copies each byte once, page cache to
-            // user space.
-            let BufResult(result, filled) =
-                read_exact_append(&span.file, span.position, span.size_bytes as usize, bytes).await;
-            bytes = filled;
-            let failure = match result {
-                Ok(()) => check_read_entries(&span, &bytes[start..]).err(),
-                Err(source) => Some((
-                    0,
-                    LogError::Io {
-                        path: span.path.clone(),
-                        op: "read",
-                        source,
-                    },
-                )),
+            let file = match span.file.take() {
+                Some(file) => Ok(file),
+                None => self.closed_segment_file(&span).await,
+            };
+            let failure = match file {
+                Ok(file) => {
+                    // Straight into the reply buffer: the poll path copies each byte once, page
+                    // cache to user space.
+                    let BufResult(result, filled) =
+                        read_exact_append(&file, span.position, span.size_bytes as usize, bytes)
+                            .await;
+                    bytes = filled;
+                    match result {
+                        Ok(()) => check_read_entries(&span, &bytes[start..]).err(),
+                        Err(source) => Some((
+                            0,
+                            LogError::Io {
+                                path: span.path.clone(),
+                                op: "read",
+                                source,
+                            },
+                        )),
+                    }
+                }
+                Err(error) => Some((0, error)),
             };
             if let Some((intact_bytes, error)) = failure {
                 bytes.truncate(start + intact_bytes);
@@ -563,6 +673,33 @@ impl PartitionLog {
             }
         }
         Ok(bytes)
+    }
+
+    /// The file of the closed segment `span` reads: from the closed-file cache, or opened
+    /// read-only and kept there (closing the least recently read beyond the bound).
+    async fn closed_segment_file(&self, span: &ReadSpan) -> Result<File, LogError> {
+        let cached = self
+            .shared
+            .state
+            .borrow_mut()
+            .closed_files
+            .get(span.segment_base_offset);
+        if let Some(file) = cached {
+            return Ok(file);
+        }
+        let file = File::open(&span.path)
+            .await
+            .map_err(|source| LogError::Io {
+                path: span.path.clone(),
+                op: "open closed segment for a read",
+                source,
+            })?;
+        self.shared
+            .state
+            .borrow_mut()
+            .closed_files
+            .keep(span.segment_base_offset, file.clone());
+        Ok(file)
     }
 
     /// The first offset a read can return: the base offset of the first segment (0 until
@@ -616,6 +753,7 @@ impl PartitionLog {
                 collected_bytes += entry_size;
                 let span = span.get_or_insert_with(|| ReadSpan {
                     path: segment.path.clone(),
+                    segment_base_offset: segment.index.base_offset,
                     file: segment.file.clone(),
                     position: row.position,
                     size_bytes: 0,
@@ -756,7 +894,9 @@ struct ExpectedEntry {
 #[derive(Debug)]
 struct ReadSpan {
     path: PathBuf,
-    file: File,
+    segment_base_offset: u64,
+    /// The active segment's file; `None` for a closed segment (opened when read).
+    file: Option<File>,
     position: u64,
     size_bytes: u64,
     rows: Vec<ExpectedEntry>,
@@ -898,7 +1038,7 @@ mod tests {
             assert_eq!(log.append(first.clone()).await.unwrap(), 0);
             // A read-only descriptor makes the next write fail with EBADF, like a failing disk.
             let read_only = File::open(&segment_path).await.unwrap();
-            log.shared.state.borrow_mut().active_mut().file = read_only;
+            log.shared.state.borrow_mut().active_mut().file = Some(read_only);
 
             let second = log.append(crate::entry::build_entry(0, 1, b"second"));
             let third = log.append(crate::entry::build_entry(0, 1, b"third"));
@@ -955,6 +1095,99 @@ mod tests {
                     .unwrap(),
                 1
             );
+        });
+    }
+
+    /// Segments holding an open file (the active one), and the closed files kept for reads.
+    fn open_files(log: &PartitionLog) -> (usize, Vec<u64>) {
+        let state = log.shared.state.borrow();
+        let active_count = state
+            .segments
+            .iter()
+            .filter(|segment| segment.file.is_some())
+            .count();
+        let closed = state
+            .closed_files
+            .files
+            .iter()
+            .map(|(base, _)| *base)
+            .collect();
+        (active_count, closed)
+    }
+
+    #[test]
+    fn issue7_2_closed_segments_hold_no_descriptor_and_reads_keep_a_bounded_few() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = LogConfig {
+            fsync: FsyncPolicy::Always,
+            // 37-byte entries: one entry per segment.
+            segment_size_max: 40,
+        };
+        compio::runtime::Runtime::new().unwrap().block_on(async {
+            let (log, _) = PartitionLog::open(dir.path(), config.clone())
+                .await
+                .unwrap();
+            let mut stored = Vec::new();
+            for seed in 0..10u8 {
+                let entry = crate::entry::build_entry(0, 1, &[seed; 5]);
+                let offset = log.append(entry.clone()).await.unwrap();
+                let mut entry = entry;
+                entry[0..8].copy_from_slice(&offset.to_le_bytes());
+                stored.push(entry);
+            }
+            assert_eq!(log.shared.state.borrow().segments.len(), 10);
+            // The active segment's file, and the one closed last (moved there by the roll).
+            assert_eq!(open_files(&log), (1, vec![8]));
+            for offset in 0..10u64 {
+                assert_eq!(
+                    log.read(offset, 1, usize::MAX).await.unwrap(),
+                    stored[offset as usize]
+                );
+                let (active_count, closed) = open_files(&log);
+                assert_eq!(active_count, 1);
+                assert_eq!(closed.len(), CLOSED_SEGMENT_FILES_OPEN_MAX);
+                // The active segment (9) is read through its own file.
+                let expected_closed = if offset == 9 { 8 } else { offset };
+                assert_eq!(closed, vec![expected_closed]);
+            }
+            // One read across every segment opens each closed one in turn, keeping the bound.
+            assert_eq!(
+                log.read(0, u32::MAX, usize::MAX).await.unwrap(),
+                stored.concat()
+            );
+            assert_eq!(open_files(&log), (1, vec![8]));
+            log.close().await.unwrap();
+            drop(log);
+
+            // Reopened: only the active segment is open; recovery kept no closed file.
+            let (log, report) = PartitionLog::open(dir.path(), config).await.unwrap();
+            assert_eq!((report.segment_count, report.next_offset), (10, 10));
+            assert_eq!(open_files(&log), (1, Vec::new()));
+            assert_eq!(log.read(3, 1, usize::MAX).await.unwrap(), stored[3]);
+            assert_eq!(open_files(&log), (1, vec![3]));
+        });
+    }
+
+    #[test]
+    fn issue7_2_closed_file_cache_keeps_the_most_recently_read() {
+        let dir = tempfile::tempdir().unwrap();
+        compio::runtime::Runtime::new().unwrap().block_on(async {
+            let mut cache = ClosedFiles::default();
+            let file = |name: &str| {
+                let path = dir.path().join(name);
+                std::fs::write(&path, b"x").unwrap();
+                File::open(path)
+            };
+            cache.keep(0, file("a").await.unwrap());
+            cache.keep(5, file("b").await.unwrap());
+            let bases = |cache: &ClosedFiles| -> Vec<u64> {
+                cache.files.iter().map(|(base, _)| *base).collect()
+            };
+            assert_eq!(bases(&cache), vec![5]);
+            assert!(cache.get(0).is_none());
+            assert!(cache.get(5).is_some());
+            assert!(cache.take(5).is_some());
+            assert_eq!(bases(&cache), Vec::<u64>::new());
         });
     }
 

@@ -21,12 +21,13 @@ pub fn is_storage_full(error: &io::Error) -> bool {
     )
 }
 
-/// Bytes an unprivileged writer can still use on the filesystem holding `path`
-/// (`statvfs(3)`: `f_bavail * f_frsize`), or `None` if `statvfs` fails.
+/// What an unprivileged writer can still use on the filesystem holding `path` (`statvfs(3)`:
+/// `f_bavail * f_frsize` bytes, and `f_favail` inodes when the filesystem counts them), or `None`
+/// if `statvfs` fails.
 ///
 /// A plain syscall on the calling thread: it reads the superblock counters the kernel keeps in
 /// memory, and it runs only on the rare path of a refused write.
-pub fn free_bytes(path: &Path) -> Option<u64> {
+pub fn free_bytes(path: &Path) -> Option<FreeSpace> {
     let c_path = CString::new(path.as_os_str().as_bytes()).ok()?;
     // SAFETY: statvfs is plain old data, valid when zeroed; `c_path` is a NUL-terminated string
     // that outlives the call, and the kernel writes only within `stat`.
@@ -39,17 +40,35 @@ pub fn free_bytes(path: &Path) -> Option<u64> {
         clippy::unnecessary_cast,
         reason = "the field widths differ between targets"
     )]
-    Some((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
+    Some(FreeSpace {
+        bytes: (stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64),
+        // Filesystems without a fixed inode table (btrfs) report 0 total inodes: no limit.
+        inodes: (stat.f_files != 0).then_some(stat.f_favail as u64),
+    })
 }
 
-/// Free bytes for a message: the number, or that it is unknown.
+/// Free space of a filesystem, as `statvfs` reports it to an unprivileged writer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FreeBytes(pub Option<u64>);
+pub struct FreeSpace {
+    /// Free bytes (`f_bavail * f_frsize`).
+    pub bytes: u64,
+    /// Free inodes (`f_favail`); `None` where the filesystem has no inode limit.
+    pub inodes: Option<u64>,
+}
+
+/// Free space for a message: bytes, plus inodes when there are none left (a write refused with
+/// `ENOSPC` while bytes are free is then explained), or that it is unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FreeBytes(pub Option<FreeSpace>);
 
 impl fmt::Display for FreeBytes {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
-            Some(bytes) => write!(formatter, "{bytes} bytes free"),
+            Some(FreeSpace {
+                bytes,
+                inodes: Some(0),
+            }) => write!(formatter, "{bytes} bytes free, 0 inodes free"),
+            Some(FreeSpace { bytes, .. }) => write!(formatter, "{bytes} bytes free"),
             None => formatter.write_str("free space unknown (statvfs failed)"),
         }
     }
@@ -75,6 +94,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         assert!(free_bytes(dir.path()).is_some());
         assert_eq!(free_bytes(&dir.path().join("missing")), None);
-        assert_eq!(FreeBytes(Some(12)).to_string(), "12 bytes free");
+    }
+
+    #[test]
+    fn issue7_1_storage_full_names_inodes_only_when_none_are_left() {
+        let space = |bytes, inodes| FreeBytes(Some(FreeSpace { bytes, inodes }));
+        assert_eq!(space(12, Some(40)).to_string(), "12 bytes free");
+        assert_eq!(space(12, None).to_string(), "12 bytes free");
+        assert_eq!(
+            space(4_153_344, Some(0)).to_string(),
+            "4153344 bytes free, 0 inodes free"
+        );
+        assert_eq!(
+            FreeBytes(None).to_string(),
+            "free space unknown (statvfs failed)"
+        );
     }
 }

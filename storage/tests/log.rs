@@ -7,7 +7,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use storage::entry::{ENTRY_HEADER_SIZE, EntryHeader, build_entry};
-use storage::{FsyncPolicy, LogConfig, LogError, PartitionLog, RecoveryReport};
+use storage::{FsyncPolicy, LogConfig, LogError, PartitionLog, Quarantine, RecoveryReport};
 
 fn block_on<F: Future>(future: F) -> F::Output {
     compio::runtime::Runtime::new().unwrap().block_on(future)
@@ -86,6 +86,7 @@ fn append_and_read_back_exact_bytes_and_offsets() {
                 truncated_bytes: 0,
                 scanned_segment_count: 0,
                 producer_batches: Vec::new(),
+                quarantined: None,
             }
         );
         let mut expected = Vec::new();
@@ -266,6 +267,7 @@ fn restart_recovers_next_offset_and_bytes() {
                 truncated_bytes: 0,
                 scanned_segment_count: 1,
                 producer_batches: Vec::new(),
+                quarantined: None,
             }
         );
         assert_eq!(log.next_offset(), 21);
@@ -359,6 +361,7 @@ fn check_recovered(dir: &Path, kept: &[Vec<u8>], truncated_bytes: u64) {
                 truncated_bytes,
                 scanned_segment_count: 1,
                 producer_batches: Vec::new(),
+                quarantined: None,
             }
         );
         let kept_bytes = kept.concat();
@@ -375,6 +378,7 @@ fn check_recovered(dir: &Path, kept: &[Vec<u8>], truncated_bytes: u64) {
         );
         log.close().await.unwrap();
     });
+    assert_eq!(quarantine_files(dir), Vec::<String>::new());
     // And it stays recovered.
     block_on(async {
         let (_log, report) = open(dir, always()).await;
@@ -439,6 +443,139 @@ fn wrong_offset_in_the_last_entry_is_truncated() {
         std::fs::write(path, bytes).unwrap();
     });
     check_recovered(dir.path(), &written[..4], 132);
+}
+
+/// Names of the quarantine files in `dir`, sorted.
+fn quarantine_files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.contains(".damaged-at-"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// A 3-entry active segment (2 messages, 132 bytes each) with one payload byte of entry
+/// `damaged` flipped; returns the stored entries and the segment bytes after the damage.
+fn three_entries_with_flipped_payload(dir: &Path, damaged: usize) -> (Vec<Vec<u8>>, Vec<u8>) {
+    let written = block_on(async {
+        let (log, _) = open(dir, always()).await;
+        let written = append_entries(&log, 3, 2, 100).await;
+        log.close().await.unwrap();
+        written
+    });
+    let path = segment(dir, 0);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[damaged * 132 + ENTRY_HEADER_SIZE + 50] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    (written, bytes)
+}
+
+#[test]
+fn issue7_4_damaged_first_entry_of_the_active_segment_is_quarantined_not_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (written, damaged_bytes) = three_entries_with_flipped_payload(dir.path(), 0);
+    let quarantine_path = dir.path().join("00000000000000000000.log.damaged-at-0");
+    block_on(async {
+        let (log, report) = open(dir.path(), always()).await;
+        assert_eq!(
+            report,
+            RecoveryReport {
+                segment_count: 1,
+                entry_count: 0,
+                next_offset: 0,
+                truncated_bytes: 396,
+                scanned_segment_count: 1,
+                producer_batches: Vec::new(),
+                quarantined: Some(Quarantine {
+                    segment: segment(dir.path(), 0),
+                    position: 0,
+                    path: quarantine_path.clone(),
+                    size_bytes: 396,
+                    first_offset: 0,
+                    last_offset: 5,
+                }),
+            }
+        );
+        // The cut bytes, byte for byte: the damaged entry and the two valid ones after it.
+        assert_eq!(std::fs::read(&quarantine_path).unwrap(), damaged_bytes);
+        assert_eq!(damaged_bytes[132..], written[1..].concat());
+        assert_eq!(std::fs::metadata(segment(dir.path(), 0)).unwrap().len(), 0);
+        assert_eq!(log.append(build_entry(9, 1, b"next")).await.unwrap(), 0);
+        log.close().await.unwrap();
+    });
+    // The quarantine file is not a segment: the next open ignores it and keeps it.
+    block_on(async {
+        let (_log, report) = open(dir.path(), always()).await;
+        assert_eq!(report.quarantined, None);
+        assert_eq!(report.truncated_bytes, 0);
+        assert_eq!(report.entry_count, 1);
+        assert_eq!(report.segment_count, 1);
+    });
+    assert_eq!(
+        quarantine_files(dir.path()),
+        vec!["00000000000000000000.log.damaged-at-0".to_owned()]
+    );
+}
+
+#[test]
+fn issue7_4_damaged_middle_entry_keeps_the_first_and_quarantines_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (written, damaged_bytes) = three_entries_with_flipped_payload(dir.path(), 1);
+    block_on(async {
+        let (log, report) = open(dir.path(), always()).await;
+        let quarantined = report.quarantined.unwrap();
+        assert_eq!((quarantined.position, quarantined.size_bytes), (132, 264));
+        assert_eq!((quarantined.first_offset, quarantined.last_offset), (2, 5));
+        assert_eq!(
+            quarantined.path,
+            dir.path().join("00000000000000000000.log.damaged-at-132")
+        );
+        assert_eq!(
+            std::fs::read(&quarantined.path).unwrap(),
+            damaged_bytes[132..]
+        );
+        assert_eq!((report.entry_count, report.next_offset), (1, 2));
+        assert_eq!(log.read(0, u32::MAX, usize::MAX).await.unwrap(), written[0]);
+    });
+}
+
+#[test]
+fn issue7_4_damaged_last_entry_is_a_plain_torn_tail_without_quarantine() {
+    let dir = tempfile::tempdir().unwrap();
+    let (written, _) = three_entries_with_flipped_payload(dir.path(), 2);
+    block_on(async {
+        let (log, report) = open(dir.path(), always()).await;
+        assert_eq!(report.quarantined, None);
+        assert_eq!((report.truncated_bytes, report.next_offset), (132, 4));
+        assert_eq!(
+            log.read(0, u32::MAX, usize::MAX).await.unwrap(),
+            written[..2].concat()
+        );
+    });
+    assert_eq!(quarantine_files(dir.path()), Vec::<String>::new());
+}
+
+#[test]
+fn issue7_4_an_existing_quarantine_file_is_never_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, damaged_bytes) = three_entries_with_flipped_payload(dir.path(), 0);
+    let earlier = dir.path().join("00000000000000000000.log.damaged-at-0");
+    std::fs::write(&earlier, b"kept from an earlier open").unwrap();
+    block_on(async {
+        let (_log, report) = open(dir.path(), always()).await;
+        let quarantined = report.quarantined.unwrap();
+        assert_eq!(
+            quarantined.path,
+            dir.path().join("00000000000000000000.log.damaged-at-0.1")
+        );
+        assert_eq!(std::fs::read(&quarantined.path).unwrap(), damaged_bytes);
+    });
+    assert_eq!(
+        std::fs::read(&earlier).unwrap(),
+        b"kept from an earlier open"
+    );
 }
 
 /// 4 KiB segments of ~1 KiB entries: 3 entries per segment.

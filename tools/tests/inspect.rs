@@ -415,6 +415,80 @@ fn segment_torn_tail_and_damaged_index_are_reported() {
 }
 
 #[test]
+fn issue7_4_segment_interior_damage_in_the_last_segment_then_its_quarantine_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_dir = dir.path().join("log");
+    block_on(async {
+        let (log, _) = PartitionLog::open(
+            &log_dir,
+            LogConfig {
+                fsync: FsyncPolicy::Always,
+                segment_size_max: 1 << 20,
+            },
+        )
+        .await
+        .unwrap();
+        for seed in 0..3u64 {
+            let entry = storage::build_entry(1_000 + seed, 3, &[seed as u8; 100]);
+            log.append(entry).await.unwrap();
+        }
+        log.close().await.unwrap();
+    });
+    let last = log_segment(&log_dir, 0);
+    flip_byte(&last, 40);
+    let (code, stdout, _) = inspect_path("segment", &log_dir);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "damage: {} at byte 0: payload checksum",
+            last.display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "valid entries follow it, so this is interior damage, not a torn write: open copies \
+             the 396 bytes from here (offsets 0-8, possibly acknowledged) to {}.damaged-at-0, \
+             logs an error and truncates the segment here",
+            last.display()
+        )),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("torn tail:"), "{stdout}");
+
+    // Open quarantines the bytes; inspect then lists the file and finds no damage.
+    block_on(async {
+        let (_log, report) = PartitionLog::open(
+            &log_dir,
+            LogConfig {
+                fsync: FsyncPolicy::Always,
+                segment_size_max: 1 << 20,
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(report.quarantined.unwrap().size_bytes, 396);
+    });
+    let (code, stdout, _) = inspect_path("segment", &log_dir);
+    assert_eq!(code, 0, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "quarantine file {}.damaged-at-0 (396 bytes): bytes open cut from the last segment \
+             after interior damage, kept for inspection (not read by the server)",
+            last.display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("summary: 1 segment(s), 0 entries, 0 messages, next_offset 0, 0 bytes"),
+        "{stdout}"
+    );
+    let (_, json) = inspect_json("segment", &log_dir);
+    assert_eq!(json["quarantine_files"][0]["size_bytes"], 396);
+    assert_eq!(json["damage"].as_array().unwrap().len(), 0);
+}
+
+#[test]
 fn segment_json_has_entries_and_summary() {
     let dir = tempfile::tempdir().unwrap();
     partition_log(dir.path());

@@ -126,7 +126,7 @@ fn a_deleted_partition_directory_refuses_to_boot() {
 #[test]
 fn partitions_beyond_the_open_file_budget_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    // 600 descriptors: 344 after the reserve, half for partitions at two each -> 86 partitions.
+    // 600 descriptors: 344 after the reserve, half for partitions at three each -> 57 partitions.
     let server = Server::start_with(
         with_open_file_limit(600),
         &dir.path().join("data"),
@@ -135,11 +135,11 @@ fn partitions_beyond_the_open_file_budget_are_refused() {
     block_on(async {
         let mut client = bus::Client::connect(server.addr).await.unwrap();
         client.create_stream(1, "s").await.unwrap();
-        client.create_topic(1, 1, "fits", 80).await.unwrap();
+        client.create_topic(1, 1, "fits", 50).await.unwrap();
         let error = client.create_topic(1, 2, "too-many", 10).await.unwrap_err();
         let message = error.to_string();
         assert!(
-            message.contains("would hold 90 partitions, above its limit of 86"),
+            message.contains("would hold 60 partitions, above its limit of 57"),
             "{message}"
         );
         assert!(message.contains("ResourceExhausted (18)"), "{message}");

@@ -1,17 +1,20 @@
 //! Opening a log directory: list the segments, check they follow each other, load closed segments
 //! from their index files (or rescan them), and scan the last segment entry by entry, truncating a
-//! torn tail. A damaged closed segment is an error here, never skipped or truncated.
+//! torn tail. A damaged closed segment is an error here, never skipped or truncated; a damaged
+//! entry of the last segment followed by valid entries is never cut before its bytes are kept in a
+//! quarantine file beside the segment.
 
 use std::io;
 use std::path::{Path, PathBuf};
 
 use compio::BufResult;
 use compio::fs::{File, OpenOptions};
+use compio::io::AsyncWriteAtExt;
 
 use super::index::SegmentIndex;
 use super::producer_state::{ProducerStates, RecoveredProducers, recover_producers};
 use super::verify::{check_entry_header, check_entry_payload};
-use super::{LogError, RecoveryReport, Segment};
+use super::{LogError, Quarantine, RecoveryReport, Segment};
 use crate::durable::{
     DurableError, create_dir_durable, durable_replace, list_dir_names, read_exact_append,
     read_verified, sync_dir,
@@ -19,7 +22,9 @@ use crate::durable::{
 use crate::entry::{
     ENTRY_HEADER_SIZE, EntryHeader, ProducerBatch, payload_checksum, producer_stamp,
 };
-use crate::limits::{RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES, SCAN_CHUNK_BYTES};
+use crate::limits::{
+    QUARANTINE_FILE_NAME_ATTEMPT_COUNT_MAX, RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES, SCAN_CHUNK_BYTES,
+};
 
 /// `{base_offset:020}.log` in `dir`.
 pub(super) fn segment_path(dir: &Path, base_offset: u64) -> PathBuf {
@@ -86,7 +91,7 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
         ))?;
         segments.push(Segment {
             path,
-            file,
+            file: Some(file),
             index: SegmentIndex::empty(0),
         });
         report.segment_count = 1;
@@ -111,8 +116,7 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
 
     let path = segment_path(dir, last_base_offset);
     check_follows(&path, last_base_offset, expected_base_offset)?;
-    let (segment, truncated_bytes, last_producer_batches) =
-        open_last_segment(path, last_base_offset).await?;
+    let (segment, cut, last_producer_batches) = open_last_segment(path, last_base_offset).await?;
     report.scanned_segment_count += 1;
     let producers = recover_producers(
         dir,
@@ -122,7 +126,8 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
     )
     .await?;
     report.producer_batches = producers.states.batches_in_log_order();
-    report.truncated_bytes = truncated_bytes;
+    report.truncated_bytes = cut.truncated_bytes;
+    report.quarantined = cut.quarantined;
     report.entry_count += segment.index.rows.len() as u64;
     report.next_offset = segment.index.end_offset;
     segments.push(segment);
@@ -194,26 +199,29 @@ fn check_follows(path: &Path, base_offset: u64, expected: Option<u64>) -> Result
     }
 }
 
-/// Opens a closed segment read-only, from its index file when that verifies and matches the
-/// segment, else by a strict scan after which the index file is rewritten. Returns whether it
-/// scanned.
+/// Loads a closed segment, from its index file when that verifies and matches the segment, else
+/// by a strict scan (the file is opened read-only for it) after which the index file is
+/// rewritten. Returns whether it scanned. The segment keeps no descriptor: reads open it.
 async fn open_closed_segment(
     dir: &Path,
     path: PathBuf,
     base_offset: u64,
 ) -> Result<(Segment, bool), LogError> {
-    let file = File::open(&path)
-        .await
-        .map_err(io_error(&path, "open segment"))?;
-    let size_bytes = file
-        .metadata()
+    let size_bytes = compio::fs::metadata(&path)
         .await
         .map_err(io_error(&path, "stat segment"))?
         .len();
     let index_file = index_path(dir, base_offset);
     let why_scan = match read_verified(&index_file).await {
         Ok(Some(payload)) => match SegmentIndex::decode(&payload, base_offset, size_bytes) {
-            Ok(index) => return Ok((Segment { path, file, index }, false)),
+            Ok(index) => {
+                let segment = Segment {
+                    path,
+                    file: None,
+                    index,
+                };
+                return Ok((segment, false));
+            }
             Err(reason) => reason,
         },
         Ok(None) => "index file missing".to_owned(),
@@ -226,7 +234,11 @@ async fn open_closed_segment(
         reason = %why_scan,
         "rescanning closed segment: its index file is not usable"
     );
+    let file = File::open(&path)
+        .await
+        .map_err(io_error(&path, "open segment"))?;
     let scan = scan_segment(&file, &path, base_offset, size_bytes).await?;
+    drop(file);
     if let Some(torn) = scan.invalid {
         return Err(LogError::Corrupt {
             path,
@@ -240,7 +252,7 @@ async fn open_closed_segment(
     Ok((
         Segment {
             path,
-            file,
+            file: None,
             index: scan.index,
         },
         true,
@@ -268,8 +280,10 @@ pub(super) async fn previous_segment_stamps(
     };
     let start = index.rows[first_row].position;
     let length = usize::try_from(index.size_bytes - start).unwrap_or(usize::MAX);
-    let BufResult(result, bytes) =
-        read_exact_append(&segment.file, start, length, Vec::new()).await;
+    let file = File::open(&segment.path)
+        .await
+        .map_err(io_error(&segment.path, "open segment"))?;
+    let BufResult(result, bytes) = read_exact_append(&file, start, length, Vec::new()).await;
     result.map_err(io_error(
         &segment.path,
         "read segment tail for producer stamps",
@@ -306,12 +320,23 @@ pub(super) async fn previous_segment_stamps(
     Ok(producer_batches)
 }
 
-/// Opens the last segment read-write and scans it; the first invalid entry starts a torn tail,
-/// which is truncated and fsynced. Returns the bytes cut and the stamped batches kept.
+/// What opening the last segment cut from it.
+#[derive(Debug, Default)]
+struct TailCut {
+    /// Bytes cut (0 if the segment was clean).
+    truncated_bytes: u64,
+    /// Set when valid entries followed the damage: where their bytes were kept.
+    quarantined: Option<Quarantine>,
+}
+
+/// Opens the last segment read-write and scans it; the first invalid entry starts the cut, which
+/// is truncated and fsynced. When valid entries follow that entry (interior damage, not a torn
+/// write), the bytes cut are first copied durably to a quarantine file and an error is logged.
+/// Returns what was cut and the stamped batches kept.
 async fn open_last_segment(
     path: PathBuf,
     base_offset: u64,
-) -> Result<(Segment, u64, Vec<ProducerBatch>), LogError> {
+) -> Result<(Segment, TailCut, Vec<ProducerBatch>), LogError> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -324,33 +349,200 @@ async fn open_last_segment(
         .map_err(io_error(&path, "stat segment"))?
         .len();
     let scan = scan_segment(&file, &path, base_offset, size_bytes).await?;
-    let mut truncated_bytes = 0;
-    if let Some(torn) = scan.invalid {
-        truncated_bytes = size_bytes - torn.position;
-        tracing::warn!(
-            segment = %path.display(),
-            position = torn.position,
-            truncated_bytes,
-            reason = %torn.reason,
-            "truncating the torn tail of the last segment"
-        );
-        file.set_len(torn.position)
+    let mut cut = TailCut::default();
+    if let Some(invalid) = scan.invalid {
+        cut.truncated_bytes = size_bytes - invalid.position;
+        let followed =
+            valid_entries_after_damage(&file, &path, &scan.index, &invalid, size_bytes).await?;
+        if let Some(last_offset) = followed {
+            let quarantine = quarantine_tail(
+                &file,
+                &path,
+                &invalid,
+                size_bytes,
+                scan.index.end_offset,
+                last_offset,
+            )
+            .await?;
+            tracing::error!(
+                segment = %path.display(),
+                position = invalid.position,
+                offsets = %format_args!("{}-{}", quarantine.first_offset, quarantine.last_offset),
+                quarantine = %quarantine.path.display(),
+                truncated_bytes = cut.truncated_bytes,
+                reason = %invalid.reason,
+                "damaged entry in the last segment is followed by valid entries: not a torn write. \
+                 The entries from the damaged one on may have been acknowledged; their bytes were \
+                 copied to the quarantine file and the segment is truncated at the damage"
+            );
+            cut.quarantined = Some(quarantine);
+        } else {
+            tracing::warn!(
+                segment = %path.display(),
+                position = invalid.position,
+                truncated_bytes = cut.truncated_bytes,
+                reason = %invalid.reason,
+                "truncating the torn tail of the last segment"
+            );
+        }
+        file.set_len(invalid.position)
             .await
             .map_err(io_error(&path, "truncate torn tail"))?;
         file.sync_all()
             .await
             .map_err(io_error(&path, "fsync after truncating torn tail"))?;
     }
-    assert_eq!(scan.index.size_bytes, size_bytes - truncated_bytes);
+    assert_eq!(scan.index.size_bytes, size_bytes - cut.truncated_bytes);
     Ok((
         Segment {
             path,
-            file,
+            file: Some(file),
             index: scan.index,
         },
-        truncated_bytes,
+        cut,
         scan.producer_batches.into(),
     ))
+}
+
+/// Whether the first invalid entry of the last segment is interior damage rather than a torn
+/// write: its header passes `check_entry_header` (only the payload checksum failed, so its size
+/// is known) and right after it starts at least one valid entry carrying the next offset. Returns
+/// the last offset of the valid entries that follow it back to back, or `None` (a torn tail).
+/// A torn group write can leave an invalid entry followed by valid-looking ones too (pages reach
+/// the disk in any order), but none of those was acknowledged; interior damage may hit
+/// acknowledged entries, so the caller keeps the bytes either way.
+async fn valid_entries_after_damage(
+    file: &File,
+    path: &Path,
+    index: &SegmentIndex,
+    invalid: &Invalid,
+    size_bytes: u64,
+) -> Result<Option<u64>, LogError> {
+    let remaining = size_bytes - invalid.position;
+    if remaining < ENTRY_HEADER_SIZE as u64 {
+        return Ok(None);
+    }
+    let mut reader = ChunkReader {
+        file,
+        size_bytes,
+        buffer: Vec::new(),
+        buffer_position: 0,
+    };
+    let header_bytes = reader
+        .bytes(invalid.position, ENTRY_HEADER_SIZE)
+        .await
+        .map_err(io_error(path, "read segment"))?;
+    let header = EntryHeader::decode(header_bytes).expect("ChunkReader returned 32 bytes");
+    let Ok(damaged_size) = check_entry_header(&header, index.end_offset, remaining) else {
+        return Ok(None);
+    };
+    let mut position = invalid.position + damaged_size;
+    let mut expected_offset = index.end_offset + u64::from(header.message_count);
+    let mut last_offset = None;
+    while size_bytes - position >= ENTRY_HEADER_SIZE as u64 {
+        let header_bytes = reader
+            .bytes(position, ENTRY_HEADER_SIZE)
+            .await
+            .map_err(io_error(path, "read segment"))?;
+        let header = EntryHeader::decode(header_bytes).expect("ChunkReader returned 32 bytes");
+        let Ok(entry_size) = check_entry_header(&header, expected_offset, size_bytes - position)
+        else {
+            break;
+        };
+        let payload = reader
+            .bytes(position + ENTRY_HEADER_SIZE as u64, header.length as usize)
+            .await
+            .map_err(io_error(path, "read segment"))?;
+        if check_entry_payload(&header, payload).is_err() {
+            break;
+        }
+        expected_offset += u64::from(header.message_count);
+        last_offset = Some(expected_offset - 1);
+        position += entry_size;
+    }
+    Ok(last_offset)
+}
+
+/// Copies the bytes of the last segment from the damaged entry to its end into a new quarantine
+/// file beside it, durably: write, fsync the file, fsync the directory. Never overwrites a file:
+/// a taken name (a crash between an earlier copy and its truncation) gets the next `.N` suffix.
+async fn quarantine_tail(
+    file: &File,
+    path: &Path,
+    invalid: &Invalid,
+    size_bytes: u64,
+    first_offset: u64,
+    last_offset: u64,
+) -> Result<Quarantine, LogError> {
+    let (quarantine_path, quarantine_file) = create_quarantine_file(path, invalid.position).await?;
+    let mut position = invalid.position;
+    let mut buffer = Vec::new();
+    while position < size_bytes {
+        let length = (size_bytes - position).min(SCAN_CHUNK_BYTES as u64) as usize;
+        buffer.clear();
+        let BufResult(result, filled) = read_exact_append(file, position, length, buffer).await;
+        result.map_err(io_error(path, "read the damaged tail to quarantine"))?;
+        let BufResult(result, written) = (&quarantine_file)
+            .write_all_at(filled, position - invalid.position)
+            .await;
+        result.map_err(io_error(&quarantine_path, "write quarantine file"))?;
+        buffer = written;
+        position += length as u64;
+    }
+    quarantine_file
+        .sync_all()
+        .await
+        .map_err(io_error(&quarantine_path, "fsync quarantine file"))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    sync_dir(dir).await.map_err(io_error(
+        dir,
+        "fsync log directory after creating a quarantine file",
+    ))?;
+    Ok(Quarantine {
+        segment: path.to_path_buf(),
+        position: invalid.position,
+        path: quarantine_path,
+        size_bytes: size_bytes - invalid.position,
+        first_offset,
+        last_offset,
+    })
+}
+
+/// Creates `{segment}.damaged-at-{position}` (or the first free `.N` of it) with `O_EXCL`.
+async fn create_quarantine_file(
+    segment: &Path,
+    position: u64,
+) -> Result<(PathBuf, File), LogError> {
+    let base_name = quarantine_name(segment, position);
+    for attempt in 0..QUARANTINE_FILE_NAME_ATTEMPT_COUNT_MAX {
+        let candidate = if attempt == 0 {
+            base_name.clone()
+        } else {
+            PathBuf::from(format!("{}.{attempt}", base_name.display()))
+        };
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&candidate)
+            .await
+        {
+            Ok(file) => return Ok((candidate, file)),
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(error) => return Err(io_error(&candidate, "create quarantine file")(error)),
+        }
+    }
+    Err(LogError::Io {
+        path: base_name,
+        op: "create quarantine file (every numbered name is taken; move the old ones away)",
+        source: io::Error::from(io::ErrorKind::AlreadyExists),
+    })
+}
+
+/// `{segment file name}.damaged-at-{position}` beside the segment.
+pub(super) fn quarantine_name(segment: &Path, position: u64) -> PathBuf {
+    let mut name = segment.as_os_str().to_owned();
+    name.push(format!(".damaged-at-{position}"));
+    PathBuf::from(name)
 }
 
 /// The first entry that does not check out, and why.

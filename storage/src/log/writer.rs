@@ -242,13 +242,14 @@ async fn roll_back(shared: &Shared) -> Result<(), Failure> {
                 &error,
             )
         })?;
+        reopen_active(shared).await?;
     }
     let (file, path, base_offset, size_bytes) = {
         let mut state = shared.state.borrow_mut();
         let active = state.active_mut();
         active.index.truncate_to(acked_offset);
         (
-            active.file.clone(),
+            active.active_file().clone(),
             active.path.clone(),
             active.index.base_offset,
             active.index.size_bytes,
@@ -296,6 +297,34 @@ async fn remove_rolled_back_snapshots(shared: &Shared) -> Result<bool, Failure> 
             .remove(&base_offset);
     }
     Ok(!rolled_back.is_empty())
+}
+
+/// Gives the segment that is active again after a rollback deleted the ones after it its file
+/// back: a closed segment holds none (roll moved it to the closed-file cache, where it usually
+/// still is; else it is reopened read-write).
+async fn reopen_active(shared: &Shared) -> Result<(), Failure> {
+    let (path, base_offset) = {
+        let mut state = shared.state.borrow_mut();
+        let base_offset = state.active().index.base_offset;
+        if state.active().file.is_some() {
+            return Ok(());
+        }
+        if let Some(file) = state.closed_files.take(base_offset) {
+            state.active_mut().file = Some(file);
+            return Ok(());
+        }
+        (state.active().path.clone(), base_offset)
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .await
+        .map_err(|error| Failure::new(&path, "reopen the segment active again", &error))?;
+    let mut state = shared.state.borrow_mut();
+    assert_eq!(state.active().index.base_offset, base_offset);
+    state.active_mut().file = Some(file);
+    Ok(())
 }
 
 /// Deletes `path`; a missing file is not an error.
@@ -404,7 +433,7 @@ async fn write_batch(shared: &Shared, batch: Vec<Entry>) -> Result<(), Failure> 
         let state = shared.state.borrow();
         let active = state.active();
         (
-            active.file.clone(),
+            active.active_file().clone(),
             active.path.clone(),
             active.index.size_bytes,
         )
@@ -461,7 +490,10 @@ async fn write_entries(
 async fn sync_active(shared: &Shared) -> Result<(), Failure> {
     let (file, path) = {
         let state = shared.state.borrow();
-        (state.active().file.clone(), state.active().path.clone())
+        (
+            state.active().active_file().clone(),
+            state.active().path.clone(),
+        )
     };
     let synced = match shared.faults.check(FaultOp::Fsync) {
         Ok(()) => file.sync_data().await,
@@ -513,9 +545,9 @@ async fn roll(shared: &Shared, group_stamps: &[ProducerBatch]) -> Result<(), Fai
         closed_size_bytes = index.size_bytes,
         "rolled segment"
     );
-    shared.state.borrow_mut().segments.push(Segment {
+    shared.state.borrow_mut().start_segment(Segment {
         path,
-        file,
+        file: Some(file),
         index: SegmentIndex::empty(base_offset),
     });
     remove_old_producer_snapshots(shared).await;

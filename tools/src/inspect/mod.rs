@@ -36,7 +36,10 @@ What each KIND checks (all by the rules of storage/FORMAT.md):
               (open refuses to boot).
   segment     PATH is a partition directory or one .log segment. Walks every entry (offset rule,
               size bounds, XXH3-64 payload checksum), reports a torn tail or corruption with file
-              and byte position, and checks each .index file against the entries it describes.
+              and byte position (in the last segment, damage followed by valid entries is what
+              open copies to a quarantine file before truncating), checks each .index file
+              against the entries it describes, and lists quarantine files
+              (NNNNNNNNNNNNNNNNNNNN.log.damaged-at-BYTE).
   snapshot    PATH is the snapshot file or the data directory. Verifies the header (magic,
               version, reserved bytes, payload size) and the XXH3-64 trailer, decodes the JSON
               payload and checks metadata and client table by the server's boot rules, lists

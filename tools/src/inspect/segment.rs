@@ -6,7 +6,7 @@
 //! scans it. Reads only; never truncates a torn tail nor rewrites an index.
 
 use std::fmt::Write as _;
-use std::io::{BufReader, Read as _};
+use std::io::{BufReader, Read as _, Seek as _, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use storage::durable::TRAILER_SIZE;
@@ -35,6 +35,16 @@ pub(crate) struct SegmentReport {
     /// One past the last entry's last offset (the next offset open would assign if every
     /// segment opens).
     next_offset: Option<u64>,
+    size_bytes: u64,
+    /// Files holding bytes open cut from the last segment after interior damage
+    /// (`{base_offset:020}.log.damaged-at-{position}`): kept for the operator, not damage.
+    quarantine_files: Vec<QuarantineFile>,
+}
+
+/// A quarantine file beside the segments (storage/FORMAT.md section 3, "Open").
+#[derive(Debug, serde::Serialize)]
+struct QuarantineFile {
+    file: String,
     size_bytes: u64,
 }
 
@@ -97,9 +107,23 @@ fn read_error(file: &Path) -> impl Fn(std::io::Error) -> anyhow::Error + '_ {
 /// Scans `file` as open scans a segment: entry by entry from byte 0, expecting the first at
 /// `base_offset` (`None`: whatever it says), stopping at the first entry that breaks a rule.
 fn scan(file: &Path, base_offset: Option<u64>, size_bytes: u64) -> anyhow::Result<Walk> {
-    let mut reader = BufReader::with_capacity(SCAN_CHUNK_BYTES, open_read_only(file)?);
+    scan_from(file, 0, base_offset, size_bytes)
+}
+
+/// [`scan`] starting at byte `start` of `file`.
+fn scan_from(
+    file: &Path,
+    start: u64,
+    base_offset: Option<u64>,
+    size_bytes: u64,
+) -> anyhow::Result<Walk> {
+    let mut opened = open_read_only(file)?;
+    opened
+        .seek(SeekFrom::Start(start))
+        .map_err(read_error(file))?;
+    let mut reader = BufReader::with_capacity(SCAN_CHUNK_BYTES, opened);
     let mut entries = Vec::new();
-    let mut position = 0u64;
+    let mut position = start;
     let mut next_offset = base_offset;
     let mut payload = Vec::new();
     let invalid = loop {
@@ -146,6 +170,85 @@ fn scan(file: &Path, base_offset: Option<u64>, size_bytes: u64) -> anyhow::Resul
         end_offset: next_offset,
         invalid: invalid.map(|reason| (position, reason)),
     })
+}
+
+/// Open's verdict on the first invalid entry of the last segment, at `position` where offset
+/// `expected_offset` was due: interior damage when its header passes the header rules (only its
+/// payload checksum failed, so its size is known) and a valid entry with the next offset starts
+/// right after it. Returns the first and last offsets open would cut and quarantine.
+fn interior_damage(
+    file: &Path,
+    position: u64,
+    expected_offset: u64,
+    size_bytes: u64,
+) -> anyhow::Result<Option<(u64, u64)>> {
+    let left = size_bytes - position;
+    if left < ENTRY_HEADER_SIZE as u64 {
+        return Ok(None);
+    }
+    let mut opened = open_read_only(file)?;
+    opened
+        .seek(SeekFrom::Start(position))
+        .map_err(read_error(file))?;
+    let mut header_bytes = [0u8; ENTRY_HEADER_SIZE];
+    opened
+        .read_exact(&mut header_bytes)
+        .map_err(read_error(file))?;
+    let Some(header) = EntryHeader::decode(&header_bytes) else {
+        unreachable!("32 bytes decode");
+    };
+    let Ok(damaged_size) = check_entry_header(&header, expected_offset, left) else {
+        return Ok(None);
+    };
+    let next_offset = expected_offset + u64::from(header.message_count);
+    let after = scan_from(file, position + damaged_size, Some(next_offset), size_bytes)?;
+    Ok(match after.end_offset {
+        Some(end_offset) if !after.entries.is_empty() => Some((expected_offset, end_offset - 1)),
+        _ => None,
+    })
+}
+
+/// `{segment}.damaged-at-{position}` (optionally `.N`): a quarantine file open wrote.
+fn is_quarantine_name(name: &str) -> bool {
+    let Some((segment, rest)) = name.split_once(".log.damaged-at-") else {
+        return false;
+    };
+    let digits = |text: &str| !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_digit());
+    let position = rest.split_once('.').map_or(
+        rest,
+        |(position, suffix)| {
+            if digits(suffix) { position } else { "" }
+        },
+    );
+    segment.len() == 20 && digits(segment) && digits(position)
+}
+
+/// The quarantine files in a partition directory, sorted by name.
+fn quarantine_files(dir: &Path) -> anyhow::Result<Vec<QuarantineFile>> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|error| anyhow::anyhow!("{}: cannot list: {error}", dir.display()))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry =
+            entry.map_err(|error| anyhow::anyhow!("{}: cannot list: {error}", dir.display()))?;
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        if !is_quarantine_name(&name) {
+            continue;
+        }
+        let path = entry.path();
+        let size_bytes = entry
+            .metadata()
+            .map_err(|error| anyhow::anyhow!("{}: cannot stat: {error}", path.display()))?
+            .len();
+        files.push(QuarantineFile {
+            file: path.display().to_string(),
+            size_bytes,
+        });
+    }
+    files.sort_by(|a, b| a.file.cmp(&b.file));
+    Ok(files)
 }
 
 /// Walks a closed segment along the index open uses for it, checking each entry as a read does
@@ -268,7 +371,13 @@ fn judge_index(
     })
 }
 
-/// The damage findings of one segment's walk.
+/// The name open gives the quarantine file of damage at `position` in `file` (before any `.N`).
+fn quarantine_display(file: &Path, position: u64) -> String {
+    format!("{}.damaged-at-{position}", file.display())
+}
+
+/// The damage findings of one segment's walk; `interior` is open's verdict on the first invalid
+/// entry of the last segment (see [`interior_damage`]).
 fn segment_damage(
     file: &Path,
     base_offset: Option<u64>,
@@ -276,6 +385,7 @@ fn segment_damage(
     size_bytes: u64,
     walk: &Walk,
     index: &IndexCheck,
+    interior: Option<(u64, u64)>,
 ) -> Vec<Damage> {
     let mut damage = Vec::new();
     for entry in &walk.entries {
@@ -294,7 +404,19 @@ fn segment_damage(
         }
     }
     if let Some((position, reason)) = &walk.invalid {
-        if last {
+        if let (true, Some((first_offset, last_offset))) = (last, interior) {
+            damage.push(Damage::new(
+                file,
+                Some(*position),
+                format!(
+                    "{reason}; valid entries follow it, so this is interior damage, not a torn \
+                     write: open copies the {} bytes from here (offsets {first_offset}-{last_offset}, \
+                     possibly acknowledged) to {}, logs an error and truncates the segment here",
+                    size_bytes - position,
+                    quarantine_display(file, *position)
+                ),
+            ));
+        } else if last {
             damage.push(Damage {
                 torn_tail: true,
                 ..Damage::new(
@@ -302,8 +424,7 @@ fn segment_damage(
                     Some(*position),
                     format!(
                         "{reason}; a torn tail of {} bytes in the last segment, which open would \
-                         truncate (or interior damage, which FORMAT.md section 3 cannot tell \
-                         apart)",
+                         truncate (nothing valid follows it)",
                         size_bytes - position
                     ),
                 )
@@ -376,6 +497,12 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SegmentReport, Vec<Damage>
             Some(used_index) => walk_indexed(&file, used_index)?,
             None => scan(&file, base_offset.or(expected), file_size_bytes)?,
         };
+        let interior = match (&walk.invalid, walk.end_offset.or(expected)) {
+            (Some((position, _)), Some(expected_offset)) if last => {
+                interior_damage(&file, *position, expected_offset, file_size_bytes)?
+            }
+            _ => None,
+        };
         damage.extend(segment_damage(
             &file,
             base_offset,
@@ -383,6 +510,7 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SegmentReport, Vec<Damage>
             file_size_bytes,
             &walk,
             &index,
+            interior,
         ));
         let end_offset = walk.end_offset.or(base_offset);
         next_offset = end_offset.or(next_offset);
@@ -400,6 +528,11 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SegmentReport, Vec<Damage>
             index,
         });
     }
+    let quarantine_files = if path.is_dir() {
+        quarantine_files(path)?
+    } else {
+        Vec::new()
+    };
     let entries = || segments.iter().flat_map(|segment| &segment.entries);
     let damaged = || entries().filter(|entry| !entry.checksum_ok);
     let report = SegmentReport {
@@ -411,6 +544,7 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SegmentReport, Vec<Damage>
         next_offset,
         size_bytes,
         segments,
+        quarantine_files,
     };
     Ok((report, damage))
 }
@@ -456,6 +590,14 @@ impl Report for SegmentReport {
                 );
             }
         }
+        for quarantine in &self.quarantine_files {
+            let _ = writeln!(
+                out,
+                "quarantine file {} ({} bytes): bytes open cut from the last segment after \
+                 interior damage, kept for inspection (not read by the server)",
+                quarantine.file, quarantine.size_bytes
+            );
+        }
         let next_offset = self
             .next_offset
             .map_or_else(|| "-".to_owned(), |offset| offset.to_string());
@@ -473,5 +615,24 @@ impl Report for SegmentReport {
              {} bytes",
             self.segment_count, self.entry_count, self.message_count, self.size_bytes
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quarantine_names_are_exact() {
+        assert!(is_quarantine_name("00000000000000000000.log.damaged-at-0"));
+        assert!(is_quarantine_name(
+            "00000000000000000042.log.damaged-at-132.1"
+        ));
+        assert!(!is_quarantine_name("00000000000000000042.log"));
+        assert!(!is_quarantine_name("42.log.damaged-at-0"));
+        assert!(!is_quarantine_name("00000000000000000042.log.damaged-at-"));
+        assert!(!is_quarantine_name(
+            "00000000000000000042.log.damaged-at-1.tmp"
+        ));
     }
 }
