@@ -30,8 +30,9 @@ pub(super) fn parse_segment_name(name: &str) -> Option<u64> {
 pub(super) enum Repair {
     /// Nothing to write.
     None,
-    /// A new journal: create the directory and `00000000000000000001.wal`.
-    CreateFirstSegment,
+    /// A new journal: create the directory and the empty segment `{first_op:020}.wal` (op 1, or
+    /// the op after the snapshot when the caller found no segment after a checkpoint).
+    CreateFirstSegment { first_op: u64 },
     /// Cut the last segment to `size_bytes` (a torn tail above the covered op).
     Truncate { size_bytes: u64 },
     /// Create the empty segment `{first_op:020}.wal` (`covered_op + 1`) after a damaged last
@@ -67,30 +68,34 @@ pub(super) struct Recovered {
 }
 
 /// Reads the journal in `dir` and decides its repair, writing nothing. `covered_op` is the op up
-/// to which the caller's snapshot holds the state: a damaged last record at or below it is left
-/// in place and the journal continues at `covered_op + 1` (FORMAT.md section 8, open).
+/// to which the caller's snapshot holds the state. Damage at an op at or below it is covered:
+/// the records from it on are never replayed, so the scan goes on at the next record it can
+/// prove (a later valid record in the same segment, or the next segment) as long as no op above
+/// `covered_op` can be lost; a last segment holding covered damage is left as it is, now closed,
+/// and the journal continues in a new segment. Damage above `covered_op` is a torn tail (cut)
+/// or refused. Rules: FORMAT.md section 8, open.
 pub(super) async fn scan(dir: &Path, covered_op: u64) -> Result<Scanned, JournalError> {
     let first_ops = list_segments(dir).await?;
-    let Some((&last_first_op, closed_first_ops)) = first_ops.split_last() else {
-        // A new journal: VSR numbers prepares from op 1 (op 0 is the root prepare).
+    if first_ops.is_empty() {
+        // A new journal: VSR numbers prepares from op 1 (op 0 is the root prepare); after a
+        // snapshot at `covered_op` (the caller decided no op above it exists) it starts above it.
+        let first_op = covered_op + 1;
         return Ok(Scanned {
             dir: dir.to_path_buf(),
-            segment_first_ops: vec![1],
+            segment_first_ops: vec![first_op],
             active_size_bytes: 0,
-            last_op: 0,
-            repair: Repair::CreateFirstSegment,
+            last_op: covered_op,
+            repair: Repair::CreateFirstSegment { first_op },
             recovery: JournalRecovery {
                 segment_count: 1,
                 ..JournalRecovery::default()
             },
         });
-    };
-
-    let mut prepares = Vec::new();
-    let mut record_positions = Vec::new();
-    let mut damaged_records = Vec::new();
+    }
+    let mut found = Found::default();
     let mut next_op = None;
-    for (index, &first_op) in closed_first_ops.iter().enumerate() {
+    let mut last_end = SegmentEnd::Clean { end_position: 0 };
+    for (index, &first_op) in first_ops.iter().enumerate() {
         let path = segment_path(dir, first_op);
         check_first_op(&path, first_op, next_op)?;
         let file = File::open(&path)
@@ -99,74 +104,42 @@ pub(super) async fn scan(dir: &Path, covered_op: u64) -> Result<Scanned, Journal
         let bytes = read_segment(&file, &path).await?;
         // A close error on a read-only descriptor cannot lose data; the bytes are verified.
         let _ = file.close().await;
-        let scan = scan_segment(&bytes, first_op, &mut prepares, &mut record_positions);
-        next_op = Some(scan.next_op);
-        let Some(invalid) = scan.invalid else {
-            continue;
+        let segment = Segment {
+            path: &path,
+            bytes: &bytes,
+            first_op,
+            following_first_op: first_ops.get(index + 1).copied(),
         };
-        let following_first_op = first_ops[index + 1];
-        let damaged = covered_closed_tail(
-            &path,
-            &bytes,
-            &invalid,
-            scan.next_op,
-            following_first_op,
-            covered_op,
-        )?;
-        damaged_records.push(damaged);
-        // The ops from the damaged one up to the next segment are held by the snapshot.
-        next_op = Some(following_first_op);
+        let (segment_next_op, end) = walk_segment(&segment, covered_op, &mut found)?;
+        next_op = Some(segment_next_op);
+        last_end = end;
     }
-
-    let path = segment_path(dir, last_first_op);
-    check_first_op(&path, last_first_op, next_op)?;
-    let file = File::open(&path)
-        .await
-        .map_err(io_error(&path, "open segment"))?;
-    let bytes = read_segment(&file, &path).await?;
-    let _ = file.close().await;
-    let scan = scan_segment(&bytes, last_first_op, &mut prepares, &mut record_positions);
-    let mut segment_first_ops = first_ops.clone();
-    let mut active_size_bytes = scan.end_position as u64;
-    let mut last_op = scan.next_op - 1;
-    let mut repair = Repair::None;
-    let mut truncated_bytes = 0;
-    if let Some(invalid) = scan.invalid {
-        if let Some(reason) = interior_damage(&bytes, invalid.position, scan.next_op) {
-            return Err(JournalError::Corrupt {
-                path,
-                position: invalid.position as u64,
-                reason: format!("{} ({reason})", invalid.reason),
-            });
+    let next_op = next_op.expect("at least one segment was walked");
+    let mut segment_first_ops = first_ops;
+    let (repair, active_size_bytes, last_op) = match last_end {
+        SegmentEnd::Clean { end_position } if !found.last_segment_covered => {
+            (Repair::None, end_position as u64, next_op - 1)
         }
-        let size_bytes = (bytes.len() - invalid.position) as u64;
-        let disposition = if scan.next_op <= covered_op {
-            // The snapshot holds this op: nothing acknowledged is lost by leaving it, and cutting
-            // it would leave a journal that ends below the snapshot.
-            let resume_op = covered_op + 1;
-            repair = Repair::StartSegment {
-                first_op: resume_op,
-            };
+        SegmentEnd::Clean { .. } | SegmentEnd::Covered => {
+            // The damaged segment is left as it is, closed; nothing in it is ever written again.
+            let resume_op = next_op.max(covered_op + 1);
             segment_first_ops.push(resume_op);
-            active_size_bytes = 0;
-            last_op = covered_op;
-            TailDisposition::CoveredBySnapshot { resume_op }
-        } else {
-            repair = Repair::Truncate {
-                size_bytes: invalid.position as u64,
-            };
-            truncated_bytes = size_bytes;
-            TailDisposition::Truncated
-        };
-        damaged_records.push(DamagedRecord {
-            path,
-            position: invalid.position as u64,
-            op: scan.next_op,
-            size_bytes,
-            reason: invalid.reason,
-            disposition,
-        });
-    }
+            (
+                Repair::StartSegment {
+                    first_op: resume_op,
+                },
+                0,
+                resume_op - 1,
+            )
+        }
+        SegmentEnd::Torn { position } => (
+            Repair::Truncate {
+                size_bytes: position as u64,
+            },
+            position as u64,
+            next_op - 1,
+        ),
+    };
     let segment_count = segment_first_ops.len() as u32;
     Ok(Scanned {
         dir: dir.to_path_buf(),
@@ -175,56 +148,252 @@ pub(super) async fn scan(dir: &Path, covered_op: u64) -> Result<Scanned, Journal
         last_op,
         repair,
         recovery: JournalRecovery {
-            prepares,
-            record_positions,
-            truncated_bytes,
-            damaged_records,
+            prepares: found.prepares,
+            record_positions: found.record_positions,
+            truncated_bytes: found.truncated_bytes,
+            damaged_records: found.damaged_records,
             segment_count,
         },
     })
 }
 
-/// A closed segment whose first invalid record, at `invalid`, is acceptable only as a damaged
-/// last record the snapshot covers, left behind by an earlier open (FORMAT.md section 8, open
-/// step 4): tail-shaped (nothing valid after it, at most one record's bytes), and every op from
-/// it (`damaged_op`) up to the next segment's first op is at or below `covered_op`.
-fn covered_closed_tail(
-    path: &Path,
-    bytes: &[u8],
+/// What the walk of every segment collected.
+#[derive(Debug, Default)]
+struct Found {
+    prepares: Vec<Prepare>,
+    record_positions: Vec<(u64, u64)>,
+    damaged_records: Vec<DamagedRecord>,
+    truncated_bytes: u64,
+    /// The last segment holds covered damage: it is closed and a new segment started.
+    last_segment_covered: bool,
+}
+
+/// One segment's bytes and place in the journal.
+struct Segment<'a> {
+    path: &'a Path,
+    bytes: &'a [u8],
+    first_op: u64,
+    /// The next segment's first op; `None` for the last (active) segment.
+    following_first_op: Option<u64>,
+}
+
+/// How a segment's walk ended.
+#[derive(Debug, Clone, Copy)]
+enum SegmentEnd {
+    /// Valid records up to `end_position`, the end of the file (after any covered damage that
+    /// a later record in the same segment resumed from).
+    Clean { end_position: usize },
+    /// Covered damage up to the end of the file.
+    Covered,
+    /// A torn tail above the covered op at `position` (last segment only): open cuts it.
+    Torn { position: usize },
+}
+
+/// Walks one segment's records, resuming after covered damage (FORMAT.md section 8, open):
+/// returns the op the next segment must start at and how the segment ended.
+fn walk_segment(
+    segment: &Segment<'_>,
+    covered_op: u64,
+    found: &mut Found,
+) -> Result<(u64, SegmentEnd), JournalError> {
+    let mut position = 0;
+    let mut next_op = segment.first_op;
+    loop {
+        let scan = scan_segment(
+            segment.bytes,
+            segment.first_op,
+            position,
+            next_op,
+            &mut found.prepares,
+            &mut found.record_positions,
+        );
+        let Some(invalid) = scan.invalid else {
+            return Ok((
+                scan.next_op,
+                SegmentEnd::Clean {
+                    end_position: scan.end_position,
+                },
+            ));
+        };
+        if scan.next_op > covered_op {
+            return uncovered_damage(segment, &invalid, scan.next_op, covered_op, found);
+        }
+        let covered = covered_damage(segment, &invalid, scan.next_op, covered_op)?;
+        let resume = covered.resume;
+        found.damaged_records.push(covered.record);
+        if segment.following_first_op.is_none() {
+            found.last_segment_covered = true;
+        }
+        match resume {
+            Resume::InSegment { position: at, op } => {
+                position = at;
+                next_op = op;
+            }
+            Resume::NextSegment { op } => return Ok((op, SegmentEnd::Covered)),
+        }
+    }
+}
+
+/// Damage at op `damaged_op`, above `covered_op`: only a torn tail of the last segment is
+/// explained (and will be cut); anything else refuses, as a torn append cannot leave it.
+fn uncovered_damage(
+    segment: &Segment<'_>,
     invalid: &Invalid,
     damaged_op: u64,
-    following_first_op: u64,
     covered_op: u64,
-) -> Result<DamagedRecord, JournalError> {
+    found: &mut Found,
+) -> Result<(u64, SegmentEnd), JournalError> {
+    let corrupt = |reason: String| JournalError::Corrupt {
+        path: segment.path.to_path_buf(),
+        position: invalid.position as u64,
+        reason,
+    };
+    if let Some(why) = interior_damage(segment.bytes, invalid.position, damaged_op) {
+        return Err(corrupt(format!("{} ({why})", invalid.reason)));
+    }
+    if segment.following_first_op.is_some() {
+        return Err(corrupt(format!(
+            "in a closed segment (damage before the tail refuses to boot): {} (op {damaged_op} \
+             is above the snapshot's checkpoint op {covered_op}, so the snapshot does not hold \
+             it)",
+            invalid.reason
+        )));
+    }
+    let size_bytes = (segment.bytes.len() - invalid.position) as u64;
+    found.truncated_bytes = size_bytes;
+    found.damaged_records.push(DamagedRecord {
+        path: segment.path.to_path_buf(),
+        position: invalid.position as u64,
+        op: damaged_op,
+        size_bytes,
+        reason: invalid.reason.clone(),
+        disposition: TailDisposition::Truncated,
+    });
+    Ok((
+        damaged_op,
+        SegmentEnd::Torn {
+            position: invalid.position,
+        },
+    ))
+}
+
+/// Where the walk goes on after covered damage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resume {
+    /// At the valid record for `op` at byte `position` of the same segment.
+    InSegment { position: usize, op: u64 },
+    /// At `op`: the next segment's first op, or for the last segment `covered_op + 1` (a new
+    /// segment).
+    NextSegment { op: u64 },
+}
+
+/// Covered damage and where the walk resumes.
+struct Covered {
+    record: DamagedRecord,
+    resume: Resume,
+}
+
+/// Damage at op `damaged_op <= covered_op`: the snapshot holds that op, so the bytes from it on
+/// are skipped (never replayed) up to the first point from which the walk can go on without
+/// losing an op above `covered_op`: the next segment when it starts at most at
+/// `covered_op + 1`; else the first valid record for a later op in this segment when it is at
+/// most `covered_op + 1`; else, in the last segment, the end of the file when the skipped bytes
+/// cannot hold a record above `covered_op` (a torn tail, or too few bytes for that many
+/// records). Anything else could hide acknowledged ops above the checkpoint: refused.
+fn covered_damage(
+    segment: &Segment<'_>,
+    invalid: &Invalid,
+    damaged_op: u64,
+    covered_op: u64,
+) -> Result<Covered, JournalError> {
     let refuse = |why: String| JournalError::Corrupt {
-        path: path.to_path_buf(),
+        path: segment.path.to_path_buf(),
         position: invalid.position as u64,
         reason: format!(
-            "in a closed segment (damage before the tail refuses to boot): {} ({why})",
+            "{} at op {damaged_op}, which the snapshot's checkpoint op {covered_op} covers, but \
+             {why}: acknowledged ops above the checkpoint could be lost",
             invalid.reason
         ),
     };
-    if let Some(why) = interior_damage(bytes, invalid.position, damaged_op) {
-        return Err(refuse(why));
+    let covered = |end: usize, resume: Resume| {
+        let resume_op = match resume {
+            Resume::InSegment { op, .. } | Resume::NextSegment { op } => op,
+        };
+        Covered {
+            record: DamagedRecord {
+                path: segment.path.to_path_buf(),
+                position: invalid.position as u64,
+                op: damaged_op,
+                size_bytes: (end - invalid.position) as u64,
+                reason: invalid.reason.clone(),
+                disposition: TailDisposition::CoveredBySnapshot { resume_op },
+            },
+            resume,
+        }
+    };
+    let end = segment.bytes.len();
+    if let Some(following) = segment.following_first_op {
+        if following <= damaged_op {
+            return Err(refuse(format!(
+                "the next segment starts at op {following}, not after it"
+            )));
+        }
+        if following - 1 <= covered_op {
+            return Ok(covered(end, Resume::NextSegment { op: following }));
+        }
     }
-    if following_first_op <= damaged_op || following_first_op - 1 > covered_op {
+    if let Some((position, op)) = next_valid_record(segment.bytes, invalid.position, damaged_op) {
+        if op > covered_op + 1 {
+            return Err(refuse(format!(
+                "the next valid record, at byte {position}, is op {op}: ops {} to {} are \
+                 unreadable",
+                covered_op + 1,
+                op - 1
+            )));
+        }
+        return Ok(covered(position, Resume::InSegment { position, op }));
+    }
+    if let Some(following) = segment.following_first_op {
         return Err(refuse(format!(
-            "the next segment starts at op {following_first_op}, but only a damaged last record \
-             at or below the snapshot's checkpoint op {covered_op}, followed by a segment \
-             starting at most at op {}, is left in a closed segment",
-            covered_op + 1
+            "no valid record follows it in this closed segment and the next segment starts at \
+             op {following}: ops {} to {} are unreadable",
+            covered_op + 1,
+            following - 1
         )));
     }
-    Ok(DamagedRecord {
-        path: path.to_path_buf(),
-        position: invalid.position as u64,
-        op: damaged_op,
-        size_bytes: (bytes.len() - invalid.position) as u64,
-        reason: invalid.reason.clone(),
-        disposition: TailDisposition::CoveredBySnapshot {
-            resume_op: following_first_op,
+    let skipped_bytes = end - invalid.position;
+    // Every record is at least a header: the skipped bytes hold at most this many records.
+    let record_count_max = skipped_bytes.div_ceil(JOURNAL_HEADER_SIZE) as u64;
+    if skipped_bytes > JOURNAL_RECORD_SIZE_MAX && damaged_op + record_count_max - 1 > covered_op {
+        return Err(refuse(format!(
+            "{skipped_bytes} unreadable bytes follow to the end of the last segment, more than \
+             one append can tear and room for records up to op {}",
+            damaged_op + record_count_max - 1
+        )));
+    }
+    Ok(covered(
+        end,
+        Resume::NextSegment {
+            op: covered_op + 1,
         },
-    })
+    ))
+}
+
+/// The first complete valid record after byte `position` whose op is above `damaged_op`, as
+/// (byte position, op). A valid record there was written by the journal: a segment is only
+/// appended to, and a cut (torn tail, rollback) removes the bytes it cuts.
+fn next_valid_record(bytes: &[u8], position: usize, damaged_op: u64) -> Option<(usize, u64)> {
+    for candidate in position + 1..bytes.len() {
+        let header = JournalHeader::decode(&bytes[candidate..])?;
+        // Cheap filters first: a zero-filled or random region fails them without hashing.
+        if header.reserved != 0 || header.size > JOURNAL_BODY_SIZE_MAX || header.op <= damaged_op {
+            continue;
+        }
+        if let Ok((header, _)) = parse_record(&bytes[candidate..]) {
+            return Some((candidate, header.op));
+        }
+    }
+    None
 }
 
 /// Makes the repair [`scan`] decided and opens the active segment read-write.
@@ -242,8 +411,8 @@ pub(super) async fn apply(scanned: Scanned) -> Result<Recovered, JournalError> {
         .expect("a scan leaves at least one segment");
     let path = segment_path(&dir, active_first_op);
     let active_file = match repair {
-        Repair::CreateFirstSegment | Repair::StartSegment { .. } => {
-            if repair == Repair::CreateFirstSegment {
+        Repair::CreateFirstSegment { .. } | Repair::StartSegment { .. } => {
+            if matches!(repair, Repair::CreateFirstSegment { .. }) {
                 create_journal_dir(&dir).await?;
             }
             let file = OpenOptions::new()
@@ -395,17 +564,19 @@ struct Scan {
     invalid: Option<Invalid>,
 }
 
-/// Checks the records of one segment in order, pushing each valid one to `prepares` and its
-/// `(first_op, byte position)` to `record_positions`: each must be valid ([`parse_record`]) and
-/// carry the next op (the first one `first_op`). Stops at the first record that fails.
+/// Checks the records of segment `first_op` in order from byte `position`, pushing each valid
+/// one to `prepares` and its `(first_op, byte position)` to `record_positions`: each must be
+/// valid ([`parse_record`]) and carry the next op (the first one `start_op`). Stops at the first
+/// record that fails.
 fn scan_segment(
     bytes: &[u8],
     first_op: u64,
+    mut position: usize,
+    start_op: u64,
     prepares: &mut Vec<Prepare>,
     record_positions: &mut Vec<(u64, u64)>,
 ) -> Scan {
-    let mut position = 0;
-    let mut next_op = first_op;
+    let mut next_op = start_op;
     let invalid = loop {
         if position == bytes.len() {
             break None;
@@ -510,13 +681,13 @@ mod tests {
     fn scan_stops_at_the_first_wrong_op() {
         let bytes = records(5..=7);
         let mut prepares = Vec::new();
-        let scan = scan_segment(&bytes, 5, &mut prepares, &mut Vec::new());
+        let scan = scan_segment(&bytes, 5, 0, 5, &mut prepares, &mut Vec::new());
         assert_eq!(prepares.len(), 3);
         assert_eq!((scan.next_op, scan.end_position), (8, bytes.len()));
         assert!(scan.invalid.is_none());
 
         prepares.clear();
-        let scan = scan_segment(&bytes, 4, &mut prepares, &mut Vec::new());
+        let scan = scan_segment(&bytes, 4, 0, 4, &mut prepares, &mut Vec::new());
         assert!(prepares.is_empty());
         let invalid = scan.invalid.unwrap();
         assert_eq!(invalid.position, 0);
@@ -650,6 +821,198 @@ mod tests {
         assert_eq!(
             (path, position),
             (segment_path(dir.path(), 1), (length - length / 3) as u64)
+        );
+    }
+
+    /// Snapshot of every file in `dir` (name, bytes), sorted: what a refusal must leave as it is.
+    fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| {
+                let entry = entry.unwrap();
+                (
+                    entry.file_name().to_string_lossy().into_owned(),
+                    std::fs::read(entry.path()).unwrap(),
+                )
+            })
+            .collect();
+        files.sort();
+        files
+    }
+
+    fn ops(scanned: &Scanned) -> Vec<u64> {
+        scanned.recovery.prepares.iter().map(|p| p.op).collect()
+    }
+
+    /// Issue 7 (adv2): a body byte flipped in record 2 of 4 (not the last). With the snapshot at
+    /// op 4 it is covered: ops 1, 3, 4 are read, the segment is closed and the journal goes on
+    /// at op 5; a second open accepts the result. With the snapshot at op 1 it refuses, naming
+    /// file and byte, writing nothing.
+    #[test]
+    fn issue7_interior_damage_at_or_below_the_covered_op_is_covered() {
+        let mut bytes = records(1..=4);
+        let record_size = bytes.len() / 4;
+        bytes[record_size + JOURNAL_HEADER_SIZE + 5] ^= 1;
+        let dir = tempfile::tempdir().unwrap();
+        write_segment(dir.path(), 1, &bytes);
+        let before = files(dir.path());
+
+        let Err(JournalError::Corrupt { path, position, .. }) = block_on(scan(dir.path(), 1))
+        else {
+            panic!("damage above the covered op was accepted");
+        };
+        assert_eq!(
+            (path, position),
+            (segment_path(dir.path(), 1), record_size as u64)
+        );
+        assert_eq!(files(dir.path()), before);
+
+        let scanned = block_on(scan(dir.path(), 4)).unwrap();
+        assert_eq!(ops(&scanned), vec![1, 3, 4]);
+        assert_eq!(
+            scanned.recovery.damaged_records,
+            vec![DamagedRecord {
+                path: segment_path(dir.path(), 1),
+                position: record_size as u64,
+                op: 2,
+                size_bytes: record_size as u64,
+                reason: scanned.recovery.damaged_records[0].reason.clone(),
+                disposition: TailDisposition::CoveredBySnapshot { resume_op: 3 },
+            }]
+        );
+        assert_eq!(scanned.repair, Repair::StartSegment { first_op: 5 });
+        assert_eq!((scanned.last_op, scanned.active_size_bytes), (4, 0));
+        assert_eq!(files(dir.path()), before);
+
+        drop(block_on(apply(scanned)).unwrap());
+        let again = block_on(scan(dir.path(), 4)).unwrap();
+        assert_eq!(again.repair, Repair::None);
+        assert_eq!(again.segment_first_ops, vec![1, 5]);
+        // Now closed, its damage is covered up to the next segment: nothing after it is read.
+        assert_eq!((again.last_op, ops(&again)), (4, vec![1]));
+        assert_eq!(std::fs::read(segment_path(dir.path(), 1)).unwrap(), bytes);
+    }
+
+    /// Damage at op 2 in a segment that goes on above the covered op: the walk resumes at the
+    /// next valid record when it is at most `covered_op + 1`, and refuses when the unreadable
+    /// bytes would hide an op above the checkpoint.
+    #[test]
+    fn issue7_covered_damage_resumes_only_without_losing_an_op_above_the_checkpoint() {
+        let clean = records(1..=6);
+        let record_size = clean.len() / 6;
+        let mut body_damage = clean.clone();
+        body_damage[record_size + JOURNAL_HEADER_SIZE + 1] ^= 1;
+        for covered_op in [2, 3] {
+            let dir = tempfile::tempdir().unwrap();
+            write_segment(dir.path(), 1, &body_damage);
+            let scanned = block_on(scan(dir.path(), covered_op)).unwrap();
+            assert_eq!(ops(&scanned), vec![1, 3, 4, 5, 6]);
+            assert_eq!(scanned.repair, Repair::StartSegment { first_op: 7 });
+            assert_eq!(scanned.last_op, 6);
+        }
+        // Headers of records 2 and 3 damaged: the next valid record is op 4, but op 3 is above
+        // a checkpoint at op 2.
+        let mut header_damage = clean.clone();
+        header_damage[record_size + 20] ^= 1;
+        header_damage[2 * record_size + 20] ^= 1;
+        let dir = tempfile::tempdir().unwrap();
+        write_segment(dir.path(), 1, &header_damage);
+        let before = files(dir.path());
+        let Err(JournalError::Corrupt {
+            path,
+            position,
+            reason,
+        }) = block_on(scan(dir.path(), 2))
+        else {
+            panic!("damage hiding op 3 above the checkpoint was accepted");
+        };
+        assert_eq!(
+            (path, position),
+            (segment_path(dir.path(), 1), record_size as u64)
+        );
+        assert!(
+            reason.ends_with(&format!(
+                "at op 2, which the snapshot's checkpoint op 2 covers, but the next valid \
+                 record, at byte {}, is op 4: ops 3 to 3 are unreadable: acknowledged ops above \
+                 the checkpoint could be lost",
+                3 * record_size
+            )),
+            "{reason}"
+        );
+        assert_eq!(files(dir.path()), before);
+        // A checkpoint at op 3 covers both.
+        let scanned = block_on(scan(dir.path(), 3)).unwrap();
+        assert_eq!(ops(&scanned), vec![1, 4, 5, 6]);
+    }
+
+    /// A closed segment with damage before its tail: covered when the next segment starts at
+    /// most at `covered_op + 1` (no repair: the active segment is clean), refused otherwise.
+    #[test]
+    fn issue7_closed_segment_damage_is_covered_up_to_the_next_segment() {
+        let mut closed = records(1..=3);
+        let record_size = closed.len() / 3;
+        closed[JOURNAL_HEADER_SIZE + 3] ^= 1;
+        let dir = tempfile::tempdir().unwrap();
+        write_segment(dir.path(), 1, &closed);
+        write_segment(dir.path(), 4, &records(4..=5));
+        let before = files(dir.path());
+        let scanned = block_on(scan(dir.path(), 3)).unwrap();
+        assert_eq!(ops(&scanned), vec![4, 5]);
+        assert_eq!(
+            scanned.recovery.damaged_records[0].disposition,
+            TailDisposition::CoveredBySnapshot { resume_op: 4 }
+        );
+        assert_eq!((scanned.repair, scanned.last_op), (Repair::None, 5));
+        // The same damage with a checkpoint at op 0 is above it: refused in a closed segment.
+        let Err(JournalError::Corrupt { position, .. }) = block_on(scan(dir.path(), 0)) else {
+            panic!("damage above the covered op in a closed segment was accepted");
+        };
+        assert_eq!(position, 0);
+        assert_eq!(files(dir.path()), before);
+        // Next segment at op 6 while the checkpoint is op 4: the walk resumes in the segment.
+        let dir = tempfile::tempdir().unwrap();
+        let mut closed = records(1..=5);
+        closed[record_size + JOURNAL_HEADER_SIZE + 3] ^= 1;
+        write_segment(dir.path(), 1, &closed);
+        write_segment(dir.path(), 6, &records(6..=6));
+        let scanned = block_on(scan(dir.path(), 4)).unwrap();
+        assert_eq!(ops(&scanned), vec![1, 3, 4, 5, 6]);
+        assert_eq!((scanned.repair, scanned.last_op), (Repair::None, 6));
+    }
+
+    /// Unreadable bytes to the end of the last segment are covered when they are a torn tail,
+    /// or too few to hold a record above the covered op; otherwise refused.
+    #[test]
+    fn issue7_an_unreadable_end_is_covered_only_when_it_cannot_hold_an_op_above_the_checkpoint() {
+        let mut bytes = records(1..=2);
+        bytes.resize(bytes.len() + JOURNAL_RECORD_SIZE_MAX + 1, 0);
+        let dir = tempfile::tempdir().unwrap();
+        write_segment(dir.path(), 1, &bytes);
+        let record_count_max = (JOURNAL_RECORD_SIZE_MAX + 1).div_ceil(JOURNAL_HEADER_SIZE) as u64;
+        let highest_op = 3 + record_count_max - 1;
+        assert!(block_on(scan(dir.path(), highest_op - 1)).is_err());
+        let scanned = block_on(scan(dir.path(), highest_op)).unwrap();
+        assert_eq!(
+            scanned.repair,
+            Repair::StartSegment {
+                first_op: highest_op + 1
+            }
+        );
+    }
+
+    /// No segment at all: a new journal at `covered_op + 1` (the caller decided no op above the
+    /// snapshot exists).
+    #[test]
+    fn issue7_an_empty_journal_directory_starts_after_the_covered_op() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = dir.path().join("journal");
+        let scanned = block_on(scan(&journal, 10)).unwrap();
+        assert_eq!(scanned.repair, Repair::CreateFirstSegment { first_op: 11 });
+        assert_eq!((scanned.last_op, scanned.segment_first_ops.clone()), (10, vec![11]));
+        drop(block_on(apply(scanned)).unwrap());
+        assert_eq!(
+            files(&journal),
+            vec![("00000000000000000011.wal".to_owned(), Vec::new())]
         );
     }
 }
