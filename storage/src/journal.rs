@@ -27,6 +27,7 @@ use crate::fault::{FaultInjector, FaultOp};
 use crate::limits::{JOURNAL_BODY_SIZE_MAX, JOURNAL_SEGMENT_SIZE_MAX};
 use crate::space::{FreeBytes, free_bytes, is_storage_full};
 pub use record::{JOURNAL_HEADER_SIZE, JournalHeader, Prepare, header_checksum, parse_record};
+pub use recovery::{CoveredResume, covered_resume};
 
 /// How a [`Journal`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,8 +51,9 @@ impl Default for JournalConfig {
 pub struct JournalRecovery {
     /// Every record in the journal, in op order, for replay. It may start at or below the
     /// checkpoint op (a crash during `release_below`); the caller skips ops `<= checkpoint_op`.
-    /// Ops are contiguous except after a damaged record the snapshot covers (see
-    /// [`TailDisposition::CoveredBySnapshot`]): the ops from it up to `covered_op` are missing.
+    /// Ops are contiguous except where damage the snapshot covers was skipped (see
+    /// [`TailDisposition::CoveredBySnapshot`]): ops from the damaged one up to the resume op,
+    /// all at or below `covered_op`, are missing.
     /// Bounded by what the journal holds: the ops since the oldest unreleased segment.
     pub prepares: Vec<Prepare>,
     /// Where each of `prepares` lies, same order: (the first op of its segment, which names the
@@ -61,15 +63,15 @@ pub struct JournalRecovery {
     /// Bytes cut from a torn tail of the last segment (0 if clean or if the damaged last record
     /// was covered by the snapshot, which is never cut).
     pub truncated_bytes: u64,
-    /// Damaged last records a torn write explains, oldest first: the last segment's (cut or
-    /// covered), and any closed segment's left covered by an earlier open. Empty when clean.
+    /// Damaged records, oldest first: the last segment's torn tail (cut), and any damage at or
+    /// below `covered_op` in any segment (covered, skipped). Empty when clean.
     pub damaged_records: Vec<DamagedRecord>,
     /// Segment files after open (a new journal has one, empty).
     pub segment_count: u32,
 }
 
-/// A damaged record at the end of a segment, of the shape a torn append leaves (FORMAT.md
-/// section 8, open): nothing valid after it and at most one record's bytes.
+/// A damaged record open accepted (FORMAT.md section 8, open): a torn tail above the covered op,
+/// or damage anywhere at or below it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DamagedRecord {
     /// The segment file.
@@ -78,7 +80,8 @@ pub struct DamagedRecord {
     pub position: u64,
     /// The op the record holds by its place in the chain: one after the last valid record.
     pub op: u64,
-    /// Bytes from `position` to the end of the segment.
+    /// Bytes skipped: from `position` to the end of the segment, or to the record the walk
+    /// resumed at in the same segment.
     pub size_bytes: u64,
     /// Why the record does not check out.
     pub reason: String,
@@ -93,11 +96,13 @@ pub enum TailDisposition {
     /// `op > covered_op`: a torn tail, cut from the segment. Every append is fsynced before it is
     /// acknowledged, so if a crash cut the write short the prepare was never acknowledged.
     Truncated,
-    /// `op <= covered_op`: the snapshot already holds the op (it was acknowledged), so the record
-    /// is left in place, never cut, and the journal continues in segment `resume_op`
-    /// (`covered_op + 1` when open creates it). The next checkpoint releases the damaged segment.
+    /// `op <= covered_op`: the snapshot already holds the op (it was acknowledged), so the bytes
+    /// are left in place, never cut nor replayed, and the walk resumes at `resume_op`. A last
+    /// segment holding such damage is closed and the journal continues in a new segment. The
+    /// next checkpoint releases the damaged segment.
     CoveredBySnapshot {
-        /// The first op of the segment that follows the damaged one.
+        /// The op the walk resumed at: a later record in the same segment, the next segment's
+        /// first op, or the new segment's (`covered_op + 1`).
         resume_op: u64,
     },
 }
@@ -126,6 +131,7 @@ impl JournalScan {
     }
 
     /// Whether opening writes nothing (no torn tail to cut, no segment to create).
+    /// Covered damage in the last segment makes open create a new segment.
     pub fn is_read_only(&self) -> bool {
         self.scanned.repair == recovery::Repair::None
     }
@@ -202,8 +208,8 @@ struct Failure {
 }
 
 /// The metadata journal of one replica, owned by shard 0 (`!Send`: its file belongs to the
-/// runtime that opened it). Holds ops `first_op()..=last_op()`, less those after a damaged
-/// record the snapshot covers (see [`TailDisposition::CoveredBySnapshot`]); empty when
+/// runtime that opened it). Holds ops `first_op()..=last_op()`, less those skipped as damage
+/// the snapshot covers (see [`TailDisposition::CoveredBySnapshot`]); empty when
 /// `last_op() == first_op() - 1`.
 #[derive(Debug)]
 pub struct Journal {
@@ -253,21 +259,23 @@ impl Journal {
     }
 
     /// Reads every segment of the journal in `dir` in op order, checks every record, and decides
-    /// what a damaged last record needs; **writes nothing**, so the caller can still refuse with
-    /// the files untouched. The first invalid record of the **last** segment is a damaged tail
-    /// unless a valid record for a later op follows it or more bytes follow it than one append
-    /// writes (interior damage). A damaged tail whose op is above `covered_op` (the op up to
-    /// which the caller's snapshot holds the state) will be cut; one at or below it is covered
-    /// by the snapshot and will be left in place, the journal continuing in a new segment
-    /// `{covered_op + 1:020}.wal`. A closed segment may end in such a covered record only if the
-    /// next segment starts after it and at most at `covered_op + 1`. A missing or empty `dir` is
-    /// a new journal. Rules: `storage/FORMAT.md` section 8.
+    /// the repair; **writes nothing**, so the caller can still refuse with the files untouched.
+    /// `covered_op` is the op up to which the caller's snapshot holds the state. Damage (the
+    /// first invalid record of a segment) at an op above it is a torn tail only in the last
+    /// segment, with no valid later record after it and at most one append's bytes (it will be
+    /// cut); anything else above it refuses. Damage at or below it, in any segment, is covered:
+    /// the walk skips it (see [`covered_resume`] for where it resumes, and when the skip could
+    /// lose an op above `covered_op`, which refuses); a last segment holding covered damage is
+    /// left as it is and the journal continues in a new segment `{max(covered_op, last
+    /// op) + 1:020}.wal`. A missing or empty `dir` is a new journal starting at `covered_op + 1`
+    /// (the caller decides whether ops above the snapshot could have existed). Rules:
+    /// `storage/FORMAT.md` section 8.
     ///
     /// # Errors
-    /// - `Corrupt { path, position, reason }`: an invalid record in a segment other than the
-    ///   last (unless covered as above), interior damage in the last one, a segment whose first
-    ///   op is not where the previous one ends (op gap) or is 0, or a segment larger than
-    ///   [`JOURNAL_SEGMENT_SIZE_MAX`]. The server must refuse to boot.
+    /// - `Corrupt { path, position, reason }`: damage above `covered_op` other than a torn tail
+    ///   of the last segment, covered damage whose skip could lose an op above `covered_op`, a
+    ///   segment whose first op is not where the previous one ends (op gap) or is 0, or a
+    ///   segment larger than [`JOURNAL_SEGMENT_SIZE_MAX`]. The server must refuse to boot.
     /// - `Io`: listing, opening or reading failed (path + step).
     ///
     /// # Cancel safety
@@ -278,9 +286,9 @@ impl Journal {
     }
 
     /// Makes the repair `scan` decided and opens the journal for appends: creates the directory
-    /// (missing ancestors fsynced) and `00000000000000000001.wal` for a new journal; cuts a torn
-    /// tail and fsyncs the segment (`truncated_bytes`); or creates the segment after a covered
-    /// damaged record and fsyncs the directory. The files must not have changed since the scan.
+    /// (missing ancestors fsynced) and its first segment for a new journal; cuts a torn tail and
+    /// fsyncs the segment (`truncated_bytes`); or creates the segment after covered damage in the
+    /// last segment and fsyncs the directory. The files must not have changed since the scan.
     ///
     /// # Errors
     /// - `Io`: creating, opening, truncating or fsyncing failed (path + step).

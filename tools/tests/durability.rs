@@ -1226,8 +1226,8 @@ fn issue7_wal_damaged_last_record_covered_restarts_before_the_next_checkpoint() 
     assert_eq!(code, Some(1), "{text}");
     assert_contains(
         &text,
-        "the damaged last record of a closed segment (op 2) is covered by the snapshot at \
-         checkpoint op 2: open leaves it in place, the journal continues at op 3",
+        "damage in a closed segment at op 2 is covered by the snapshot at checkpoint op 2: \
+         open leaves it in place, the journal continues at op 3",
         "inspect",
     );
     assert!(!text.contains("op gap"), "inspect: {text}");
@@ -1337,4 +1337,232 @@ fn issue7_wal_refusal_after_a_torn_tail_changes_nothing() {
         before,
         "a refused boot changed the journal"
     );
+}
+
+// ------------------------------------------------------------------------------------------------
+// Issue 7 (adv2): journal damage anywhere at or below the checkpoint is covered by the snapshot.
+
+/// Every file under `dir` (relative path, bytes), sorted: what a refused boot must leave as is.
+fn dir_bytes(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(at) = pending.pop() {
+        for entry in std::fs::read_dir(&at).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_dir() {
+                pending.push(entry.path());
+            } else {
+                let relative = entry.path().strip_prefix(dir).unwrap().to_path_buf();
+                files.push((relative, std::fs::read(entry.path()).unwrap()));
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// Client `0xD1` registers (op 1) and creates streams 1..=4 (ops 2..=5); a clean stop
+/// checkpoints op 5, the last journal record.
+fn four_streams_stopped_cleanly(root: &Path) -> PathBuf {
+    let data_dir = root.join("four");
+    let server = Server::start(&data_dir, &SHARDS);
+    let mut client = RawClient::connect(server.addr, 0xD1);
+    client.register();
+    for id in 1..=4u32 {
+        client
+            .create(u64::from(id), id)
+            .assert_ok(u64::from(id), "create");
+    }
+    drop(client);
+    assert_eq!(server.stop(), Some(0));
+    assert_eq!(superblock_checkpoint_ops(&data_dir), [5; 4], "checkpoint");
+    assert_eq!(
+        wal_records(&wal_path(&data_dir)).len(),
+        5,
+        "journal records"
+    );
+    data_dir
+}
+
+/// The adversary's repro (`adv2_journal_damage_below_the_checkpoint_refuses_boot`): a body byte
+/// flipped in op 3's record, not the last, after a clean stop. It used to refuse ("damage before
+/// the tail refuses to boot"); the snapshot holds every op, so boot continues, warns with file,
+/// byte and op, leaves the segment as it is and continues the journal at op 6.
+#[test]
+fn issue7_adv2_journal_damage_below_the_checkpoint_boots() {
+    let root = tempfile::tempdir().unwrap();
+    let data_dir = four_streams_stopped_cleanly(root.path());
+    let wal = wal_path(&data_dir);
+    let records = wal_records(&wal);
+    let (op3_position, _) = records[2];
+    let (op4_position, _) = records[3];
+    flip_byte(&wal, op3_position + 64 + 5);
+    let damaged = std::fs::read(&wal).unwrap();
+
+    let (code, text) = inspect("wal", &data_dir.join("journal"));
+    assert_eq!(code, Some(1), "{text}");
+    assert_contains(
+        &text,
+        &format!(
+            "damage: {} at byte {op3_position}: body checksum",
+            wal.display()
+        ),
+        "inspect",
+    );
+    assert_contains(
+        &text,
+        &format!(
+            "damage at op 3 covered by the snapshot at checkpoint op 5: open skips it (never \
+             replayed) and resumes at op 4 at byte {op4_position}, then continues the journal \
+             in a new segment; nothing acknowledged is lost"
+        ),
+        "inspect",
+    );
+
+    let server = Server::start(&data_dir, &SHARDS);
+    assert_streams(server.addr, 1..=4, "boot over covered damage");
+    let log = server.stderr();
+    let warning = log
+        .lines()
+        .find(|line| line.contains("covered by the snapshot"))
+        .unwrap_or_else(|| panic!("no warning in:\n{log}"));
+    for field in [
+        format!("path={}", wal.display()),
+        format!("position={op3_position}"),
+        "op=3".to_owned(),
+        format!("skipped_bytes={}", op4_position - op3_position),
+        "checkpoint_op=5".to_owned(),
+        "resume_op=4".to_owned(),
+    ] {
+        assert_contains(warning, &field, "warning");
+    }
+    assert_eq!(std::fs::read(&wal).unwrap(), damaged, "damaged segment");
+    let resumed = data_dir.join("journal").join("00000000000000000006.wal");
+    assert_eq!(std::fs::metadata(&resumed).unwrap().len(), 0, "new segment");
+    let mut client = RawClient::connect(server.addr, 0xD1);
+    client.create(4, 4).assert_ok(4, "request 4 cached");
+    client.create(5, 5).assert_ok(5, "request 5 is new");
+    drop(client);
+    assert_eq!(server.stop(), Some(0));
+    // The clean stop checkpointed op 6 and released the damaged segment.
+    assert_eq!(superblock_checkpoint_ops(&data_dir), [6; 4], "checkpoint");
+    assert!(!wal.exists(), "the damaged segment was not released");
+    let server = Server::start(&data_dir, &SHARDS);
+    assert_streams(server.addr, 1..=5, "after another restart");
+    assert_eq!(server.stop(), Some(0));
+}
+
+/// Damage at op 3 (covered by the checkpoint at op 5) in a segment that goes on with ops 6 and
+/// 7 journaled after it: boot skips op 3 and replays 6 and 7. Damage at op 6 instead (above the
+/// checkpoint, not a torn tail) refuses exactly as before, naming file and byte, and changes no
+/// byte of the data directory.
+#[test]
+fn issue7_journal_damage_below_the_checkpoint_keeps_the_ops_above_it() {
+    let root = tempfile::tempdir().unwrap();
+    let data_dir = four_streams_stopped_cleanly(root.path());
+    let server = Server::start(
+        &data_dir,
+        &[SHARDS.as_slice(), &["--checkpoint-interval", "1000"]].concat(),
+    );
+    let mut client = RawClient::connect(server.addr, 0xD1);
+    for id in 5..=6u32 {
+        client
+            .create(u64::from(id), id)
+            .assert_ok(u64::from(id), "create");
+    }
+    drop(client);
+    server.kill9();
+    let wal = wal_path(&data_dir);
+    let records = wal_records(&wal);
+    assert_eq!(records.len(), 7, "journal records");
+    let clean = std::fs::read(&wal).unwrap();
+
+    // Above the checkpoint: refused, nothing changed.
+    let (op6_position, _) = records[5];
+    flip_byte(&wal, op6_position + 64 + 5);
+    let before = dir_bytes(&data_dir);
+    let stderr = serve_refuses(&data_dir, &[]);
+    assert_contains(
+        &stderr,
+        &format!(
+            "{}: corrupt journal record at byte {op6_position}: body checksum",
+            wal.display()
+        ),
+        "refusal",
+    );
+    assert_contains(&stderr, "refusing to boot", "refusal");
+    assert_eq!(
+        dir_bytes(&data_dir),
+        before,
+        "a refused boot changed the files"
+    );
+
+    // At or below it: skipped, and the ops above it replayed.
+    std::fs::write(&wal, &clean).unwrap();
+    let (op3_position, _) = records[2];
+    flip_byte(&wal, op3_position + 64 + 5);
+    let server = Server::start(&data_dir, &SHARDS);
+    assert_streams(server.addr, 1..=6, "boot over covered damage");
+    assert_contains(&server.stderr(), "resume_op=4", "warning");
+    let resumed = data_dir.join("journal").join("00000000000000000008.wal");
+    assert_eq!(std::fs::metadata(&resumed).unwrap().len(), 0, "new segment");
+    assert_eq!(server.stop(), Some(0));
+}
+
+/// The journal directory emptied after a clean stop at checkpoint op 5: the superblock cannot
+/// tell whether ops above the checkpoint were acknowledged (`commit_max` is written only at
+/// checkpoints), so boot refuses, says how to tell and what to create, and changes nothing;
+/// `inspect wal` gives the same verdict; the empty segment it names boots.
+#[test]
+fn issue7_a_journal_without_segments_refuses_and_says_how_to_tell() {
+    let root = tempfile::tempdir().unwrap();
+    let data_dir = four_streams_stopped_cleanly(root.path());
+    let journal = data_dir.join("journal");
+    std::fs::remove_file(wal_path(&data_dir)).unwrap();
+    let before = dir_bytes(&data_dir);
+    let segment = journal.join("00000000000000000006.wal");
+    let stderr = serve_refuses(&data_dir, &[]);
+    assert_contains(
+        &stderr,
+        &format!(
+            "{}: no journal segment, but {} exists (the journal is created before the \
+             superblock, so it was removed): any ops acknowledged since checkpoint op 5 would be \
+             lost, and the superblock cannot tell whether there were any (its commit_max 5 is \
+             written only at checkpoints). Restore the journal; or, if the server's last log \
+             lines show a clean stop with \"checkpoint done\" at checkpoint_op 5 (every \
+             acknowledged op is then in the snapshot), create the empty segment {}",
+            journal.display(),
+            data_dir.join("superblock").display(),
+            segment.display()
+        ),
+        "refusal",
+    );
+    assert_eq!(
+        dir_bytes(&data_dir),
+        before,
+        "a refused boot changed the files"
+    );
+
+    let (code, text) = inspect("wal", &journal);
+    assert_eq!(code, Some(1), "{text}");
+    assert_contains(
+        &text,
+        &format!(
+            "no journal segment, but {} (checkpoint op 5) exists: boot refuses, since the \
+             superblock cannot tell whether ops above the checkpoint were acknowledged. Restore \
+             the journal; or, if the server's last log lines show a clean stop with \"checkpoint \
+             done\" at checkpoint_op 5, create the empty segment {}",
+            data_dir.join("superblock").display(),
+            segment.display()
+        ),
+        "inspect",
+    );
+
+    std::fs::write(&segment, b"").unwrap();
+    let server = Server::start(&data_dir, &SHARDS);
+    assert_streams(server.addr, 1..=4, "boot with the empty segment");
+    let mut client = RawClient::connect(server.addr, 0xD1);
+    client.create(5, 5).assert_ok(5, "request 5 is new");
+    drop(client);
+    assert_eq!(server.stop(), Some(0));
 }

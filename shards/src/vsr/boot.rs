@@ -1,7 +1,8 @@
 //! Shard 0's recovery at boot (DESIGN section 9, `storage/FORMAT.md` sections 7-9), in this
 //! order: the superblock (highest valid copy), then the snapshot (envelope trailer, payload
-//! rules), then the pairing rule, then the journal (torn tail truncated, interior damage refused)
-//! replayed above the snapshot. A fresh data directory gets a superblock; one from the earlier
+//! rules), then the pairing rule, then the journal (damage at or below the checkpoint op covered
+//! by the snapshot and skipped; above it, a torn tail truncated, other damage refused) replayed
+//! above the snapshot. A fresh data directory gets a superblock; one from the earlier
 //! `metadata.json` format is migrated into a snapshot at op 0.
 //!
 //! Every refusal names the file and the rule it breaks. It must never boot from a state that
@@ -113,8 +114,10 @@ fn refuse(reason: impl std::fmt::Display) -> String {
 /// A message naming the file and the rule: an unreadable superblock (all copies invalid, or
 /// copies contradicting each other), a snapshot whose trailer, envelope or payload is damaged, a
 /// pairing broken (snapshot missing, older than the superblock's checkpoint, or the same op with
-/// another checksum), journal damage before its tail or a gap between snapshot and journal, a
-/// journal record that does not apply, or an I/O failure.
+/// another checksum), journal damage above the checkpoint op that a torn tail does not explain
+/// (damage at or below it is covered by the snapshot and only logged), no journal segment at
+/// all, a gap between snapshot and journal, a journal record that does not apply, or an I/O
+/// failure.
 ///
 /// # Cancel safety
 /// Not cancel safe; runs once at boot.
@@ -210,14 +213,23 @@ pub async fn open(config: &ServerConfig) -> Result<(Replica, MetadataState), Str
             .await
     };
     if !matches!(journal_present, Ok(true)) {
-        // Format creates the journal before the superblock, so it was removed: booting would
-        // silently drop every op since the checkpoint.
+        // Format creates the journal before the superblock, so it was removed. The superblock
+        // cannot say whether ops above the checkpoint were acknowledged since: `commit_max` is
+        // written only at a checkpoint, so it equals `checkpoint_op` either way. Booting could
+        // silently drop them.
+        let checkpoint_op = superblock_state.checkpoint_op;
         return Err(refuse(format!(
             "{}: no journal segment, but {} exists (the journal is created before the superblock, \
-             so it was removed): the ops since checkpoint op {} would be lost. Restore the journal",
+             so it was removed): any ops acknowledged since checkpoint op {checkpoint_op} would \
+             be lost, and the superblock cannot tell whether there were any (its commit_max \
+             {} is written only at checkpoints). Restore the journal; or, if the server's last \
+             log lines show a clean stop with \"checkpoint done\" at checkpoint_op \
+             {checkpoint_op} (every acknowledged op is then in the snapshot), create the empty \
+             segment {}",
             journal_path.display(),
             superblock_file.display(),
-            superblock_state.checkpoint_op
+            superblock_state.commit_max,
+            storage::journal::segment_path(&journal_path, checkpoint_op + 1).display()
         )));
     }
     // Decide first, write after: the journal is scanned read-only, checked against the snapshot
@@ -356,10 +368,11 @@ fn warn_damaged_record(damaged: &DamagedRecord, snapshot_op: u64) {
         ),
         TailDisposition::CoveredBySnapshot { resume_op } => tracing::warn!(
             path = %damaged.path.display(), position = damaged.position, op = damaged.op,
-            checkpoint_op = snapshot_op, resume_op, reason = %damaged.reason,
+            skipped_bytes = damaged.size_bytes, checkpoint_op = snapshot_op, resume_op,
+            reason = %damaged.reason,
             "damaged journal record covered by the snapshot (its op is at or below the \
-             checkpoint op, so the snapshot holds it); left in place, the journal continues at \
-             resume_op and the next checkpoint releases the damaged segment"
+             checkpoint op, so the snapshot holds it and it is never replayed); left in place, \
+             the journal resumes at resume_op and the next checkpoint releases the damaged segment"
         ),
     }
 }

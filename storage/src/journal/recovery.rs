@@ -225,11 +225,11 @@ fn walk_segment(
             found.last_segment_covered = true;
         }
         match resume {
-            Resume::InSegment { position: at, op } => {
+            CoveredResume::InSegment { position: at, op } => {
                 position = at;
                 next_op = op;
             }
-            Resume::NextSegment { op } => return Ok((op, SegmentEnd::Covered)),
+            CoveredResume::NextSegment { op } => return Ok((op, SegmentEnd::Covered)),
         }
     }
 }
@@ -277,83 +277,115 @@ fn uncovered_damage(
     ))
 }
 
-/// Where the walk goes on after covered damage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Resume {
-    /// At the valid record for `op` at byte `position` of the same segment.
-    InSegment { position: usize, op: u64 },
-    /// At `op`: the next segment's first op, or for the last segment `covered_op + 1` (a new
-    /// segment).
-    NextSegment { op: u64 },
-}
-
 /// Covered damage and where the walk resumes.
 struct Covered {
     record: DamagedRecord,
-    resume: Resume,
+    resume: CoveredResume,
 }
 
-/// Damage at op `damaged_op <= covered_op`: the snapshot holds that op, so the bytes from it on
-/// are skipped (never replayed) up to the first point from which the walk can go on without
-/// losing an op above `covered_op`: the next segment when it starts at most at
-/// `covered_op + 1`; else the first valid record for a later op in this segment when it is at
-/// most `covered_op + 1`; else, in the last segment, the end of the file when the skipped bytes
-/// cannot hold a record above `covered_op` (a torn tail, or too few bytes for that many
-/// records). Anything else could hide acknowledged ops above the checkpoint: refused.
+/// Damage at op `damaged_op <= covered_op` in `segment`: decided by [`covered_resume`], named
+/// by file and byte when refused.
 fn covered_damage(
     segment: &Segment<'_>,
     invalid: &Invalid,
     damaged_op: u64,
     covered_op: u64,
 ) -> Result<Covered, JournalError> {
-    let refuse = |why: String| JournalError::Corrupt {
+    let resume = covered_resume(
+        segment.bytes,
+        invalid.position,
+        damaged_op,
+        segment.following_first_op,
+        covered_op,
+    )
+    .map_err(|why| JournalError::Corrupt {
         path: segment.path.to_path_buf(),
         position: invalid.position as u64,
-        reason: format!(
-            "{} at op {damaged_op}, which the snapshot's checkpoint op {covered_op} covers, but \
-             {why}: acknowledged ops above the checkpoint could be lost",
-            invalid.reason
-        ),
+        reason: format!("{} {why}", invalid.reason),
+    })?;
+    let (end, resume_op) = match resume {
+        CoveredResume::InSegment { position, op } => (position, op),
+        CoveredResume::NextSegment { op } => (segment.bytes.len(), op),
     };
-    let covered = |end: usize, resume: Resume| {
-        let resume_op = match resume {
-            Resume::InSegment { op, .. } | Resume::NextSegment { op } => op,
-        };
-        Covered {
-            record: DamagedRecord {
-                path: segment.path.to_path_buf(),
-                position: invalid.position as u64,
-                op: damaged_op,
-                size_bytes: (end - invalid.position) as u64,
-                reason: invalid.reason.clone(),
-                disposition: TailDisposition::CoveredBySnapshot { resume_op },
-            },
-            resume,
-        }
+    Ok(Covered {
+        record: DamagedRecord {
+            path: segment.path.to_path_buf(),
+            position: invalid.position as u64,
+            op: damaged_op,
+            size_bytes: (end - invalid.position) as u64,
+            reason: invalid.reason.clone(),
+            disposition: TailDisposition::CoveredBySnapshot { resume_op },
+        },
+        resume,
+    })
+}
+
+/// Where a journal walk goes on after damage the snapshot covers (see [`covered_resume`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CoveredResume {
+    /// At the valid record for `op` at byte `position` of the same segment.
+    InSegment {
+        /// Byte offset of that record in the segment.
+        position: usize,
+        /// Its op.
+        op: u64,
+    },
+    /// At `op`: the next segment's first op, or for the last segment `covered_op + 1`, where
+    /// open starts a new segment.
+    NextSegment {
+        /// The op the journal continues at.
+        op: u64,
+    },
+}
+
+/// The rule for damage (the first invalid record, at byte `position` of a segment's `bytes`) at
+/// op `damaged_op <= covered_op`, shared by open and `shardline inspect wal` (FORMAT.md section
+/// 8, open step 4). The snapshot holds that op, so the bytes from it on are skipped (never
+/// replayed) up to the first point from which the walk can go on without losing an op above
+/// `covered_op`, in this order: the next segment (`following_first_op`, `None` for the last
+/// segment) when it starts at most at `covered_op + 1`; the first valid record for a later op
+/// in this segment when it is at most `covered_op + 1`; in the last segment, the end of the
+/// file when the skipped bytes cannot hold a record above `covered_op` (at most one record's
+/// bytes, the shape a torn append leaves, or fewer headers' worth than the ops above
+/// `damaged_op` up to `covered_op`).
+///
+/// # Errors
+/// Why the skip could lose an acknowledged op above the checkpoint (a sentence fragment that
+/// follows the record's defect): the caller refuses.
+pub fn covered_resume(
+    bytes: &[u8],
+    position: usize,
+    damaged_op: u64,
+    following_first_op: Option<u64>,
+    covered_op: u64,
+) -> Result<CoveredResume, String> {
+    let refuse = |why: String| {
+        format!(
+            "at op {damaged_op}, which the snapshot's checkpoint op {covered_op} covers, but \
+             {why}: acknowledged ops above the checkpoint could be lost"
+        )
     };
-    let end = segment.bytes.len();
-    if let Some(following) = segment.following_first_op {
+    if let Some(following) = following_first_op {
         if following <= damaged_op {
             return Err(refuse(format!(
                 "the next segment starts at op {following}, not after it"
             )));
         }
         if following - 1 <= covered_op {
-            return Ok(covered(end, Resume::NextSegment { op: following }));
+            return Ok(CoveredResume::NextSegment { op: following });
         }
     }
-    if let Some((position, op)) = next_valid_record(segment.bytes, invalid.position, damaged_op) {
+    if let Some((at, op)) = next_valid_record(bytes, position, damaged_op) {
         if op > covered_op + 1 {
             return Err(refuse(format!(
-                "the next valid record, at byte {position}, is op {op}: ops {} to {} are \
-                 unreadable",
+                "the next valid record, at byte {at}, is op {op}: ops {} to {} are unreadable",
                 covered_op + 1,
                 op - 1
             )));
         }
-        return Ok(covered(position, Resume::InSegment { position, op }));
+        return Ok(CoveredResume::InSegment { position: at, op });
     }
-    if let Some(following) = segment.following_first_op {
+    if let Some(following) = following_first_op {
         return Err(refuse(format!(
             "no valid record follows it in this closed segment and the next segment starts at \
              op {following}: ops {} to {} are unreadable",
@@ -361,7 +393,7 @@ fn covered_damage(
             following - 1
         )));
     }
-    let skipped_bytes = end - invalid.position;
+    let skipped_bytes = bytes.len() - position;
     // Every record is at least a header: the skipped bytes hold at most this many records.
     let record_count_max = skipped_bytes.div_ceil(JOURNAL_HEADER_SIZE) as u64;
     if skipped_bytes > JOURNAL_RECORD_SIZE_MAX && damaged_op + record_count_max - 1 > covered_op {
@@ -371,12 +403,7 @@ fn covered_damage(
             damaged_op + record_count_max - 1
         )));
     }
-    Ok(covered(
-        end,
-        Resume::NextSegment {
-            op: covered_op + 1,
-        },
-    ))
+    Ok(CoveredResume::NextSegment { op: covered_op + 1 })
 }
 
 /// The first complete valid record after byte `position` whose op is above `damaged_op`, as
@@ -1008,7 +1035,10 @@ mod tests {
         let journal = dir.path().join("journal");
         let scanned = block_on(scan(&journal, 10)).unwrap();
         assert_eq!(scanned.repair, Repair::CreateFirstSegment { first_op: 11 });
-        assert_eq!((scanned.last_op, scanned.segment_first_ops.clone()), (10, vec![11]));
+        assert_eq!(
+            (scanned.last_op, scanned.segment_first_ops.clone()),
+            (10, vec![11])
+        );
         drop(block_on(apply(scanned)).unwrap());
         assert_eq!(
             files(&journal),

@@ -10,7 +10,9 @@ use std::fmt::Write as _;
 use std::io::Read as _;
 use std::path::Path;
 
-use storage::journal::{JOURNAL_HEADER_SIZE, JournalHeader, parse_record};
+use storage::journal::{
+    CoveredResume, JOURNAL_HEADER_SIZE, JournalHeader, covered_resume, parse_record, segment_path,
+};
 use storage::limits::{
     JOURNAL_BODY_SIZE_MAX, JOURNAL_RECORD_SIZE_MAX, JOURNAL_SEGMENT_SIZE_MAX,
     SUPERBLOCK_COPY_COUNT, SUPERBLOCK_COPY_SIZE,
@@ -26,7 +28,8 @@ pub(crate) struct WalReport {
     record_count: u64,
     /// The first segment's first op (from its name).
     first_op: Option<u64>,
-    /// The op of the last valid record (`first_op - 1` when there is none).
+    /// The op of the last valid record (`first_op - 1` when there is none), or the checkpoint op
+    /// when the last segment ends in damage the snapshot covers (where open continues).
     last_op: Option<u64>,
     size_bytes: u64,
     /// The checkpoint op of the superblock beside the journal directory (its newest valid copy),
@@ -158,69 +161,121 @@ fn last_record_verdict(
     }
 }
 
-/// The verdict on a damaged record at the end of a **closed** segment, at op `op`, followed by the
-/// segment starting at `following_first_op`: acceptable only when tail-shaped and covered by the
-/// snapshot up to that segment (an earlier open left it there; FORMAT.md section 8, open step 4).
-/// Returns (whether open accepts it, the text to append to the record's defect).
-fn closed_record_verdict(
+/// The verdict on damage at op `op` that the checkpoint covers (`op <= checkpoint_op`), by
+/// open's rule ([`covered_resume`], FORMAT.md section 8, open step 4): where open resumes, as
+/// text to append to the record's defect, or why open refuses.
+fn covered_verdict(
     bytes: &[u8],
     position: usize,
     op: u64,
     following_first_op: Option<u64>,
-    checkpoint: Option<&(String, u64)>,
-) -> (bool, String) {
-    if let Some(why) = interior_damage(bytes, position, op) {
-        return (
-            false,
-            format!(" ({why}; in a closed segment: open refuses to boot)"),
-        );
-    }
-    match (following_first_op, checkpoint) {
-        (Some(following), Some((_, checkpoint_op)))
-            if following > op && following - 1 <= *checkpoint_op =>
-        {
-            (
-                true,
-                format!(
-                    "; the damaged last record of a closed segment (op {op}) is covered by the \
-                     snapshot at checkpoint op {checkpoint_op}: open leaves it in place, the \
-                     journal continues at op {following}, and the next checkpoint releases this \
-                     segment"
-                ),
-            )
-        }
-        _ => (
-            false,
-            " (in a closed segment: open refuses to boot; only a damaged last record that the \
-             snapshot's checkpoint covers up to the next segment is left in a closed segment)"
-                .to_owned(),
+    checkpoint_op: u64,
+) -> Result<(CoveredResume, String), String> {
+    let resume = covered_resume(bytes, position, op, following_first_op, checkpoint_op)
+        .map_err(|why| format!(" {why}: open refuses to boot"))?;
+    let text = match (resume, following_first_op) {
+        (
+            CoveredResume::InSegment {
+                position,
+                op: resume_op,
+            },
+            _,
+        ) => format!(
+            "; damage at op {op} covered by the snapshot at checkpoint op {checkpoint_op}: open \
+             skips it (never replayed) and resumes at op {resume_op} at byte {position}{}",
+            if following_first_op.is_none() {
+                ", then continues the journal in a new segment; nothing acknowledged is lost"
+            } else {
+                "; the next checkpoint releases this segment"
+            }
         ),
+        (CoveredResume::NextSegment { op: resume_op }, Some(_)) => format!(
+            "; damage in a closed segment at op {op} is covered by the snapshot at checkpoint \
+             op {checkpoint_op}: open leaves it in place, the journal continues at op \
+             {resume_op}, and the next checkpoint releases this segment"
+        ),
+        (CoveredResume::NextSegment { op: resume_op }, None) => format!(
+            "; the damaged last record (op {op}, {} bytes) is covered by the snapshot at \
+             checkpoint op {checkpoint_op}: open leaves it in place and continues the journal \
+             in a new segment at op {resume_op}; nothing acknowledged is lost",
+            bytes.len() - position
+        ),
+    };
+    Ok((resume, text))
+}
+
+/// The verdict on a journal directory without a segment: a new journal when no superblock lies
+/// beside it; boot's refusal when one does (it cannot tell whether ops above its checkpoint were
+/// acknowledged; FORMAT.md section 10).
+fn missing_journal_verdict(path: &Path, checkpoint: Option<&(String, u64)>) -> String {
+    match checkpoint {
+        None => "no journal segment (a file named by its first op in 20 digits, e.g. \
+                 00000000000000000001.wal) here (open would start a new, empty journal)"
+            .to_owned(),
+        Some((superblock, checkpoint_op)) => format!(
+            "no journal segment, but {superblock} (checkpoint op {checkpoint_op}) exists: boot \
+             refuses, since the superblock cannot tell whether ops above the checkpoint were \
+             acknowledged. Restore the journal; or, if the server's last log lines show a clean \
+             stop with \"checkpoint done\" at checkpoint_op {checkpoint_op}, create the empty \
+             segment {}",
+            segment_path(path, checkpoint_op + 1).display()
+        ),
+    }
+}
+
+/// Lists the valid records of `segment` from byte `position`, each carrying the next op (the
+/// first sets it when `next_op` is unknown), advancing `position` and `next_op`; returns why the
+/// first invalid record is invalid, or `None` at the end of the bytes.
+fn walk_records(
+    bytes: &[u8],
+    position: &mut usize,
+    next_op: &mut Option<u64>,
+    segment: &mut WalSegment,
+) -> Option<String> {
+    loop {
+        if *position == bytes.len() {
+            return None;
+        }
+        let (header, body) = match parse_record(&bytes[*position..]) {
+            Ok(record) => record,
+            Err(reason) => return Some(reason),
+        };
+        let expected = *next_op.get_or_insert(header.op);
+        if header.op != expected {
+            return Some(format!("op {} where op {expected} was expected", header.op));
+        }
+        segment.records.push(WalRecord {
+            position: *position as u64,
+            op: header.op,
+            view: header.view,
+            commit: header.commit,
+            body_size_bytes: header.size,
+            checksums_ok: true,
+            prepare: describe_prepare(body),
+        });
+        *position += JOURNAL_HEADER_SIZE + body.len();
+        *next_op = Some(expected + 1);
     }
 }
 
 pub(crate) fn inspect(path: &Path) -> anyhow::Result<(WalReport, Vec<Damage>)> {
     let (files, final_is_last) = segments_for(path, "wal")?;
     let mut damage = Vec::new();
+    let checkpoint = checkpoint_beside(path);
     if files.is_empty() {
         damage.push(Damage::new(
             path,
             None,
-            "no journal segment (a file named by its first op in 20 digits, e.g. \
-             00000000000000000001.wal) here (open would start a new, empty journal)",
+            missing_journal_verdict(path, checkpoint.as_ref()),
         ));
     }
-    let checkpoint = checkpoint_beside(path);
     let following_first_ops: Vec<Option<u64>> = files
         .iter()
         .skip(1)
         .map(|(first_op, _)| *first_op)
         .chain(std::iter::once(None))
         .collect();
-    // Set after a closed segment ends in a record the snapshot covers: the next segment then
-    // starts after the gap, by design.
-    let mut covered_gap = false;
     let mut segments = Vec::new();
-    let mut record_count = 0;
     let mut size_bytes = 0;
     // The op the next record must carry; `None` until known.
     let mut next_op: Option<u64> = None;
@@ -236,7 +291,6 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(WalReport, Vec<Damage>)> {
         }
         if let (Some(first_op), Some(expected)) = (first_op, next_op)
             && first_op != expected
-            && !std::mem::take(&mut covered_gap)
         {
             damage.push(Damage::new(
                 &file,
@@ -276,62 +330,72 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(WalReport, Vec<Damage>)> {
         segment.size_bytes = bytes.len() as u64;
         size_bytes += bytes.len() as u64;
         let mut position = 0;
-        let invalid = loop {
-            if position == bytes.len() {
-                break None;
-            }
-            let (header, body) = match parse_record(&bytes[position..]) {
-                Ok(record) => record,
-                Err(reason) => break Some(reason),
+        loop {
+            let invalid = walk_records(&bytes, &mut position, &mut next_op, &mut segment);
+            let Some(reason) = invalid else {
+                break;
             };
-            let expected = *next_op.get_or_insert(header.op);
-            if header.op != expected {
-                break Some(format!("op {} where op {expected} was expected", header.op));
-            }
-            segment.records.push(WalRecord {
-                position: position as u64,
-                op: header.op,
-                view: header.view,
-                commit: header.commit,
-                body_size_bytes: header.size,
-                checksums_ok: true,
-                prepare: describe_prepare(body),
-            });
-            record_count += 1;
-            position += JOURNAL_HEADER_SIZE + body.len();
-            next_op = Some(expected + 1);
-        };
-        if let Some(reason) = invalid {
             let op = next_op.unwrap_or(1);
             let position_u64 = Some(position as u64);
-            if !last {
-                let (covered, verdict) = closed_record_verdict(
-                    &bytes,
-                    position,
-                    op,
-                    following_first_ops[segment_index],
-                    checkpoint.as_ref(),
-                );
-                covered_gap = covered;
-                damage.push(Damage::new(
-                    &file,
-                    position_u64,
-                    format!("{reason}{verdict}"),
-                ));
-            } else if let Some(why) = interior_damage(&bytes, position, op) {
-                damage.push(Damage::new(
-                    &file,
-                    position_u64,
-                    format!("{reason} ({why}: interior damage, open refuses to boot)"),
-                ));
-            } else {
-                let (torn_tail, verdict) =
-                    last_record_verdict(op, bytes.len() - position, checkpoint.as_ref());
-                damage.push(Damage {
-                    torn_tail,
-                    ..Damage::new(&file, position_u64, format!("{reason}; {verdict}"))
+            let following_first_op = following_first_ops[segment_index];
+            let covered = checkpoint
+                .as_ref()
+                .filter(|(_, checkpoint_op)| op <= *checkpoint_op)
+                .map(|(_, checkpoint_op)| {
+                    covered_verdict(&bytes, position, op, following_first_op, *checkpoint_op)
                 });
+            match covered {
+                Some(Ok((resume, verdict))) => {
+                    damage.push(Damage::new(
+                        &file,
+                        position_u64,
+                        format!("{reason}{verdict}"),
+                    ));
+                    match resume {
+                        CoveredResume::InSegment { position: at, op } => {
+                            position = at;
+                            next_op = Some(op);
+                            continue;
+                        }
+                        CoveredResume::NextSegment { op } => {
+                            next_op = Some(op);
+                            break;
+                        }
+                    }
+                }
+                Some(Err(why)) => {
+                    damage.push(Damage::new(&file, position_u64, format!("{reason}{why}")));
+                }
+                None if !last => {
+                    let why = interior_damage(&bytes, position, op)
+                        .map_or_else(String::new, |why| format!("{why}; "));
+                    damage.push(Damage::new(
+                        &file,
+                        position_u64,
+                        format!(
+                            "{reason} ({why}in a closed segment: open refuses to boot; only \
+                             damage at or below the snapshot's checkpoint op is skipped)"
+                        ),
+                    ));
+                }
+                None => {
+                    if let Some(why) = interior_damage(&bytes, position, op) {
+                        damage.push(Damage::new(
+                            &file,
+                            position_u64,
+                            format!("{reason} ({why}: interior damage, open refuses to boot)"),
+                        ));
+                    } else {
+                        let (torn_tail, verdict) =
+                            last_record_verdict(op, bytes.len() - position, checkpoint.as_ref());
+                        damage.push(Damage {
+                            torn_tail,
+                            ..Damage::new(&file, position_u64, format!("{reason}; {verdict}"))
+                        });
+                    }
+                }
             }
+            break;
         }
         segments.push(segment);
     }
@@ -339,6 +403,10 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(WalReport, Vec<Damage>)> {
     let last_op = next_op
         .map(|next_op| next_op - 1)
         .or(first_op.map(|op| op - 1));
+    let record_count = segments
+        .iter()
+        .map(|segment| segment.records.len() as u64)
+        .sum();
     let report = WalReport {
         segment_count: segments.len(),
         segments,
