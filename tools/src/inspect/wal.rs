@@ -1,10 +1,11 @@
 //! `inspect wal`: checks the metadata journal by the open rules of `storage/FORMAT.md` section 8
-//! (segment names and op contiguity, every record through `storage::journal::parse_record`, torn
-//! tail versus interior damage in the last segment, and, when the data directory's superblock lies
-//! beside the journal directory, whether a damaged last record is above the checkpoint op (a torn
-//! tail open cuts) or at or below it (covered by the snapshot, left in place). Reads only; never
-//! truncates a torn tail. It must never call a record "never acknowledged" unless its op is above
-//! the checkpoint.
+//! (segment names and op contiguity, every record through `storage::journal::parse_record`, and
+//! when the data directory's superblock lies beside the journal directory, damage at or below its
+//! checkpoint op judged by open's own `storage::journal::covered_resume` (covered, skipped, or
+//! refused when the skip could lose an op above it); damage above it is a torn tail open cuts
+//! (last segment) or refuses. A journal directory without segments beside a superblock gets
+//! boot's refusal (FORMAT.md section 10). Reads only; never truncates a torn tail. It must never
+//! call a record "never acknowledged" unless its op is above the checkpoint.
 
 use std::fmt::Write as _;
 use std::io::Read as _;
