@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use compio::fs::{File, OpenOptions};
 
-use super::record::{JOURNAL_HEADER_SIZE, JournalHeader, Prepare, parse_record};
+use super::record::{JOURNAL_HEADER_SIZE, JournalHeader, Prepare, header_checksum, parse_record};
 use super::{
     DamagedRecord, JournalError, JournalRecovery, TailDisposition, io_error, segment_path,
 };
@@ -406,11 +406,15 @@ pub fn covered_resume(
     Ok(CoveredResume::NextSegment { op: covered_op + 1 })
 }
 
-/// The first complete valid record after byte `position` whose op is above `damaged_op`, as
-/// (byte position, op). A valid record there was written by the journal: a segment is only
-/// appended to, and a cut (torn tail, rollback) removes the bytes it cuts.
+/// The first complete valid record after the damaged one at byte `position` whose op is above
+/// `damaged_op`, as (byte position, op). A valid record there was written by the journal: a
+/// segment is only appended to, and a cut (torn tail, rollback) removes the bytes it cuts. When
+/// the damaged record's header is intact (only its body is damaged), the search starts at its
+/// end, so a record-shaped sequence inside its body is never taken for a record.
 fn next_valid_record(bytes: &[u8], position: usize, damaged_op: u64) -> Option<(usize, u64)> {
-    for candidate in position + 1..bytes.len() {
+    let search_from = intact_header_record_size(&bytes[position..], damaged_op)
+        .map_or(position + 1, |record_size| position + record_size);
+    for candidate in search_from..bytes.len() {
         let header = JournalHeader::decode(&bytes[candidate..])?;
         // Cheap filters first: a zero-filled or random region fails them without hashing.
         if header.reserved != 0 || header.size > JOURNAL_BODY_SIZE_MAX || header.op <= damaged_op {
@@ -633,6 +637,18 @@ fn scan_segment(
         end_position: position,
         invalid,
     }
+}
+
+/// The size of the record at the start of `bytes` if its header checks out (checksum, reserved,
+/// size bound) and carries `op`, whether or not its body does.
+fn intact_header_record_size(bytes: &[u8], op: u64) -> Option<usize> {
+    let header_bytes = bytes.first_chunk::<JOURNAL_HEADER_SIZE>()?;
+    let header = JournalHeader::decode(header_bytes)?;
+    let intact = header_checksum(header_bytes) == header.checksum
+        && header.reserved == 0
+        && header.size <= JOURNAL_BODY_SIZE_MAX
+        && header.op == op;
+    intact.then_some(JOURNAL_HEADER_SIZE + header.size as usize)
 }
 
 /// Decides whether the first invalid record of the last segment, at `position`, is a torn tail
@@ -1043,6 +1059,51 @@ mod tests {
         assert_eq!(
             files(&journal),
             vec![("00000000000000000011.wal".to_owned(), Vec::new())]
+        );
+    }
+
+    /// A body-damaged record whose body holds a record-shaped sequence (a valid record for the
+    /// next op, as a client-chosen name could carry): the walk resumes at the end of the damaged
+    /// record, where its intact header says it ends, not inside its body.
+    #[test]
+    fn issue7_covered_damage_resumes_after_an_intact_header_not_inside_the_body() {
+        let mut fake = Vec::new();
+        encode_record(
+            &Prepare {
+                op: 3,
+                view: 1,
+                commit: 2,
+                body: b"forged".to_vec(),
+            },
+            &mut fake,
+        );
+        let mut host_body = fake.clone();
+        host_body.push(0);
+        let mut bytes = records(1..=1);
+        let host_position = bytes.len();
+        encode_record(
+            &Prepare {
+                op: 2,
+                view: 1,
+                commit: 1,
+                body: host_body,
+            },
+            &mut bytes,
+        );
+        let op3_position = bytes.len();
+        let tail = records(3..=4);
+        bytes.extend_from_slice(&tail);
+        // The byte after the embedded record: the host's body checksum fails.
+        bytes[op3_position - 1] ^= 1;
+        let dir = tempfile::tempdir().unwrap();
+        write_segment(dir.path(), 1, &bytes);
+        let scanned = block_on(scan(dir.path(), 4)).unwrap();
+        assert_eq!(ops(&scanned), vec![1, 3, 4]);
+        assert_eq!(scanned.recovery.prepares[1].body, vec![3u8; 10]);
+        let record = &scanned.recovery.damaged_records[0];
+        assert_eq!(
+            (record.position, record.size_bytes),
+            (host_position as u64, (op3_position - host_position) as u64)
         );
     }
 }
