@@ -280,16 +280,29 @@ async fn recover_from_refusal(
     // Everything queued has an offset past the rollback point: it fails too.
     let queued = discard_queue(shared);
     let acked_offset = shared.state.borrow().acked_offset;
-    tracing::warn!(
-        path = %failure.path.display(),
-        op = failure.op,
-        error = %failure.message,
-        free_bytes = %failure.free_bytes,
-        next_offset = acked_offset,
-        failed_append_count = group.len() + queued.len(),
-        "log step refused for lack of space or file descriptors; rolled back to the acknowledged \
-         end, appends continue"
-    );
+    let failed_append_count = group.len() + queued.len();
+    if failure.refusal == Some(Refusal::StorageFull) {
+        tracing::warn!(
+            path = %failure.path.display(),
+            op = failure.op,
+            error = %failure.message,
+            free_bytes = %failure.free_bytes,
+            next_offset = acked_offset,
+            failed_append_count,
+            "log write refused for lack of space; rolled back to the acknowledged end, appends \
+             continue"
+        );
+    } else {
+        tracing::warn!(
+            path = %failure.path.display(),
+            op = failure.op,
+            error = %failure.message,
+            next_offset = acked_offset,
+            failed_append_count,
+            "log open refused at the open-file limit; rolled back to the acknowledged end, \
+             appends continue"
+        );
+    }
     for completion in group {
         completion.complete(Err(failure.to_error()));
     }
