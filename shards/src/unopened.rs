@@ -211,6 +211,40 @@ mod tests {
     }
 
     #[test]
+    fn issue7_2_an_open_refused_for_descriptors_is_resource_exhausted() {
+        let namespace = Namespace::new(1, 2, 0);
+        let error = storage::LogError::Io {
+            path: "p/00000000000000000000.log".into(),
+            op: "create segment",
+            source: std::io::Error::from_raw_os_error(libc::EMFILE),
+        };
+        let failure = OpenFailure::new(1, namespace, &error);
+        assert_eq!(failure.kind, OpenFailureKind::DescriptorsExhausted);
+        assert!(failure.kind.is_transient());
+        let ShardReply::Error { code, message } = failure.reply() else {
+            panic!("an error reply");
+        };
+        assert_eq!(code, ErrorCode::ResourceExhausted);
+        assert_eq!(
+            message,
+            format!(
+                "the partition is committed but its log cannot be opened: shard 1: partition \
+                 {namespace}: p/00000000000000000000.log: create segment failed: Too many open \
+                 files (os error 24); nothing was appended or read, and each send or poll \
+                 retries the open (it succeeds once the cause is fixed, here once file \
+                 descriptors are freed (the open-file limit was reached))"
+            )
+        );
+        let corrupt = storage::LogError::Corrupt {
+            path: "p/00000000000000000000.log".into(),
+            position: 0,
+            reason: "bad".into(),
+        };
+        assert_eq!(OpenFailureKind::of(&corrupt), OpenFailureKind::Other);
+        assert!(!OpenFailureKind::of(&corrupt).is_transient());
+    }
+
+    #[test]
     fn an_open_refused_for_space_is_storage_full() {
         let namespace = Namespace::new(1, 2, 0);
         let error = storage::LogError::Io {

@@ -100,6 +100,20 @@ mod tests {
     }
 
     #[test]
+    fn issue7_2_only_emfile_and_enfile_are_descriptor_exhaustion() {
+        for errno in [libc::EMFILE, libc::ENFILE] {
+            assert!(is_descriptors_exhausted(&io::Error::from_raw_os_error(
+                errno
+            )));
+        }
+        for errno in [libc::ENOSPC, libc::EIO, libc::EBADF, libc::ENOMEM] {
+            assert!(!is_descriptors_exhausted(&io::Error::from_raw_os_error(
+                errno
+            )));
+        }
+    }
+
+    #[test]
     fn free_bytes_of_a_directory_and_of_a_missing_path() {
         let dir = tempfile::tempdir().unwrap();
         assert!(free_bytes(dir.path()).is_some());

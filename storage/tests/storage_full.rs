@@ -462,3 +462,25 @@ fn issue7_2_log_rollback_stopped_by_emfile_completes_before_the_next_write() {
         assert_reopened_holds(dir.path(), &entries).await;
     });
 }
+
+#[test]
+fn issue7_2_log_rollback_still_pending_at_close_fails_the_close_and_reopen_recovers() {
+    let entries: Vec<Vec<u8>> = (0..4u8).map(|seed| build_entry(0, 1, &[seed; 8])).collect();
+    let dir = tempfile::tempdir().unwrap();
+    block_on(async {
+        let (log, _) = PartitionLog::open(dir.path(), config(FsyncPolicy::Always, 100))
+            .await
+            .unwrap();
+        // The roll's directory open, the rollback's and the close's retry all fail.
+        let result = append_into_a_roll_with_emfile(&log, &entries, 1, 3).await;
+        let op = "open log directory to fsync it after deleting rolled-back segments";
+        assert_descriptors_exhausted(&result, dir.path(), op);
+        let closed = log.close().await;
+        assert!(
+            matches!(&closed, Err(LogError::DescriptorsExhausted { op: failed_op, .. }) if *failed_op == op),
+            "{closed:?}"
+        );
+        drop(log);
+        assert_reopened_holds(dir.path(), &entries[..2]).await;
+    });
+}
