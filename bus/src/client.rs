@@ -615,11 +615,11 @@ impl Client {
                     reply.error_code
                 )));
             };
-            if matches!(
-                code,
-                ErrorCode::MessageTooLarge | ErrorCode::ResourceExhausted
-            ) {
-                // The server closes the connection after these: reconnect before the next call.
+            if code == ErrorCode::MessageTooLarge {
+                // The server closes the connection after it: reconnect before the next call.
+                // (A `ResourceExhausted` answering a request, unlike the refusal at accept
+                // above, leaves the connection open: a reconnect would need a descriptor the
+                // server may not have.)
                 self.broken = true;
             }
             let message = String::from_utf8_lossy(&frame.body).into_owned();

@@ -72,8 +72,11 @@ pub enum ErrorCode {
     /// An idempotent send's sequence is not the producer's next one in this partition (a gap):
     /// the body names the expected and the received sequence. Nothing was appended.
     SequenceGap = 17,
-    /// The server is at its connection or file-descriptor limit; the body names the limit. The
-    /// server closes the connection after this reply. Retryable later.
+    /// The server is at its connection, partition or file-descriptor limit; the body names the
+    /// limit. Retryable later. As the refusal of a new connection (request 0, sent before any
+    /// request was read) the server closes the connection after it; as the reply to a request
+    /// (a send or poll whose file open met the open-file limit, a topic past the partition
+    /// budget) nothing was applied and the connection stays open.
     ResourceExhausted = 18,
 }
 
@@ -221,7 +224,9 @@ impl ErrorCode {
             ErrorCode::OffsetOutOfRange => "offset beyond the partition's next offset",
             ErrorCode::MessageTooLarge => "message larger than the server's max message size",
             ErrorCode::SequenceGap => "producer sequence gap; nothing was appended",
-            ErrorCode::ResourceExhausted => "server at its connection limit, retry later",
+            ErrorCode::ResourceExhausted => {
+                "server at a connection, partition or open-file limit, retry later"
+            }
         }
     }
 }

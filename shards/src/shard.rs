@@ -313,9 +313,23 @@ fn journal_failure(error: &storage::JournalError) -> ShardReply {
 }
 
 /// The reply to a send whose append failed: `StorageFull` naming the partition when the write
-/// was refused for lack of space (rolled back; later sends succeed once space is freed), else
-/// `StorageFailure`.
+/// was refused for lack of space, `ResourceExhausted` naming it and the open-file limit when an
+/// open was refused for lack of file descriptors (both rolled back; later sends succeed once
+/// space or descriptors are freed), else `StorageFailure`.
 fn append_failure(shard: ShardId, namespace: Namespace, error: &storage::LogError) -> ShardReply {
+    if let storage::LogError::DescriptorsExhausted { .. } = error {
+        tracing::warn!(shard = shard.0, %namespace, %error, "partition append refused at the open-file limit");
+        return ShardReply::error(
+            ErrorCode::ResourceExhausted,
+            format!(
+                "partition {namespace} (stream {}, topic {}, partition {}): the server is at its \
+                 open-file limit, nothing was appended: {error}",
+                namespace.stream_id(),
+                namespace.topic_id(),
+                namespace.partition_id()
+            ),
+        );
+    }
     if let storage::LogError::StorageFull {
         path, op, source, ..
     } = error
@@ -471,9 +485,13 @@ impl Shard {
                     dir.display()
                 ));
             }
-            let (log, report) = PartitionLog::open(&dir, self.log_config())
-                .await
-                .map_err(|e| format!("partition {namespace}: {e}"))?;
+            let (log, report) = match PartitionLog::open(&dir, self.log_config()).await {
+                Ok(opened) => opened,
+                Err(e) => {
+                    self.leave_unopened_at_boot(namespace, &dir, &e)?;
+                    continue;
+                }
+            };
             if let Some(quarantined) = &report.quarantined {
                 tracing::error!(
                     shard = self.id.0, %namespace, segment = %quarantined.segment.display(),
@@ -493,6 +511,40 @@ impl Shard {
             self.restore_producers(namespace, &report.producer_batches);
             self.partitions.borrow_mut().insert(namespace, Rc::new(log));
         }
+        Ok(())
+    }
+
+    /// Boot's handling of a partition whose log failed to open with `error`: one refused for lack
+    /// of space, inodes or file descriptors is left unopened, with a warning naming it and the
+    /// cause, and retried on its next send or poll as at runtime (`Shard::owned_log`), so the
+    /// other partitions are served meanwhile.
+    ///
+    /// # Errors
+    /// Any other failure (damage, I/O errors), which refuses the boot.
+    fn leave_unopened_at_boot(
+        &self,
+        namespace: Namespace,
+        dir: &std::path::Path,
+        error: &storage::LogError,
+    ) -> Result<(), String> {
+        let kind = crate::unopened::OpenFailureKind::of(error);
+        if !kind.is_transient() {
+            return Err(format!("partition {namespace}: {error}"));
+        }
+        let cause = match kind {
+            crate::unopened::OpenFailureKind::StorageFull => format!(
+                "no space ({})",
+                storage::space::FreeBytes(storage::space::free_bytes(dir))
+            ),
+            _ => "the open-file limit is reached".to_owned(),
+        };
+        tracing::warn!(
+            shard = self.id.0, %namespace, %error,
+            "partition log cannot be opened at boot: {cause}; the partition stays unopened, its \
+             sends and polls answer {:?} and retry the open until it succeeds",
+            kind.code()
+        );
+        self.unopened.insert(namespace);
         Ok(())
     }
 
@@ -603,6 +655,16 @@ impl Shard {
                             offset,
                             ends: partition_ends(&log),
                         }
+                    }
+                    Err(e @ storage::LogError::DescriptorsExhausted { .. }) => {
+                        tracing::warn!(shard = self.id.0, %namespace, error = %e, "read refused at the open-file limit");
+                        ShardReply::error(
+                            ErrorCode::ResourceExhausted,
+                            format!(
+                                "read of {namespace} refused: the server is at its open-file \
+                                 limit, nothing was read: {e}"
+                            ),
+                        )
                     }
                     Err(e) => {
                         tracing::error!(shard = self.id.0, %namespace, error = %e, "read failed");
@@ -764,7 +826,8 @@ impl Shard {
     ///
     /// # Errors
     /// The reply to send: `PartitionNotFound` when this shard has no such partition, `Busy`
-    /// while another request opens it, the failed open's `StorageFull` or `StorageFailure`.
+    /// while another request opens it, the failed open's `StorageFull`, `ResourceExhausted` or
+    /// `StorageFailure`.
     async fn owned_log(&self, namespace: Namespace) -> Result<Rc<PartitionLog>, ShardReply> {
         if let Some(log) = self.partitions.borrow().get(&namespace).cloned() {
             return Ok(log);

@@ -1,5 +1,6 @@
 //! Committed partitions whose log failed to open on their owner shard (e.g. a topic created while
-//! the filesystem had no inode or byte left for the segment file). The partition exists in the
+//! the filesystem had no inode or byte left for the segment file, or at boot while it still has
+//! none, or while the process had no file descriptor left). The partition exists in the
 //! metadata; its owner retries the open on each send or poll to it, so it becomes usable once
 //! the cause is gone, without a restart. Never opens or touches a log itself.
 
@@ -10,13 +11,69 @@ use bus::{ErrorCode, Namespace};
 
 use crate::frame::ShardReply;
 
+/// Why an open of a partition's log failed, as far as retrying it is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenFailureKind {
+    /// Refused for lack of space, quota or file size (`ENOSPC`, `EDQUOT`, `EFBIG`): it succeeds
+    /// once space is freed.
+    StorageFull,
+    /// Refused for lack of file descriptors (`EMFILE`, `ENFILE`): it succeeds once descriptors
+    /// are freed.
+    DescriptorsExhausted,
+    /// Anything else (damage, I/O errors): it needs an operator.
+    Other,
+}
+
+impl OpenFailureKind {
+    /// The kind of `error`, returned by `PartitionLog::open`.
+    pub fn of(error: &storage::LogError) -> OpenFailureKind {
+        match error {
+            storage::LogError::StorageFull { .. } => OpenFailureKind::StorageFull,
+            storage::LogError::DescriptorsExhausted { .. } => OpenFailureKind::DescriptorsExhausted,
+            storage::LogError::Io { source, .. } if storage::space::is_storage_full(source) => {
+                OpenFailureKind::StorageFull
+            }
+            storage::LogError::Io { source, .. }
+                if storage::space::is_descriptors_exhausted(source) =>
+            {
+                OpenFailureKind::DescriptorsExhausted
+            }
+            _ => OpenFailureKind::Other,
+        }
+    }
+
+    /// Whether the open succeeds once a resource is freed, without an operator's repair.
+    pub fn is_transient(self) -> bool {
+        self != OpenFailureKind::Other
+    }
+
+    /// The error code of a reply refused by such a failure.
+    pub fn code(self) -> ErrorCode {
+        match self {
+            OpenFailureKind::StorageFull => ErrorCode::StorageFull,
+            OpenFailureKind::DescriptorsExhausted => ErrorCode::ResourceExhausted,
+            OpenFailureKind::Other => ErrorCode::StorageFailure,
+        }
+    }
+
+    /// What fixes the cause, for the reply text ("" when unknown).
+    fn remedy(self) -> &'static str {
+        match self {
+            OpenFailureKind::StorageFull => ", here once space is freed",
+            OpenFailureKind::DescriptorsExhausted => {
+                ", here once file descriptors are freed (the open-file limit was reached)"
+            }
+            OpenFailureKind::Other => "",
+        }
+    }
+}
+
 /// Why the owner could not open a committed partition's log; sent to shard 0 with the
 /// `MetadataApplied` ack and joined into the reply to the metadata change.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenFailure {
-    /// The open was refused for lack of space, quota or file size (`ENOSPC`, `EDQUOT`, `EFBIG`):
-    /// it succeeds once space is freed.
-    pub storage_full: bool,
+    /// Whether and when a retry succeeds.
+    pub kind: OpenFailureKind,
     /// Shard, partition and the storage error.
     pub message: String,
 }
@@ -24,25 +81,17 @@ pub struct OpenFailure {
 impl OpenFailure {
     /// The failure of shard `shard`'s open of `namespace` with `error`.
     pub fn new(shard: u16, namespace: Namespace, error: &storage::LogError) -> OpenFailure {
-        let storage_full = match error {
-            storage::LogError::StorageFull { .. } => true,
-            storage::LogError::Io { source, .. } => storage::space::is_storage_full(source),
-            _ => false,
-        };
         OpenFailure {
-            storage_full,
+            kind: OpenFailureKind::of(error),
             message: format!("shard {shard}: partition {namespace}: {error}"),
         }
     }
 
     /// The reply to a send or poll of the partition whose retried open failed: `StorageFull`
-    /// when space is the cause (retry once space is freed), else `StorageFailure`.
+    /// when space is the cause (retry once space is freed), `ResourceExhausted` when file
+    /// descriptors are (retry once some are freed), else `StorageFailure`.
     pub fn reply(&self) -> ShardReply {
-        let code = if self.storage_full {
-            ErrorCode::StorageFull
-        } else {
-            ErrorCode::StorageFailure
-        };
+        let code = self.kind.code();
         ShardReply::error(
             code,
             format!(
@@ -50,24 +99,19 @@ impl OpenFailure {
                  appended or read, and each send or poll retries the open (it succeeds once the \
                  cause is fixed{})",
                 self.message,
-                if self.storage_full {
-                    ", here once space is freed"
-                } else {
-                    ""
-                }
+                self.kind.remedy()
             ),
         )
     }
 }
 
 /// The reply to the metadata change whose partitions `failures` could not be opened (the change
-/// itself is committed): `StorageFull` when every failure is for lack of space, else
-/// `StorageFailure`.
+/// itself is committed): `StorageFull` when every failure is for lack of space,
+/// `ResourceExhausted` when every one is for lack of file descriptors, else `StorageFailure`.
 pub fn commit_reply(failures: &[OpenFailure]) -> ShardReply {
-    let code = if failures.iter().all(|failure| failure.storage_full) {
-        ErrorCode::StorageFull
-    } else {
-        ErrorCode::StorageFailure
+    let code = match failures.first().map(|failure| failure.kind) {
+        Some(kind) if failures.iter().all(|failure| failure.kind == kind) => kind.code(),
+        _ => ErrorCode::StorageFailure,
     };
     let messages: Vec<&str> = failures
         .iter()
@@ -78,7 +122,8 @@ pub fn commit_reply(failures: &[OpenFailure]) -> ShardReply {
         format!(
             "the change is committed, but {} of its partitions could not be opened: {}; each is \
              opened again on its next send or poll, which answers {code:?} until the cause is \
-             fixed (free space, for StorageFull), then succeeds",
+             fixed (free space for StorageFull, file descriptors for ResourceExhausted), then \
+             succeeds",
             failures.len(),
             messages.join("; ")
         ),
@@ -166,6 +211,40 @@ mod tests {
     }
 
     #[test]
+    fn issue7_2_an_open_refused_for_descriptors_is_resource_exhausted() {
+        let namespace = Namespace::new(1, 2, 0);
+        let error = storage::LogError::Io {
+            path: "p/00000000000000000000.log".into(),
+            op: "create segment",
+            source: std::io::Error::from_raw_os_error(libc::EMFILE),
+        };
+        let failure = OpenFailure::new(1, namespace, &error);
+        assert_eq!(failure.kind, OpenFailureKind::DescriptorsExhausted);
+        assert!(failure.kind.is_transient());
+        let ShardReply::Error { code, message } = failure.reply() else {
+            panic!("an error reply");
+        };
+        assert_eq!(code, ErrorCode::ResourceExhausted);
+        assert_eq!(
+            message,
+            format!(
+                "the partition is committed but its log cannot be opened: shard 1: partition \
+                 {namespace}: p/00000000000000000000.log: create segment failed: Too many open \
+                 files (os error 24); nothing was appended or read, and each send or poll \
+                 retries the open (it succeeds once the cause is fixed, here once file \
+                 descriptors are freed (the open-file limit was reached))"
+            )
+        );
+        let corrupt = storage::LogError::Corrupt {
+            path: "p/00000000000000000000.log".into(),
+            position: 0,
+            reason: "bad".into(),
+        };
+        assert_eq!(OpenFailureKind::of(&corrupt), OpenFailureKind::Other);
+        assert!(!OpenFailureKind::of(&corrupt).is_transient());
+    }
+
+    #[test]
     fn an_open_refused_for_space_is_storage_full() {
         let namespace = Namespace::new(1, 2, 0);
         let error = storage::LogError::Io {
@@ -174,7 +253,7 @@ mod tests {
             source: std::io::Error::from_raw_os_error(libc::ENOSPC),
         };
         let failure = OpenFailure::new(1, namespace, &error);
-        assert!(failure.storage_full);
+        assert_eq!(failure.kind, OpenFailureKind::StorageFull);
         let ShardReply::Error { code, message } = commit_reply(&[failure]) else {
             panic!("an error reply");
         };
@@ -185,8 +264,8 @@ mod tests {
                 "the change is committed, but 1 of its partitions could not be opened: shard 1: \
                  partition {namespace}: p/00000000000000000000.log: create segment failed: No \
                  space left on device (os error 28); each is opened again on its next send or \
-                 poll, which answers StorageFull until the cause is fixed (free space, for \
-                 StorageFull), then succeeds"
+                 poll, which answers StorageFull until the cause is fixed (free space for \
+                 StorageFull, file descriptors for ResourceExhausted), then succeeds"
             )
         );
     }

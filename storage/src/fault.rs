@@ -18,6 +18,10 @@ pub enum FaultOp {
     Write,
     /// An `fdatasync` of a segment.
     Fsync,
+    /// An open by a partition log's writer that allocates a descriptor: the creation of a
+    /// segment at a roll, and the open of the log directory for its fsync (after a roll, or in a
+    /// rollback). An injected fault opens nothing, as an open refused with `EMFILE` does.
+    Open,
     /// The write of a partition log's producer-state snapshot at a segment roll (a derived file;
     /// a separate kind so that arming it does not shift the count of entry writes). An injected
     /// fault writes nothing.

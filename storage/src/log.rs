@@ -37,7 +37,7 @@ use crate::limits::{
     APPEND_QUEUE_BYTES_MAX, APPEND_QUEUE_ENTRY_COUNT_MAX, CLOSED_SEGMENT_FILES_OPEN_MAX,
     ENTRY_SIZE_MAX, SEGMENT_SIZE_MAX_LIMIT,
 };
-use crate::space::{FreeBytes, is_storage_full};
+use crate::space::{FreeBytes, is_descriptors_exhausted, is_storage_full};
 use compio::BufResult;
 use completion::Completion;
 use index::SegmentIndex;
@@ -164,6 +164,19 @@ pub enum LogError {
         free_bytes: FreeBytes,
         source: std::io::Error,
     },
+    /// An open (or creation) of a file or directory at `op` on `path` was refused because no file
+    /// descriptor was left (`EMFILE`: the process is at its open-file limit; `ENFILE`: the
+    /// system's file table is full). Nothing was written or read: an append's group was rolled
+    /// back to the acknowledged end as for [`LogError::StorageFull`] (the appends got no
+    /// offset), and the log is not poisoned: retry once descriptors are freed.
+    #[error(
+        "{path}: {op} failed: {source}; the open-file limit is reached, nothing was kept or read, retry once file descriptors are freed"
+    )]
+    DescriptorsExhausted {
+        path: PathBuf,
+        op: &'static str,
+        source: std::io::Error,
+    },
     /// Stored bytes are damaged where a torn write cannot explain them (inside a closed segment,
     /// or bytes read back that no longer match their checksum). Never skipped silently.
     #[error("{path}: corrupt entry at byte {position}: {reason}")]
@@ -195,7 +208,7 @@ pub enum LogError {
 }
 
 /// A write or fsync failure: kept to fail everything after it with the same error (poisoned), or,
-/// when `storage_full`, given to the appends a rollback discarded.
+/// when `refusal` is set, given to the appends a rollback discarded.
 #[derive(Debug, Clone)]
 struct Failure {
     path: PathBuf,
@@ -203,14 +216,26 @@ struct Failure {
     kind: io::ErrorKind,
     raw_os_error: Option<i32>,
     message: String,
-    /// A write refused for lack of space: recoverable by rolling back (never set for an fsync).
-    storage_full: bool,
-    /// Free bytes of the log's filesystem, measured after the rollback (`storage_full` only).
+    /// Set when nothing was stored that was not also reported written, so rolling back to the
+    /// acknowledged end recovers (never set for a failed fsync or write of another class).
+    refusal: Option<Refusal>,
+    /// Free bytes of the log's filesystem, measured after the rollback (`StorageFull` only).
     free_bytes: FreeBytes,
 }
 
+/// Why a failed step is recoverable by rolling back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// A write or creation refused for lack of space (`ENOSPC`, `EDQUOT`, `EFBIG`).
+    StorageFull,
+    /// An open refused for lack of file descriptors (`EMFILE`, `ENFILE`).
+    DescriptorsExhausted,
+}
+
 impl Failure {
-    /// A failure that poisons the log whatever its errno: fsync, rename, directory steps.
+    /// A failure that poisons the log whatever its errno (fsync, rename, truncate), except an
+    /// errno of the descriptor class: only descriptor-allocating calls return it, so it was an
+    /// open (a directory fsync opens the directory first) that wrote nothing.
     fn new(path: &Path, op: &'static str, error: &io::Error) -> Self {
         Failure {
             path: path.to_path_buf(),
@@ -218,17 +243,27 @@ impl Failure {
             kind: error.kind(),
             raw_os_error: error.raw_os_error(),
             message: error.to_string(),
-            storage_full: false,
+            refusal: is_descriptors_exhausted(error).then_some(Refusal::DescriptorsExhausted),
             free_bytes: FreeBytes(None),
         }
     }
 
-    /// A failed write (or file creation): recoverable when the filesystem is full.
+    /// A failed write (or file creation): recoverable when the filesystem is full or no
+    /// descriptor was left for the creation.
     fn write(path: &Path, op: &'static str, error: &io::Error) -> Self {
-        Failure {
-            storage_full: is_storage_full(error),
-            ..Failure::new(path, op, error)
+        let failure = Failure::new(path, op, error);
+        if is_storage_full(error) {
+            return Failure {
+                refusal: Some(Refusal::StorageFull),
+                ..failure
+            };
         }
+        failure
+    }
+
+    /// Whether rolling back to the acknowledged end recovers from this failure.
+    fn is_refusal(&self) -> bool {
+        self.refusal.is_some()
     }
 
     fn source(&self) -> io::Error {
@@ -239,18 +274,23 @@ impl Failure {
     }
 
     fn to_error(&self) -> LogError {
-        if self.storage_full {
-            return LogError::StorageFull {
+        match self.refusal {
+            Some(Refusal::StorageFull) => LogError::StorageFull {
                 path: self.path.clone(),
                 op: self.op,
                 free_bytes: self.free_bytes,
                 source: self.source(),
-            };
-        }
-        LogError::Io {
-            path: self.path.clone(),
-            op: self.op,
-            source: self.source(),
+            },
+            Some(Refusal::DescriptorsExhausted) => LogError::DescriptorsExhausted {
+                path: self.path.clone(),
+                op: self.op,
+                source: self.source(),
+            },
+            None => LogError::Io {
+                path: self.path.clone(),
+                op: self.op,
+                source: self.source(),
+            },
         }
     }
 }
@@ -612,6 +652,8 @@ impl PartitionLog {
     ///   there; resume at `next_offset`).
     /// - `Io` naming the segment, when the first entry to return cannot be read (or its closed
     ///   segment cannot be opened: closed segments are opened on demand).
+    /// - `DescriptorsExhausted` naming the segment, when that open was refused for lack of file
+    ///   descriptors (retry once some are freed; the log is unaffected).
     /// - `Corrupt` naming the segment and byte position, when the first entry to return does not
     ///   match what was written.
     ///
@@ -687,13 +729,15 @@ impl PartitionLog {
         if let Some(file) = cached {
             return Ok(file);
         }
-        let file = File::open(&span.path)
-            .await
-            .map_err(|source| LogError::Io {
-                path: span.path.clone(),
-                op: "open closed segment for a read",
-                source,
-            })?;
+        let file = File::open(&span.path).await.map_err(|source| {
+            let path = span.path.clone();
+            let op = "open closed segment for a read";
+            if is_descriptors_exhausted(&source) {
+                LogError::DescriptorsExhausted { path, op, source }
+            } else {
+                LogError::Io { path, op, source }
+            }
+        })?;
         self.shared
             .state
             .borrow_mut()

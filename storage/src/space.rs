@@ -1,5 +1,6 @@
 //! Recognising a full filesystem and reporting its free space, for the refusals of the log and
-//! the journal when a write fails with `ENOSPC`, `EDQUOT` or `EFBIG`.
+//! the journal when a write fails with `ENOSPC`, `EDQUOT` or `EFBIG`, and recognising an open
+//! refused for lack of file descriptors (`EMFILE`, `ENFILE`).
 //!
 //! Only these three errnos are recoverable by rolling back: the kernel refused to store bytes, so
 //! the page cache holds nothing that was not also reported written. It must never classify an
@@ -19,6 +20,15 @@ pub fn is_storage_full(error: &io::Error) -> bool {
         error.raw_os_error(),
         Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)
     )
+}
+
+/// Whether `error` says no file descriptor could be allocated: `EMFILE` (the process is at its
+/// `RLIMIT_NOFILE`) or `ENFILE` (the system-wide file table is full). Only calls that allocate a
+/// descriptor (`open`, `openat`, `accept`, ...) return these, never `write` or `fsync`, so an
+/// error of this class means an open was refused and nothing was written: recoverable once
+/// descriptors are freed.
+pub fn is_descriptors_exhausted(error: &io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
 
 /// What an unprivileged writer can still use on the filesystem holding `path` (`statvfs(3)`:
@@ -87,6 +97,20 @@ mod tests {
             assert!(!is_storage_full(&io::Error::from_raw_os_error(errno)));
         }
         assert!(!is_storage_full(&io::Error::other("no errno")));
+    }
+
+    #[test]
+    fn issue7_2_only_emfile_and_enfile_are_descriptor_exhaustion() {
+        for errno in [libc::EMFILE, libc::ENFILE] {
+            assert!(is_descriptors_exhausted(&io::Error::from_raw_os_error(
+                errno
+            )));
+        }
+        for errno in [libc::ENOSPC, libc::EIO, libc::EBADF, libc::ENOMEM] {
+            assert!(!is_descriptors_exhausted(&io::Error::from_raw_os_error(
+                errno
+            )));
+        }
     }
 
     #[test]

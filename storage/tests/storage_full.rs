@@ -343,3 +343,144 @@ fn issue7_1_journal_fsync_failure_still_poisons() {
         );
     });
 }
+
+/// Appends `entries[0..2]` (one full 100-byte segment of two 40-byte entries), arms `Open` faults
+/// (`skip_count` passing opens, then `fail_count` failing with `EMFILE`), and returns the result
+/// of the append of `entries[2]`, whose roll meets them.
+async fn append_into_a_roll_with_emfile(
+    log: &PartitionLog,
+    entries: &[Vec<u8>],
+    skip_count: u32,
+    fail_count: u32,
+) -> Result<u64, LogError> {
+    assert_eq!(log.append(entries[0].clone()).await.unwrap(), 0);
+    assert_eq!(log.append(entries[1].clone()).await.unwrap(), 1);
+    log.fault_injector()
+        .fail(FaultOp::Open, skip_count, fail_count, libc::EMFILE);
+    log.append(entries[2].clone()).await
+}
+
+fn assert_descriptors_exhausted(result: &Result<u64, LogError>, path: &Path, op: &str) {
+    assert!(
+        matches!(result, Err(LogError::DescriptorsExhausted { path: failed, op: failed_op, source })
+            if failed == path && *failed_op == op && source.raw_os_error() == Some(libc::EMFILE)),
+        "{result:?}"
+    );
+}
+
+/// The log's files after a rollback of a roll: segment 0 and nothing of the roll.
+fn assert_only_segment_0(dir: &Path) {
+    assert_eq!(
+        file_names(dir)
+            .into_iter()
+            .filter(|name| !name.ends_with(".producers"))
+            .collect::<Vec<_>>(),
+        ["00000000000000000000.log"]
+    );
+}
+
+/// Reopens the log in `dir` and checks that it holds exactly `entries`, one message each.
+async fn assert_reopened_holds(dir: &Path, entries: &[Vec<u8>]) {
+    let (log, report) = PartitionLog::open(dir, config(FsyncPolicy::Always, 100))
+        .await
+        .unwrap();
+    assert_eq!(report.next_offset, entries.len() as u64);
+    let expected: Vec<u8> = entries
+        .iter()
+        .enumerate()
+        .flat_map(|(offset, entry)| stored(entry, offset as u64))
+        .collect();
+    assert_eq!(log.read(0, u32::MAX, usize::MAX).await.unwrap(), expected);
+    log.close().await.unwrap();
+}
+
+#[test]
+fn issue7_2_log_emfile_at_a_roll_is_refused_then_the_next_append_succeeds() {
+    let entries: Vec<Vec<u8>> = (0..4u8).map(|seed| build_entry(0, 1, &[seed; 8])).collect();
+    // Open 0 is the new segment's creation, open 1 the directory's open for its fsync.
+    let cases = [
+        (0, "create segment"),
+        (1, "open log directory to fsync it after creating a segment"),
+    ];
+    for (skip_count, op) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        block_on(async {
+            let (log, _) = PartitionLog::open(dir.path(), config(FsyncPolicy::Always, 100))
+                .await
+                .unwrap();
+            let result = append_into_a_roll_with_emfile(&log, &entries, skip_count, 1).await;
+            let path = if skip_count == 0 {
+                segment(dir.path(), 2)
+            } else {
+                dir.path().to_path_buf()
+            };
+            assert_descriptors_exhausted(&result, &path, op);
+            assert_only_segment_0(dir.path());
+            assert_eq!((log.next_offset(), log.acked_offset()), (2, 2));
+            assert_eq!(log.append(entries[2].clone()).await.unwrap(), 2);
+            assert_eq!(log.append(entries[3].clone()).await.unwrap(), 3);
+            log.close().await.unwrap();
+            drop(log);
+            assert_reopened_holds(dir.path(), &entries).await;
+        });
+    }
+}
+
+#[test]
+fn issue7_2_log_rollback_stopped_by_emfile_completes_before_the_next_write() {
+    let entries: Vec<Vec<u8>> = (0..4u8).map(|seed| build_entry(0, 1, &[seed; 8])).collect();
+    let dir = tempfile::tempdir().unwrap();
+    block_on(async {
+        let (log, _) = PartitionLog::open(dir.path(), config(FsyncPolicy::Always, 100))
+            .await
+            .unwrap();
+        // The roll's directory open fails, then the rollback's, then the retry of the rollback
+        // at the next append: it is refused too, without writing.
+        let result = append_into_a_roll_with_emfile(&log, &entries, 1, 3).await;
+        let op = "open log directory to fsync it after deleting rolled-back segments";
+        assert_descriptors_exhausted(&result, dir.path(), op);
+        let retried = log.append(entries[2].clone()).await;
+        assert_descriptors_exhausted(&retried, dir.path(), op);
+        assert_eq!((log.next_offset(), log.acked_offset()), (2, 2));
+        assert_eq!(file_size(&segment(dir.path(), 0)), 80);
+        // Descriptors are back: the rollback completes, then the append is written.
+        assert_eq!(log.append(entries[2].clone()).await.unwrap(), 2);
+        assert_eq!(
+            file_names(dir.path())
+                .into_iter()
+                .filter(|name| !name.ends_with(".producers"))
+                .collect::<Vec<_>>(),
+            [
+                "00000000000000000000.index",
+                "00000000000000000000.log",
+                "00000000000000000002.log"
+            ]
+        );
+        assert_eq!(log.append(entries[3].clone()).await.unwrap(), 3);
+        log.close().await.unwrap();
+        drop(log);
+        assert_reopened_holds(dir.path(), &entries).await;
+    });
+}
+
+#[test]
+fn issue7_2_log_rollback_still_pending_at_close_fails_the_close_and_reopen_recovers() {
+    let entries: Vec<Vec<u8>> = (0..4u8).map(|seed| build_entry(0, 1, &[seed; 8])).collect();
+    let dir = tempfile::tempdir().unwrap();
+    block_on(async {
+        let (log, _) = PartitionLog::open(dir.path(), config(FsyncPolicy::Always, 100))
+            .await
+            .unwrap();
+        // The roll's directory open, the rollback's and the close's retry all fail.
+        let result = append_into_a_roll_with_emfile(&log, &entries, 1, 3).await;
+        let op = "open log directory to fsync it after deleting rolled-back segments";
+        assert_descriptors_exhausted(&result, dir.path(), op);
+        let closed = log.close().await;
+        assert!(
+            matches!(&closed, Err(LogError::DescriptorsExhausted { op: failed_op, .. }) if *failed_op == op),
+            "{closed:?}"
+        );
+        drop(log);
+        assert_reopened_holds(dir.path(), &entries[..2]).await;
+    });
+}

@@ -433,3 +433,103 @@ fn issue7_2_many_segments_under_a_low_open_file_limit_keep_serving() {
     });
     assert_eq!(server.stop(), Some(0));
 }
+
+/// Descriptors the process `pid` holds now.
+fn fd_count(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count() as u64
+}
+
+/// The refusal `error` must be: `ResourceExhausted`, the message starting with `prefix` and
+/// naming the errno.
+fn assert_refused_at_the_open_file_limit(error: &bus::ClientError, prefix: &str) {
+    let bus::ClientError::Server { code, message } = error else {
+        panic!("expected ResourceExhausted, got {error}");
+    };
+    assert_eq!(*code, ErrorCode::ResourceExhausted, "{message}");
+    assert!(
+        message.starts_with(prefix)
+            && message.contains(
+                "Too many open files (os error 24); the open-file limit is \
+                                 reached, nothing was kept or read, retry once file \
+                                 descriptors are freed"
+            ),
+        "{message}"
+    );
+}
+
+/// The open-file limit lowered under the running server below what it holds (an operator's
+/// prlimit, or other files of the process at the limit): a poll of a closed segment (opened on
+/// demand) and a send whose segment roll must open files are answered `ResourceExhausted`,
+/// nothing appended or read; once the limit is raised again the same partition serves both
+/// without a restart, SIGTERM exits 0 and a restart reads every acknowledged message once. (The
+/// roll's refused open used to poison the partition until restart, and SIGTERM then exited 1.)
+#[test]
+fn issue7_2_emfile_at_a_segment_roll_or_a_closed_segment_read_is_transient() {
+    let _serial = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let namespace = bus::Namespace::new(1, 1, 0);
+    let args = [
+        "--shards",
+        "1",
+        "--no-pin",
+        "--segment-size",
+        "4096",
+        "--fsync",
+        "always",
+    ];
+    let server = Server::start(dir.path(), &args);
+    let pid = server.pid();
+    block_on(async {
+        let mut client = bus::Client::connect(server.addr).await.unwrap();
+        client.create_stream(1, "s").await.unwrap();
+        client.create_topic(1, 1, "t", 1).await.unwrap();
+        send_one_per_segment(&mut client, namespace, 0..20).await;
+        client.ping().await.unwrap();
+        let limit = common::process_soft_nofile(pid);
+        common::set_process_soft_nofile(pid, fd_count(pid) - 1);
+        let polled = client.poll_messages(namespace, 0, 1).await.unwrap_err();
+        assert_refused_at_the_open_file_limit(
+            &polled,
+            "read of 1/1/0 refused: the server is at its open-file limit, nothing was read: ",
+        );
+        // The connection stays open: a second poll on it is refused the same way (a reconnect
+        // would be refused at accept instead, with request 0).
+        let polled = client.poll_messages(namespace, 5, 1).await.unwrap_err();
+        assert_refused_at_the_open_file_limit(
+            &polled,
+            "read of 1/1/0 refused: the server is at its open-file limit, nothing was read: ",
+        );
+        assert!(
+            polled
+                .to_string()
+                .contains("00000000000000000005.log: open closed segment for a read failed: "),
+            "{polled}"
+        );
+        let mut batch = bus::BatchBuilder::default();
+        batch.push(20, 1_020, &segment_filling_payload(20));
+        let sent = client
+            .send_messages(namespace, batch.finish())
+            .await
+            .unwrap_err();
+        assert_refused_at_the_open_file_limit(
+            &sent,
+            "partition 1/1/0 (stream 1, topic 1, partition 0): the server is at its open-file \
+             limit, nothing was appended: ",
+        );
+        common::set_process_soft_nofile(pid, limit);
+        poll_each(&mut client, namespace, &[0, 19]).await;
+        send_one_per_segment(&mut client, namespace, 20..22).await;
+    });
+    assert_eq!(server.stop(), Some(0));
+    let server = Server::start(dir.path(), &args);
+    block_on(async {
+        let mut client = bus::Client::connect(server.addr).await.unwrap();
+        let offsets: Vec<u64> = (0..22).collect();
+        poll_each(&mut client, namespace, &offsets).await;
+        let body = client.poll_messages(namespace, 22, 1).await.unwrap();
+        assert_eq!(bus::client::messages_from(&body, 22).unwrap().len(), 0);
+    });
+    assert_eq!(server.stop(), Some(0));
+}

@@ -568,7 +568,8 @@ fn issue7_review_2_a_partition_not_opened_for_lack_of_inodes_opens_once_space_re
         assert!(
             message.ends_with(
                 "each is opened again on its next send or poll, which answers StorageFull until \
-                 the cause is fixed (free space, for StorageFull), then succeeds"
+                 the cause is fixed (free space for StorageFull, file descriptors for \
+                 ResourceExhausted), then succeeds"
             ),
             "{message}"
         );
@@ -646,6 +647,96 @@ fn issue7_review_2_a_partition_not_opened_for_lack_of_inodes_opens_once_space_re
                 .map(|(_, id, _)| id)
                 .collect();
             assert_eq!(ids, vec![100 + u64::from(partition)]);
+        }
+    });
+    assert_eq!(server.stop(), Some(0));
+    drop(mount);
+}
+
+/// A restart while partitions are still unopened for lack of inodes (the filesystem still full):
+/// boot leaves them unopened with a warning naming each and "0 inodes free", serves the other
+/// partitions, answers `StorageFull` for the unopened ones, and opens them once inodes are added,
+/// without another restart. (Boot used to fail "create segment failed: No space left on device",
+/// taking every partition down.)
+#[test]
+fn issue7_1_restart_with_partitions_still_unopened_for_lack_of_inodes_boots() {
+    let Some(mount) = mount_with_or_skip(
+        "issue7_1_restart_with_partitions_still_unopened_for_lack_of_inodes_boots",
+        "size=4m,nr_inodes=40",
+    ) else {
+        return;
+    };
+    let data_dir = mount.dir.join("d");
+    let serve_args = ["--shards", "2", "--no-pin", "--fsync=always"];
+    let kept = Namespace::new(1, 1, 0);
+    let server = Server::start(&data_dir, &serve_args);
+    let unopened = block_on(async {
+        let mut client = bus::Client::connect(server.addr).await.unwrap();
+        client.create_stream(1, "s").await.unwrap();
+        client.create_topic(1, 1, "t", 8).await.unwrap();
+        assert_eq!(
+            client
+                .send_messages(kept, batch(7, 1, 10))
+                .await
+                .unwrap()
+                .base_offset,
+            0
+        );
+        let error = client.create_topic(1, 2, "u", 8).await.unwrap_err();
+        let ClientError::Server { code, message } = &error else {
+            panic!("expected StorageFull, got {error}");
+        };
+        assert_eq!(*code, ErrorCode::StorageFull, "{message}");
+        unopened_partitions(message, "1/2/")
+    });
+    assert!(!unopened.is_empty());
+    assert_eq!(server.stop(), Some(0));
+
+    let server = Server::try_start_on(
+        Command::new(common::BIN),
+        &data_dir,
+        "127.0.0.1:0",
+        &serve_args,
+    )
+    .unwrap_or_else(|stderr| panic!("restart refused while partitions are unopened:\n{stderr}"));
+    let stderr = server.stderr();
+    let warned: Vec<u16> = (0..8u16)
+        .filter(|&partition| {
+            stderr.lines().any(|line| {
+                line.contains("WARN")
+                    && line.contains("partition log cannot be opened at boot: no space (")
+                    && line.contains(
+                        ", 0 inodes free); the partition stays unopened, its sends \
+                                      and polls answer StorageFull and retry the open until it \
+                                      succeeds",
+                    )
+                    && line.contains(&format!("namespace=1/2/{partition} "))
+            })
+        })
+        .collect();
+    assert_eq!(warned, unopened, "{stderr}");
+    block_on(async {
+        let mut client = bus::Client::connect(server.addr).await.unwrap();
+        let read = read_all(&mut client, kept).await;
+        assert_eq!(read, vec![(0, 7, payload(7, 10))]);
+        let namespace = Namespace::new(1, 2, unopened[0]);
+        let error = client
+            .send_messages(namespace, batch(0, 1, 10))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&error, ClientError::Server { code: ErrorCode::StorageFull, message }
+                if message.contains("No space left on device")),
+            "{error}"
+        );
+        mount.remount("nr_inodes=400");
+        for partition in 0..8u16 {
+            let namespace = Namespace::new(1, 2, partition);
+            let ack = client
+                .send_messages(namespace, batch(100, 1, 10))
+                .await
+                .unwrap();
+            assert_eq!(ack.base_offset, 0, "partition {partition}");
         }
     });
     assert_eq!(server.stop(), Some(0));

@@ -5,10 +5,14 @@
 //!
 //! It must never acknowledge an entry whose write (or required fsync) has not succeeded, and after
 //! a failed fsync or a failed write other than a full filesystem it must not write again: the log
-//! is poisoned until reopened. A write refused for lack of space (`ENOSPC`, `EDQUOT`, `EFBIG`)
-//! is rolled back instead: segments created by the failed group are deleted, the active segment
-//! is truncated to the acknowledged end and fsynced, the group and the queue behind it fail with
-//! `StorageFull`, and the offsets are reused (storage/FORMAT.md section 3, "Rollback").
+//! is poisoned until reopened. A write refused for lack of space (`ENOSPC`, `EDQUOT`, `EFBIG`),
+//! or an open or creation refused for lack of file descriptors (`EMFILE`, `ENFILE`: only
+//! descriptor-allocating calls return them, so nothing was written), is rolled back instead:
+//! segments created by the failed group are deleted, the active segment is truncated to the
+//! acknowledged end and fsynced, the group and the queue behind it fail with `StorageFull` or
+//! `DescriptorsExhausted`, and the offsets are reused (storage/FORMAT.md section 3, "Rollback").
+//! A rollback that itself meets `EMFILE` (its directory fsync opens the directory) is left
+//! pending: nothing is written until a later group (or the close) completes it.
 
 use std::mem;
 use std::rc::Rc;
@@ -21,7 +25,7 @@ use compio::io::AsyncWriteAtExt;
 use super::completion::Completion;
 use super::producer_state::producer_snapshot_path;
 use super::recovery::{index_path, segment_path};
-use super::{Failure, FsyncPolicy, LogError, PendingAppend, Segment, Shared};
+use super::{Failure, FsyncPolicy, LogError, PendingAppend, Refusal, Segment, Shared};
 use crate::durable::{DurableError, durable_replace, sync_dir};
 use crate::entry::{ENTRY_HEADER_SIZE, ProducerBatch, producer_stamp};
 use crate::fault::FaultOp;
@@ -39,13 +43,23 @@ enum Work {
     Exit,
 }
 
+/// A rollback stopped by a descriptor refusal, to complete before anything is written again.
+#[derive(Debug, Default)]
+struct PendingRollback {
+    /// Entries of the log directory were deleted (or created) and the directory is not fsynced.
+    dir_dirty: bool,
+}
+
 /// The writer loop; runs until the log is closed or dropped and its queue is drained.
 pub(super) async fn run(shared: Rc<Shared>) {
+    let mut pending_rollback = None;
     loop {
         match next_work(&shared).await {
-            Work::Group { appends, syncs } => process_group(&shared, appends, syncs).await,
+            Work::Group { appends, syncs } => {
+                process_group(&shared, &mut pending_rollback, appends, syncs).await;
+            }
             Work::Exit => {
-                finish(&shared).await;
+                finish(&shared, &mut pending_rollback).await;
                 return;
             }
         }
@@ -72,11 +86,16 @@ async fn next_work(shared: &Shared) -> Work {
 
 async fn process_group(
     shared: &Shared,
+    pending_rollback: &mut Option<PendingRollback>,
     appends: Vec<PendingAppend>,
     syncs: Vec<Completion<Result<(), LogError>>>,
 ) {
     let earlier_failure = shared.state.borrow().failure.clone();
     if let Some(failure) = earlier_failure {
+        fail_all(&failure, appends, syncs);
+        return;
+    }
+    if let Err(failure) = complete_pending_rollback(shared, pending_rollback).await {
         fail_all(&failure, appends, syncs);
         return;
     }
@@ -121,9 +140,16 @@ async fn process_group(
                 sync.complete(Ok(()));
             }
         }
-        Err(failure) if failure.storage_full => {
+        Err(failure) if failure.is_refusal() => {
             let completions = completions.into_iter().map(|(_, completion)| completion);
-            recover_from_full(shared, failure, completions.collect(), syncs).await;
+            recover_from_refusal(
+                shared,
+                pending_rollback,
+                failure,
+                completions.collect(),
+                syncs,
+            )
+            .await;
         }
         Err(failure) => {
             tracing::error!(
@@ -144,16 +170,94 @@ async fn process_group(
     }
 }
 
-/// A write of the group was refused for lack of space: roll the files back to the acknowledged
-/// end, then fail the group and everything queued behind it with `StorageFull` and reuse their
-/// offsets. If the rollback itself fails, the log is poisoned with that failure instead.
-async fn recover_from_full(
+/// Retries a rollback a descriptor refusal stopped, before anything else is written. On a new
+/// descriptor refusal it stays pending, and the offsets handed out since are taken back (the
+/// caller fails their appends); any other failure poisons the log.
+///
+/// # Errors
+/// The failure the appends and syncs of this group get.
+async fn complete_pending_rollback(
     shared: &Shared,
+    pending_rollback: &mut Option<PendingRollback>,
+) -> Result<(), Failure> {
+    let Some(pending) = pending_rollback.as_mut() else {
+        return Ok(());
+    };
+    match roll_back(shared, &mut pending.dir_dirty).await {
+        Ok(()) => {
+            *pending_rollback = None;
+            tracing::info!(
+                dir = %shared.dir.display(),
+                "pending log rollback completed; appends continue"
+            );
+            Ok(())
+        }
+        Err(failure) if failure.is_refusal() => {
+            let queued = discard_queue(shared);
+            for append in queued {
+                append.completion.complete(Err(failure.to_error()));
+            }
+            Err(failure)
+        }
+        Err(failure) => {
+            *pending_rollback = None;
+            tracing::error!(
+                path = %failure.path.display(),
+                op = failure.op,
+                error = %failure.message,
+                "pending log rollback failed; the log is poisoned until reopened"
+            );
+            shared.state.borrow_mut().failure = Some(failure.clone());
+            Err(failure)
+        }
+    }
+}
+
+/// Takes back the offsets of everything queued (they are past the rollback point and are handed
+/// out again from the acknowledged end) and returns the queued appends, which must fail.
+fn discard_queue(shared: &Shared) -> Vec<PendingAppend> {
+    let mut state = shared.state.borrow_mut();
+    state.next_offset = state.acked_offset;
+    state.queued_bytes = 0;
+    state.queue.drain(..).collect()
+}
+
+/// A write of the group was refused for lack of space, or an open for lack of descriptors: roll
+/// the files back to the acknowledged end, then fail the group and everything queued behind it
+/// with `StorageFull` (or `DescriptorsExhausted`) and reuse their offsets. A rollback stopped by
+/// a descriptor refusal is left pending (`pending_rollback`), to be completed before the next
+/// write; if it fails otherwise, the log is poisoned with that failure instead.
+async fn recover_from_refusal(
+    shared: &Shared,
+    pending_rollback: &mut Option<PendingRollback>,
     mut failure: Failure,
     group: Vec<Completion<Result<u64, LogError>>>,
     syncs: Vec<Completion<Result<(), LogError>>>,
 ) {
-    if let Err(rollback_failure) = roll_back(shared).await {
+    let mut dir_dirty = false;
+    if let Err(rollback_failure) = roll_back(shared, &mut dir_dirty).await {
+        if rollback_failure.is_refusal() {
+            tracing::warn!(
+                path = %rollback_failure.path.display(),
+                op = rollback_failure.op,
+                error = %rollback_failure.message,
+                refused = %failure.message,
+                "log rollback after a refused step stopped for lack of file descriptors; it is \
+                 completed before the next write, appends are refused until then"
+            );
+            *pending_rollback = Some(PendingRollback { dir_dirty });
+            let queued = discard_queue(shared);
+            let appends = group
+                .into_iter()
+                .chain(queued.into_iter().map(|append| append.completion));
+            for completion in appends {
+                completion.complete(Err(rollback_failure.to_error()));
+            }
+            for sync in syncs {
+                sync.complete(Err(rollback_failure.to_error()));
+            }
+            return;
+        }
         tracing::error!(
             path = %rollback_failure.path.display(),
             op = rollback_failure.op,
@@ -170,25 +274,35 @@ async fn recover_from_full(
         }
         return;
     }
-    failure.free_bytes = FreeBytes(free_bytes(&shared.dir));
-    let (queued, acked_offset) = {
-        let mut state = shared.state.borrow_mut();
-        // Everything queued has an offset past the rollback point: it fails too, and the
-        // offsets are handed out again from the acknowledged end.
-        state.next_offset = state.acked_offset;
-        state.queued_bytes = 0;
-        let queued: Vec<PendingAppend> = state.queue.drain(..).collect();
-        (queued, state.acked_offset)
-    };
-    tracing::warn!(
-        path = %failure.path.display(),
-        op = failure.op,
-        error = %failure.message,
-        free_bytes = %failure.free_bytes,
-        next_offset = acked_offset,
-        failed_append_count = group.len() + queued.len(),
-        "log write refused for lack of space; rolled back to the acknowledged end, appends continue"
-    );
+    if failure.refusal == Some(Refusal::StorageFull) {
+        failure.free_bytes = FreeBytes(free_bytes(&shared.dir));
+    }
+    // Everything queued has an offset past the rollback point: it fails too.
+    let queued = discard_queue(shared);
+    let acked_offset = shared.state.borrow().acked_offset;
+    let failed_append_count = group.len() + queued.len();
+    if failure.refusal == Some(Refusal::StorageFull) {
+        tracing::warn!(
+            path = %failure.path.display(),
+            op = failure.op,
+            error = %failure.message,
+            free_bytes = %failure.free_bytes,
+            next_offset = acked_offset,
+            failed_append_count,
+            "log write refused for lack of space; rolled back to the acknowledged end, appends \
+             continue"
+        );
+    } else {
+        tracing::warn!(
+            path = %failure.path.display(),
+            op = failure.op,
+            error = %failure.message,
+            next_offset = acked_offset,
+            failed_append_count,
+            "log open refused at the open-file limit; rolled back to the acknowledged end, \
+             appends continue"
+        );
+    }
     for completion in group {
         completion.complete(Err(failure.to_error()));
     }
@@ -210,9 +324,11 @@ async fn recover_from_full(
 /// segment to the acknowledged end and fsyncs it, and deletes the active segment's index file,
 /// which a roll of the failed group may have written before it failed (recovery ignores the last
 /// segment's index file, but `inspect` should not find a stale one).
-async fn roll_back(shared: &Shared) -> Result<(), Failure> {
+///
+/// `dir_dirty` says the directory has unsynced deletions; it is kept set when a step fails, so
+/// a retry after a descriptor refusal still fsyncs the directory. Every step can be repeated.
+async fn roll_back(shared: &Shared, dir_dirty: &mut bool) -> Result<(), Failure> {
     let acked_offset = shared.state.borrow().acked_offset;
-    let mut deleted_any = false;
     loop {
         let deleted = {
             let mut state = shared.state.borrow_mut();
@@ -231,19 +347,25 @@ async fn roll_back(shared: &Shared) -> Result<(), Failure> {
             "delete the index of a rolled-back segment",
         )
         .await?;
-        deleted_any = true;
+        *dir_dirty = true;
     }
-    deleted_any |= remove_rolled_back_snapshots(shared).await?;
-    if deleted_any {
-        sync_dir(&shared.dir).await.map_err(|error| {
-            Failure::new(
+    if remove_rolled_back_snapshots(shared).await? {
+        *dir_dirty = true;
+    }
+    if *dir_dirty {
+        sync_log_dir(shared).await.map_err(|error| {
+            dir_sync_failure(
                 &shared.dir,
-                "fsync log directory after deleting rolled-back segments",
+                [
+                    "fsync log directory after deleting rolled-back segments",
+                    "open log directory to fsync it after deleting rolled-back segments",
+                ],
                 &error,
             )
         })?;
-        reopen_active(shared).await?;
+        *dir_dirty = false;
     }
+    reopen_active(shared).await?;
     let (file, path, base_offset, size_bytes) = {
         let mut state = shared.state.borrow_mut();
         let active = state.active_mut();
@@ -349,8 +471,19 @@ fn fail_all(
     }
 }
 
-/// Drains nothing (the queue is empty when called), fsyncs what is dirty, and completes `close`.
-async fn finish(shared: &Shared) {
+/// Drains nothing (the queue is empty when called), completes a pending rollback, fsyncs what is
+/// dirty, and completes `close`. A pending rollback that still cannot complete fails the close
+/// (the files then hold unacknowledged bytes past the acknowledged end, as after a crash).
+async fn finish(shared: &Shared, pending_rollback: &mut Option<PendingRollback>) {
+    if let Err(failure) = complete_pending_rollback(shared, pending_rollback).await {
+        tracing::error!(
+            path = %failure.path.display(),
+            op = failure.op,
+            error = %failure.message,
+            "log rollback still pending at close"
+        );
+        shared.state.borrow_mut().failure = Some(failure);
+    }
     let needs_sync = {
         let state = shared.state.borrow();
         state.failure.is_none() && state.dirty
@@ -525,20 +658,37 @@ async fn roll(shared: &Shared, group_stamps: &[ProducerBatch]) -> Result<(), Fai
     let base_offset = index.end_offset;
     write_producer_snapshot(shared, base_offset, group_stamps).await?;
     let path = segment_path(&shared.dir, base_offset);
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&path)
-        .await
-        .map_err(|error| Failure::write(&path, "create segment", &error))?;
-    sync_dir(&shared.dir).await.map_err(|error| {
-        Failure::new(
-            &shared.dir,
-            "fsync log directory after creating a segment",
-            &error,
+    let created = match shared.faults.check(FaultOp::Open) {
+        Ok(()) => {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .await
+        }
+        Err(error) => Err(error),
+    };
+    let file = created.map_err(|error| Failure::write(&path, "create segment", &error))?;
+    if let Err(error) = sync_log_dir(shared).await {
+        // The new segment is not one of the log's yet: delete it, so that a rollback (whose
+        // directory fsync also covers this deletion: it deletes the snapshot written above)
+        // returns to the files before the roll, and the next roll can create it again.
+        drop(file);
+        remove_if_present(
+            &path,
+            "delete a segment whose creation was not made durable",
         )
-    })?;
+        .await?;
+        return Err(dir_sync_failure(
+            &shared.dir,
+            [
+                "fsync log directory after creating a segment",
+                "open log directory to fsync it after creating a segment",
+            ],
+            &error,
+        ));
+    }
     tracing::debug!(
         closed = %closed_path.display(),
         next = %path.display(),
@@ -552,6 +702,29 @@ async fn roll(shared: &Shared, group_stamps: &[ProducerBatch]) -> Result<(), Fai
     });
     remove_old_producer_snapshots(shared).await;
     Ok(())
+}
+
+/// Fsyncs the log directory (`sync_dir`), through the fault seam (`FaultOp::Open`: the
+/// directory's open).
+async fn sync_log_dir(shared: &Shared) -> std::io::Result<()> {
+    shared.faults.check(FaultOp::Open)?;
+    sync_dir(&shared.dir).await
+}
+
+/// A failed `sync_dir` of `dir` as a writer failure named `ops[0]` (the fsync), or `ops[1]` when
+/// the error is of the descriptor class: then the open of the directory failed, not the fsync
+/// (fsync(2) never returns `EMFILE`/`ENFILE`), and the failure is a recoverable refusal.
+fn dir_sync_failure(
+    dir: &std::path::Path,
+    ops: [&'static str; 2],
+    error: &std::io::Error,
+) -> Failure {
+    let op = if crate::space::is_descriptors_exhausted(error) {
+        ops[1]
+    } else {
+        ops[0]
+    };
+    Failure::new(dir, op, error)
 }
 
 /// A failed durable replace at a roll as a writer failure: a refused write of the `.tmp` file is

@@ -238,3 +238,55 @@ pub fn set_process_rlimit(pid: u32, resource: libc::__rlimit_resource_t, limit: 
     };
     assert_eq!(result, 0, "prlimit: {}", std::io::Error::last_os_error());
 }
+
+/// The soft `RLIMIT_NOFILE` of the running process `pid` (prlimit(2)).
+pub fn process_soft_nofile(pid: u32) -> u64 {
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit sets no new value (null) and writes the old one into the plain struct.
+    let result = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_NOFILE,
+            std::ptr::null(),
+            &raw mut old,
+        )
+    };
+    assert_eq!(result, 0, "prlimit: {}", std::io::Error::last_os_error());
+    old.rlim_cur
+}
+
+/// Sets only the soft `RLIMIT_NOFILE` of the running process `pid` to `limit`, keeping its hard
+/// limit, so that raising it back needs no privilege (as `prlimit --pid PID --nofile=N:`).
+pub fn set_process_soft_nofile(pid: u32, limit: u64) {
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: as in `process_soft_nofile`.
+    let result = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_NOFILE,
+            std::ptr::null(),
+            &raw mut old,
+        )
+    };
+    assert_eq!(result, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let value = libc::rlimit {
+        rlim_cur: limit,
+        rlim_max: old.rlim_max,
+    };
+    // SAFETY: prlimit reads the plain struct passed to it and writes no old value (null).
+    let result = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_NOFILE,
+            &raw const value,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(result, 0, "prlimit: {}", std::io::Error::last_os_error());
+}
