@@ -108,10 +108,6 @@ fn open_reserve() -> Option<std::fs::File> {
     std::fs::File::open("/dev/null").ok()
 }
 
-fn is_fd_exhaustion(error: &std::io::Error) -> bool {
-    matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
-}
-
 /// The error frame a refused client reads before the close. It answers no request (the client
 /// has sent none yet): request 0, operation Ping, command Reply, `error_code` ResourceExhausted,
 /// the body naming the limit.
@@ -160,7 +156,7 @@ pub async fn accept_loop(
                 )
                 .await;
             }
-            Err(error) if is_fd_exhaustion(&error) && reserve.is_some() => {
+            Err(error) if storage::space::is_descriptors_exhausted(&error) && reserve.is_some() => {
                 // Free one descriptor, take the waiting client, tell it why, close, take the
                 // descriptor back.
                 drop(reserve.take());
