@@ -27,6 +27,9 @@ impl OpenFailure {
         let storage_full = match error {
             storage::LogError::StorageFull { .. } => true,
             storage::LogError::Io { source, .. } => storage::space::is_storage_full(source),
+            storage::LogError::QuarantineFailed { source, .. } => {
+                storage::space::is_storage_full(source)
+            }
             _ => false,
         };
         OpenFailure {
