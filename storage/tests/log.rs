@@ -1049,3 +1049,184 @@ fn issue7_4_read_beyond_the_next_offset_is_out_of_range() {
         }
     });
 }
+
+/// Ten 1-message entries of 37 bytes of payload (101-byte entries) in the active segment, with
+/// `damage` applied to the bytes of entry 3 (at byte 303); returns the stored entries and the
+/// segment bytes after the damage.
+fn ten_entries_with_damaged_entry_3(
+    dir: &Path,
+    damage: impl FnOnce(&mut [u8]),
+) -> (Vec<Vec<u8>>, Vec<u8>) {
+    let written = block_on(async {
+        let (log, _) = open(dir, always()).await;
+        let written = append_entries(&log, 10, 1, 37).await;
+        log.close().await.unwrap();
+        written
+    });
+    assert!(written.iter().all(|entry| entry.len() == 101));
+    let path = segment(dir, 0);
+    let mut bytes = std::fs::read(&path).unwrap();
+    damage(&mut bytes[303..404]);
+    std::fs::write(&path, &bytes).unwrap();
+    (written, bytes)
+}
+
+/// Opens after damage to entry 3 of ten and checks that entries 0..3 are kept and the bytes
+/// from entry 3 on (offsets 3..=9, acknowledged under fsync always) are quarantined byte for
+/// byte, then that a second open changes nothing.
+fn check_entry_3_quarantined(dir: &Path, written: &[Vec<u8>], damaged_bytes: &[u8]) {
+    let quarantine_path = dir.join("00000000000000000000.log.damaged-at-303");
+    block_on(async {
+        let (log, report) = open(dir, always()).await;
+        assert_eq!(
+            report,
+            RecoveryReport {
+                segment_count: 1,
+                entry_count: 3,
+                next_offset: 3,
+                truncated_bytes: 707,
+                scanned_segment_count: 1,
+                producer_batches: Vec::new(),
+                quarantined: Some(Quarantine {
+                    segment: segment(dir, 0),
+                    position: 303,
+                    path: quarantine_path.clone(),
+                    size_bytes: 707,
+                    first_offset: 3,
+                    last_offset: 9,
+                }),
+            }
+        );
+        assert_eq!(
+            log.read(0, u32::MAX, usize::MAX).await.unwrap(),
+            written[..3].concat()
+        );
+        log.close().await.unwrap();
+    });
+    assert_eq!(
+        std::fs::read(&quarantine_path).unwrap(),
+        damaged_bytes[303..]
+    );
+    block_on(async {
+        let (_log, report) = open(dir, always()).await;
+        assert_eq!((report.entry_count, report.next_offset), (3, 3));
+        assert_eq!((report.truncated_bytes, report.quarantined), (0, None));
+    });
+    assert_eq!(
+        quarantine_files(dir),
+        vec!["00000000000000000000.log.damaged-at-303".to_owned()]
+    );
+}
+
+#[test]
+fn issue7_1_flipped_base_offset_of_an_interior_entry_is_quarantined() {
+    let dir = tempfile::tempdir().unwrap();
+    let (written, damaged) = ten_entries_with_damaged_entry_3(dir.path(), |entry| entry[0] ^= 0x40);
+    check_entry_3_quarantined(dir.path(), &written, &damaged);
+}
+
+#[test]
+fn issue7_1_flipped_length_of_an_interior_entry_is_quarantined() {
+    let dir = tempfile::tempdir().unwrap();
+    let (written, damaged) =
+        ten_entries_with_damaged_entry_3(dir.path(), |entry| entry[20] ^= 0x01);
+    check_entry_3_quarantined(dir.path(), &written, &damaged);
+}
+
+#[test]
+fn issue7_1_flipped_message_count_of_an_interior_entry_is_quarantined_not_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    // message_count 1 -> 3: the payload checksum still matches, the message section does not.
+    let (written, damaged) =
+        ten_entries_with_damaged_entry_3(dir.path(), |entry| entry[16] ^= 0x02);
+    check_entry_3_quarantined(dir.path(), &written, &damaged);
+}
+
+#[test]
+fn issue7_1_flipped_message_count_of_the_last_entry_is_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = log_with_damaged_tail(dir.path(), |path| {
+        let mut bytes = std::fs::read(path).unwrap();
+        let last_start = bytes.len() - 196;
+        bytes[last_start + 16] ^= 0x04; // 2 -> 6 messages
+        std::fs::write(path, bytes).unwrap();
+    });
+    check_recovered(dir.path(), &written[..4], 196);
+}
+
+#[test]
+fn issue7_1_a_read_refuses_an_entry_whose_messages_differ_from_its_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = rolled_log(dir.path(), 10);
+    // The second entry of closed segment 6 (offsets 8..10), whose index open uses: 2 -> 3
+    // messages in its header, which no checksum covers.
+    let path = segment(dir.path(), 6);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[1096 + 16] ^= 0x01;
+    std::fs::write(&path, &bytes).unwrap();
+    block_on(async {
+        let (log, _) = open(dir.path(), small_segments()).await;
+        assert_eq!(log.read(6, 2, usize::MAX).await.unwrap(), written[3]);
+        match log.read(8, u32::MAX, usize::MAX).await {
+            Err(LogError::Corrupt {
+                path: named,
+                position: 1096,
+                reason,
+            }) => {
+                assert_eq!(named, path);
+                assert_eq!(
+                    reason,
+                    "header (offset 8, 3 messages, 1096 bytes) differs from the index (offset 8, \
+                     2 messages, 1096 bytes)"
+                );
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+    });
+    // Without the index, open rescans the closed segment and refuses at that entry.
+    std::fs::remove_file(index_file(dir.path(), 6)).unwrap();
+    let error = block_on(PartitionLog::open(dir.path(), small_segments())).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "{}: corrupt entry at byte 1096: in a closed segment: header declares 3 messages but \
+             the payload holds 2",
+            path.display()
+        )
+    );
+}
+
+#[test]
+fn issue7_2_an_identical_quarantine_copy_from_an_interrupted_open_is_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (written, damaged) =
+        ten_entries_with_damaged_entry_3(dir.path(), |entry| entry[40] ^= 0x08);
+    // An earlier open copied the tail, then crashed before truncating the segment.
+    let earlier = dir.path().join("00000000000000000000.log.damaged-at-303");
+    std::fs::write(&earlier, &damaged[303..]).unwrap();
+    check_entry_3_quarantined(dir.path(), &written, &damaged);
+}
+
+#[test]
+fn issue7_2_a_different_file_under_the_quarantine_name_is_kept_and_the_copy_goes_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_written, damaged) =
+        ten_entries_with_damaged_entry_3(dir.path(), |entry| entry[40] ^= 0x08);
+    // Same size, one byte different: not a copy of this tail.
+    let mut other = damaged[303..].to_vec();
+    other[500] ^= 0x01;
+    let earlier = dir.path().join("00000000000000000000.log.damaged-at-303");
+    std::fs::write(&earlier, &other).unwrap();
+    block_on(async {
+        let (_log, report) = open(dir.path(), always()).await;
+        assert_eq!(
+            report.quarantined.unwrap().path,
+            dir.path().join("00000000000000000000.log.damaged-at-303.1")
+        );
+    });
+    assert_eq!(std::fs::read(&earlier).unwrap(), other);
+    assert_eq!(
+        std::fs::read(dir.path().join("00000000000000000000.log.damaged-at-303.1")).unwrap(),
+        damaged[303..]
+    );
+}

@@ -303,6 +303,16 @@ fn wal_json_has_records_and_summary() {
 
 // ---------------------------------------------------------------- segment
 
+/// A 132-byte entry of 3 messages: a 100-byte payload (3 message headers, the first message's
+/// 4 bytes) stamped with timestamp `1_000 + seed`.
+fn entry_of_3_messages(seed: u64) -> Vec<u8> {
+    storage::build_entry_raw(
+        1_000 + seed,
+        3,
+        &storage::message_section(3, &[seed as u8; 4]),
+    )
+}
+
 /// A partition log of 5 entries of 3 messages and 100 payload bytes (132-byte entries) in
 /// 300-byte segments: segments 0 and 6 closed (with index files), 12 last.
 fn partition_log(dir: &Path) {
@@ -317,7 +327,7 @@ fn partition_log(dir: &Path) {
         .await
         .unwrap();
         for seed in 0..5u64 {
-            let entry = storage::build_entry(1_000 + seed, 3, &[seed as u8; 100]);
+            let entry = entry_of_3_messages(seed);
             log.append(entry).await.unwrap();
         }
         log.close().await.unwrap();
@@ -429,7 +439,7 @@ fn issue7_4_segment_interior_damage_in_the_last_segment_then_its_quarantine_file
         .await
         .unwrap();
         for seed in 0..3u64 {
-            let entry = storage::build_entry(1_000 + seed, 3, &[seed as u8; 100]);
+            let entry = entry_of_3_messages(seed);
             log.append(entry).await.unwrap();
         }
         log.close().await.unwrap();
