@@ -735,7 +735,11 @@ fn issue7_2_quarantine_on_a_full_disk_leaves_no_file_and_succeeds_once_space_is_
             }
             other => panic!("attempt {attempt}: expected QuarantineFailed, got {other}"),
         }
-        assert_eq!(quarantine_files(), Vec::<String>::new(), "attempt {attempt}");
+        assert_eq!(
+            quarantine_files(),
+            Vec::<String>::new(),
+            "attempt {attempt}"
+        );
         assert_eq!(std::fs::read(&segment).unwrap(), bytes, "nothing truncated");
     }
 
