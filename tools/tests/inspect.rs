@@ -951,3 +951,49 @@ fn issue7_6_inspect_snapshot_json_without_a_snapshot_says_not_present() {
         )
     );
 }
+
+#[test]
+fn issue7_1_segment_damaged_message_count_in_the_last_segment_is_interior_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_dir = dir.path().join("log");
+    block_on(async {
+        let (log, _) = PartitionLog::open(
+            &log_dir,
+            LogConfig {
+                fsync: FsyncPolicy::Always,
+                segment_size_max: 1 << 20,
+            },
+        )
+        .await
+        .unwrap();
+        for seed in 0..3u64 {
+            log.append(entry_of_3_messages(seed)).await.unwrap();
+        }
+        log.close().await.unwrap();
+    });
+    let last = log_segment(&log_dir, 0);
+    // Entry 1's message_count 3 -> 67 (bit 6): its payload checksum still matches.
+    flip_byte(&last, 132 + 16);
+    let (code, stdout, _) = inspect_path("segment", &log_dir);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "damage: {} at byte 132: header declares 67 messages but the payload holds 3",
+            last.display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "valid entries follow it, so this is interior damage, not a torn write: open copies \
+             the 264 bytes from here (offsets 3-8, possibly acknowledged) to {}.damaged-at-132, \
+             logs an error and truncates the segment here",
+            last.display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("summary: 1 segment(s), 1 entries, 3 messages, next_offset 3, 396 bytes"),
+        "{stdout}"
+    );
+}

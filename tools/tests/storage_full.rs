@@ -674,7 +674,7 @@ fn issue7_2_quarantine_on_a_full_disk_leaves_no_file_and_succeeds_once_space_is_
     block_on(async {
         let (log, _) = storage::PartitionLog::open(&dir, config()).await.unwrap();
         for seed in 0..10u8 {
-            let entry = storage::build_entry(0, 1, &[seed; 20_000]);
+            let entry = storage::build_entry(0, 1, &vec![seed; 20_000]);
             log.append(entry).await.unwrap();
         }
         log.close().await.unwrap();

@@ -1,8 +1,10 @@
 //! Opening a log directory: list the segments, check they follow each other, load closed segments
 //! from their index files (or rescan them), and scan the last segment entry by entry, truncating a
 //! torn tail. A damaged closed segment is an error here, never skipped or truncated; a damaged
-//! entry of the last segment followed by valid entries is never cut before its bytes are kept in a
-//! quarantine file beside the segment.
+//! entry of the last segment followed by a valid entry anywhere after it (found by resynchronising
+//! byte by byte, since entry headers carry no checksum) is never cut before its bytes are kept in
+//! a quarantine file beside the segment; when that copy fails, nothing is cut and no partial copy
+//! stays.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -331,9 +333,11 @@ struct TailCut {
 }
 
 /// Opens the last segment read-write and scans it; the first invalid entry starts the cut, which
-/// is truncated and fsynced. When valid entries follow that entry (interior damage, not a torn
-/// write), the bytes cut are first copied durably to a quarantine file and an error is logged.
-/// Returns what was cut and the stamped batches kept.
+/// is truncated and fsynced. When a valid entry starts anywhere after it (interior damage, not a
+/// torn write; see `valid_entries_after_damage`), the bytes cut are first kept durably in a
+/// quarantine file and an error is logged; if that fails, the segment is left as it is and the
+/// error returned (`LogError::QuarantineFailed`). Returns what was cut and the stamped batches
+/// kept.
 async fn open_last_segment(
     path: PathBuf,
     base_offset: u64,
@@ -707,7 +711,8 @@ struct Scan {
 
 /// Reads a segment entry by entry, checking each: the header fits, the entry is at most
 /// `ENTRY_SIZE_MAX`, `message_count >= 1`, `base_offset` is the next expected offset, the payload
-/// fits, and its XXH3-64 equals the header's checksum. Stops at the first entry that fails.
+/// fits, its XXH3-64 equals the header's checksum, and its messages match the header
+/// (`check_entry_payload`). Stops at the first entry that fails.
 /// Folds the producer stamps of the valid entries into a bounded producer state.
 async fn scan_segment(
     file: &File,
