@@ -1230,3 +1230,56 @@ fn issue7_2_a_different_file_under_the_quarantine_name_is_kept_and_the_copy_goes
         damaged[303..]
     );
 }
+
+#[test]
+fn issue7_1_resync_ignores_an_entry_whose_messages_differ_from_its_header() {
+    let dir = tempfile::tempdir().unwrap();
+    // After the 5 entries (offsets 0..10): one junk byte, then an entry at offset 10 whose
+    // checksum matches but whose payload holds 1 message where its header declares 2. The
+    // resync finds no valid entry, so this is a torn tail, not interior damage.
+    let mut tail = vec![0xEEu8];
+    let mut fake =
+        storage::entry::build_entry_raw(0, 2, &storage::entry::message_section(1, b"one message"));
+    fake[0..8].copy_from_slice(&10u64.to_le_bytes());
+    tail.extend_from_slice(&fake);
+    let tail_size = tail.len() as u64;
+    let written = log_with_damaged_tail(dir.path(), |path| {
+        let mut bytes = std::fs::read(path).unwrap();
+        bytes.extend_from_slice(&tail);
+        std::fs::write(path, bytes).unwrap();
+    });
+    check_recovered(dir.path(), &written, tail_size);
+}
+
+#[test]
+fn issue7_1_resync_finds_a_valid_entry_after_junk_as_interior_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    // The same junk byte, then a valid entry at offset 10: interior damage, quarantined.
+    let mut tail = vec![0xEEu8];
+    let mut real = build_entry(0, 2, b"two messages");
+    real[0..8].copy_from_slice(&10u64.to_le_bytes());
+    tail.extend_from_slice(&real);
+    let written = log_with_damaged_tail(dir.path(), |path| {
+        let mut bytes = std::fs::read(path).unwrap();
+        bytes.extend_from_slice(&tail);
+        std::fs::write(path, bytes).unwrap();
+    });
+    block_on(async {
+        let (log, report) = open(dir.path(), always()).await;
+        assert_eq!(
+            report.quarantined,
+            Some(Quarantine {
+                segment: segment(dir.path(), 0),
+                position: 5 * 196,
+                path: dir.path().join("00000000000000000000.log.damaged-at-980"),
+                size_bytes: tail.len() as u64,
+                first_offset: 10,
+                last_offset: 11,
+            })
+        );
+        assert_eq!(
+            log.read(0, u32::MAX, usize::MAX).await.unwrap(),
+            written.concat()
+        );
+    });
+}

@@ -22,7 +22,8 @@ use crate::durable::{
     read_verified, sync_dir,
 };
 use crate::entry::{
-    ENTRY_HEADER_SIZE, EntryHeader, ProducerBatch, payload_checksum, producer_stamp,
+    ENTRY_HEADER_SIZE, EntryHeader, MESSAGE_HEADER_SIZE, PRODUCER_STAMP_SIZE, ProducerBatch,
+    payload_checksum, producer_stamp,
 };
 use crate::limits::{
     QUARANTINE_FILE_NAME_ATTEMPT_COUNT_MAX, RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES, SCAN_CHUNK_BYTES,
@@ -475,8 +476,12 @@ async fn valid_run_at(
         let Some(entry_size) = entry_size else {
             break;
         };
+        let payload_position = position + ENTRY_HEADER_SIZE as u64;
+        if !messages_frame_payload(reader, path, payload_position, &header).await? {
+            break;
+        }
         let payload = reader
-            .bytes(position + ENTRY_HEADER_SIZE as u64, header.length as usize)
+            .bytes(payload_position, header.length as usize)
             .await
             .map_err(io_error(path, "read segment"))?;
         if check_entry_payload(&header, payload).is_err() {
@@ -486,6 +491,50 @@ async fn valid_run_at(
         position += entry_size;
     }
     Ok(expected_offset.map(|end| end - 1))
+}
+
+/// A cheap necessary condition of `check_message_section`, read message header by message
+/// header (32 bytes each) without reading the payload: the `length` fields of `message_count`
+/// messages step exactly to the end of the payload (or to 16 bytes before it, when the first
+/// message flags a stamp). It keeps the resync from reading and checksumming payloads of up to
+/// `ENTRY_SIZE_MAX` at each of many positions of garbage whose header happens to pass the header
+/// rules; the verdict stays `check_entry_payload`'s.
+async fn messages_frame_payload(
+    reader: &mut ChunkReader<'_>,
+    path: &Path,
+    payload_position: u64,
+    header: &EntryHeader,
+) -> Result<bool, LogError> {
+    let payload_end = payload_position + u64::from(header.length);
+    if payload_end - payload_position < MESSAGE_HEADER_SIZE as u64 {
+        return Ok(false);
+    }
+    let first = reader
+        .bytes(payload_position, MESSAGE_HEADER_SIZE)
+        .await
+        .map_err(io_error(path, "read segment"))?;
+    let stamped = first[12] & 1 == 1;
+    let section_end = if stamped {
+        payload_end.saturating_sub(PRODUCER_STAMP_SIZE as u64)
+    } else {
+        payload_end
+    };
+    let mut at = payload_position;
+    for _ in 0..header.message_count {
+        if section_end.saturating_sub(at) < MESSAGE_HEADER_SIZE as u64 {
+            return Ok(false);
+        }
+        let message = reader
+            .bytes(at, MESSAGE_HEADER_SIZE)
+            .await
+            .map_err(io_error(path, "read segment"))?;
+        let length = u32::from_le_bytes([message[0], message[1], message[2], message[3]]);
+        at += MESSAGE_HEADER_SIZE as u64 + u64::from(length);
+        if at > section_end {
+            return Ok(false);
+        }
+    }
+    Ok(at == section_end)
 }
 
 /// Keeps the bytes of the last segment from the damaged entry to its end in a quarantine file
