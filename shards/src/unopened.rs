@@ -30,7 +30,10 @@ impl OpenFailureKind {
         match error {
             storage::LogError::StorageFull { .. } => OpenFailureKind::StorageFull,
             storage::LogError::DescriptorsExhausted { .. } => OpenFailureKind::DescriptorsExhausted,
-            storage::LogError::Io { source, .. } if storage::space::is_storage_full(source) => {
+            storage::LogError::Io { source, .. }
+            | storage::LogError::QuarantineFailed { source, .. }
+                if storage::space::is_storage_full(source) =>
+            {
                 OpenFailureKind::StorageFull
             }
             storage::LogError::Io { source, .. }

@@ -105,28 +105,121 @@ pub fn producer_stamp(payload: &[u8]) -> Option<(u64, u64)> {
     (producer != 0).then_some((producer, sequence))
 }
 
+/// Bytes of one message header inside a payload (bus `MessageHeader`): `length` u32 at 0 is the
+/// bytes of the message's own payload that follow it.
+pub const MESSAGE_HEADER_SIZE: usize = 32;
+
+/// Checks that `payload` is laid out as `message_count` messages, as bus lays out a batch's
+/// message section: without its producer stamp when the first message flags one (bit 0 of payload
+/// bytes 12..16), the section is exactly `message_count` messages, each a 32-byte header whose
+/// `length` (u32 at 0) gives the bytes that follow it. The checksum covers these bytes but not the
+/// entry header, so this is what ties the header's `message_count` and `length` to checksummed
+/// data (`storage/FORMAT.md` section 3). Walks at most `payload.len() / 32` headers.
+///
+/// # Errors
+/// A sentence naming the message that does not fit, or the two counts when they differ.
+pub fn check_message_section(payload: &[u8], message_count: u32) -> Result<(), String> {
+    let flagged = payload
+        .get(PAYLOAD_FLAGS_AT..PAYLOAD_FLAGS_AT + 4)
+        .is_some_and(|flags| u32::from(flags[0]) & PAYLOAD_FLAG_PRODUCER_STAMP != 0);
+    let section = if flagged {
+        if payload.len() < STAMPED_PAYLOAD_SIZE_MIN {
+            return Err(format!(
+                "the first message flags a producer stamp but the payload holds only {} bytes",
+                payload.len()
+            ));
+        }
+        &payload[..payload.len() - PRODUCER_STAMP_SIZE]
+    } else {
+        payload
+    };
+    let mut rest = section;
+    let mut found: u32 = 0;
+    while !rest.is_empty() {
+        if rest.len() < MESSAGE_HEADER_SIZE {
+            return Err(format!(
+                "message {found}: {} bytes left, less than a {MESSAGE_HEADER_SIZE}-byte message \
+                 header",
+                rest.len()
+            ));
+        }
+        let length = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        let size = MESSAGE_HEADER_SIZE.saturating_add(length);
+        if size > rest.len() {
+            return Err(format!(
+                "message {found} of {size} bytes runs past the payload ({} bytes left)",
+                rest.len()
+            ));
+        }
+        rest = &rest[size..];
+        found = found.saturating_add(1);
+    }
+    if found != message_count {
+        return Err(format!(
+            "header declares {message_count} messages but the payload holds {found}"
+        ));
+    }
+    Ok(())
+}
+
+/// Lays `payload` out as `message_count` messages (bus layout, see [`check_message_section`]):
+/// message 0 holds all of `payload`, the others are empty. Each message header carries its
+/// `offset_delta` (its index) and the XXH3-64 of its payload as bus writes them; no stamp flag,
+/// zero ids and timestamps. For tests, benches and tools.
+pub fn message_section(message_count: u32, payload: &[u8]) -> Vec<u8> {
+    let count = message_count as usize;
+    let mut section = Vec::with_capacity(count * MESSAGE_HEADER_SIZE + payload.len());
+    for index in 0..message_count {
+        let mut header = [0u8; MESSAGE_HEADER_SIZE];
+        let own_payload: &[u8] = if index == 0 { payload } else { &[] };
+        let length = u32::try_from(own_payload.len()).unwrap_or(u32::MAX);
+        header[0..4].copy_from_slice(&length.to_le_bytes());
+        header[4..8].copy_from_slice(&index.to_le_bytes());
+        header[24..32].copy_from_slice(&payload_checksum(own_payload).to_le_bytes());
+        section.extend_from_slice(&header);
+        section.extend_from_slice(own_payload);
+    }
+    section
+}
+
 /// XXH3-64 (seed 0) of `payload`, the checksum stored in [`EntryHeader::checksum`].
 pub fn payload_checksum(payload: &[u8]) -> u64 {
     XxHash3_64::oneshot(payload)
 }
 
-/// Builds a whole entry (header + payload) with a correct `length` and `checksum`; `base_offset` is
-/// left 0 for the log to assign. For tests, benches and tools; the server builds entries from wire
-/// batches instead.
+/// Builds a whole entry (header + payload) whose payload is `payload` laid out as
+/// `message_count` messages by [`message_section`] (message 0 holds `payload`), with a correct
+/// `length` and `checksum`; `base_offset` is left 0 for the log to assign. For tests, benches and
+/// tools; the server builds entries from wire batches instead.
 ///
 /// # Panics
-/// If `payload` is longer than `u32::MAX` bytes.
+/// If the payload is longer than `u32::MAX` bytes.
 pub fn build_entry(base_timestamp_us: u64, message_count: u32, payload: &[u8]) -> Vec<u8> {
+    build_entry_raw(
+        base_timestamp_us,
+        message_count,
+        &message_section(message_count, payload),
+    )
+}
+
+/// Builds a whole entry around `section`, used as the payload byte for byte (it should already
+/// be laid out as `message_count` messages, see [`check_message_section`]), with a correct
+/// `length` and `checksum`; `base_offset` is left 0. For tests and tools that shape payloads
+/// themselves (producer stamps, damaged sections).
+///
+/// # Panics
+/// If `section` is longer than `u32::MAX` bytes.
+pub fn build_entry_raw(base_timestamp_us: u64, message_count: u32, section: &[u8]) -> Vec<u8> {
     let header = EntryHeader {
         base_offset: 0,
         base_timestamp_us,
         message_count,
-        length: u32::try_from(payload.len()).expect("payload length fits u32"),
-        checksum: payload_checksum(payload),
+        length: u32::try_from(section.len()).expect("payload length fits u32"),
+        checksum: payload_checksum(section),
     };
-    let mut entry = Vec::with_capacity(ENTRY_HEADER_SIZE + payload.len());
+    let mut entry = Vec::with_capacity(ENTRY_HEADER_SIZE + section.len());
     entry.extend_from_slice(&header.encode());
-    entry.extend_from_slice(payload);
+    entry.extend_from_slice(section);
     entry
 }
 
@@ -182,10 +275,49 @@ mod tests {
     fn build_entry_sets_length_and_checksum() {
         let entry = build_entry(7, 3, b"abc");
         let header = EntryHeader::decode(&entry).unwrap();
-        assert_eq!(header.length, 3);
+        assert_eq!(header.length, 3 * 32 + 3);
         assert_eq!(header.message_count, 3);
         assert_eq!(header.base_timestamp_us, 7);
-        assert_eq!(header.checksum, XxHash3_64::oneshot(b"abc"));
-        assert_eq!(&entry[ENTRY_HEADER_SIZE..], b"abc");
+        let payload = &entry[ENTRY_HEADER_SIZE..];
+        assert_eq!(header.checksum, XxHash3_64::oneshot(payload));
+        assert_eq!(&payload[..4], &3u32.to_le_bytes());
+        assert_eq!(&payload[32..35], b"abc");
+        assert_eq!(&payload[35 + 4..35 + 8], &1u32.to_le_bytes());
+        assert_eq!(check_message_section(payload, 3), Ok(()));
+    }
+
+    #[test]
+    fn issue7_1_message_section_must_match_the_declared_count() {
+        let section = message_section(1, b"msg-3");
+        assert_eq!(check_message_section(&section, 1), Ok(()));
+        assert_eq!(
+            check_message_section(&section, 3),
+            Err("header declares 3 messages but the payload holds 1".to_owned())
+        );
+        assert_eq!(
+            check_message_section(&section[..36], 1),
+            Err("message 0 of 37 bytes runs past the payload (36 bytes left)".to_owned())
+        );
+        let mut trailing = section.clone();
+        trailing.extend_from_slice(&[0u8; 5]);
+        assert_eq!(
+            check_message_section(&trailing, 1),
+            Err("message 1: 5 bytes left, less than a 32-byte message header".to_owned())
+        );
+        assert_eq!(
+            check_message_section(b"", 1),
+            Err("header declares 1 messages but the payload holds 0".to_owned())
+        );
+        let mut stamped = section.clone();
+        stamped[12] = 1;
+        stamped.extend_from_slice(&[7u8; PRODUCER_STAMP_SIZE]);
+        assert_eq!(check_message_section(&stamped, 1), Ok(()));
+        assert_eq!(
+            check_message_section(&stamped[..20], 1),
+            Err(
+                "the first message flags a producer stamp but the payload holds only 20 bytes"
+                    .to_owned()
+            )
+        );
     }
 }

@@ -20,7 +20,8 @@ pub use durable::{
     DurableError, ReplaceStep, durable_replace, durable_replace_observed, read_verified,
 };
 pub use entry::{
-    ENTRY_HEADER_SIZE, EntryHeader, ProducerBatch, build_entry, payload_checksum, producer_stamp,
+    ENTRY_HEADER_SIZE, EntryHeader, ProducerBatch, build_entry, build_entry_raw,
+    check_message_section, message_section, payload_checksum, producer_stamp,
 };
 pub use fault::{FaultInjector, FaultOp};
 pub use journal::{

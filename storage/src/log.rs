@@ -185,6 +185,27 @@ pub enum LogError {
         position: u64,
         reason: String,
     },
+    /// Open found interior damage in the last segment (valid entries follow a damaged one) but
+    /// could not copy the `size_bytes` bytes from byte `position` of `segment` to the quarantine
+    /// file `path` (step `op`). Nothing was truncated and the partial copy was removed, so the
+    /// segment is as before: free space (at least `size_bytes` bytes; `free_bytes` was free
+    /// after the failure) and open again (restart the server). `source` says whether space was
+    /// the cause (`space::is_storage_full`).
+    #[error(
+        "{segment}: damaged entry at byte {position} is followed by valid entries; the {size_bytes} \
+         bytes from there must be copied to a quarantine file before the segment is truncated, but \
+         {op} of {path} failed: {source} ({free_bytes}). Nothing was truncated and the partial copy \
+         was removed: free at least {size_bytes} bytes and restart"
+    )]
+    QuarantineFailed {
+        segment: PathBuf,
+        position: u64,
+        size_bytes: u64,
+        path: PathBuf,
+        op: &'static str,
+        free_bytes: FreeBytes,
+        source: std::io::Error,
+    },
     /// The appended bytes are not a well-formed entry; nothing was written.
     #[error("invalid entry: {0}")]
     InvalidEntry(String),
@@ -923,6 +944,9 @@ fn check_entry(entry: &[u8]) -> Result<EntryHeader, LogError> {
     if header.message_count == 0 {
         return Err(LogError::InvalidEntry("message_count is 0".to_owned()));
     }
+    // Open and reads refuse an entry whose messages do not match its header: never store one.
+    crate::entry::check_message_section(&entry[ENTRY_HEADER_SIZE..], header.message_count)
+        .map_err(LogError::InvalidEntry)?;
     Ok(header)
 }
 
@@ -1062,7 +1086,11 @@ mod tests {
             ));
             assert_eq!(log.first_offset(), 0);
             log.shared.state.borrow_mut().acked_offset = 5;
-            assert_eq!(log.read(4, u32::MAX, usize::MAX).await.unwrap().len(), 38);
+            // The second entry: 32-byte header, 3 message headers, "second".
+            assert_eq!(
+                log.read(4, u32::MAX, usize::MAX).await.unwrap().len(),
+                32 + 3 * 32 + 6
+            );
         });
     }
 
@@ -1246,9 +1274,15 @@ mod tests {
         );
         assert_eq!(
             message(&good[..36]),
-            "invalid entry: header length 5 does not match the 4 payload bytes"
+            "invalid entry: header length 69 does not match the 4 payload bytes"
         );
         let zero_count = crate::entry::build_entry(0, 0, b"hello");
         assert_eq!(message(&zero_count), "invalid entry: message_count is 0");
+        let miscounted =
+            crate::entry::build_entry_raw(0, 3, &crate::entry::message_section(1, b"x"));
+        assert_eq!(
+            message(&miscounted),
+            "invalid entry: header declares 3 messages but the payload holds 1"
+        );
     }
 }

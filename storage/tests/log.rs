@@ -217,7 +217,7 @@ fn appends_enqueue_in_call_order_even_before_polling() {
         drop(log.append(build_entry(0, 1, b"dropped")));
         log.close().await.unwrap();
         let read = log.read(4, 1, usize::MAX).await.unwrap();
-        assert_eq!(&read[ENTRY_HEADER_SIZE..], b"dropped");
+        assert_eq!(&read[ENTRY_HEADER_SIZE + 32..], b"dropped");
     });
 }
 
@@ -236,7 +236,7 @@ fn queue_bound_answers_queue_full() {
                 queued_bytes,
             }) => {
                 assert_eq!(queued_count, limit);
-                assert_eq!(queued_bytes, limit * (ENTRY_HEADER_SIZE + 1));
+                assert_eq!(queued_bytes, limit * (ENTRY_HEADER_SIZE + 32 + 1));
             }
             other => panic!("expected QueueFull, got {other:?}"),
         }
@@ -414,10 +414,10 @@ fn torn_tail_of_a_partial_header_is_truncated() {
     let dir = tempfile::tempdir().unwrap();
     let written = log_with_damaged_tail(dir.path(), |path| {
         let bytes = std::fs::read(path).unwrap();
-        let cut = bytes.len() - 132 + 10; // 10 bytes of the last entry's header remain
+        let cut = bytes.len() - 196 + 10; // 10 bytes of the last entry's header remain
         std::fs::write(path, &bytes[..cut]).unwrap();
     });
-    assert_eq!(written[4].len(), 132);
+    assert_eq!(written[4].len(), 196);
     check_recovered(dir.path(), &written[..4], 10);
 }
 
@@ -438,11 +438,11 @@ fn wrong_offset_in_the_last_entry_is_truncated() {
     let dir = tempfile::tempdir().unwrap();
     let written = log_with_damaged_tail(dir.path(), |path| {
         let mut bytes = std::fs::read(path).unwrap();
-        let last_start = bytes.len() - 132;
+        let last_start = bytes.len() - 196;
         bytes[last_start] ^= 0x01;
         std::fs::write(path, bytes).unwrap();
     });
-    check_recovered(dir.path(), &written[..4], 132);
+    check_recovered(dir.path(), &written[..4], 196);
 }
 
 /// Names of the quarantine files in `dir`, sorted.
@@ -456,7 +456,7 @@ fn quarantine_files(dir: &Path) -> Vec<String> {
     names
 }
 
-/// A 3-entry active segment (2 messages, 132 bytes each) with one payload byte of entry
+/// A 3-entry active segment (2 messages, 196 bytes each) with one payload byte of entry
 /// `damaged` flipped; returns the stored entries and the segment bytes after the damage.
 fn three_entries_with_flipped_payload(dir: &Path, damaged: usize) -> (Vec<Vec<u8>>, Vec<u8>) {
     let written = block_on(async {
@@ -467,7 +467,7 @@ fn three_entries_with_flipped_payload(dir: &Path, damaged: usize) -> (Vec<Vec<u8
     });
     let path = segment(dir, 0);
     let mut bytes = std::fs::read(&path).unwrap();
-    bytes[damaged * 132 + ENTRY_HEADER_SIZE + 50] ^= 0x40;
+    bytes[damaged * 196 + ENTRY_HEADER_SIZE + 50] ^= 0x40;
     std::fs::write(&path, &bytes).unwrap();
     (written, bytes)
 }
@@ -485,14 +485,14 @@ fn issue7_4_damaged_first_entry_of_the_active_segment_is_quarantined_not_dropped
                 segment_count: 1,
                 entry_count: 0,
                 next_offset: 0,
-                truncated_bytes: 396,
+                truncated_bytes: 588,
                 scanned_segment_count: 1,
                 producer_batches: Vec::new(),
                 quarantined: Some(Quarantine {
                     segment: segment(dir.path(), 0),
                     position: 0,
                     path: quarantine_path.clone(),
-                    size_bytes: 396,
+                    size_bytes: 588,
                     first_offset: 0,
                     last_offset: 5,
                 }),
@@ -500,7 +500,7 @@ fn issue7_4_damaged_first_entry_of_the_active_segment_is_quarantined_not_dropped
         );
         // The cut bytes, byte for byte: the damaged entry and the two valid ones after it.
         assert_eq!(std::fs::read(&quarantine_path).unwrap(), damaged_bytes);
-        assert_eq!(damaged_bytes[132..], written[1..].concat());
+        assert_eq!(damaged_bytes[196..], written[1..].concat());
         assert_eq!(std::fs::metadata(segment(dir.path(), 0)).unwrap().len(), 0);
         assert_eq!(log.append(build_entry(9, 1, b"next")).await.unwrap(), 0);
         log.close().await.unwrap();
@@ -526,15 +526,15 @@ fn issue7_4_damaged_middle_entry_keeps_the_first_and_quarantines_the_rest() {
     block_on(async {
         let (log, report) = open(dir.path(), always()).await;
         let quarantined = report.quarantined.unwrap();
-        assert_eq!((quarantined.position, quarantined.size_bytes), (132, 264));
+        assert_eq!((quarantined.position, quarantined.size_bytes), (196, 392));
         assert_eq!((quarantined.first_offset, quarantined.last_offset), (2, 5));
         assert_eq!(
             quarantined.path,
-            dir.path().join("00000000000000000000.log.damaged-at-132")
+            dir.path().join("00000000000000000000.log.damaged-at-196")
         );
         assert_eq!(
             std::fs::read(&quarantined.path).unwrap(),
-            damaged_bytes[132..]
+            damaged_bytes[196..]
         );
         assert_eq!((report.entry_count, report.next_offset), (1, 2));
         assert_eq!(log.read(0, u32::MAX, usize::MAX).await.unwrap(), written[0]);
@@ -548,7 +548,7 @@ fn issue7_4_damaged_last_entry_is_a_plain_torn_tail_without_quarantine() {
     block_on(async {
         let (log, report) = open(dir.path(), always()).await;
         assert_eq!(report.quarantined, None);
-        assert_eq!((report.truncated_bytes, report.next_offset), (132, 4));
+        assert_eq!((report.truncated_bytes, report.next_offset), (196, 4));
         assert_eq!(
             log.read(0, u32::MAX, usize::MAX).await.unwrap(),
             written[..2].concat()
@@ -597,12 +597,12 @@ fn rolled_log(dir: &Path, count: u64) -> Vec<Vec<u8>> {
 fn segments_roll_and_reads_cross_them() {
     let dir = tempfile::tempdir().unwrap();
     let written = rolled_log(dir.path(), 10);
-    // 1032-byte entries: 3 fit in 4096 bytes, so segments start at offsets 0, 6, 12, 18.
+    // 1096-byte entries: 3 fit in 4096 bytes, so segments start at offsets 0, 6, 12, 18.
     for (base_offset, entries) in [(0u64, 3usize), (6, 3), (12, 3), (18, 1)] {
         let size = std::fs::metadata(segment(dir.path(), base_offset))
             .unwrap()
             .len();
-        assert_eq!(size, entries as u64 * 1032, "segment {base_offset}");
+        assert_eq!(size, entries as u64 * 1096, "segment {base_offset}");
     }
     for closed in [0u64, 6, 12] {
         assert!(
@@ -629,7 +629,7 @@ fn segments_roll_and_reads_cross_them() {
             written[2..7].concat()
         );
         assert_eq!(
-            log.read(5, u32::MAX, 5 * 1032).await.unwrap(),
+            log.read(5, u32::MAX, 5 * 1096).await.unwrap(),
             written[2..7].concat()
         );
         assert_eq!(log.read(12, 1, 0).await.unwrap(), written[6]);
@@ -656,7 +656,7 @@ fn entry_larger_than_a_segment_gets_its_own() {
         let after = append_entries(&log, 1, 1, 10).await;
         assert_eq!(
             std::fs::metadata(segment(dir.path(), 1)).unwrap().len(),
-            10_032
+            10_064
         );
         assert!(segment(dir.path(), 2).exists());
         let all = [small, vec![stored(&big, 1)], after].concat();
@@ -747,13 +747,13 @@ fn corruption_in_a_closed_segment_is_an_error_naming_file_and_position() {
     rolled_log(dir.path(), 10);
     let path = segment(dir.path(), 6);
     let mut bytes = std::fs::read(&path).unwrap();
-    bytes[1032 + 500] ^= 0x04; // payload of the second entry of segment 6
+    bytes[1096 + 500] ^= 0x04; // payload of the second entry of segment 6
     std::fs::write(&path, &bytes).unwrap();
 
     // With its index file the segment is trusted on open; the read checks the checksum.
     block_on(async {
         let (log, _) = open(dir.path(), small_segments()).await;
-        assert_eq!(log.read(6, 2, usize::MAX).await.unwrap().len(), 1032);
+        assert_eq!(log.read(6, 2, usize::MAX).await.unwrap().len(), 1096);
         match log.read(8, 2, usize::MAX).await {
             Err(LogError::Corrupt {
                 path: named,
@@ -761,7 +761,7 @@ fn corruption_in_a_closed_segment_is_an_error_naming_file_and_position() {
                 reason,
             }) => {
                 assert_eq!(named, path);
-                assert_eq!(position, 1032);
+                assert_eq!(position, 1096);
                 assert!(reason.contains("checksum"), "{reason}");
             }
             other => panic!("expected Corrupt, got {other:?}"),
@@ -778,7 +778,7 @@ fn corruption_in_a_closed_segment_is_an_error_naming_file_and_position() {
             reason,
         } => {
             assert_eq!(named, &path);
-            assert_eq!(*position, 1032);
+            assert_eq!(*position, 1096);
             assert!(
                 reason.starts_with("in a closed segment: payload checksum"),
                 "{reason}"
@@ -789,7 +789,7 @@ fn corruption_in_a_closed_segment_is_an_error_naming_file_and_position() {
     assert!(
         error
             .to_string()
-            .contains("00000000000000000006.log: corrupt entry at byte 1032")
+            .contains("00000000000000000006.log: corrupt entry at byte 1096")
     );
     // Nothing was truncated.
     assert_eq!(std::fs::read(&path).unwrap(), bytes);
@@ -805,7 +805,7 @@ fn torn_closed_segment_is_an_error_not_a_truncation() {
     let error = block_on(PartitionLog::open(dir.path(), small_segments())).unwrap_err();
     // The index no longer matches the size, so the segment is scanned and the last entry is short.
     assert!(
-        matches!(&error, LogError::Corrupt { path: named, position: 2064, .. } if *named == path),
+        matches!(&error, LogError::Corrupt { path: named, position: 2192, .. } if *named == path),
         "{error}"
     );
 }
@@ -941,12 +941,12 @@ fn header_fields_are_stored_little_endian() {
         log.close().await.unwrap();
     });
     let bytes = std::fs::read(segment(dir.path(), 0)).unwrap();
-    let second = &bytes[35..];
+    let second = &bytes[67..];
     assert_eq!(&second[0..8], &1u64.to_le_bytes());
     let header = EntryHeader::decode(second).unwrap();
     assert_eq!(header.base_timestamp_us, 0x0102_0304);
     assert_eq!(header.message_count, 7);
-    assert_eq!(header.length, 3);
+    assert_eq!(header.length, 7 * 32 + 3);
 }
 
 /// Yields to the runtime once, letting the writer task make progress.
@@ -993,7 +993,7 @@ fn reads_never_see_unacknowledged_entries() {
             yield_now().await;
         }
         assert_eq!(log.acked_offset(), 2);
-        assert_eq!(log.read(1, u32::MAX, usize::MAX).await.unwrap().len(), 82);
+        assert_eq!(log.read(1, u32::MAX, usize::MAX).await.unwrap().len(), 114);
     });
 }
 
@@ -1003,7 +1003,7 @@ fn issue7_4_read_across_a_corrupt_entry_returns_the_entries_before_it() {
     let written = rolled_log(dir.path(), 10);
     let path = segment(dir.path(), 6);
     let mut bytes = std::fs::read(&path).unwrap();
-    bytes[1032 + 500] ^= 0x04; // payload of the second entry of segment 6 (offsets 8..10)
+    bytes[1096 + 500] ^= 0x04; // payload of the second entry of segment 6 (offsets 8..10)
     std::fs::write(&path, &bytes).unwrap();
 
     block_on(async {
@@ -1015,7 +1015,7 @@ fn issue7_4_read_across_a_corrupt_entry_returns_the_entries_before_it() {
         match log.read(8, u32::MAX, usize::MAX).await {
             Err(LogError::Corrupt {
                 path: named,
-                position: 1032,
+                position: 1096,
                 reason,
             }) => {
                 assert_eq!(named, path);
@@ -1047,5 +1047,239 @@ fn issue7_4_read_beyond_the_next_offset_is_out_of_range() {
                 other => panic!("expected OffsetOutOfRange, got {other:?}"),
             }
         }
+    });
+}
+
+/// Ten 1-message entries of 37 bytes of payload (101-byte entries) in the active segment, with
+/// `damage` applied to the bytes of entry 3 (at byte 303); returns the stored entries and the
+/// segment bytes after the damage.
+fn ten_entries_with_damaged_entry_3(
+    dir: &Path,
+    damage: impl FnOnce(&mut [u8]),
+) -> (Vec<Vec<u8>>, Vec<u8>) {
+    let written = block_on(async {
+        let (log, _) = open(dir, always()).await;
+        let written = append_entries(&log, 10, 1, 37).await;
+        log.close().await.unwrap();
+        written
+    });
+    assert!(written.iter().all(|entry| entry.len() == 101));
+    let path = segment(dir, 0);
+    let mut bytes = std::fs::read(&path).unwrap();
+    damage(&mut bytes[303..404]);
+    std::fs::write(&path, &bytes).unwrap();
+    (written, bytes)
+}
+
+/// Opens after damage to entry 3 of ten and checks that entries 0..3 are kept and the bytes
+/// from entry 3 on (offsets 3..=9, acknowledged under fsync always) are quarantined byte for
+/// byte, then that a second open changes nothing.
+fn check_entry_3_quarantined(dir: &Path, written: &[Vec<u8>], damaged_bytes: &[u8]) {
+    let quarantine_path = dir.join("00000000000000000000.log.damaged-at-303");
+    block_on(async {
+        let (log, report) = open(dir, always()).await;
+        assert_eq!(
+            report,
+            RecoveryReport {
+                segment_count: 1,
+                entry_count: 3,
+                next_offset: 3,
+                truncated_bytes: 707,
+                scanned_segment_count: 1,
+                producer_batches: Vec::new(),
+                quarantined: Some(Quarantine {
+                    segment: segment(dir, 0),
+                    position: 303,
+                    path: quarantine_path.clone(),
+                    size_bytes: 707,
+                    first_offset: 3,
+                    last_offset: 9,
+                }),
+            }
+        );
+        assert_eq!(
+            log.read(0, u32::MAX, usize::MAX).await.unwrap(),
+            written[..3].concat()
+        );
+        log.close().await.unwrap();
+    });
+    assert_eq!(
+        std::fs::read(&quarantine_path).unwrap(),
+        damaged_bytes[303..]
+    );
+    block_on(async {
+        let (_log, report) = open(dir, always()).await;
+        assert_eq!((report.entry_count, report.next_offset), (3, 3));
+        assert_eq!((report.truncated_bytes, report.quarantined), (0, None));
+    });
+    assert_eq!(
+        quarantine_files(dir),
+        vec!["00000000000000000000.log.damaged-at-303".to_owned()]
+    );
+}
+
+#[test]
+fn issue7_1_flipped_base_offset_of_an_interior_entry_is_quarantined() {
+    let dir = tempfile::tempdir().unwrap();
+    let (written, damaged) = ten_entries_with_damaged_entry_3(dir.path(), |entry| entry[0] ^= 0x40);
+    check_entry_3_quarantined(dir.path(), &written, &damaged);
+}
+
+#[test]
+fn issue7_1_flipped_length_of_an_interior_entry_is_quarantined() {
+    let dir = tempfile::tempdir().unwrap();
+    let (written, damaged) =
+        ten_entries_with_damaged_entry_3(dir.path(), |entry| entry[20] ^= 0x01);
+    check_entry_3_quarantined(dir.path(), &written, &damaged);
+}
+
+#[test]
+fn issue7_1_flipped_message_count_of_an_interior_entry_is_quarantined_not_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    // message_count 1 -> 3: the payload checksum still matches, the message section does not.
+    let (written, damaged) =
+        ten_entries_with_damaged_entry_3(dir.path(), |entry| entry[16] ^= 0x02);
+    check_entry_3_quarantined(dir.path(), &written, &damaged);
+}
+
+#[test]
+fn issue7_1_flipped_message_count_of_the_last_entry_is_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = log_with_damaged_tail(dir.path(), |path| {
+        let mut bytes = std::fs::read(path).unwrap();
+        let last_start = bytes.len() - 196;
+        bytes[last_start + 16] ^= 0x04; // 2 -> 6 messages
+        std::fs::write(path, bytes).unwrap();
+    });
+    check_recovered(dir.path(), &written[..4], 196);
+}
+
+#[test]
+fn issue7_1_a_read_refuses_an_entry_whose_messages_differ_from_its_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = rolled_log(dir.path(), 10);
+    // The second entry of closed segment 6 (offsets 8..10), whose index open uses: 2 -> 3
+    // messages in its header, which no checksum covers.
+    let path = segment(dir.path(), 6);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[1096 + 16] ^= 0x01;
+    std::fs::write(&path, &bytes).unwrap();
+    block_on(async {
+        let (log, _) = open(dir.path(), small_segments()).await;
+        assert_eq!(log.read(6, 2, usize::MAX).await.unwrap(), written[3]);
+        match log.read(8, u32::MAX, usize::MAX).await {
+            Err(LogError::Corrupt {
+                path: named,
+                position: 1096,
+                reason,
+            }) => {
+                assert_eq!(named, path);
+                assert_eq!(
+                    reason,
+                    "header (offset 8, 3 messages, 1096 bytes) differs from the index (offset 8, \
+                     2 messages, 1096 bytes)"
+                );
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+    });
+    // Without the index, open rescans the closed segment and refuses at that entry.
+    std::fs::remove_file(index_file(dir.path(), 6)).unwrap();
+    let error = block_on(PartitionLog::open(dir.path(), small_segments())).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "{}: corrupt entry at byte 1096: in a closed segment: header declares 3 messages but \
+             the payload holds 2",
+            path.display()
+        )
+    );
+}
+
+#[test]
+fn issue7_2_an_identical_quarantine_copy_from_an_interrupted_open_is_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (written, damaged) =
+        ten_entries_with_damaged_entry_3(dir.path(), |entry| entry[40] ^= 0x08);
+    // An earlier open copied the tail, then crashed before truncating the segment.
+    let earlier = dir.path().join("00000000000000000000.log.damaged-at-303");
+    std::fs::write(&earlier, &damaged[303..]).unwrap();
+    check_entry_3_quarantined(dir.path(), &written, &damaged);
+}
+
+#[test]
+fn issue7_2_a_different_file_under_the_quarantine_name_is_kept_and_the_copy_goes_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_written, damaged) =
+        ten_entries_with_damaged_entry_3(dir.path(), |entry| entry[40] ^= 0x08);
+    // Same size, one byte different: not a copy of this tail.
+    let mut other = damaged[303..].to_vec();
+    other[500] ^= 0x01;
+    let earlier = dir.path().join("00000000000000000000.log.damaged-at-303");
+    std::fs::write(&earlier, &other).unwrap();
+    block_on(async {
+        let (_log, report) = open(dir.path(), always()).await;
+        assert_eq!(
+            report.quarantined.unwrap().path,
+            dir.path().join("00000000000000000000.log.damaged-at-303.1")
+        );
+    });
+    assert_eq!(std::fs::read(&earlier).unwrap(), other);
+    assert_eq!(
+        std::fs::read(dir.path().join("00000000000000000000.log.damaged-at-303.1")).unwrap(),
+        damaged[303..]
+    );
+}
+
+#[test]
+fn issue7_1_resync_ignores_an_entry_whose_messages_differ_from_its_header() {
+    let dir = tempfile::tempdir().unwrap();
+    // After the 5 entries (offsets 0..10): one junk byte, then an entry at offset 10 whose
+    // checksum matches but whose payload holds 1 message where its header declares 2. The
+    // resync finds no valid entry, so this is a torn tail, not interior damage.
+    let mut tail = vec![0xEEu8];
+    let mut fake =
+        storage::entry::build_entry_raw(0, 2, &storage::entry::message_section(1, b"one message"));
+    fake[0..8].copy_from_slice(&10u64.to_le_bytes());
+    tail.extend_from_slice(&fake);
+    let tail_size = tail.len() as u64;
+    let written = log_with_damaged_tail(dir.path(), |path| {
+        let mut bytes = std::fs::read(path).unwrap();
+        bytes.extend_from_slice(&tail);
+        std::fs::write(path, bytes).unwrap();
+    });
+    check_recovered(dir.path(), &written, tail_size);
+}
+
+#[test]
+fn issue7_1_resync_finds_a_valid_entry_after_junk_as_interior_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    // The same junk byte, then a valid entry at offset 10: interior damage, quarantined.
+    let mut tail = vec![0xEEu8];
+    let mut real = build_entry(0, 2, b"two messages");
+    real[0..8].copy_from_slice(&10u64.to_le_bytes());
+    tail.extend_from_slice(&real);
+    let written = log_with_damaged_tail(dir.path(), |path| {
+        let mut bytes = std::fs::read(path).unwrap();
+        bytes.extend_from_slice(&tail);
+        std::fs::write(path, bytes).unwrap();
+    });
+    block_on(async {
+        let (log, report) = open(dir.path(), always()).await;
+        assert_eq!(
+            report.quarantined,
+            Some(Quarantine {
+                segment: segment(dir.path(), 0),
+                position: 5 * 196,
+                path: dir.path().join("00000000000000000000.log.damaged-at-980"),
+                size_bytes: tail.len() as u64,
+                first_offset: 10,
+                last_offset: 11,
+            })
+        );
+        assert_eq!(
+            log.read(0, u32::MAX, usize::MAX).await.unwrap(),
+            written.concat()
+        );
     });
 }

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use storage::entry::build_entry;
+use storage::entry::{build_entry_raw, message_section};
 use storage::{FaultOp, FsyncPolicy, LogConfig, LogError, PartitionLog, ProducerBatch};
 
 fn block_on<F: Future>(future: F) -> F::Output {
@@ -28,16 +28,16 @@ fn config() -> LogConfig {
 /// A 90-byte entry shaped like a bus batch: one 32-byte message header (bit 0 of bytes 12..16
 /// flags a stamp), 10 bytes, then the 16-byte stamp (or 16 more bytes when unstamped).
 fn entry(stamp: Option<(u64, u64)>) -> Vec<u8> {
-    let mut payload = vec![0u8; 32 + 10];
+    let mut payload = message_section(1, &[0u8; 10]);
     match stamp {
         Some((producer, sequence)) => {
             payload[12] = 1;
             payload.extend_from_slice(&producer.to_le_bytes());
             payload.extend_from_slice(&sequence.to_le_bytes());
         }
-        None => payload.extend_from_slice(&[0u8; 16]),
+        None => payload = message_section(1, &[0u8; 10 + 16]),
     }
-    build_entry(0, 1, &payload)
+    build_entry_raw(0, 1, &payload)
 }
 
 fn batch(producer: u64, sequence: u64, base_offset: u64) -> ProducerBatch {

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use storage::entry::build_entry;
+use storage::entry::{build_entry_raw, message_section};
 use storage::{FsyncPolicy, LogConfig, PartitionLog, ProducerBatch};
 
 fn block_on<F: Future>(future: F) -> F::Output {
@@ -19,10 +19,11 @@ fn config(segment_size_max: u64) -> LogConfig {
     }
 }
 
-/// A payload shaped like a bus batch section: one 32-byte message header (bit 0 of bytes 12..16
-/// flags a stamp), `filler` bytes, then the 16-byte stamp when `stamp` is given.
-fn payload(stamp: Option<(u64, u64)>, filler: usize) -> Vec<u8> {
-    let mut payload = vec![0u8; 32 + filler];
+/// A payload shaped like a bus batch section of `message_count` messages (the first holds
+/// `filler` bytes; bit 0 of bytes 12..16 flags a stamp), then the 16-byte stamp when `stamp` is
+/// given.
+fn payload(stamp: Option<(u64, u64)>, message_count: u32, filler: usize) -> Vec<u8> {
+    let mut payload = message_section(message_count, &vec![0u8; filler]);
     if let Some((producer, sequence)) = stamp {
         payload[12] = 1;
         payload.extend_from_slice(&producer.to_le_bytes());
@@ -32,9 +33,13 @@ fn payload(stamp: Option<(u64, u64)>, filler: usize) -> Vec<u8> {
 }
 
 async fn append(log: &PartitionLog, stamp: Option<(u64, u64)>, message_count: u32) -> u64 {
-    log.append(build_entry(0, message_count, &payload(stamp, 10)))
-        .await
-        .unwrap()
+    log.append(build_entry_raw(
+        0,
+        message_count,
+        &payload(stamp, message_count, 10),
+    ))
+    .await
+    .unwrap()
 }
 
 fn batch(producer: u64, sequence: u64, message_count: u32, base_offset: u64) -> ProducerBatch {

@@ -101,10 +101,10 @@ fn issue7_1_log_enospc_on_a_write_then_space_recovers() {
 #[test]
 fn issue7_1_log_enospc_after_a_roll_deletes_the_new_segment() {
     let dir = tempfile::tempdir().unwrap();
-    // 40-byte entries, 100-byte segments: two entries per segment.
+    // 72-byte entries (one 8-byte message), 150-byte segments: two entries per segment.
     let entries: Vec<Vec<u8>> = (0..4u8).map(|seed| build_entry(0, 1, &[seed; 8])).collect();
     block_on(async {
-        let (log, _) = PartitionLog::open(dir.path(), config(FsyncPolicy::Never, 100))
+        let (log, _) = PartitionLog::open(dir.path(), config(FsyncPolicy::Never, 150))
             .await
             .unwrap();
         assert_eq!(log.append(entries[0].clone()).await.unwrap(), 0);
@@ -123,7 +123,7 @@ fn issue7_1_log_enospc_after_a_roll_deletes_the_new_segment() {
             ["00000000000000000000.log"],
             "the rolled segment and the closed segment's index are gone"
         );
-        assert_eq!(file_size(&segment(dir.path(), 0)), 40);
+        assert_eq!(file_size(&segment(dir.path(), 0)), 72);
         assert_eq!(log.next_offset(), 1);
         for (offset, entry) in entries.iter().enumerate().skip(1) {
             assert_eq!(log.append(entry.clone()).await.unwrap(), offset as u64);
@@ -131,7 +131,7 @@ fn issue7_1_log_enospc_after_a_roll_deletes_the_new_segment() {
         log.close().await.unwrap();
         drop(log);
 
-        let (log, report) = PartitionLog::open(dir.path(), config(FsyncPolicy::Never, 100))
+        let (log, report) = PartitionLog::open(dir.path(), config(FsyncPolicy::Never, 150))
             .await
             .unwrap();
         assert_eq!(

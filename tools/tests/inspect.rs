@@ -303,6 +303,16 @@ fn wal_json_has_records_and_summary() {
 
 // ---------------------------------------------------------------- segment
 
+/// A 132-byte entry of 3 messages: a 100-byte payload (3 message headers, the first message's
+/// 4 bytes) stamped with timestamp `1_000 + seed`.
+fn entry_of_3_messages(seed: u64) -> Vec<u8> {
+    storage::build_entry_raw(
+        1_000 + seed,
+        3,
+        &storage::message_section(3, &[seed as u8; 4]),
+    )
+}
+
 /// A partition log of 5 entries of 3 messages and 100 payload bytes (132-byte entries) in
 /// 300-byte segments: segments 0 and 6 closed (with index files), 12 last.
 fn partition_log(dir: &Path) {
@@ -317,7 +327,7 @@ fn partition_log(dir: &Path) {
         .await
         .unwrap();
         for seed in 0..5u64 {
-            let entry = storage::build_entry(1_000 + seed, 3, &[seed as u8; 100]);
+            let entry = entry_of_3_messages(seed);
             log.append(entry).await.unwrap();
         }
         log.close().await.unwrap();
@@ -429,7 +439,7 @@ fn issue7_4_segment_interior_damage_in_the_last_segment_then_its_quarantine_file
         .await
         .unwrap();
         for seed in 0..3u64 {
-            let entry = storage::build_entry(1_000 + seed, 3, &[seed as u8; 100]);
+            let entry = entry_of_3_messages(seed);
             log.append(entry).await.unwrap();
         }
         log.close().await.unwrap();
@@ -939,5 +949,51 @@ fn issue7_6_inspect_snapshot_json_without_a_snapshot_says_not_present() {
              refuses to boot)",
             data.join("superblock").display()
         )
+    );
+}
+
+#[test]
+fn issue7_1_segment_damaged_message_count_in_the_last_segment_is_interior_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_dir = dir.path().join("log");
+    block_on(async {
+        let (log, _) = PartitionLog::open(
+            &log_dir,
+            LogConfig {
+                fsync: FsyncPolicy::Always,
+                segment_size_max: 1 << 20,
+            },
+        )
+        .await
+        .unwrap();
+        for seed in 0..3u64 {
+            log.append(entry_of_3_messages(seed)).await.unwrap();
+        }
+        log.close().await.unwrap();
+    });
+    let last = log_segment(&log_dir, 0);
+    // Entry 1's message_count 3 -> 67 (bit 6): its payload checksum still matches.
+    flip_byte(&last, 132 + 16);
+    let (code, stdout, _) = inspect_path("segment", &log_dir);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "damage: {} at byte 132: header declares 67 messages but the payload holds 3",
+            last.display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "valid entries follow it, so this is interior damage, not a torn write: open copies \
+             the 264 bytes from here (offsets 3-8, possibly acknowledged) to {}.damaged-at-132, \
+             logs an error and truncates the segment here",
+            last.display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("summary: 1 segment(s), 1 entries, 3 messages, next_offset 3, 396 bytes"),
+        "{stdout}"
     );
 }

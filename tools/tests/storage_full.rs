@@ -742,3 +742,119 @@ fn issue7_1_restart_with_partitions_still_unopened_for_lack_of_inodes_boots() {
     assert_eq!(server.stop(), Some(0));
     drop(mount);
 }
+
+/// Interior damage in the active segment found by open while the filesystem is full: the
+/// quarantine copy is refused, the error names the segment, the byte, the bytes needed and the
+/// free space, and no partial quarantine file stays behind, however many times open is retried
+/// (more than there are `.N` names). Once space is freed the next open quarantines the tail
+/// into the plain `damaged-at-P` name and truncates.
+#[test]
+fn issue7_2_quarantine_on_a_full_disk_leaves_no_file_and_succeeds_once_space_is_freed() {
+    let Some(mount) = mount_with_or_skip(
+        "issue7_2_quarantine_on_a_full_disk_leaves_no_file_and_succeeds_once_space_is_freed",
+        "size=1m",
+    ) else {
+        return;
+    };
+    let dir = mount.dir.join("log");
+    let config = || storage::LogConfig {
+        fsync: storage::FsyncPolicy::Always,
+        segment_size_max: 1 << 20,
+    };
+    // Ten 1-message entries of 20 000 bytes: 20 064 bytes each.
+    block_on(async {
+        let (log, _) = storage::PartitionLog::open(&dir, config()).await.unwrap();
+        for seed in 0..10u8 {
+            let entry = storage::build_entry(0, 1, &vec![seed; 20_000]);
+            log.append(entry).await.unwrap();
+        }
+        log.close().await.unwrap();
+    });
+    let segment = dir.join("00000000000000000000.log");
+    let mut bytes = std::fs::read(&segment).unwrap();
+    assert_eq!(bytes.len(), 10 * 20_064);
+    let position = 3 * 20_064;
+    bytes[position + 40] ^= 0x01; // payload of entry 3
+    std::fs::write(&segment, &bytes).unwrap();
+    let quarantine_path = dir.join(format!("00000000000000000000.log.damaged-at-{position}"));
+    let quarantine_files = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .filter(|name| name.contains(".damaged-at-"))
+            .collect();
+        names.sort();
+        names
+    };
+
+    let filler = fill(&mount.dir);
+    let attempts = storage::limits::QUARANTINE_FILE_NAME_ATTEMPT_COUNT_MAX + 2;
+    for attempt in 0..attempts {
+        let error = block_on(storage::PartitionLog::open(&dir, config())).unwrap_err();
+        let message = error.to_string();
+        match &error {
+            storage::LogError::QuarantineFailed {
+                segment: named,
+                position: at,
+                size_bytes,
+                path,
+                op,
+                free_bytes,
+                source,
+            } => {
+                assert_eq!(named, &segment, "attempt {attempt}");
+                assert_eq!(*at, position as u64);
+                assert_eq!(*size_bytes, 7 * 20_064);
+                assert_eq!(path, &quarantine_path);
+                assert_eq!(*op, "write");
+                assert_eq!(source.raw_os_error(), Some(libc::ENOSPC), "{message}");
+                let free = free_bytes.0.expect("statvfs works on tmpfs").bytes;
+                assert!(free < 7 * 20_064, "{message}");
+                assert_eq!(
+                    message,
+                    format!(
+                        "{}: damaged entry at byte {position} is followed by valid entries; the \
+                         140448 bytes from there must be copied to a quarantine file before the \
+                         segment is truncated, but write of {} failed: {source} ({} bytes free). \
+                         Nothing was truncated and the partial copy was removed: free at least \
+                         140448 bytes and restart",
+                        segment.display(),
+                        quarantine_path.display(),
+                        free
+                    )
+                );
+            }
+            other => panic!("attempt {attempt}: expected QuarantineFailed, got {other}"),
+        }
+        assert_eq!(
+            quarantine_files(),
+            Vec::<String>::new(),
+            "attempt {attempt}"
+        );
+        assert_eq!(std::fs::read(&segment).unwrap(), bytes, "nothing truncated");
+    }
+
+    std::fs::remove_file(&filler).unwrap();
+    block_on(async {
+        let (log, report) = storage::PartitionLog::open(&dir, config()).await.unwrap();
+        assert_eq!(
+            report.quarantined,
+            Some(storage::Quarantine {
+                segment: segment.clone(),
+                position: position as u64,
+                path: quarantine_path.clone(),
+                size_bytes: 7 * 20_064,
+                first_offset: 3,
+                last_offset: 9,
+            })
+        );
+        assert_eq!((report.entry_count, report.next_offset), (3, 3));
+        assert_eq!(log.next_offset(), 3);
+    });
+    assert_eq!(
+        quarantine_files(),
+        vec![format!("00000000000000000000.log.damaged-at-{position}")]
+    );
+    assert_eq!(std::fs::read(&quarantine_path).unwrap(), bytes[position..]);
+    assert_eq!(std::fs::metadata(&segment).unwrap().len(), position as u64);
+}

@@ -1,8 +1,10 @@
 //! Opening a log directory: list the segments, check they follow each other, load closed segments
 //! from their index files (or rescan them), and scan the last segment entry by entry, truncating a
 //! torn tail. A damaged closed segment is an error here, never skipped or truncated; a damaged
-//! entry of the last segment followed by valid entries is never cut before its bytes are kept in a
-//! quarantine file beside the segment.
+//! entry of the last segment followed by a valid entry anywhere after it (found by resynchronising
+//! byte by byte, since entry headers carry no checksum) is never cut before its bytes are kept in
+//! a quarantine file beside the segment; when that copy fails, nothing is cut and no partial copy
+//! stays.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -13,18 +15,20 @@ use compio::io::AsyncWriteAtExt;
 
 use super::index::SegmentIndex;
 use super::producer_state::{ProducerStates, RecoveredProducers, recover_producers};
-use super::verify::{check_entry_header, check_entry_payload};
+use super::verify::{check_entry_header, check_entry_payload, resync_entry_header};
 use super::{LogError, Quarantine, RecoveryReport, Segment};
 use crate::durable::{
     DurableError, create_dir_durable, durable_replace, list_dir_names, read_exact_append,
     read_verified, sync_dir,
 };
 use crate::entry::{
-    ENTRY_HEADER_SIZE, EntryHeader, ProducerBatch, payload_checksum, producer_stamp,
+    ENTRY_HEADER_SIZE, EntryHeader, MESSAGE_HEADER_SIZE, PRODUCER_STAMP_SIZE, ProducerBatch,
+    payload_checksum, producer_stamp,
 };
 use crate::limits::{
     QUARANTINE_FILE_NAME_ATTEMPT_COUNT_MAX, RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES, SCAN_CHUNK_BYTES,
 };
+use crate::space::{FreeBytes, free_bytes};
 
 /// `{base_offset:020}.log` in `dir`.
 pub(super) fn segment_path(dir: &Path, base_offset: u64) -> PathBuf {
@@ -330,9 +334,11 @@ struct TailCut {
 }
 
 /// Opens the last segment read-write and scans it; the first invalid entry starts the cut, which
-/// is truncated and fsynced. When valid entries follow that entry (interior damage, not a torn
-/// write), the bytes cut are first copied durably to a quarantine file and an error is logged.
-/// Returns what was cut and the stamped batches kept.
+/// is truncated and fsynced. When a valid entry starts anywhere after it (interior damage, not a
+/// torn write; see `valid_entries_after_damage`), the bytes cut are first kept durably in a
+/// quarantine file and an error is logged; if that fails, the segment is left as it is and the
+/// error returned (`LogError::QuarantineFailed`). Returns what was cut and the stamped batches
+/// kept.
 async fn open_last_segment(
     path: PathBuf,
     base_offset: u64,
@@ -352,8 +358,14 @@ async fn open_last_segment(
     let mut cut = TailCut::default();
     if let Some(invalid) = scan.invalid {
         cut.truncated_bytes = size_bytes - invalid.position;
-        let followed =
-            valid_entries_after_damage(&file, &path, &scan.index, &invalid, size_bytes).await?;
+        let followed = valid_entries_after_damage(
+            &file,
+            &path,
+            scan.index.end_offset,
+            invalid.position,
+            size_bytes,
+        )
+        .await?;
         if let Some(last_offset) = followed {
             let quarantine = quarantine_tail(
                 &file,
@@ -405,67 +417,129 @@ async fn open_last_segment(
 }
 
 /// Whether the first invalid entry of the last segment is interior damage rather than a torn
-/// write: its header passes `check_entry_header` (only the payload checksum failed, so its size
-/// is known) and right after it starts at least one valid entry carrying the next offset. Returns
-/// the last offset of the valid entries that follow it back to back, or `None` (a torn tail).
-/// A torn group write can leave an invalid entry followed by valid-looking ones too (pages reach
-/// the disk in any order), but none of those was acknowledged; interior damage may hit
-/// acknowledged entries, so the caller keeps the bytes either way.
+/// write, by resynchronising: from the byte after the damage, the first position where a valid
+/// entry starts (`resync_entry_header` with a base offset at least `end_offset`, the end of the
+/// valid entries before the damage, and a payload passing `check_entry_payload`). Entry headers
+/// carry no checksum, so a damaged header (offset, count or length) cannot say where the next
+/// entry starts: searching byte by byte finds it anyway. Returns the last offset of the valid
+/// entries that run back to back from there, or `None` (a torn tail). The search reads each byte
+/// after the damage once plus the payloads of candidate headers, bounded by the segment size,
+/// and runs only on the damage path. A torn group write can leave valid-looking entries after an
+/// invalid one too (pages reach the disk in any order), but none of those was acknowledged;
+/// interior damage may hit acknowledged entries, so the caller keeps the bytes either way.
 async fn valid_entries_after_damage(
     file: &File,
     path: &Path,
-    index: &SegmentIndex,
-    invalid: &Invalid,
+    end_offset: u64,
+    damage_position: u64,
     size_bytes: u64,
 ) -> Result<Option<u64>, LogError> {
-    let remaining = size_bytes - invalid.position;
-    if remaining < ENTRY_HEADER_SIZE as u64 {
-        return Ok(None);
-    }
     let mut reader = ChunkReader {
         file,
         size_bytes,
         buffer: Vec::new(),
         buffer_position: 0,
     };
-    let header_bytes = reader
-        .bytes(invalid.position, ENTRY_HEADER_SIZE)
-        .await
-        .map_err(io_error(path, "read segment"))?;
-    let header = EntryHeader::decode(header_bytes).expect("ChunkReader returned 32 bytes");
-    let Ok(damaged_size) = check_entry_header(&header, index.end_offset, remaining) else {
-        return Ok(None);
-    };
-    let mut position = invalid.position + damaged_size;
-    let mut expected_offset = index.end_offset + u64::from(header.message_count);
-    let mut last_offset = None;
+    let mut position = damage_position + 1;
+    while size_bytes.saturating_sub(position) >= ENTRY_HEADER_SIZE as u64 {
+        let run = valid_run_at(&mut reader, path, position, end_offset).await?;
+        if run.is_some() {
+            return Ok(run);
+        }
+        position += 1;
+    }
+    Ok(None)
+}
+
+/// The last offset of the valid entries running back to back from `start`, the first of which
+/// starts at an offset of at least `min_base_offset`; `None` when no valid entry starts there.
+async fn valid_run_at(
+    reader: &mut ChunkReader<'_>,
+    path: &Path,
+    start: u64,
+    min_base_offset: u64,
+) -> Result<Option<u64>, LogError> {
+    let size_bytes = reader.size_bytes;
+    let mut position = start;
+    let mut expected_offset: Option<u64> = None;
     while size_bytes - position >= ENTRY_HEADER_SIZE as u64 {
         let header_bytes = reader
             .bytes(position, ENTRY_HEADER_SIZE)
             .await
             .map_err(io_error(path, "read segment"))?;
         let header = EntryHeader::decode(header_bytes).expect("ChunkReader returned 32 bytes");
-        let Ok(entry_size) = check_entry_header(&header, expected_offset, size_bytes - position)
-        else {
+        let bytes_left = size_bytes - position;
+        let entry_size = match expected_offset {
+            None => resync_entry_header(&header, min_base_offset, bytes_left),
+            Some(expected) => check_entry_header(&header, expected, bytes_left).ok(),
+        };
+        let Some(entry_size) = entry_size else {
             break;
         };
+        let payload_position = position + ENTRY_HEADER_SIZE as u64;
+        if !messages_frame_payload(reader, path, payload_position, &header).await? {
+            break;
+        }
         let payload = reader
-            .bytes(position + ENTRY_HEADER_SIZE as u64, header.length as usize)
+            .bytes(payload_position, header.length as usize)
             .await
             .map_err(io_error(path, "read segment"))?;
         if check_entry_payload(&header, payload).is_err() {
             break;
         }
-        expected_offset += u64::from(header.message_count);
-        last_offset = Some(expected_offset - 1);
+        expected_offset = Some(header.base_offset + u64::from(header.message_count));
         position += entry_size;
     }
-    Ok(last_offset)
+    Ok(expected_offset.map(|end| end - 1))
 }
 
-/// Copies the bytes of the last segment from the damaged entry to its end into a new quarantine
-/// file beside it, durably: write, fsync the file, fsync the directory. Never overwrites a file:
-/// a taken name (a crash between an earlier copy and its truncation) gets the next `.N` suffix.
+/// A cheap necessary condition of `check_message_section`, read message header by message
+/// header (32 bytes each) without reading the payload: the `length` fields of `message_count`
+/// messages step exactly to the end of the payload (or to 16 bytes before it, when the first
+/// message flags a stamp). It keeps the resync from reading and checksumming payloads of up to
+/// `ENTRY_SIZE_MAX` at each of many positions of garbage whose header happens to pass the header
+/// rules; the verdict stays `check_entry_payload`'s.
+async fn messages_frame_payload(
+    reader: &mut ChunkReader<'_>,
+    path: &Path,
+    payload_position: u64,
+    header: &EntryHeader,
+) -> Result<bool, LogError> {
+    let payload_end = payload_position + u64::from(header.length);
+    if payload_end - payload_position < MESSAGE_HEADER_SIZE as u64 {
+        return Ok(false);
+    }
+    let first = reader
+        .bytes(payload_position, MESSAGE_HEADER_SIZE)
+        .await
+        .map_err(io_error(path, "read segment"))?;
+    let stamped = first[12] & 1 == 1;
+    let section_end = if stamped {
+        payload_end.saturating_sub(PRODUCER_STAMP_SIZE as u64)
+    } else {
+        payload_end
+    };
+    let mut at = payload_position;
+    for _ in 0..header.message_count {
+        if section_end.saturating_sub(at) < MESSAGE_HEADER_SIZE as u64 {
+            return Ok(false);
+        }
+        let message = reader
+            .bytes(at, MESSAGE_HEADER_SIZE)
+            .await
+            .map_err(io_error(path, "read segment"))?;
+        let length = u32::from_le_bytes([message[0], message[1], message[2], message[3]]);
+        at += MESSAGE_HEADER_SIZE as u64 + u64::from(length);
+        if at > section_end {
+            return Ok(false);
+        }
+    }
+    Ok(at == section_end)
+}
+
+/// Keeps the bytes of the last segment from the damaged entry to its end in a quarantine file
+/// beside it, durably: reuses a quarantine file of this damage that already holds exactly these
+/// bytes (a crash between an earlier copy and its truncation), else copies them to a new one.
 async fn quarantine_tail(
     file: &File,
     path: &Path,
@@ -474,30 +548,25 @@ async fn quarantine_tail(
     first_offset: u64,
     last_offset: u64,
 ) -> Result<Quarantine, LogError> {
-    let (quarantine_path, quarantine_file) = create_quarantine_file(path, invalid.position).await?;
-    let mut position = invalid.position;
-    let mut buffer = Vec::new();
-    while position < size_bytes {
-        let length = (size_bytes - position).min(SCAN_CHUNK_BYTES as u64) as usize;
-        buffer.clear();
-        let BufResult(result, filled) = read_exact_append(file, position, length, buffer).await;
-        result.map_err(io_error(path, "read the damaged tail to quarantine"))?;
-        let BufResult(result, written) = (&quarantine_file)
-            .write_all_at(filled, position - invalid.position)
-            .await;
-        result.map_err(io_error(&quarantine_path, "write quarantine file"))?;
-        buffer = written;
-        position += length as u64;
-    }
-    quarantine_file
-        .sync_all()
-        .await
-        .map_err(io_error(&quarantine_path, "fsync quarantine file"))?;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    sync_dir(dir).await.map_err(io_error(
-        dir,
-        "fsync log directory after creating a quarantine file",
-    ))?;
+    let tail = Tail {
+        file,
+        segment: path,
+        position: invalid.position,
+        size_bytes,
+    };
+    let quarantine_path = match tail.existing_copy().await? {
+        Some(existing) => {
+            tracing::warn!(
+                segment = %path.display(),
+                position = invalid.position,
+                quarantine = %existing.display(),
+                "an earlier open already copied the damaged tail to this quarantine file (same \
+                 size and bytes); reusing it"
+            );
+            existing
+        }
+        None => tail.copy_to_new_file().await?,
+    };
     Ok(Quarantine {
         segment: path.to_path_buf(),
         position: invalid.position,
@@ -508,34 +577,162 @@ async fn quarantine_tail(
     })
 }
 
-/// Creates `{segment}.damaged-at-{position}` (or the first free `.N` of it) with `O_EXCL`.
-async fn create_quarantine_file(
-    segment: &Path,
+/// The bytes of the last segment from a damaged entry (`position`) to its end (`size_bytes`).
+struct Tail<'a> {
+    file: &'a File,
+    segment: &'a Path,
     position: u64,
-) -> Result<(PathBuf, File), LogError> {
-    let base_name = quarantine_name(segment, position);
-    for attempt in 0..QUARANTINE_FILE_NAME_ATTEMPT_COUNT_MAX {
-        let candidate = if attempt == 0 {
-            base_name.clone()
-        } else {
-            PathBuf::from(format!("{}.{attempt}", base_name.display()))
-        };
-        match OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&candidate)
-            .await
-        {
-            Ok(file) => return Ok((candidate, file)),
-            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(error) => return Err(io_error(&candidate, "create quarantine file")(error)),
+    size_bytes: u64,
+}
+
+impl Tail<'_> {
+    fn length(&self) -> u64 {
+        self.size_bytes - self.position
+    }
+
+    /// `{segment}.damaged-at-{position}`, then its `.N` names, in order.
+    fn candidate_names(&self) -> impl Iterator<Item = PathBuf> + use<> {
+        let base_name = quarantine_name(self.segment, self.position);
+        (0..QUARANTINE_FILE_NAME_ATTEMPT_COUNT_MAX).map(move |attempt| {
+            if attempt == 0 {
+                base_name.clone()
+            } else {
+                PathBuf::from(format!("{}.{attempt}", base_name.display()))
+            }
+        })
+    }
+
+    /// The error of a failed quarantine step `op` on `path`, with the free space now.
+    fn failed(&self, path: &Path, op: &'static str) -> impl FnOnce(io::Error) -> LogError {
+        let dir = self.segment.parent().unwrap_or(Path::new("."));
+        let free_bytes = FreeBytes(free_bytes(dir));
+        let segment = self.segment.to_path_buf();
+        let path = path.to_path_buf();
+        let (position, size_bytes) = (self.position, self.length());
+        move |source| LogError::QuarantineFailed {
+            segment,
+            position,
+            size_bytes,
+            path,
+            op,
+            free_bytes,
+            source,
         }
     }
-    Err(LogError::Io {
-        path: base_name,
-        op: "create quarantine file (every numbered name is taken; move the old ones away)",
-        source: io::Error::from(io::ErrorKind::AlreadyExists),
-    })
+
+    /// A quarantine file of this damage whose size and bytes equal the tail's, if any.
+    async fn existing_copy(&self) -> Result<Option<PathBuf>, LogError> {
+        for candidate in self.candidate_names() {
+            let Ok(metadata) = compio::fs::metadata(&candidate).await else {
+                continue;
+            };
+            if metadata.len() == self.length() && self.equals_file(&candidate).await? {
+                return Ok(Some(candidate));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether `candidate` (of the tail's length) holds the tail's bytes, compared chunk by chunk.
+    async fn equals_file(&self, candidate: &Path) -> Result<bool, LogError> {
+        let other = File::open(candidate)
+            .await
+            .map_err(io_error(candidate, "open quarantine file to compare"))?;
+        let mut position = self.position;
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        while position < self.size_bytes {
+            let length = (self.size_bytes - position).min(SCAN_CHUNK_BYTES as u64) as usize;
+            ours.clear();
+            theirs.clear();
+            let BufResult(result, filled) =
+                read_exact_append(self.file, position, length, ours).await;
+            result.map_err(io_error(self.segment, "read the damaged tail to compare"))?;
+            ours = filled;
+            let BufResult(result, filled) =
+                read_exact_append(&other, position - self.position, length, theirs).await;
+            result.map_err(io_error(candidate, "read quarantine file to compare"))?;
+            theirs = filled;
+            if ours != theirs {
+                return Ok(false);
+            }
+            position += length as u64;
+        }
+        Ok(true)
+    }
+
+    /// Copies the tail to a new quarantine file, durably (write, fsync the file, fsync the
+    /// directory). When a step fails the partial file is removed (best effort, logged) before
+    /// the error returns, so a failed open leaves no file behind.
+    async fn copy_to_new_file(&self) -> Result<PathBuf, LogError> {
+        let (quarantine_path, quarantine_file) = self.create_file().await?;
+        let copied = self.copy_to(&quarantine_path, &quarantine_file).await;
+        drop(quarantine_file);
+        if let Err(error) = copied {
+            if let Err(remove_error) = compio::fs::remove_file(&quarantine_path).await {
+                tracing::warn!(
+                    quarantine = %quarantine_path.display(),
+                    error = %remove_error,
+                    "cannot remove the partial quarantine file; remove it by hand"
+                );
+            }
+            return Err(error);
+        }
+        Ok(quarantine_path)
+    }
+
+    async fn copy_to(
+        &self,
+        quarantine_path: &Path,
+        quarantine_file: &File,
+    ) -> Result<(), LogError> {
+        let mut writer = quarantine_file;
+        let mut position = self.position;
+        let mut buffer = Vec::new();
+        while position < self.size_bytes {
+            let length = (self.size_bytes - position).min(SCAN_CHUNK_BYTES as u64) as usize;
+            buffer.clear();
+            let BufResult(result, filled) =
+                read_exact_append(self.file, position, length, buffer).await;
+            result.map_err(io_error(
+                self.segment,
+                "read the damaged tail to quarantine",
+            ))?;
+            let BufResult(result, written) =
+                writer.write_all_at(filled, position - self.position).await;
+            result.map_err(self.failed(quarantine_path, "write"))?;
+            buffer = written;
+            position += length as u64;
+        }
+        quarantine_file
+            .sync_all()
+            .await
+            .map_err(self.failed(quarantine_path, "fsync"))?;
+        let dir = self.segment.parent().unwrap_or(Path::new("."));
+        sync_dir(dir)
+            .await
+            .map_err(self.failed(dir, "fsync of the directory after creating"))
+    }
+
+    /// Creates the first free name of [`Tail::candidate_names`] with `O_EXCL`.
+    async fn create_file(&self) -> Result<(PathBuf, File), LogError> {
+        for candidate in self.candidate_names() {
+            match OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&candidate)
+                .await
+            {
+                Ok(file) => return Ok((candidate, file)),
+                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(error) => return Err(self.failed(&candidate, "create")(error)),
+            }
+        }
+        Err(LogError::Io {
+            path: quarantine_name(self.segment, self.position),
+            op: "create quarantine file (every numbered name is taken; move the old ones away)",
+            source: io::Error::from(io::ErrorKind::AlreadyExists),
+        })
+    }
 }
 
 /// `{segment file name}.damaged-at-{position}` beside the segment.
@@ -563,7 +760,8 @@ struct Scan {
 
 /// Reads a segment entry by entry, checking each: the header fits, the entry is at most
 /// `ENTRY_SIZE_MAX`, `message_count >= 1`, `base_offset` is the next expected offset, the payload
-/// fits, and its XXH3-64 equals the header's checksum. Stops at the first entry that fails.
+/// fits, its XXH3-64 equals the header's checksum, and its messages match the header
+/// (`check_entry_payload`). Stops at the first entry that fails.
 /// Folds the producer stamps of the valid entries into a bounded producer state.
 async fn scan_segment(
     file: &File,

@@ -4,7 +4,7 @@
 //! functions: no I/O, and no rule here that open does not use itself.
 
 use super::index::SegmentIndex;
-use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, payload_checksum};
+use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, check_message_section, payload_checksum};
 use crate::limits::ENTRY_SIZE_MAX;
 
 /// Checks an entry header read at a position with `bytes_left` bytes to the end of the segment,
@@ -52,10 +52,14 @@ pub fn check_entry_header(
     Ok(entry_size)
 }
 
-/// Checks an entry's payload against the XXH3-64 checksum in its header.
+/// Checks an entry's payload against its header: its XXH3-64 equals the header's checksum, and
+/// (the header itself has no checksum) the checksummed message section agrees with the header,
+/// holding exactly `message_count` messages that fill the payload (`check_message_section`).
+/// Every reader of entries applies it: open's scan, reads, the resync after damage, and
+/// `shardline inspect segment`.
 ///
 /// # Errors
-/// A sentence with both checksums when they differ.
+/// A sentence with both checksums when they differ, or why the messages do not match the header.
 pub fn check_entry_payload(header: &EntryHeader, payload: &[u8]) -> Result<(), String> {
     let computed = payload_checksum(payload);
     if computed != header.checksum {
@@ -64,7 +68,24 @@ pub fn check_entry_payload(header: &EntryHeader, payload: &[u8]) -> Result<(), S
             header.checksum
         ));
     }
-    Ok(())
+    check_message_section(payload, header.message_count)
+}
+
+/// The resync rule after damage in the last segment: whether the header read at some position
+/// past the damage (with `bytes_left` to the end of the segment) could start a valid entry, that
+/// is passes `check_entry_header` at its own `base_offset`, which must be at least
+/// `min_base_offset` (the end of the valid entries before the damage). Returns the entry's size;
+/// the caller then checks its payload with `check_entry_payload`. A valid entry found this way
+/// means the damage is interior (open quarantines the bytes), not a torn tail.
+pub fn resync_entry_header(
+    header: &EntryHeader,
+    min_base_offset: u64,
+    bytes_left: u64,
+) -> Option<u64> {
+    if header.base_offset < min_base_offset {
+        return None;
+    }
+    check_entry_header(header, header.base_offset, bytes_left).ok()
 }
 
 /// One entry as a segment's index file describes it.

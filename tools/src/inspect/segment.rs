@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use storage::durable::TRAILER_SIZE;
 use storage::limits::{DURABLE_FILE_SIZE_MAX, SCAN_CHUNK_BYTES};
 use storage::log::verify::{
-    ClosedSegmentIndex, IndexedEntry, check_entry_header, check_entry_payload, closed_segment_index,
+    ClosedSegmentIndex, IndexedEntry, check_entry_header, check_entry_payload,
+    closed_segment_index, resync_entry_header,
 };
 use storage::{ENTRY_HEADER_SIZE, EntryHeader};
 use twox_hash::XxHash3_64;
@@ -173,39 +174,91 @@ fn scan_from(
 }
 
 /// Open's verdict on the first invalid entry of the last segment, at `position` where offset
-/// `expected_offset` was due: interior damage when its header passes the header rules (only its
-/// payload checksum failed, so its size is known) and a valid entry with the next offset starts
-/// right after it. Returns the first and last offsets open would cut and quarantine.
+/// `expected_offset` was due: interior damage when, resynchronising from the byte after it, a
+/// valid entry starts somewhere (`resync_entry_header` at an offset of at least
+/// `expected_offset`, then `check_entry_payload`), whatever the damaged header says. Returns the
+/// first and last offsets open would cut and quarantine.
 fn interior_damage(
     file: &Path,
     position: u64,
     expected_offset: u64,
     size_bytes: u64,
 ) -> anyhow::Result<Option<(u64, u64)>> {
-    let left = size_bytes - position;
-    if left < ENTRY_HEADER_SIZE as u64 {
-        return Ok(None);
+    let mut window = Window {
+        file: open_read_only(file)?,
+        path: file,
+        size_bytes,
+        buffer: Vec::new(),
+        start: 0,
+    };
+    let mut candidate = position + 1;
+    while size_bytes.saturating_sub(candidate) >= ENTRY_HEADER_SIZE as u64 {
+        if let Some(last_offset) = valid_run_at(&mut window, candidate, expected_offset)? {
+            return Ok(Some((expected_offset, last_offset)));
+        }
+        candidate += 1;
     }
-    let mut opened = open_read_only(file)?;
-    opened
-        .seek(SeekFrom::Start(position))
-        .map_err(read_error(file))?;
-    let mut header_bytes = [0u8; ENTRY_HEADER_SIZE];
-    opened
-        .read_exact(&mut header_bytes)
-        .map_err(read_error(file))?;
-    let Some(header) = EntryHeader::decode(&header_bytes) else {
-        unreachable!("32 bytes decode");
-    };
-    let Ok(damaged_size) = check_entry_header(&header, expected_offset, left) else {
-        return Ok(None);
-    };
-    let next_offset = expected_offset + u64::from(header.message_count);
-    let after = scan_from(file, position + damaged_size, Some(next_offset), size_bytes)?;
-    Ok(match after.end_offset {
-        Some(end_offset) if !after.entries.is_empty() => Some((expected_offset, end_offset - 1)),
-        _ => None,
-    })
+    Ok(None)
+}
+
+/// The last offset of the valid entries running back to back from `start`, the first at an
+/// offset of at least `min_base_offset`; `None` when no valid entry starts there.
+fn valid_run_at(
+    window: &mut Window<'_>,
+    start: u64,
+    min_base_offset: u64,
+) -> anyhow::Result<Option<u64>> {
+    let mut position = start;
+    let mut expected_offset: Option<u64> = None;
+    while window.size_bytes - position >= ENTRY_HEADER_SIZE as u64 {
+        let Some(header) = EntryHeader::decode(window.bytes(position, ENTRY_HEADER_SIZE)?) else {
+            unreachable!("32 bytes decode");
+        };
+        let left = window.size_bytes - position;
+        let entry_size = match expected_offset {
+            None => resync_entry_header(&header, min_base_offset, left),
+            Some(expected) => check_entry_header(&header, expected, left).ok(),
+        };
+        let Some(entry_size) = entry_size else {
+            break;
+        };
+        let payload = window.bytes(position + ENTRY_HEADER_SIZE as u64, header.length as usize)?;
+        if check_entry_payload(&header, payload).is_err() {
+            break;
+        }
+        expected_offset = Some(header.base_offset + u64::from(header.message_count));
+        position += entry_size;
+    }
+    Ok(expected_offset.map(|end| end - 1))
+}
+
+/// Positional reads of a file through one buffer of at least [`SCAN_CHUNK_BYTES`].
+struct Window<'a> {
+    file: std::fs::File,
+    path: &'a Path,
+    size_bytes: u64,
+    buffer: Vec<u8>,
+    /// File position of `buffer[0]`.
+    start: u64,
+}
+
+impl Window<'_> {
+    /// Bytes `position..position + length`, which must lie within the file.
+    fn bytes(&mut self, position: u64, length: usize) -> anyhow::Result<&[u8]> {
+        use std::os::unix::fs::FileExt as _;
+        let end = position + length as u64;
+        if position < self.start || end > self.start + self.buffer.len() as u64 {
+            let read_size = (length.max(SCAN_CHUNK_BYTES) as u64).min(self.size_bytes - position);
+            self.buffer.resize(read_size as usize, 0);
+            self.start = position;
+            if let Err(error) = self.file.read_exact_at(&mut self.buffer, position) {
+                self.buffer.clear();
+                return Err(read_error(self.path)(error));
+            }
+        }
+        let at = (position - self.start) as usize;
+        Ok(&self.buffer[at..at + length])
+    }
 }
 
 /// `{segment}.damaged-at-{position}` (optionally `.N`): a quarantine file open wrote.
