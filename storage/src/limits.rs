@@ -55,10 +55,20 @@ pub const RECOVERED_PRODUCER_BATCH_COUNT_MAX: usize =
     PRODUCER_STATE_COUNT_MAX * PRODUCER_WINDOW_BATCH_COUNT;
 
 /// Bytes at the end of the segment before the last one that opening a log reads for producer
-/// stamps when the active segment's producer-state snapshot is missing or damaged (the fallback;
+/// stamps when no producer-state snapshot it tries is usable (the last fallback, see
+/// [`PRODUCER_SNAPSHOT_FALLBACK_SEGMENT_COUNT_MAX`];
 /// whole entries starting in this range, or the last entry alone if it is larger). One read per
 /// log at open, only then; small next to the scan of the whole last segment.
 pub const RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES: u64 = 1 << 20;
+
+/// Closed segments whose producer-state snapshots opening a log tries, newest first, when the
+/// active segment's snapshot is missing or damaged: the state is that snapshot plus the stamps of
+/// every segment from it to the active one (each closed one read whole, in [`SCAN_CHUNK_BYTES`]
+/// reads). A roll keeps the snapshots of the active segment and the one before (the first
+/// segment's state is empty and needs none), so two covers what is on disk and bounds the extra
+/// reading to two closed segments; only when none of them is usable does open fall back to
+/// [`RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES`] of stamps.
+pub const PRODUCER_SNAPSHOT_FALLBACK_SEGMENT_COUNT_MAX: usize = 2;
 
 /// Files of closed segments one log keeps open for reads (the least recently read is closed
 /// first). A closed segment holds no descriptor otherwise: a read of one not kept open opens it

@@ -106,8 +106,11 @@ pub struct RecoveryReport {
     /// The last `PRODUCER_WINDOW_BATCH_COUNT` stamped batches of each idempotent producer of the
     /// log (at most `PRODUCER_STATE_COUNT_MAX` producers, the most recently appended), in log
     /// order: from the active segment's producer-state snapshot plus the stamps in the active
-    /// segment, or, when that snapshot is missing or damaged (logged), from the stamps in the
-    /// active segment and the last `RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES` of the one before.
+    /// segment, or, when that snapshot is missing or damaged (logged), from the newest usable
+    /// snapshot of the last `PRODUCER_SNAPSHOT_FALLBACK_SEGMENT_COUNT_MAX` closed segments plus
+    /// the stamps of every segment after it (the same state), or, only when none is usable
+    /// (logged), from the stamps in the active segment and the last
+    /// `RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES` of the one before.
     /// The owner shard rebuilds its producer table from these (`storage/FORMAT.md` section 3,
     /// "Producer stamp", and section 3a).
     pub producer_batches: Vec<crate::entry::ProducerBatch>,
