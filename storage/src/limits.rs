@@ -70,13 +70,16 @@ pub const RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES: u64 = 1 << 20;
 /// [`RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES`] of stamps.
 pub const PRODUCER_SNAPSHOT_FALLBACK_SEGMENT_COUNT_MAX: usize = 2;
 
-/// Files of closed segments one log keeps open for reads (the least recently read is closed
-/// first). A closed segment holds no descriptor otherwise: a read of one not kept open opens it
-/// (one `openat`) and keeps it. On a roll the segment just closed takes the place, since readers
-/// catching up read it next. One is what a consumer reading forward needs; more would multiply
-/// the server's descriptors per partition, which its budget counts
-/// (`shards::limits::FDS_PER_PARTITION`). A read holds the file it reads until it completes, so
-/// a closed file may outlive its place here by one read.
+/// Files of closed segments one log holds open at once, kept for the next read or held by reads
+/// in flight, together (`log/closed_files.rs`). A closed segment holds no descriptor otherwise: a
+/// read of one not kept open takes a free slot (closing kept files no read holds to make one),
+/// opens it (one `openat`) and keeps it; when reads in flight hold every slot it waits for one
+/// to complete instead of opening another file. On a roll the segment just closed takes the
+/// place, since readers catching up read it next (or is closed, when reads hold every slot). One
+/// is what a consumer reading forward needs; more would multiply the server's descriptors per
+/// partition, which its budget counts (`shards::limits::FDS_PER_PARTITION`). The one exception
+/// is transient: a read of the active segment holds that file until it completes, so right after
+/// a roll the old active file may stay open for one read beyond the slot.
 pub const CLOSED_SEGMENT_FILES_OPEN_MAX: usize = 1;
 
 /// Names tried for the quarantine file of one damaged position (`X.log.damaged-at-P`, then
