@@ -107,12 +107,14 @@ pub(super) struct SlotReservation {
 }
 
 impl SlotReservation {
-    /// The opened `file`, holding this slot until its last handle drops.
-    pub(super) fn into_file(mut self, file: File) -> Rc<SlotFile> {
+    /// The opened `file` (`writable`: opened read-write), holding this slot until its last
+    /// handle drops.
+    pub(super) fn into_file(mut self, file: File, writable: bool) -> Rc<SlotFile> {
         let slots = self.slots.take().expect("a reservation is used once");
         Rc::new(SlotFile {
             file: Some(file),
             slots,
+            writable,
         })
     }
 }
@@ -131,6 +133,8 @@ impl Drop for SlotReservation {
 pub(super) struct SlotFile {
     file: Option<File>,
     slots: Rc<FileSlots>,
+    /// Opened read-write (the active file a roll closed), not read-only by a read.
+    writable: bool,
 }
 
 impl SlotFile {
@@ -226,7 +230,7 @@ impl ClosedFiles {
         reservation: SlotReservation,
         file: File,
     ) -> ReadFile {
-        let file = reservation.into_file(file);
+        let file = reservation.into_file(file, false);
         self.files.retain(|(base, _)| *base != base_offset);
         self.files.push_back((base_offset, Rc::clone(&file)));
         while self.files.len() > CLOSED_SEGMENT_FILES_OPEN_MAX {
@@ -249,19 +253,21 @@ impl ClosedFiles {
                 slots: Some(Rc::clone(&self.slots)),
             };
             self.files
-                .push_back((base_offset, reservation.into_file(file)));
+                .push_back((base_offset, reservation.into_file(file, true)));
         }
     }
 
     /// Takes the file of the segment at `base_offset` out of the cache (it becomes active again
     /// after a rolled-back roll); its slot frees, the descriptor stays open as the active file.
+    /// `None` when it is not kept, or was opened read-only by a read (the caller reopens it
+    /// read-write).
     pub(super) fn take(&mut self, base_offset: u64) -> Option<File> {
         let index = self
             .files
             .iter()
             .position(|(base, _)| *base == base_offset)?;
         let (_, kept) = self.files.remove(index)?;
-        Some(kept.file().clone())
+        kept.writable.then(|| kept.file().clone())
     }
 }
 
@@ -331,6 +337,12 @@ mod tests {
             let opened = cache.keep_opened(5, reservation, file(dir.path(), "b").await);
             assert_eq!(bases(&cache), vec![5]);
             drop(opened);
+            // Opened read-only by a read: a rollback must reopen it read-write.
+            assert!(cache.take(5).is_none());
+            let Reserve::Reserved(reservation) = cache.reserve(5) else {
+                panic!("taking it freed the slot");
+            };
+            drop(cache.keep_opened(5, reservation, file(dir.path(), "b").await));
             assert_eq!(slots.open.get(), 1, "the kept file holds the slot");
             assert_eq!(slots.peak(), CLOSED_SEGMENT_FILES_OPEN_MAX);
         });
