@@ -45,9 +45,10 @@ pub const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const FD_RESERVE: u64 = 256;
 /// File descriptors budgeted per partition: its active segment, a second file while rolling (the
 /// index file being written, then the next segment) or during recovery (a quarantine file), and
-/// the closed segment files its log keeps open for reads
-/// (`storage::limits::CLOSED_SEGMENT_FILES_OPEN_MAX`). Closed segments hold no descriptor
-/// otherwise, so the count does not grow with the number of segments.
+/// the closed segment files its log holds open for reads, kept or held by reads in flight
+/// (`storage::limits::CLOSED_SEGMENT_FILES_OPEN_MAX`, an upper bound: concurrent reads of other
+/// closed segments wait for a slot). Closed segments hold no descriptor otherwise, so the count
+/// grows neither with the number of segments nor with concurrent polls.
 pub const FDS_PER_PARTITION: u64 = 2 + storage::limits::CLOSED_SEGMENT_FILES_OPEN_MAX as u64;
 /// Fraction of the open-file limit (after the reserve) given to partitions; the rest is for
 /// client connections.

@@ -28,7 +28,9 @@ pub struct ResourceBudget {
 impl ResourceBudget {
     /// The budget of `open_file_limit` descriptors for `shard_count` shards: `FD_RESERVE` kept
     /// for the server itself, then `PARTITION_FD_SHARE_PERCENT` of the rest for partitions
-    /// (`FDS_PER_PARTITION` each) and the remainder for client connections, split evenly over
+    /// (`FDS_PER_PARTITION` each: the active segment, a second file while rolling, and the
+    /// closed segment files its log holds for reads, which the log bounds as a whole, reads that
+    /// need another waiting for one) and the remainder for client connections, split evenly over
     /// the shards. No floor: a limit too small for one partition and one connection per shard
     /// gives zeros, which `startup_refusal` turns into a refusal to start.
     pub fn from_open_file_limit(open_file_limit: u64, shard_count: u16) -> ResourceBudget {

@@ -55,18 +55,31 @@ pub const RECOVERED_PRODUCER_BATCH_COUNT_MAX: usize =
     PRODUCER_STATE_COUNT_MAX * PRODUCER_WINDOW_BATCH_COUNT;
 
 /// Bytes at the end of the segment before the last one that opening a log reads for producer
-/// stamps when the active segment's producer-state snapshot is missing or damaged (the fallback;
+/// stamps when no producer-state snapshot it tries is usable (the last fallback, see
+/// [`PRODUCER_SNAPSHOT_FALLBACK_SEGMENT_COUNT_MAX`];
 /// whole entries starting in this range, or the last entry alone if it is larger). One read per
 /// log at open, only then; small next to the scan of the whole last segment.
 pub const RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES: u64 = 1 << 20;
 
-/// Files of closed segments one log keeps open for reads (the least recently read is closed
-/// first). A closed segment holds no descriptor otherwise: a read of one not kept open opens it
-/// (one `openat`) and keeps it. On a roll the segment just closed takes the place, since readers
-/// catching up read it next. One is what a consumer reading forward needs; more would multiply
-/// the server's descriptors per partition, which its budget counts
-/// (`shards::limits::FDS_PER_PARTITION`). A read holds the file it reads until it completes, so
-/// a closed file may outlive its place here by one read.
+/// Closed segments whose producer-state snapshots opening a log tries, newest first, when the
+/// active segment's snapshot is missing or damaged: the state is that snapshot plus the stamps of
+/// every segment from it to the active one (each closed one read whole, in [`SCAN_CHUNK_BYTES`]
+/// reads). A roll keeps the snapshots of the active segment and the one before (the first
+/// segment's state is empty and needs none), so two covers what is on disk and bounds the extra
+/// reading to two closed segments; only when none of them is usable does open fall back to
+/// [`RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES`] of stamps.
+pub const PRODUCER_SNAPSHOT_FALLBACK_SEGMENT_COUNT_MAX: usize = 2;
+
+/// Files of closed segments one log holds open at once, kept for the next read or held by reads
+/// in flight, together (`log/closed_files.rs`). A closed segment holds no descriptor otherwise: a
+/// read of one not kept open takes a free slot (closing kept files no read holds to make one),
+/// opens it (one `openat`) and keeps it; when reads in flight hold every slot it waits for one
+/// to complete instead of opening another file. On a roll the segment just closed takes the
+/// place, since readers catching up read it next (or is closed, when reads hold every slot). One
+/// is what a consumer reading forward needs; more would multiply the server's descriptors per
+/// partition, which its budget counts (`shards::limits::FDS_PER_PARTITION`). The one exception
+/// is transient: a read of the active segment holds that file until it completes, so right after
+/// a roll the old active file may stay open for one read beyond the slot.
 pub const CLOSED_SEGMENT_FILES_OPEN_MAX: usize = 1;
 
 /// Names tried for the quarantine file of one damaged position (`X.log.damaged-at-P`, then

@@ -11,6 +11,7 @@
 //! recoverable failure: the writer rolls the files back to the acknowledged end and goes on.
 //! The byte layouts and crash cases are in `storage/FORMAT.md`.
 
+mod closed_files;
 mod completion;
 mod index;
 mod producer_state;
@@ -34,10 +35,10 @@ use crate::durable::read_exact_append;
 use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, payload_checksum};
 use crate::fault::FaultInjector;
 use crate::limits::{
-    APPEND_QUEUE_BYTES_MAX, APPEND_QUEUE_ENTRY_COUNT_MAX, CLOSED_SEGMENT_FILES_OPEN_MAX,
-    ENTRY_SIZE_MAX, SEGMENT_SIZE_MAX_LIMIT,
+    APPEND_QUEUE_BYTES_MAX, APPEND_QUEUE_ENTRY_COUNT_MAX, ENTRY_SIZE_MAX, SEGMENT_SIZE_MAX_LIMIT,
 };
 use crate::space::{FreeBytes, is_descriptors_exhausted, is_storage_full};
+use closed_files::{ClosedFiles, ReadFile, Reserve};
 use compio::BufResult;
 use completion::Completion;
 use index::SegmentIndex;
@@ -106,8 +107,11 @@ pub struct RecoveryReport {
     /// The last `PRODUCER_WINDOW_BATCH_COUNT` stamped batches of each idempotent producer of the
     /// log (at most `PRODUCER_STATE_COUNT_MAX` producers, the most recently appended), in log
     /// order: from the active segment's producer-state snapshot plus the stamps in the active
-    /// segment, or, when that snapshot is missing or damaged (logged), from the stamps in the
-    /// active segment and the last `RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES` of the one before.
+    /// segment, or, when that snapshot is missing or damaged (logged), from the newest usable
+    /// snapshot of the last `PRODUCER_SNAPSHOT_FALLBACK_SEGMENT_COUNT_MAX` closed segments plus
+    /// the stamps of every segment after it (the same state), or, only when none is usable
+    /// (logged), from the stamps in the active segment and the last
+    /// `RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES` of the one before.
     /// The owner shard rebuilds its producer table from these (`storage/FORMAT.md` section 3,
     /// "Producer stamp", and section 3a).
     pub producer_batches: Vec<crate::entry::ProducerBatch>,
@@ -338,47 +342,6 @@ impl Segment {
     }
 }
 
-/// The closed segment files a log keeps open for reads: at most
-/// [`CLOSED_SEGMENT_FILES_OPEN_MAX`], the most recently read last; one more closes the least
-/// recently read (its descriptor closes once no read in flight holds it).
-#[derive(Debug, Default)]
-struct ClosedFiles {
-    /// `(base_offset, file)`, least recently read first.
-    files: VecDeque<(u64, File)>,
-}
-
-impl ClosedFiles {
-    /// The open file of the closed segment at `base_offset`, if kept; marks it most recent.
-    fn get(&mut self, base_offset: u64) -> Option<File> {
-        let index = self
-            .files
-            .iter()
-            .position(|(base, _)| *base == base_offset)?;
-        let entry = self.files.remove(index)?;
-        let file = entry.1.clone();
-        self.files.push_back(entry);
-        Some(file)
-    }
-
-    /// Takes the file of the segment at `base_offset` out of the cache (it becomes active again).
-    fn take(&mut self, base_offset: u64) -> Option<File> {
-        let index = self
-            .files
-            .iter()
-            .position(|(base, _)| *base == base_offset)?;
-        self.files.remove(index).map(|(_, file)| file)
-    }
-
-    /// Keeps `file` open as the most recent, closing the least recent beyond the bound.
-    fn keep(&mut self, base_offset: u64, file: File) {
-        self.files.retain(|(base, _)| *base != base_offset);
-        self.files.push_back((base_offset, file));
-        while self.files.len() > CLOSED_SEGMENT_FILES_OPEN_MAX {
-            self.files.pop_front();
-        }
-    }
-}
-
 /// An entry waiting for the writer, with its offset already assigned.
 #[derive(Debug)]
 struct PendingAppend {
@@ -438,7 +401,7 @@ impl State {
         let closed = self.active_mut();
         let base_offset = closed.index.base_offset;
         if let Some(file) = closed.file.take() {
-            self.closed_files.keep(base_offset, file);
+            self.closed_files.keep_rolled(base_offset, file);
         }
         self.segments.push(next);
     }
@@ -699,16 +662,20 @@ impl PartitionLog {
         for mut span in spans {
             let start = bytes.len();
             let file = match span.file.take() {
-                Some(file) => Ok(file),
-                None => self.closed_segment_file(&span).await,
+                Some(file) => Ok(SpanFile::Active(file)),
+                None => self.closed_segment_file(&span).await.map(SpanFile::Closed),
             };
             let failure = match file {
                 Ok(file) => {
                     // Straight into the reply buffer: the poll path copies each byte once, page
                     // cache to user space.
-                    let BufResult(result, filled) =
-                        read_exact_append(&file, span.position, span.size_bytes as usize, bytes)
-                            .await;
+                    let BufResult(result, filled) = read_exact_append(
+                        file.file(),
+                        span.position,
+                        span.size_bytes as usize,
+                        bytes,
+                    )
+                    .await;
                     bytes = filled;
                     match result {
                         Ok(()) => check_read_entries(&span, &bytes[start..]).err(),
@@ -739,17 +706,23 @@ impl PartitionLog {
     }
 
     /// The file of the closed segment `span` reads: from the closed-file cache, or opened
-    /// read-only and kept there (closing the least recently read beyond the bound).
-    async fn closed_segment_file(&self, span: &ReadSpan) -> Result<File, LogError> {
-        let cached = self
-            .shared
-            .state
-            .borrow_mut()
-            .closed_files
-            .get(span.segment_base_offset);
-        if let Some(file) = cached {
-            return Ok(file);
-        }
+    /// read-only with a free slot and kept there. When reads in flight hold every slot
+    /// (`CLOSED_SEGMENT_FILES_OPEN_MAX`) it waits for one to complete, so the descriptors the
+    /// log's reads hold stay within what the server's budget counts.
+    async fn closed_segment_file(&self, span: &ReadSpan) -> Result<ReadFile, LogError> {
+        let reservation = loop {
+            let reserved = self
+                .shared
+                .state
+                .borrow_mut()
+                .closed_files
+                .reserve(span.segment_base_offset);
+            match reserved {
+                Reserve::Cached(file) => return Ok(file),
+                Reserve::Reserved(reservation) => break reservation,
+                Reserve::Full(slots) => slots.free().await,
+            }
+        };
         let file = File::open(&span.path).await.map_err(|source| {
             let path = span.path.clone();
             let op = "open closed segment for a read";
@@ -759,12 +732,11 @@ impl PartitionLog {
                 LogError::Io { path, op, source }
             }
         })?;
-        self.shared
-            .state
-            .borrow_mut()
-            .closed_files
-            .keep(span.segment_base_offset, file.clone());
-        Ok(file)
+        Ok(self.shared.state.borrow_mut().closed_files.keep_opened(
+            span.segment_base_offset,
+            reservation,
+            file,
+        ))
     }
 
     /// The first offset a read can return: the base offset of the first segment (0 until
@@ -920,6 +892,22 @@ impl Drop for PartitionLog {
     }
 }
 
+/// The file one span of a read reads: the active segment's own, or a closed segment's, holding
+/// one of the log's closed-file slots until the span is read.
+enum SpanFile {
+    Active(File),
+    Closed(ReadFile),
+}
+
+impl SpanFile {
+    fn file(&self) -> &File {
+        match self {
+            SpanFile::Active(file) => file,
+            SpanFile::Closed(file) => file.file(),
+        }
+    }
+}
+
 /// Checks an appended entry's header against its bytes.
 fn check_entry(entry: &[u8]) -> Result<EntryHeader, LogError> {
     let Some(header) = EntryHeader::decode(entry) else {
@@ -1014,6 +1002,7 @@ fn check_read_entries(span: &ReadSpan, bytes: &[u8]) -> Result<(), (usize, LogEr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::CLOSED_SEGMENT_FILES_OPEN_MAX;
 
     #[test]
     fn fsync_policy_parses() {
@@ -1241,25 +1230,41 @@ mod tests {
     }
 
     #[test]
-    fn issue7_2_closed_file_cache_keeps_the_most_recently_read() {
+    fn issue7_adv2_concurrent_reads_of_closed_segments_hold_at_most_the_budgeted_files() {
         let dir = tempfile::tempdir().unwrap();
+        let config = LogConfig {
+            fsync: FsyncPolicy::Never,
+            // 37-byte entries: one entry per segment.
+            segment_size_max: 40,
+        };
         compio::runtime::Runtime::new().unwrap().block_on(async {
-            let mut cache = ClosedFiles::default();
-            let file = |name: &str| {
-                let path = dir.path().join(name);
-                std::fs::write(&path, b"x").unwrap();
-                File::open(path)
-            };
-            cache.keep(0, file("a").await.unwrap());
-            cache.keep(5, file("b").await.unwrap());
-            let bases = |cache: &ClosedFiles| -> Vec<u64> {
-                cache.files.iter().map(|(base, _)| *base).collect()
-            };
-            assert_eq!(bases(&cache), vec![5]);
-            assert!(cache.get(0).is_none());
-            assert!(cache.get(5).is_some());
-            assert!(cache.take(5).is_some());
-            assert_eq!(bases(&cache), Vec::<u64>::new());
+            let (log, _) = PartitionLog::open(dir.path(), config).await.unwrap();
+            let mut stored = Vec::new();
+            for seed in 0..24u8 {
+                let entry = crate::entry::build_entry(0, 1, &[seed; 5]);
+                let offset = log.append(entry.clone()).await.unwrap();
+                let mut entry = entry;
+                entry[0..8].copy_from_slice(&offset.to_le_bytes());
+                stored.push(entry);
+            }
+            // 23 reads at once, each of a different closed segment, three times over: each
+            // waits for the slot rather than opening its own file, and each returns its entry.
+            let reads = (0..69u64).map(|index| {
+                let log = &log;
+                async move { (index % 23, log.read(index % 23, 1, usize::MAX).await) }
+            });
+            for (offset, read) in futures_util::future::join_all(reads).await {
+                assert_eq!(read.unwrap(), stored[offset as usize]);
+            }
+            let state = log.shared.state.borrow();
+            assert_eq!(
+                state.closed_files.slots().peak(),
+                CLOSED_SEGMENT_FILES_OPEN_MAX
+            );
+            assert_eq!(
+                state.closed_files.files.len(),
+                CLOSED_SEGMENT_FILES_OPEN_MAX
+            );
         });
     }
 

@@ -1,6 +1,7 @@
 //! Issue 7 item 5: the producer-state snapshot `{base_offset:020}.producers` written at every
 //! segment roll (`storage/FORMAT.md` section 3a). Open loads the active segment's snapshot; a
-//! missing or damaged one falls back to the stamps at the end of the previous segment with a
+//! missing or damaged one is rebuilt from the previous segment's snapshot and the stamps after
+//! it (or, when none is usable, from the stamps at the end of the previous segment) with a
 //! warning naming the file and why, never failing the open; a refused snapshot write rolls back
 //! like any write of a roll; at most two snapshots are kept.
 
@@ -146,11 +147,15 @@ fn issue7_5_corrupt_snapshot_falls_back_with_a_warning() {
     bytes[40] ^= 0x01;
     std::fs::write(&path, &bytes).unwrap();
     let (batches_reported, warnings) = reopen_capturing_warnings(dir.path());
-    // The fallback reads the end of segment 3 (a plain entry) and the active segment.
-    assert_eq!(batches_reported, batches(&[(9, 5, 4)]));
+    // Segment 3's snapshot (producers 7 and 8) plus the stamps of segment 3 (a plain entry) and
+    // the active segment: the same state as the damaged snapshot held.
+    assert_eq!(batches_reported, batches(&ALL_PRODUCERS));
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert!(
-        warnings[0].starts_with("producer-state snapshot not usable"),
+        warnings[0].starts_with(
+            "producer-state snapshot not usable; recovering idempotent producers from an older \
+             snapshot and the segments after it"
+        ),
         "{warnings:?}"
     );
     assert!(
@@ -171,7 +176,7 @@ fn issue7_5_crash_between_segment_create_and_snapshot_write_falls_back_with_a_wa
     // snapshot first, so this is also a log written before snapshots existed).
     std::fs::remove_file(snapshot(dir.path(), 4)).unwrap();
     let (batches_reported, warnings) = reopen_capturing_warnings(dir.path());
-    assert_eq!(batches_reported, batches(&[(9, 5, 4)]));
+    assert_eq!(batches_reported, batches(&ALL_PRODUCERS));
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert!(
         warnings[0].contains(&format!(
@@ -180,6 +185,11 @@ fn issue7_5_crash_between_segment_create_and_snapshot_write_falls_back_with_a_wa
         )),
         "{warnings:?}"
     );
+    // Open kept the snapshot it recovered from, so a second open without a roll between
+    // recovers the same state.
+    assert!(snapshot(dir.path(), 3).exists());
+    let (batches_reported, _) = reopen_capturing_warnings(dir.path());
+    assert_eq!(batches_reported, batches(&ALL_PRODUCERS));
     // The next roll writes a snapshot again, so the reopen after it has no warning.
     block_on(async {
         let (log, _) = PartitionLog::open(dir.path(), config()).await.unwrap();
@@ -187,8 +197,64 @@ fn issue7_5_crash_between_segment_create_and_snapshot_write_falls_back_with_a_wa
         log.close().await.unwrap();
     });
     let (batches_reported, warnings) = reopen_capturing_warnings(dir.path());
-    assert_eq!(batches_reported, batches(&[(9, 5, 4), (9, 6, 5)]));
+    assert_eq!(
+        batches_reported,
+        batches(&[(7, 0, 0), (8, 0, 1), (9, 5, 4), (9, 6, 5)])
+    );
     assert_eq!(warnings, Vec::<String>::new());
+}
+
+#[test]
+fn issue7_adv2_no_usable_snapshot_falls_back_to_the_end_of_the_previous_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    write_five_segments(dir.path());
+    // The active segment's snapshot and the previous one's both gone (segment 2's was deleted
+    // by the roll to 4): only the stamps at the end of segment 3 and in segment 4 remain.
+    std::fs::remove_file(snapshot(dir.path(), 4)).unwrap();
+    std::fs::write(snapshot(dir.path(), 3), b"short").unwrap();
+    let (batches_reported, warnings) = reopen_capturing_warnings(dir.path());
+    assert_eq!(batches_reported, batches(&[(9, 5, 4)]));
+    assert_eq!(warnings.len(), 4, "{warnings:?}");
+    assert!(
+        warnings[0].contains("reason=the file is missing"),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings[1].starts_with("older producer-state snapshot not usable either"),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings[1].contains(&format!("snapshot={}", snapshot(dir.path(), 3).display())),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings[2].contains(&format!(
+            "snapshot={} reason=the file is missing",
+            snapshot(dir.path(), 2).display()
+        )),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings[3].starts_with("no producer-state snapshot usable"),
+        "{warnings:?}"
+    );
+}
+
+#[test]
+fn issue7_adv2_missing_snapshot_after_the_first_segment_rescans_it_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    // Producer 7 in segment 0, producer 8 in the active segment 1; segment 1's snapshot lost.
+    // The first segment starts with no producers, so its stamps give the exact state.
+    block_on(async {
+        let (log, _) = PartitionLog::open(dir.path(), config()).await.unwrap();
+        log.append(entry(Some((7, 0)))).await.unwrap();
+        log.append(entry(Some((8, 0)))).await.unwrap();
+        log.close().await.unwrap();
+    });
+    std::fs::remove_file(snapshot(dir.path(), 1)).unwrap();
+    let (batches_reported, warnings) = reopen_capturing_warnings(dir.path());
+    assert_eq!(batches_reported, batches(&[(7, 0, 0), (8, 0, 1)]));
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
 }
 
 #[test]

@@ -352,6 +352,86 @@ fn issue7_5_resend_after_restart_is_deduplicated_across_segment_rolls() {
     );
 }
 
+/// Producer A's batch at offset 0, then a plain producer fills 4 KiB segments; kill -9, then
+/// `damage` the active segment's producer-state snapshot before the restart. Open rebuilds the
+/// state from the previous segment's snapshot (which still holds A) and the stamps after it, so
+/// A's resend gets offset 0 again. Returns the resend's offset and how often "A0" is stored.
+fn resend_after_damaging_the_active_snapshot(damage: impl Fn(&Path)) -> (u64, usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let serve_args: Vec<&str> = SERVE_ARGS
+        .iter()
+        .chain(&["--segment-size", "4096"])
+        .copied()
+        .collect();
+    let server = Server::start(&data_dir, &serve_args);
+    create_topic(server.addr, 1);
+    let first = stamped(stamp(0xA, 0), &["A0"]);
+    let filler = "b".repeat(400);
+    block_on(async {
+        let mut client = Client::connect(server.addr).await.unwrap();
+        client
+            .send_stamped(PARTITION, first.clone(), stamp(0xA, 0))
+            .await
+            .unwrap();
+        let mut producer = Producer::new(Client::connect(server.addr).await.unwrap());
+        for index in 0..40u64 {
+            let mut builder = BatchBuilder::default();
+            builder.push(index, 0, filler.as_bytes());
+            producer.send(PARTITION, builder).await.unwrap();
+        }
+    });
+    server.kill9();
+    let partition_dir = data_dir.join("partitions/1/1/0");
+    let mut snapshots: Vec<_> = std::fs::read_dir(&partition_dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| {
+            path.extension()
+                .is_some_and(|extension| extension == "producers")
+        })
+        .collect();
+    snapshots.sort();
+    assert_eq!(
+        snapshots.len(),
+        2,
+        "the active segment's and the previous one's: {snapshots:?}"
+    );
+    damage(&snapshots[1]);
+    let server = Server::start(&data_dir, &serve_args);
+    let (offset, stored) = block_on(async {
+        let mut client = Client::connect(server.addr).await.unwrap();
+        let again = client
+            .send_stamped(PARTITION, first, stamp(0xA, 0))
+            .await
+            .unwrap();
+        (again.base_offset, payloads(&mut client, PARTITION).await)
+    });
+    assert_eq!(server.stop(), Some(0));
+    assert_eq!(stored.len(), 41);
+    (
+        offset,
+        stored.iter().filter(|payload| *payload == "A0").count(),
+    )
+}
+
+#[test]
+fn issue7_adv2_missing_active_snapshot_keeps_exactly_once() {
+    let resent = resend_after_damaging_the_active_snapshot(|path| {
+        std::fs::remove_file(path).unwrap();
+    });
+    assert_eq!(resent, (0, 1));
+}
+
+#[test]
+fn issue7_adv2_truncated_active_snapshot_keeps_exactly_once() {
+    let resent = resend_after_damaging_the_active_snapshot(|path| {
+        let bytes = std::fs::read(path).unwrap();
+        std::fs::write(path, &bytes[..bytes.len() - 3]).unwrap();
+    });
+    assert_eq!(resent, (0, 1));
+}
+
 /// The same stamped batch sent on two connections at once (two shards may route it): the owner
 /// shard checks and enqueues in one step, so it is appended once and both senders get its offset
 /// (one of them possibly after a `Busy` while the first append is in flight, which the client

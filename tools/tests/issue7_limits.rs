@@ -533,3 +533,79 @@ fn issue7_2_emfile_at_a_segment_roll_or_a_closed_segment_read_is_transient() {
     });
     assert_eq!(server.stop(), Some(0));
 }
+
+/// 48 connections poll 48 different old segments of one partition at once (the adversary's
+/// case): each read of a closed segment not kept open used to open its own file, taking the
+/// server from 64 to 94 descriptors. A log's closed-segment files are now bounded as a whole,
+/// reads waiting for a slot, so the partition never holds more than the budget's
+/// `FDS_PER_PARTITION`: idle, it holds its active segment and the segment closed last (kept for
+/// reads), so the polls may add at most the budget's remaining one.
+#[test]
+fn issue7_adv2_concurrent_polls_of_old_segments_stay_within_the_partition_budget() {
+    const READERS: u64 = 48;
+    let dir = tempfile::tempdir().unwrap();
+    let namespace = bus::Namespace::new(1, 1, 0);
+    let args = [
+        "--shards",
+        "1",
+        "--no-pin",
+        "--fsync",
+        "never",
+        "--segment-size",
+        "4096",
+    ];
+    let server = Server::start(&dir.path().join("data"), &args);
+    let pid = server.pid();
+    let addr = server.addr;
+    block_on(async {
+        let mut client = bus::Client::connect(addr).await.unwrap();
+        client.create_stream(1, "old").await.unwrap();
+        client.create_topic(1, 1, "segments", 1).await.unwrap();
+        send_one_per_segment(&mut client, namespace, 0..100).await;
+    });
+    let connected = std::sync::Barrier::new(READERS as usize + 1);
+    let barrier = std::sync::Barrier::new(READERS as usize + 1);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (baseline, peak) = std::thread::scope(|scope| {
+        let readers: Vec<_> = (0..READERS)
+            .map(|reader| {
+                let (connected, barrier) = (&connected, &barrier);
+                scope.spawn(move || {
+                    block_on(async move {
+                        let mut client = bus::Client::connect(addr).await.unwrap();
+                        client.ping().await.unwrap();
+                        connected.wait();
+                        barrier.wait();
+                        for round in 0..30u64 {
+                            let offset = (reader * 2 + round * 7) % 99;
+                            poll_each(&mut client, namespace, &[offset]).await;
+                        }
+                    });
+                })
+            })
+            .collect();
+        // Every reader is connected (the server answered its ping) before the baseline.
+        connected.wait();
+        let baseline = fd_count(pid);
+        barrier.wait();
+        let sampler = scope.spawn(|| {
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                peak = peak.max(fd_count(pid));
+            }
+            peak
+        });
+        for reader in readers {
+            reader.join().unwrap();
+        }
+        done.store(true, std::sync::atomic::Ordering::Release);
+        (baseline, sampler.join().unwrap())
+    });
+    assert_eq!(server.stop(), Some(0));
+    assert!(
+        peak <= baseline + (shards::limits::FDS_PER_PARTITION - 2),
+        "one partition's polls held {} descriptors beyond its idle two (budget {})",
+        peak - baseline,
+        shards::limits::FDS_PER_PARTITION
+    );
+}

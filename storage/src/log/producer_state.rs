@@ -6,7 +6,8 @@
 //! producer is remembered however many segments ago it last appended.
 //!
 //! A snapshot is derived from the log: a missing or damaged one must never fail an open, and is
-//! never passed over silently either (open logs why and falls back to the stamps at the end of
+//! never passed over silently either (open logs why and rebuilds the same state from an older
+//! snapshot and the segments after it, or, when none is usable, from the stamps at the end of
 //! the previous segment). This module keeps and encodes state; it never decides what a resend
 //! means (the owner shard does).
 
@@ -14,10 +15,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 
 use super::Segment;
-use super::recovery::previous_segment_stamps;
+use super::recovery::{closed_segment_stamps, previous_segment_stamps};
 use crate::durable::{DurableError, list_dir_names, read_verified};
 use crate::entry::ProducerBatch;
-use crate::limits::{PRODUCER_STATE_COUNT_MAX, PRODUCER_WINDOW_BATCH_COUNT};
+use crate::limits::{
+    PRODUCER_SNAPSHOT_FALLBACK_SEGMENT_COUNT_MAX, PRODUCER_STATE_COUNT_MAX,
+    PRODUCER_WINDOW_BATCH_COUNT,
+};
 
 /// First 8 bytes of a producer-state snapshot payload.
 pub(crate) const PRODUCER_SNAPSHOT_MAGIC: [u8; 8] = *b"SLPRODS\0";
@@ -322,55 +326,121 @@ pub(crate) struct RecoveredProducers {
     pub(crate) snapshot_base_offsets: BTreeSet<u64>,
 }
 
-/// The producer state at the end of the log: the active segment's snapshot (or, when it is
-/// missing or damaged, the stamps at the end of `previous`, with a warning), plus the stamps
-/// `active_batches` found in the active segment, in log order. Deletes the snapshot files of
-/// other segments (older ones, and those of a roll a crash cut short) and leftovers of
-/// interrupted snapshot writes.
+/// The producer state at the end of the log: the active segment's snapshot plus the stamps
+/// `active_batches` found in the active segment, in log order. When that snapshot is missing or
+/// damaged (logged), the newest usable snapshot of the last
+/// [`PRODUCER_SNAPSHOT_FALLBACK_SEGMENT_COUNT_MAX`] closed segments (the first segment's state is
+/// empty) plus the stamps of every segment from it on, which is the same state; only when none
+/// is usable, the stamps at the end of the last closed segment (logged: older producers are
+/// forgotten). Deletes the snapshot files of other segments (older ones, and those of a roll a
+/// crash cut short) and leftovers of interrupted snapshot writes, but keeps the one it loaded
+/// until a roll writes a usable one.
 ///
 /// # Errors
-/// `Io` when the previous segment cannot be read for the fallback.
+/// `Io` when a closed segment cannot be read for the fallback.
 pub(crate) async fn recover_producers(
     dir: &Path,
-    previous: Option<&Segment>,
+    closed: &[Segment],
     active_base_offset: u64,
     active_batches: Vec<ProducerBatch>,
 ) -> Result<RecoveredProducers, super::LogError> {
-    let mut states = match previous {
+    let (mut states, loaded) = match closed.last() {
         // The first segment has nothing before it, so no snapshot.
-        None => ProducerStates::default(),
-        Some(previous) => match load_snapshot(dir, active_base_offset).await {
-            Ok(states) => states,
+        None => (ProducerStates::default(), None),
+        Some(_) => match load_snapshot(dir, active_base_offset).await {
+            Ok(states) => (states, Some(active_base_offset)),
             Err(reason) => {
                 let path = producer_snapshot_path(dir, active_base_offset);
                 tracing::warn!(
                     snapshot = %path.display(),
                     %reason,
-                    "producer-state snapshot not usable; idempotent producers are recovered from \
-                     the active segment and the end of the previous one only, so a producer whose \
-                     last batch is older is forgotten"
+                    "producer-state snapshot not usable; recovering idempotent producers from an \
+                     older snapshot and the segments after it"
                 );
-                let mut states = ProducerStates::default();
-                for batch in previous_segment_stamps(previous).await? {
-                    states.record(batch);
-                }
-                states
+                recover_from_older_snapshot(dir, closed).await?
             }
         },
     };
     for batch in active_batches {
         states.record(batch);
     }
-    let keep: Vec<u64> = previous
+    let keep: Vec<u64> = closed
+        .last()
         .map(|previous| previous.index.base_offset)
         .into_iter()
         .chain([active_base_offset])
+        .chain(loaded)
         .collect();
     let snapshot_base_offsets = remove_other_snapshots(dir, &keep).await;
     Ok(RecoveredProducers {
         states,
         snapshot_base_offsets,
     })
+}
+
+/// The producer state at the start of the active segment when its snapshot is not usable: the
+/// newest usable snapshot among the last [`PRODUCER_SNAPSHOT_FALLBACK_SEGMENT_COUNT_MAX`] closed
+/// segments (the first segment, base 0, starts with an empty state) plus the stamps of every
+/// closed segment from it on, with the base offset of the snapshot used (`None` for the empty
+/// state of the first segment). When none is usable, the stamps at the end of the last closed
+/// segment, with a warning that older producers are forgotten.
+///
+/// # Errors
+/// `Io` when a closed segment cannot be read.
+async fn recover_from_older_snapshot(
+    dir: &Path,
+    closed: &[Segment],
+) -> Result<(ProducerStates, Option<u64>), super::LogError> {
+    let first_tried = closed
+        .len()
+        .saturating_sub(PRODUCER_SNAPSHOT_FALLBACK_SEGMENT_COUNT_MAX);
+    for from in (first_tried..closed.len()).rev() {
+        let base_offset = closed[from].index.base_offset;
+        let loaded = if base_offset == 0 {
+            Ok((ProducerStates::default(), None))
+        } else {
+            load_snapshot(dir, base_offset)
+                .await
+                .map(|states| (states, Some(base_offset)))
+        };
+        match loaded {
+            Ok((mut states, loaded)) => {
+                for segment in &closed[from..] {
+                    for batch in closed_segment_stamps(segment).await? {
+                        states.record(batch);
+                    }
+                }
+                tracing::info!(
+                    from_segment = base_offset,
+                    scanned_segment_count = closed.len() - from,
+                    "idempotent producers recovered from an older producer-state snapshot and \
+                     the stamps of the segments after it"
+                );
+                return Ok((states, loaded));
+            }
+            Err(reason) => {
+                tracing::warn!(
+                    snapshot = %producer_snapshot_path(dir, base_offset).display(),
+                    %reason,
+                    "older producer-state snapshot not usable either"
+                );
+            }
+        }
+    }
+    let previous = closed
+        .last()
+        .expect("called with at least one closed segment");
+    tracing::warn!(
+        segment = %previous.path.display(),
+        "no producer-state snapshot usable; idempotent producers are recovered from the active \
+         segment and the end of the previous one only, so a producer whose last batch is older is \
+         forgotten"
+    );
+    let mut states = ProducerStates::default();
+    for batch in previous_segment_stamps(previous).await? {
+        states.record(batch);
+    }
+    Ok((states, None))
 }
 
 /// Loads and checks the snapshot of the segment at `base_offset`.

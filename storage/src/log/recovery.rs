@@ -122,13 +122,8 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
     check_follows(&path, last_base_offset, expected_base_offset)?;
     let (segment, cut, last_producer_batches) = open_last_segment(path, last_base_offset).await?;
     report.scanned_segment_count += 1;
-    let producers = recover_producers(
-        dir,
-        segments.last(),
-        last_base_offset,
-        last_producer_batches,
-    )
-    .await?;
+    let producers =
+        recover_producers(dir, &segments, last_base_offset, last_producer_batches).await?;
     report.producer_batches = producers.states.batches_in_log_order();
     report.truncated_bytes = cut.truncated_bytes;
     report.quarantined = cut.quarantined;
@@ -265,8 +260,11 @@ async fn open_closed_segment(
 
 /// The producer stamps of the entries in the last `RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES` of a
 /// closed segment (the one before the last), found through its index with one read, in log
-/// order: the fallback when the active segment's producer-state snapshot is not usable. An entry
-/// whose bytes do not check out is skipped with a warning: reads report it as damage.
+/// order: the last fallback when no producer-state snapshot is usable. An entry whose bytes do
+/// not check out is skipped with a warning: reads report it as damage.
+///
+/// # Errors
+/// `Io` naming the segment when it cannot be opened or read.
 pub(super) async fn previous_segment_stamps(
     segment: &Segment,
 ) -> Result<Vec<ProducerBatch>, LogError> {
@@ -282,18 +280,72 @@ pub(super) async fn previous_segment_stamps(
     else {
         return Ok(Vec::new());
     };
-    let start = index.rows[first_row].position;
-    let length = usize::try_from(index.size_bytes - start).unwrap_or(usize::MAX);
     let file = File::open(&segment.path)
         .await
         .map_err(io_error(&segment.path, "open segment"))?;
-    let BufResult(result, bytes) = read_exact_append(&file, start, length, Vec::new()).await;
+    let mut producer_batches = Vec::new();
+    stamps_of_rows(
+        &file,
+        segment,
+        first_row..index.rows.len(),
+        &mut producer_batches,
+    )
+    .await?;
+    Ok(producer_batches)
+}
+
+/// The producer stamps of every entry of a closed segment, through its index, in log order, read
+/// in chunks of at most `SCAN_CHUNK_BYTES` (or one entry, when larger): what the segments after
+/// an older producer-state snapshot add to it. An entry whose bytes do not check out is skipped
+/// with a warning: reads report it as damage.
+///
+/// # Errors
+/// `Io` naming the segment when it cannot be opened or read.
+pub(super) async fn closed_segment_stamps(
+    segment: &Segment,
+) -> Result<Vec<ProducerBatch>, LogError> {
+    let index = &segment.index;
+    let mut producer_batches = Vec::new();
+    if index.rows.is_empty() {
+        return Ok(producer_batches);
+    }
+    let file = File::open(&segment.path)
+        .await
+        .map_err(io_error(&segment.path, "open segment"))?;
+    let mut first_row = 0;
+    while first_row < index.rows.len() {
+        let start = index.rows[first_row].position;
+        let mut end_row = first_row + 1;
+        while end_row < index.rows.len()
+            && index.entry_end_position(end_row) - start <= SCAN_CHUNK_BYTES as u64
+        {
+            end_row += 1;
+        }
+        stamps_of_rows(&file, segment, first_row..end_row, &mut producer_batches).await?;
+        first_row = end_row;
+    }
+    Ok(producer_batches)
+}
+
+/// Reads the entries of index rows `rows` of `segment` (adjacent, so one read) and appends their
+/// producer stamps to `producer_batches`, skipping with a warning an entry that does not match
+/// its index row or checksum.
+async fn stamps_of_rows(
+    file: &File,
+    segment: &Segment,
+    rows: std::ops::Range<usize>,
+    producer_batches: &mut Vec<ProducerBatch>,
+) -> Result<(), LogError> {
+    let index = &segment.index;
+    let start = index.rows[rows.start].position;
+    let end = index.entry_end_position(rows.end - 1);
+    let length = usize::try_from(end - start).unwrap_or(usize::MAX);
+    let BufResult(result, bytes) = read_exact_append(file, start, length, Vec::new()).await;
     result.map_err(io_error(
         &segment.path,
-        "read segment tail for producer stamps",
+        "read segment entries for producer stamps",
     ))?;
-    let mut producer_batches = Vec::new();
-    for row_index in first_row..index.rows.len() {
+    for row_index in rows {
         let row = &index.rows[row_index];
         let entry_start = (row.position - start) as usize;
         let entry_end = (index.entry_end_position(row_index) - start) as usize;
@@ -321,7 +373,7 @@ pub(super) async fn previous_segment_stamps(
             });
         }
     }
-    Ok(producer_batches)
+    Ok(())
 }
 
 /// What opening the last segment cut from it.
