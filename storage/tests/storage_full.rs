@@ -344,7 +344,7 @@ fn issue7_1_journal_fsync_failure_still_poisons() {
     });
 }
 
-/// Appends `entries[0..2]` (one full 100-byte segment of two 40-byte entries), arms `Open` faults
+/// Appends `entries[0..2]` (one full 150-byte segment of two 72-byte entries), arms `Open` faults
 /// (`skip_count` passing opens, then `fail_count` failing with `EMFILE`), and returns the result
 /// of the append of `entries[2]`, whose roll meets them.
 async fn append_into_a_roll_with_emfile(
@@ -381,7 +381,7 @@ fn assert_only_segment_0(dir: &Path) {
 
 /// Reopens the log in `dir` and checks that it holds exactly `entries`, one message each.
 async fn assert_reopened_holds(dir: &Path, entries: &[Vec<u8>]) {
-    let (log, report) = PartitionLog::open(dir, config(FsyncPolicy::Always, 100))
+    let (log, report) = PartitionLog::open(dir, config(FsyncPolicy::Always, 150))
         .await
         .unwrap();
     assert_eq!(report.next_offset, entries.len() as u64);
@@ -405,7 +405,7 @@ fn issue7_2_log_emfile_at_a_roll_is_refused_then_the_next_append_succeeds() {
     for (skip_count, op) in cases {
         let dir = tempfile::tempdir().unwrap();
         block_on(async {
-            let (log, _) = PartitionLog::open(dir.path(), config(FsyncPolicy::Always, 100))
+            let (log, _) = PartitionLog::open(dir.path(), config(FsyncPolicy::Always, 150))
                 .await
                 .unwrap();
             let result = append_into_a_roll_with_emfile(&log, &entries, skip_count, 1).await;
@@ -431,7 +431,7 @@ fn issue7_2_log_rollback_stopped_by_emfile_completes_before_the_next_write() {
     let entries: Vec<Vec<u8>> = (0..4u8).map(|seed| build_entry(0, 1, &[seed; 8])).collect();
     let dir = tempfile::tempdir().unwrap();
     block_on(async {
-        let (log, _) = PartitionLog::open(dir.path(), config(FsyncPolicy::Always, 100))
+        let (log, _) = PartitionLog::open(dir.path(), config(FsyncPolicy::Always, 150))
             .await
             .unwrap();
         // The roll's directory open fails, then the rollback's, then the retry of the rollback
@@ -442,7 +442,7 @@ fn issue7_2_log_rollback_stopped_by_emfile_completes_before_the_next_write() {
         let retried = log.append(entries[2].clone()).await;
         assert_descriptors_exhausted(&retried, dir.path(), op);
         assert_eq!((log.next_offset(), log.acked_offset()), (2, 2));
-        assert_eq!(file_size(&segment(dir.path(), 0)), 80);
+        assert_eq!(file_size(&segment(dir.path(), 0)), 144);
         // Descriptors are back: the rollback completes, then the append is written.
         assert_eq!(log.append(entries[2].clone()).await.unwrap(), 2);
         assert_eq!(
@@ -468,7 +468,7 @@ fn issue7_2_log_rollback_still_pending_at_close_fails_the_close_and_reopen_recov
     let entries: Vec<Vec<u8>> = (0..4u8).map(|seed| build_entry(0, 1, &[seed; 8])).collect();
     let dir = tempfile::tempdir().unwrap();
     block_on(async {
-        let (log, _) = PartitionLog::open(dir.path(), config(FsyncPolicy::Always, 100))
+        let (log, _) = PartitionLog::open(dir.path(), config(FsyncPolicy::Always, 150))
             .await
             .unwrap();
         // The roll's directory open, the rollback's and the close's retry all fail.
