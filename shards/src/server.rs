@@ -438,10 +438,10 @@ async fn run_shard(
     if shard_id == ShardId(0) {
         // The final checkpoint: the next boot starts from this snapshot and replays nothing. A
         // failure loses nothing (the journal holds every committed op) but is reported; one
-        // refused for lack of space (a full disk at shutdown) is only warned about (in
-        // `Shard::checkpoint`) and the exit stays clean.
+        // refused for lack of space or descriptors (a full disk, or the open-file limit, at
+        // shutdown) is only warned about (in `Shard::checkpoint`) and the exit stays clean.
         if let Err(e) = shard.checkpoint().await
-            && e.space_refused().is_none()
+            && e.resource_refused().is_none()
         {
             tracing::error!(error = %e, "final checkpoint failed; the journal keeps every op");
             close_failed = true;

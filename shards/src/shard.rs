@@ -984,21 +984,22 @@ impl Shard {
     }
 
     /// Shard 0: runs one checkpoint now (logged; a failure leaves the previous one valid). A
-    /// checkpoint refused for lack of space is logged as a warning: the journal keeps every op.
+    /// checkpoint refused for lack of space or file descriptors is logged as a warning: the
+    /// journal keeps every op.
     ///
     /// # Errors
-    /// The failed step, already logged; `CheckpointError::space_refused` tells a refusal for
-    /// lack of space from other failures.
+    /// The failed step, already logged; `CheckpointError::resource_refused` tells a refusal for
+    /// lack of a resource from other failures.
     pub async fn checkpoint(&self) -> Result<(), crate::vsr::CheckpointError> {
         let replica = self.replica();
         let Err(error) = replica.checkpoint(&self.metadata).await else {
             return Ok(());
         };
-        if let Some(path) = error.space_refused() {
+        if let Some(path) = error.resource_refused() {
             tracing::warn!(
                 %error, path = %path.display(), checkpoint_op = replica.checkpoint_op(),
-                "checkpoint refused for lack of space; the previous checkpoint stays valid and the \
-                 journal keeps every op above it (boot replays them)"
+                "checkpoint refused for lack of space or file descriptors; the previous checkpoint \
+                 stays valid and the journal keeps every op above it (boot replays them)"
             );
         } else {
             tracing::error!(

@@ -611,3 +611,38 @@ fn issue7_adv2_concurrent_polls_of_old_segments_stay_within_the_partition_budget
         shards::limits::FDS_PER_PARTITION
     );
 }
+
+/// SIGTERM while the process is at its open-file limit (lowered under it to the standard
+/// streams): the final checkpoint cannot create its snapshot file (EMFILE), which changes nothing
+/// durable, so it is a warning and the exit is 0; a restart replays the journal and serves every
+/// message. (It used to exit 1.)
+#[test]
+fn issue7_3_sigterm_at_the_open_file_limit_exits_0() {
+    let _serial = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let namespace = bus::Namespace::new(1, 1, 0);
+    let args = ["--shards", "1", "--no-pin", "--fsync", "always"];
+    let server = Server::start(dir.path(), &args);
+    block_on(async {
+        let mut client = bus::Client::connect(server.addr).await.unwrap();
+        client.create_stream(1, "s").await.unwrap();
+        client.create_topic(1, 1, "t", 1).await.unwrap();
+        send_one_per_segment(&mut client, namespace, 0..3).await;
+    });
+    common::set_process_soft_nofile(server.pid(), 3);
+    let stderr_log = server.stderr_log.clone();
+    assert_eq!(server.stop(), Some(0));
+    let stderr = std::fs::read_to_string(&stderr_log).unwrap();
+    assert!(
+        stderr.lines().any(|line| line.contains("WARN")
+            && line.contains("checkpoint refused for lack of space or file descriptors")
+            && line.contains("Too many open files")),
+        "{stderr}"
+    );
+    let server = Server::start(dir.path(), &args);
+    block_on(async {
+        let mut client = bus::Client::connect(server.addr).await.unwrap();
+        poll_each(&mut client, namespace, &[0, 1, 2]).await;
+    });
+    assert_eq!(server.stop(), Some(0));
+}

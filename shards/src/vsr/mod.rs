@@ -43,11 +43,12 @@ pub enum CheckpointError {
 }
 
 impl CheckpointError {
-    /// The file whose write the filesystem refused for lack of space, quota or file size
-    /// (`ENOSPC`, `EDQUOT`, `EFBIG`: `storage::space::is_storage_full`), or `None` for any other
+    /// The file whose write or creation was refused for lack of a resource: space, quota or file
+    /// size (`ENOSPC`, `EDQUOT`, `EFBIG`: `storage::space::is_storage_full`) or file descriptors
+    /// (`EMFILE`, `ENFILE`: `storage::space::is_descriptors_exhausted`); `None` for any other
     /// failure. Such a checkpoint changed nothing durable: the previous checkpoint stays valid and
     /// the journal keeps every op above it, so the caller may warn and carry on.
-    pub fn space_refused(&self) -> Option<&std::path::Path> {
+    pub fn resource_refused(&self) -> Option<&std::path::Path> {
         let (CheckpointError::Snapshot(storage::snapshot::SnapshotError::Io {
             path, source, ..
         })
@@ -55,7 +56,9 @@ impl CheckpointError {
         else {
             return None;
         };
-        storage::space::is_storage_full(source).then_some(path.as_path())
+        (storage::space::is_storage_full(source)
+            || storage::space::is_descriptors_exhausted(source))
+        .then_some(path.as_path())
     }
 }
 
