@@ -115,10 +115,12 @@ pub struct RecoveryReport {
     /// The owner shard rebuilds its producer table from these (`storage/FORMAT.md` section 3,
     /// "Producer stamp", and section 3a).
     pub producer_batches: Vec<crate::entry::ProducerBatch>,
-    /// Interior damage in the last segment: an entry that failed its payload checksum followed by
-    /// valid entries. Its bytes and everything after were copied to a quarantine file before the
-    /// segment was truncated there (`truncated_bytes` counts them); `None` when nothing valid
-    /// followed the first invalid entry (a plain torn tail) or the segment was clean.
+    /// Damage in the last segment kept before the cut: a complete entry (header within the rules,
+    /// whole in the file) whose payload fails its checksum or framing, or any invalid entry
+    /// followed by valid entries, or one after which the resync search spent its budget. Its
+    /// bytes and everything after were copied to a quarantine file before the segment was
+    /// truncated there (`truncated_bytes` counts them); `None` for a plain torn tail (a short
+    /// entry with nothing valid after it) or a clean segment.
     pub quarantined: Option<Quarantine>,
 }
 
@@ -137,9 +139,14 @@ pub struct Quarantine {
     pub size_bytes: u64,
     /// First offset cut: the damaged entry's base offset.
     pub first_offset: u64,
-    /// Last offset of the last valid entry cut (the entries after the damaged one may have been
-    /// acknowledged).
+    /// Last offset known to be cut: the last valid entry's after the damage (they may have been
+    /// acknowledged), else the complete damaged entry's own last offset, else `first_offset`
+    /// (the resync search spent its budget: what follows is unknown).
     pub last_offset: u64,
+    /// Payload bytes the resync search after the damage charged to its budget
+    /// (`verify::ResyncBudget`, at most `RESYNC_CHARGED_BYTES_PER_TAIL_BYTE * size_bytes +
+    /// ENTRY_SIZE_MAX`): the bound on the hashing it did.
+    pub resync_charged_bytes: u64,
 }
 
 /// Why a log operation failed; the variants say how the caller recovers.

@@ -5,7 +5,7 @@
 
 use super::index::SegmentIndex;
 use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, check_message_section, payload_checksum};
-use crate::limits::ENTRY_SIZE_MAX;
+use crate::limits::{ENTRY_SIZE_MAX, RESYNC_CHARGED_BYTES_PER_TAIL_BYTE};
 
 /// Checks an entry header read at a position with `bytes_left` bytes to the end of the segment,
 /// where the entry must start at offset `expected_base_offset`: the entry is at most
@@ -86,6 +86,81 @@ pub fn resync_entry_header(
         return None;
     }
     check_entry_header(header, header.base_offset, bytes_left).ok()
+}
+
+/// The work budget of the resync search after damage at some position of the last segment
+/// (`RESYNC_CHARGED_BYTES_PER_TAIL_BYTE` in `limits.rs`): every candidate entry whose header
+/// passes the rules (`resync_entry_header`, or `check_entry_header` further in a run) is charged
+/// its payload length before its payload is framed or hashed. Open and `shardline inspect
+/// segment` charge at the same points, so they spend the budget alike and reach the same verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResyncBudget {
+    limit: u64,
+    charged: u64,
+}
+
+impl ResyncBudget {
+    /// The budget of a search over `bytes_after_damage` bytes (from the damaged entry to the end
+    /// of the segment).
+    pub fn new(bytes_after_damage: u64) -> Self {
+        Self {
+            limit: bytes_after_damage
+                .saturating_mul(RESYNC_CHARGED_BYTES_PER_TAIL_BYTE)
+                .saturating_add(u64::from(ENTRY_SIZE_MAX)),
+            charged: 0,
+        }
+    }
+
+    /// Charges a candidate's `payload_bytes`; `false` (nothing charged) when that would exceed
+    /// the budget: the search must stop with `Resync::BudgetSpent`.
+    pub fn charge(&mut self, payload_bytes: u32) -> bool {
+        let charged = self.charged + u64::from(payload_bytes);
+        if charged > self.limit {
+            return false;
+        }
+        self.charged = charged;
+        true
+    }
+
+    /// Payload bytes charged so far (at most `limit`).
+    pub fn charged(&self) -> u64 {
+        self.charged
+    }
+
+    /// The most the search may charge (bytes).
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+}
+
+/// What the resync search after damage in the last segment found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resync {
+    /// Valid entries start after the damage; the last offset of their back-to-back run.
+    Found { last_offset: u64 },
+    /// No valid entry starts anywhere after the damage.
+    NotFound,
+    /// The search spent its `ResyncBudget` without a verdict.
+    BudgetSpent,
+}
+
+/// Open's verdict on the first invalid entry of the last segment (`storage/FORMAT.md` section
+/// 3): `Some(last_offset)` when its bytes are kept in a quarantine file before the truncation,
+/// `None` for a plain torn tail. `complete` is `Some(last offset the entry claims)` when the
+/// entry is complete (its header passes `check_entry_header`, so it lies whole in the file, and
+/// only its payload fails `check_entry_payload`): it may have been acknowledged, a torn write
+/// and bit rot look alike there, so it is kept whatever follows. A short tail (the header
+/// incomplete or breaking the rules) is kept only when the search finds valid entries after it
+/// or spends its budget first (conservative). `last_offset` is the last offset known to be in
+/// the kept bytes: the found run's, else the complete entry's own, else `first_offset` (the
+/// damaged entry's expected offset; what follows is unknown).
+pub fn damage_verdict(complete: Option<u64>, resync: Resync, first_offset: u64) -> Option<u64> {
+    match (resync, complete) {
+        (Resync::Found { last_offset }, _) => Some(last_offset),
+        (_, Some(last_offset)) => Some(last_offset),
+        (Resync::BudgetSpent, None) => Some(first_offset),
+        (Resync::NotFound, None) => None,
+    }
 }
 
 /// One entry as a segment's index file describes it.
