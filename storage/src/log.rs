@@ -144,8 +144,8 @@ pub struct Quarantine {
     /// (the resync search spent its budget: what follows is unknown).
     pub last_offset: u64,
     /// Payload bytes the resync search after the damage charged to its budget
-    /// (`verify::ResyncBudget`, at most `RESYNC_CHARGED_BYTES_PER_TAIL_BYTE * size_bytes +
-    /// ENTRY_SIZE_MAX`): the bound on the hashing it did.
+    /// (`verify::ResyncBudget`, at most `RESYNC_CHARGED_BYTES_PER_TAIL_BYTE * size_bytes`): the
+    /// bound on the hashing it did.
     pub resync_charged_bytes: u64,
 }
 

@@ -104,9 +104,7 @@ impl ResyncBudget {
     /// of the segment).
     pub fn new(bytes_after_damage: u64) -> Self {
         Self {
-            limit: bytes_after_damage
-                .saturating_mul(RESYNC_CHARGED_BYTES_PER_TAIL_BYTE)
-                .saturating_add(u64::from(ENTRY_SIZE_MAX)),
+            limit: bytes_after_damage.saturating_mul(RESYNC_CHARGED_BYTES_PER_TAIL_BYTE),
             charged: 0,
         }
     }
