@@ -196,14 +196,14 @@ pub enum LogError {
         position: u64,
         reason: String,
     },
-    /// Open found interior damage in the last segment (valid entries follow a damaged one) but
-    /// could not copy the `size_bytes` bytes from byte `position` of `segment` to the quarantine
+    /// Open found damage in the last segment that it keeps (a complete damaged entry, valid
+    /// entries after a damaged one, or a resync search out of budget) but could not copy the `size_bytes` bytes from byte `position` of `segment` to the quarantine
     /// file `path` (step `op`). Nothing was truncated and the partial copy was removed, so the
     /// segment is as before: free space (at least `size_bytes` bytes; `free_bytes` was free
     /// after the failure) and open again (restart the server). `source` says whether space was
     /// the cause (`space::is_storage_full`).
     #[error(
-        "{segment}: damaged entry at byte {position} is followed by valid entries; the {size_bytes} \
+        "{segment}: damaged entry at byte {position} may have been acknowledged; the {size_bytes} \
          bytes from there must be copied to a quarantine file before the segment is truncated, but \
          {op} of {path} failed: {source} ({free_bytes}). Nothing was truncated and the partial copy \
          was removed: free at least {size_bytes} bytes and restart"

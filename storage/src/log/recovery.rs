@@ -439,9 +439,9 @@ async fn open_last_segment(
                 reason = %invalid.reason,
                 resync = ?resync,
                 "damaged entry in the last segment that may have been acknowledged (complete, or \
-                 followed by valid entries, or the search for them ran out of budget): its bytes \
-                 and everything after were copied to the quarantine file and the segment is \
-                 truncated at the damage"
+                 followed by valid entries, or the search for them ran out of budget), so it is \
+                 kept as if not a torn write: its bytes and everything after were copied to the \
+                 quarantine file and the segment is truncated at the damage"
             );
             cut.quarantined = Some(quarantine);
         } else {

@@ -209,3 +209,31 @@ pub fn closed_segment_index(
         entries,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issue7_4_damage_verdict_keeps_complete_entries_and_spent_searches() {
+        let found = Resync::Found { last_offset: 9 };
+        assert_eq!(damage_verdict(None, found, 3), Some(9));
+        assert_eq!(damage_verdict(Some(5), found, 3), Some(9));
+        assert_eq!(damage_verdict(Some(5), Resync::NotFound, 3), Some(5));
+        assert_eq!(damage_verdict(Some(5), Resync::BudgetSpent, 3), Some(5));
+        assert_eq!(damage_verdict(None, Resync::BudgetSpent, 3), Some(3));
+        assert_eq!(damage_verdict(None, Resync::NotFound, 3), None);
+    }
+
+    #[test]
+    fn issue7_1_resync_budget_is_three_bytes_per_tail_byte() {
+        let mut budget = ResyncBudget::new(100);
+        assert_eq!(budget.limit(), 300);
+        assert!(budget.charge(250));
+        assert!(!budget.charge(51));
+        assert_eq!(budget.charged(), 250);
+        assert!(budget.charge(50));
+        assert!(!budget.charge(1));
+        assert_eq!(budget.charged(), 300);
+    }
+}

@@ -37,7 +37,7 @@ pub(crate) struct SegmentReport {
     /// segment opens).
     next_offset: Option<u64>,
     size_bytes: u64,
-    /// Files holding bytes open cut from the last segment after interior damage
+    /// Files holding bytes open cut from the last segment after damage it keeps
     /// (`{base_offset:020}.log.damaged-at-{position}`): kept for the operator, not damage.
     quarantine_files: Vec<QuarantineFile>,
 }
@@ -696,7 +696,8 @@ impl Report for SegmentReport {
             let _ = writeln!(
                 out,
                 "quarantine file {} ({} bytes): bytes open cut from the last segment after \
-                 interior damage, kept for inspection (not read by the server)",
+                 damage that may have been acknowledged, kept for inspection (not read by the \
+                 server)",
                 quarantine.file, quarantine.size_bytes
             );
         }
