@@ -154,8 +154,7 @@ pub enum Resync {
 /// damaged entry's expected offset; what follows is unknown).
 pub fn damage_verdict(complete: Option<u64>, resync: Resync, first_offset: u64) -> Option<u64> {
     match (resync, complete) {
-        (Resync::Found { last_offset }, _) => Some(last_offset),
-        (_, Some(last_offset)) => Some(last_offset),
+        (Resync::Found { last_offset }, _) | (_, Some(last_offset)) => Some(last_offset),
         (Resync::BudgetSpent, None) => Some(first_offset),
         (Resync::NotFound, None) => None,
     }
