@@ -25,6 +25,19 @@ pub const HASH_INLINE_BYTES_MAX: usize = 1 << 20;
 /// Bytes read per I/O while scanning a segment on open. One buffer of this size (grown to one
 /// whole entry when an entry is larger) lives for the duration of a scan.
 pub const SCAN_CHUNK_BYTES: usize = 1 << 20;
+/// Budget of the resync search after damage in the last segment, per byte after the damage: the
+/// search may charge at most `RESYNC_CHARGED_BYTES_PER_TAIL_BYTE * (bytes after the damage)`
+/// payload bytes (each candidate whose header passes the rules is charged its payload length
+/// before its framing is walked and its payload hashed; a candidate fits in the bytes after the
+/// damage, so no additive term is needed), then stops, and open quarantines the tail (the
+/// conservative verdict: the bytes are kept). An honest segment needs about 1x: garbage inside
+/// the damaged entry rarely passes the header rules, and the first valid entry found is followed
+/// back to back to the end, each byte hashed once; 3x leaves room for a couple of false
+/// candidates as long as the tail. A crafted payload (a chain of fake headers whose lengths step
+/// to the end) would otherwise cost quadratic time (4 MiB took 48 s, a 64 MiB message hours);
+/// with the budget the worst case is 3 GiB hashed (and at most 3 GiB / 32 message headers
+/// walked) for a full 1 GiB segment: seconds of boot, once per damage.
+pub const RESYNC_CHARGED_BYTES_PER_TAIL_BYTE: u64 = 3;
 /// Entries per vectored write: Linux rejects more than `IOV_MAX` (1024) iovecs in one
 /// `pwritev`/`IORING_OP_WRITEV`. A larger group is written with several writes and one fsync.
 pub const WRITE_IOVEC_COUNT_MAX: usize = 1024;

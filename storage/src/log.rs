@@ -115,10 +115,12 @@ pub struct RecoveryReport {
     /// The owner shard rebuilds its producer table from these (`storage/FORMAT.md` section 3,
     /// "Producer stamp", and section 3a).
     pub producer_batches: Vec<crate::entry::ProducerBatch>,
-    /// Interior damage in the last segment: an entry that failed its payload checksum followed by
-    /// valid entries. Its bytes and everything after were copied to a quarantine file before the
-    /// segment was truncated there (`truncated_bytes` counts them); `None` when nothing valid
-    /// followed the first invalid entry (a plain torn tail) or the segment was clean.
+    /// Damage in the last segment kept before the cut: a complete entry (header within the rules,
+    /// whole in the file) whose payload fails its checksum or framing, or any invalid entry
+    /// followed by valid entries, or one after which the resync search spent its budget. Its
+    /// bytes and everything after were copied to a quarantine file before the segment was
+    /// truncated there (`truncated_bytes` counts them); `None` for a plain torn tail (a short
+    /// entry with nothing valid after it) or a clean segment.
     pub quarantined: Option<Quarantine>,
 }
 
@@ -137,9 +139,14 @@ pub struct Quarantine {
     pub size_bytes: u64,
     /// First offset cut: the damaged entry's base offset.
     pub first_offset: u64,
-    /// Last offset of the last valid entry cut (the entries after the damaged one may have been
-    /// acknowledged).
+    /// Last offset known to be cut: the last valid entry's after the damage (they may have been
+    /// acknowledged), else the complete damaged entry's own last offset, else `first_offset`
+    /// (the resync search spent its budget: what follows is unknown).
     pub last_offset: u64,
+    /// Payload bytes the resync search after the damage charged to its budget
+    /// (`verify::ResyncBudget`, at most `RESYNC_CHARGED_BYTES_PER_TAIL_BYTE * size_bytes`): the
+    /// bound on the hashing it did.
+    pub resync_charged_bytes: u64,
 }
 
 /// Why a log operation failed; the variants say how the caller recovers.
@@ -189,14 +196,14 @@ pub enum LogError {
         position: u64,
         reason: String,
     },
-    /// Open found interior damage in the last segment (valid entries follow a damaged one) but
-    /// could not copy the `size_bytes` bytes from byte `position` of `segment` to the quarantine
+    /// Open found damage in the last segment that it keeps (a complete damaged entry, valid
+    /// entries after a damaged one, or a resync search out of budget) but could not copy the `size_bytes` bytes from byte `position` of `segment` to the quarantine
     /// file `path` (step `op`). Nothing was truncated and the partial copy was removed, so the
     /// segment is as before: free space (at least `size_bytes` bytes; `free_bytes` was free
     /// after the failure) and open again (restart the server). `source` says whether space was
     /// the cause (`space::is_storage_full`).
     #[error(
-        "{segment}: damaged entry at byte {position} is followed by valid entries; the {size_bytes} \
+        "{segment}: damaged entry at byte {position} may have been acknowledged; the {size_bytes} \
          bytes from there must be copied to a quarantine file before the segment is truncated, but \
          {op} of {path} failed: {source} ({free_bytes}). Nothing was truncated and the partial copy \
          was removed: free at least {size_bytes} bytes and restart"

@@ -421,8 +421,54 @@ fn torn_tail_of_a_partial_header_is_truncated() {
     check_recovered(dir.path(), &written[..4], 10);
 }
 
+/// Reopens after damage to the complete last entry (of 5, 196 bytes each, at byte 784) and
+/// checks that entries 0..4 are kept and the last entry's bytes are quarantined byte for byte
+/// (it may have been acknowledged), `last_offset` being what its header claims; then that a
+/// second open changes nothing and makes no second copy.
+fn check_last_entry_quarantined(dir: &Path, written: &[Vec<u8>], last_offset: u64) {
+    let quarantine_path = dir.join("00000000000000000000.log.damaged-at-784");
+    let damaged_bytes = std::fs::read(segment(dir, 0)).unwrap()[784..].to_vec();
+    block_on(async {
+        let (log, report) = open(dir, always()).await;
+        assert_eq!(
+            report,
+            RecoveryReport {
+                segment_count: 1,
+                entry_count: 4,
+                next_offset: 8,
+                truncated_bytes: 196,
+                scanned_segment_count: 1,
+                producer_batches: Vec::new(),
+                quarantined: Some(Quarantine {
+                    segment: segment(dir, 0),
+                    position: 784,
+                    path: quarantine_path.clone(),
+                    size_bytes: 196,
+                    first_offset: 8,
+                    last_offset,
+                    resync_charged_bytes: 100,
+                }),
+            }
+        );
+        assert_eq!(
+            log.read(0, u32::MAX, usize::MAX).await.unwrap(),
+            written[..4].concat()
+        );
+        log.close().await.unwrap();
+    });
+    assert_eq!(std::fs::read(&quarantine_path).unwrap(), damaged_bytes);
+    block_on(async {
+        let (_log, report) = open(dir, always()).await;
+        assert_eq!((report.truncated_bytes, report.quarantined), (0, None));
+    });
+    assert_eq!(
+        quarantine_files(dir),
+        vec!["00000000000000000000.log.damaged-at-784".to_owned()]
+    );
+}
+
 #[test]
-fn flipped_payload_byte_in_the_last_entry_is_truncated() {
+fn issue7_4_flipped_payload_byte_in_the_complete_last_entry_is_quarantined() {
     let dir = tempfile::tempdir().unwrap();
     let written = log_with_damaged_tail(dir.path(), |path| {
         let mut bytes = std::fs::read(path).unwrap();
@@ -430,7 +476,7 @@ fn flipped_payload_byte_in_the_last_entry_is_truncated() {
         bytes[last] ^= 0x40;
         std::fs::write(path, bytes).unwrap();
     });
-    check_recovered(dir.path(), &written[..4], written[4].len() as u64);
+    check_last_entry_quarantined(dir.path(), &written, 9);
 }
 
 #[test]
@@ -495,6 +541,7 @@ fn issue7_4_damaged_first_entry_of_the_active_segment_is_quarantined_not_dropped
                     size_bytes: 588,
                     first_offset: 0,
                     last_offset: 5,
+                    resync_charged_bytes: 867,
                 }),
             }
         );
@@ -542,19 +589,28 @@ fn issue7_4_damaged_middle_entry_keeps_the_first_and_quarantines_the_rest() {
 }
 
 #[test]
-fn issue7_4_damaged_last_entry_is_a_plain_torn_tail_without_quarantine() {
+fn issue7_4_damaged_payload_of_the_last_entry_is_quarantined_not_a_torn_tail() {
     let dir = tempfile::tempdir().unwrap();
-    let (written, _) = three_entries_with_flipped_payload(dir.path(), 2);
+    let (written, damaged_bytes) = three_entries_with_flipped_payload(dir.path(), 2);
     block_on(async {
         let (log, report) = open(dir.path(), always()).await;
-        assert_eq!(report.quarantined, None);
+        let quarantined = report.quarantined.unwrap();
+        assert_eq!((quarantined.position, quarantined.size_bytes), (392, 196));
+        assert_eq!((quarantined.first_offset, quarantined.last_offset), (4, 5));
         assert_eq!((report.truncated_bytes, report.next_offset), (196, 4));
         assert_eq!(
             log.read(0, u32::MAX, usize::MAX).await.unwrap(),
             written[..2].concat()
         );
     });
-    assert_eq!(quarantine_files(dir.path()), Vec::<String>::new());
+    assert_eq!(
+        quarantine_files(dir.path()),
+        vec!["00000000000000000000.log.damaged-at-392".to_owned()]
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("00000000000000000000.log.damaged-at-392")).unwrap(),
+        damaged_bytes[392..]
+    );
 }
 
 #[test]
@@ -1094,6 +1150,7 @@ fn check_entry_3_quarantined(dir: &Path, written: &[Vec<u8>], damaged_bytes: &[u
                     size_bytes: 707,
                     first_offset: 3,
                     last_offset: 9,
+                    resync_charged_bytes: 455,
                 }),
             }
         );
@@ -1142,8 +1199,11 @@ fn issue7_1_flipped_message_count_of_an_interior_entry_is_quarantined_not_kept()
     check_entry_3_quarantined(dir.path(), &written, &damaged);
 }
 
+/// The header still passes the rules (6 messages fit the offset space and the entry lies whole
+/// in the file), so the entry is complete and only its message section fails: kept, with the
+/// offsets its damaged header claims (8..=13).
 #[test]
-fn issue7_1_flipped_message_count_of_the_last_entry_is_a_torn_tail() {
+fn issue7_1_flipped_message_count_of_the_complete_last_entry_is_quarantined() {
     let dir = tempfile::tempdir().unwrap();
     let written = log_with_damaged_tail(dir.path(), |path| {
         let mut bytes = std::fs::read(path).unwrap();
@@ -1151,7 +1211,7 @@ fn issue7_1_flipped_message_count_of_the_last_entry_is_a_torn_tail() {
         bytes[last_start + 16] ^= 0x04; // 2 -> 6 messages
         std::fs::write(path, bytes).unwrap();
     });
-    check_recovered(dir.path(), &written[..4], 196);
+    check_last_entry_quarantined(dir.path(), &written, 13);
 }
 
 #[test]
@@ -1275,6 +1335,7 @@ fn issue7_1_resync_finds_a_valid_entry_after_junk_as_interior_damage() {
                 size_bytes: tail.len() as u64,
                 first_offset: 10,
                 last_offset: 11,
+                resync_charged_bytes: 76,
             })
         );
         assert_eq!(
@@ -1282,4 +1343,73 @@ fn issue7_1_resync_finds_a_valid_entry_after_junk_as_interior_damage() {
             written.concat()
         );
     });
+}
+
+/// A message content of `blocks` 64-byte blocks, each a fake entry header (offset 2^32 + 32, so
+/// at least any offset the resync asks for; `blocks - k` messages) whose length steps exactly to
+/// the end of the content, with message headers that frame it: every block passes the header
+/// rules and the framing, so an unbounded resync would checksum `(blocks - k) * 64` bytes at
+/// block `k`, quadratic in the content.
+fn crafted_fake_header_chain(blocks: u64) -> Vec<u8> {
+    let mut content = vec![0u8; (blocks * 64) as usize];
+    for k in 0..blocks {
+        let at = (k * 64) as usize;
+        content[at..at + 8].copy_from_slice(&((1u64 << 32) + 32).to_le_bytes());
+        content[at + 16..at + 20].copy_from_slice(&((blocks - k) as u32).to_le_bytes());
+        content[at + 20..at + 24].copy_from_slice(&(((blocks - k) * 64 - 32) as u32).to_le_bytes());
+        content[at + 24..at + 32].copy_from_slice(&0x5555_5555_5555_5554u64.to_le_bytes());
+    }
+    content
+}
+
+/// Entries 0..3 (101 bytes each), entry 3 holding a 1 MiB crafted chain of fake headers, and
+/// entries 4 and 5 after it; entry 3's `length` then gets its top bit (beyond `ENTRY_SIZE_MAX`,
+/// so its header breaks the rules and the entry is not complete). The resync must stop within
+/// its budget (3 bytes charged per byte after the damage) and, having no verdict, keep the bytes:
+/// a quarantine reporting only the damaged entry's first offset.
+#[test]
+fn issue7_1_resync_after_damage_is_bounded_on_a_crafted_fake_header_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocks = 16_384; // 1 MiB
+    block_on(async {
+        let (log, _) = open(dir.path(), always()).await;
+        append_entries(&log, 3, 1, 37).await;
+        let crafted = build_entry(3, 1, &crafted_fake_header_chain(blocks));
+        assert_eq!(log.append(crafted).await.unwrap(), 3);
+        append_entries(&log, 2, 1, 37).await;
+        log.close().await.unwrap();
+    });
+    let path = segment(dir.path(), 0);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let tail_bytes = bytes.len() as u64 - 303;
+    assert_eq!(tail_bytes, 32 + 32 + blocks * 64 + 2 * 101);
+    bytes[303 + 23] ^= 0x80; // length += 2^31
+    std::fs::write(&path, &bytes).unwrap();
+    block_on(async {
+        let (log, report) = open(dir.path(), always()).await;
+        let quarantined = report.quarantined.unwrap();
+        assert_eq!(
+            (quarantined.position, quarantined.size_bytes),
+            (303, tail_bytes)
+        );
+        assert_eq!((quarantined.first_offset, quarantined.last_offset), (3, 3));
+        // The search stopped on its budget: at most 3x the tail charged, and more than 2x (the
+        // candidate refused fits in the tail, so it would have passed 3x) instead of
+        // checksumming ~16 Ki fake candidates (8 GiB). `last_offset` 3: nothing after the damage
+        // was verified (entries 4 and 5 would have made it 5).
+        let charged = quarantined.resync_charged_bytes;
+        assert!(
+            charged <= 3 * tail_bytes && charged > 2 * tail_bytes,
+            "{charged} bytes charged for a tail of {tail_bytes}"
+        );
+        assert_eq!(
+            (report.truncated_bytes, report.next_offset),
+            (tail_bytes, 3)
+        );
+        assert_eq!(log.next_offset(), 3);
+    });
+    assert_eq!(
+        std::fs::read(dir.path().join("00000000000000000000.log.damaged-at-303")).unwrap(),
+        bytes[303..]
+    );
 }

@@ -484,7 +484,8 @@ fn issue7_4_segment_interior_damage_in_the_last_segment_then_its_quarantine_file
     assert!(
         stdout.contains(&format!(
             "quarantine file {}.damaged-at-0 (396 bytes): bytes open cut from the last segment \
-             after interior damage, kept for inspection (not read by the server)",
+             after damage that may have been acknowledged, kept for inspection (not read by the \
+             server)",
             last.display()
         )),
         "{stdout}"
@@ -996,4 +997,56 @@ fn issue7_1_segment_damaged_message_count_in_the_last_segment_is_interior_damage
         stdout.contains("summary: 1 segment(s), 1 entries, 3 messages, next_offset 3, 396 bytes"),
         "{stdout}"
     );
+}
+
+/// A flipped payload byte in the complete last entry of the last segment: inspect gives open's
+/// verdict (kept in a quarantine file, not a torn tail), and open then does exactly that.
+#[test]
+fn issue7_4_segment_damaged_complete_last_entry_is_kept_not_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_dir = dir.path().join("log");
+    let config = LogConfig {
+        fsync: FsyncPolicy::Always,
+        segment_size_max: 1 << 20,
+    };
+    block_on(async {
+        let (log, _) = PartitionLog::open(&log_dir, config.clone()).await.unwrap();
+        for seed in 0..3u64 {
+            log.append(entry_of_3_messages(seed)).await.unwrap();
+        }
+        log.close().await.unwrap();
+    });
+    let last = log_segment(&log_dir, 0);
+    flip_byte(&last, 264 + 40);
+    let (code, stdout, _) = inspect_path("segment", &log_dir);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "damage: {} at byte 264: payload checksum",
+            last.display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "the entry is complete (its header passes and it lies whole in the file), so it may \
+             have been acknowledged: bit rot, not only a torn write: open copies the 132 bytes \
+             from here (offsets 6-8, possibly acknowledged) to {}.damaged-at-264, logs an error \
+             and truncates the segment here",
+            last.display()
+        )),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("torn tail:"), "{stdout}");
+    let (_, json) = inspect_json("segment", &log_dir);
+    assert_eq!(json["damage"][0]["torn_tail"], false);
+
+    block_on(async {
+        let (_log, report) = PartitionLog::open(&log_dir, config).await.unwrap();
+        let quarantined = report.quarantined.unwrap();
+        assert_eq!((quarantined.position, quarantined.size_bytes), (264, 132));
+        assert_eq!((quarantined.first_offset, quarantined.last_offset), (6, 8));
+    });
+    let (code, stdout, _) = inspect_path("segment", &log_dir);
+    assert_eq!(code, 0, "{stdout}");
 }

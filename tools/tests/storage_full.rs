@@ -813,7 +813,7 @@ fn issue7_2_quarantine_on_a_full_disk_leaves_no_file_and_succeeds_once_space_is_
                 assert_eq!(
                     message,
                     format!(
-                        "{}: damaged entry at byte {position} is followed by valid entries; the \
+                        "{}: damaged entry at byte {position} may have been acknowledged; the \
                          140448 bytes from there must be copied to a quarantine file before the \
                          segment is truncated, but write of {} failed: {source} ({} bytes free). \
                          Nothing was truncated and the partial copy was removed: free at least \
@@ -846,6 +846,7 @@ fn issue7_2_quarantine_on_a_full_disk_leaves_no_file_and_succeeds_once_space_is_
                 size_bytes: 7 * 20_064,
                 first_offset: 3,
                 last_offset: 9,
+                resync_charged_bytes: 141_301,
             })
         );
         assert_eq!((report.entry_count, report.next_offset), (3, 3));

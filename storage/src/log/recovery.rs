@@ -1,10 +1,11 @@
 //! Opening a log directory: list the segments, check they follow each other, load closed segments
 //! from their index files (or rescan them), and scan the last segment entry by entry, truncating a
-//! torn tail. A damaged closed segment is an error here, never skipped or truncated; a damaged
-//! entry of the last segment followed by a valid entry anywhere after it (found by resynchronising
-//! byte by byte, since entry headers carry no checksum) is never cut before its bytes are kept in
-//! a quarantine file beside the segment; when that copy fails, nothing is cut and no partial copy
-//! stays.
+//! torn tail. A damaged closed segment is an error here, never skipped or truncated; in the last
+//! segment, a complete damaged entry (whole in the file, failing only its payload checks), or a
+//! damaged entry followed by a valid entry anywhere after it (found by resynchronising byte by
+//! byte within a work budget, since entry headers carry no checksum; a spent budget counts as
+//! found), is never cut before its bytes are kept in a quarantine file beside the segment; when
+//! that copy fails, nothing is cut and no partial copy stays.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -15,7 +16,10 @@ use compio::io::AsyncWriteAtExt;
 
 use super::index::SegmentIndex;
 use super::producer_state::{ProducerStates, RecoveredProducers, recover_producers};
-use super::verify::{check_entry_header, check_entry_payload, resync_entry_header};
+use super::verify::{
+    Resync, ResyncBudget, check_entry_header, check_entry_payload, damage_verdict,
+    resync_entry_header,
+};
 use super::{LogError, Quarantine, RecoveryReport, Segment};
 use crate::durable::{
     DurableError, create_dir_durable, durable_replace, list_dir_names, read_exact_append,
@@ -386,9 +390,9 @@ struct TailCut {
 }
 
 /// Opens the last segment read-write and scans it; the first invalid entry starts the cut, which
-/// is truncated and fsynced. When a valid entry starts anywhere after it (interior damage, not a
-/// torn write; see `valid_entries_after_damage`), the bytes cut are first kept durably in a
-/// quarantine file and an error is logged; if that fails, the segment is left as it is and the
+/// is truncated and fsynced. When `damage_verdict` keeps it (a complete entry, valid entries after
+/// it, or a resync search out of budget; see `valid_entries_after_damage`), the bytes cut are
+/// first kept durably in a quarantine file and an error is logged; if that fails, the segment is left as it is and the
 /// error returned (`LogError::QuarantineFailed`). Returns what was cut and the stamped batches
 /// kept.
 async fn open_last_segment(
@@ -410,24 +414,22 @@ async fn open_last_segment(
     let mut cut = TailCut::default();
     if let Some(invalid) = scan.invalid {
         cut.truncated_bytes = size_bytes - invalid.position;
-        let followed = valid_entries_after_damage(
+        let mut budget = ResyncBudget::new(size_bytes - invalid.position);
+        let resync = valid_entries_after_damage(
             &file,
             &path,
             scan.index.end_offset,
             invalid.position,
             size_bytes,
+            &mut budget,
         )
         .await?;
-        if let Some(last_offset) = followed {
-            let quarantine = quarantine_tail(
-                &file,
-                &path,
-                &invalid,
-                size_bytes,
-                scan.index.end_offset,
-                last_offset,
-            )
-            .await?;
+        let end_offset = scan.index.end_offset;
+        if let Some(last_offset) = damage_verdict(invalid.complete, resync, end_offset) {
+            let mut quarantine =
+                quarantine_tail(&file, &path, &invalid, size_bytes, end_offset, last_offset)
+                    .await?;
+            quarantine.resync_charged_bytes = budget.charged();
             tracing::error!(
                 segment = %path.display(),
                 position = invalid.position,
@@ -435,9 +437,11 @@ async fn open_last_segment(
                 quarantine = %quarantine.path.display(),
                 truncated_bytes = cut.truncated_bytes,
                 reason = %invalid.reason,
-                "damaged entry in the last segment is followed by valid entries: not a torn write. \
-                 The entries from the damaged one on may have been acknowledged; their bytes were \
-                 copied to the quarantine file and the segment is truncated at the damage"
+                resync = ?resync,
+                "damaged entry in the last segment that may have been acknowledged (complete, or \
+                 followed by valid entries, or the search for them ran out of budget), so it is \
+                 kept as if not a torn write: its bytes and everything after were copied to the \
+                 quarantine file and the segment is truncated at the damage"
             );
             cut.quarantined = Some(quarantine);
         } else {
@@ -468,24 +472,28 @@ async fn open_last_segment(
     ))
 }
 
-/// Whether the first invalid entry of the last segment is interior damage rather than a torn
-/// write, by resynchronising: from the byte after the damage, the first position where a valid
-/// entry starts (`resync_entry_header` with a base offset at least `end_offset`, the end of the
-/// valid entries before the damage, and a payload passing `check_entry_payload`). Entry headers
-/// carry no checksum, so a damaged header (offset, count or length) cannot say where the next
-/// entry starts: searching byte by byte finds it anyway. Returns the last offset of the valid
-/// entries that run back to back from there, or `None` (a torn tail). The search reads each byte
-/// after the damage once plus the payloads of candidate headers, bounded by the segment size,
-/// and runs only on the damage path. A torn group write can leave valid-looking entries after an
-/// invalid one too (pages reach the disk in any order), but none of those was acknowledged;
-/// interior damage may hit acknowledged entries, so the caller keeps the bytes either way.
+/// Whether valid entries follow the first invalid entry of the last segment, by resynchronising:
+/// from the byte after the damage, the first position where a valid entry starts
+/// (`resync_entry_header` with a base offset at least `end_offset`, the end of the valid entries
+/// before the damage, and a payload passing `check_entry_payload`). Entry headers carry no
+/// checksum, so a damaged header (offset, count or length) cannot say where the next entry
+/// starts: searching byte by byte finds it anyway. Returns the last offset of the valid entries
+/// that run back to back from there (`Resync::Found`), `Resync::NotFound`, or
+/// `Resync::BudgetSpent` when the candidates' payloads charged to `budget` would exceed it (a
+/// crafted payload of fake headers could otherwise make the search quadratic in the bytes after
+/// the damage). The search reads each byte after the damage once plus the payloads of candidate
+/// headers, bounded by `budget`, and runs only on the damage path. A torn group write can leave
+/// valid-looking entries after an invalid one too (pages reach the disk in any order), but none
+/// of those was acknowledged; interior damage may hit acknowledged entries, so the caller keeps
+/// the bytes either way.
 async fn valid_entries_after_damage(
     file: &File,
     path: &Path,
     end_offset: u64,
     damage_position: u64,
     size_bytes: u64,
-) -> Result<Option<u64>, LogError> {
+    budget: &mut ResyncBudget,
+) -> Result<Resync, LogError> {
     let mut reader = ChunkReader {
         file,
         size_bytes,
@@ -494,23 +502,26 @@ async fn valid_entries_after_damage(
     };
     let mut position = damage_position + 1;
     while size_bytes.saturating_sub(position) >= ENTRY_HEADER_SIZE as u64 {
-        let run = valid_run_at(&mut reader, path, position, end_offset).await?;
-        if run.is_some() {
+        let run = valid_run_at(&mut reader, path, position, end_offset, budget).await?;
+        if run != Resync::NotFound {
             return Ok(run);
         }
         position += 1;
     }
-    Ok(None)
+    Ok(Resync::NotFound)
 }
 
-/// The last offset of the valid entries running back to back from `start`, the first of which
-/// starts at an offset of at least `min_base_offset`; `None` when no valid entry starts there.
+/// The valid entries running back to back from `start`, the first of which starts at an offset
+/// of at least `min_base_offset`: `Resync::Found` with the last offset of the run, `NotFound`
+/// when no valid entry starts there, `BudgetSpent` when a candidate's payload would exceed
+/// `budget` (charged after its header passes, before its payload is framed or hashed).
 async fn valid_run_at(
     reader: &mut ChunkReader<'_>,
     path: &Path,
     start: u64,
     min_base_offset: u64,
-) -> Result<Option<u64>, LogError> {
+    budget: &mut ResyncBudget,
+) -> Result<Resync, LogError> {
     let size_bytes = reader.size_bytes;
     let mut position = start;
     let mut expected_offset: Option<u64> = None;
@@ -528,6 +539,9 @@ async fn valid_run_at(
         let Some(entry_size) = entry_size else {
             break;
         };
+        if !budget.charge(header.length) {
+            return Ok(Resync::BudgetSpent);
+        }
         let payload_position = position + ENTRY_HEADER_SIZE as u64;
         if !messages_frame_payload(reader, path, payload_position, &header).await? {
             break;
@@ -542,7 +556,12 @@ async fn valid_run_at(
         expected_offset = Some(header.base_offset + u64::from(header.message_count));
         position += entry_size;
     }
-    Ok(expected_offset.map(|end| end - 1))
+    Ok(match expected_offset {
+        Some(end) => Resync::Found {
+            last_offset: end - 1,
+        },
+        None => Resync::NotFound,
+    })
 }
 
 /// A cheap necessary condition of `check_message_section`, read message header by message
@@ -626,6 +645,7 @@ async fn quarantine_tail(
         size_bytes: size_bytes - invalid.position,
         first_offset,
         last_offset,
+        resync_charged_bytes: 0,
     })
 }
 
@@ -799,6 +819,9 @@ pub(super) fn quarantine_name(segment: &Path, position: u64) -> PathBuf {
 struct Invalid {
     position: u64,
     reason: String,
+    /// `Some(its last offset)` when the entry is complete: its header passes the rules (so it
+    /// lies whole in the file) and only its payload fails `check_entry_payload`.
+    complete: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -835,7 +858,13 @@ async fn scan_segment(
             break None;
         }
         let remaining = size_bytes - position;
-        let invalid = |reason: String| Some(Invalid { position, reason });
+        let invalid = |reason: String| {
+            Some(Invalid {
+                position,
+                reason,
+                complete: None,
+            })
+        };
         if remaining < ENTRY_HEADER_SIZE as u64 {
             break invalid(format!(
                 "{remaining} bytes left, less than the {ENTRY_HEADER_SIZE}-byte entry header"
@@ -855,7 +884,11 @@ async fn scan_segment(
             .await
             .map_err(io_error(path, "read segment"))?;
         if let Err(reason) = check_entry_payload(&header, payload) {
-            break invalid(reason);
+            break Some(Invalid {
+                position,
+                reason,
+                complete: Some(header.base_offset + u64::from(header.message_count) - 1),
+            });
         }
         if let Some((producer, sequence)) = producer_stamp(payload) {
             producer_batches.record(ProducerBatch {

@@ -5,7 +5,7 @@
 
 use super::index::SegmentIndex;
 use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, check_message_section, payload_checksum};
-use crate::limits::ENTRY_SIZE_MAX;
+use crate::limits::{ENTRY_SIZE_MAX, RESYNC_CHARGED_BYTES_PER_TAIL_BYTE};
 
 /// Checks an entry header read at a position with `bytes_left` bytes to the end of the segment,
 /// where the entry must start at offset `expected_base_offset`: the entry is at most
@@ -88,6 +88,78 @@ pub fn resync_entry_header(
     check_entry_header(header, header.base_offset, bytes_left).ok()
 }
 
+/// The work budget of the resync search after damage at some position of the last segment
+/// (`RESYNC_CHARGED_BYTES_PER_TAIL_BYTE` in `limits.rs`): every candidate entry whose header
+/// passes the rules (`resync_entry_header`, or `check_entry_header` further in a run) is charged
+/// its payload length before its payload is framed or hashed. Open and `shardline inspect
+/// segment` charge at the same points, so they spend the budget alike and reach the same verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResyncBudget {
+    limit: u64,
+    charged: u64,
+}
+
+impl ResyncBudget {
+    /// The budget of a search over `bytes_after_damage` bytes (from the damaged entry to the end
+    /// of the segment).
+    pub fn new(bytes_after_damage: u64) -> Self {
+        Self {
+            limit: bytes_after_damage.saturating_mul(RESYNC_CHARGED_BYTES_PER_TAIL_BYTE),
+            charged: 0,
+        }
+    }
+
+    /// Charges a candidate's `payload_bytes`; `false` (nothing charged) when that would exceed
+    /// the budget: the search must stop with `Resync::BudgetSpent`.
+    pub fn charge(&mut self, payload_bytes: u32) -> bool {
+        let charged = self.charged + u64::from(payload_bytes);
+        if charged > self.limit {
+            return false;
+        }
+        self.charged = charged;
+        true
+    }
+
+    /// Payload bytes charged so far (at most `limit`).
+    pub fn charged(&self) -> u64 {
+        self.charged
+    }
+
+    /// The most the search may charge (bytes).
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+}
+
+/// What the resync search after damage in the last segment found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resync {
+    /// Valid entries start after the damage; the last offset of their back-to-back run.
+    Found { last_offset: u64 },
+    /// No valid entry starts anywhere after the damage.
+    NotFound,
+    /// The search spent its `ResyncBudget` without a verdict.
+    BudgetSpent,
+}
+
+/// Open's verdict on the first invalid entry of the last segment (`storage/FORMAT.md` section
+/// 3): `Some(last_offset)` when its bytes are kept in a quarantine file before the truncation,
+/// `None` for a plain torn tail. `complete` is `Some(last offset the entry claims)` when the
+/// entry is complete (its header passes `check_entry_header`, so it lies whole in the file, and
+/// only its payload fails `check_entry_payload`): it may have been acknowledged, a torn write
+/// and bit rot look alike there, so it is kept whatever follows. A short tail (the header
+/// incomplete or breaking the rules) is kept only when the search finds valid entries after it
+/// or spends its budget first (conservative). `last_offset` is the last offset known to be in
+/// the kept bytes: the found run's, else the complete entry's own, else `first_offset` (the
+/// damaged entry's expected offset; what follows is unknown).
+pub fn damage_verdict(complete: Option<u64>, resync: Resync, first_offset: u64) -> Option<u64> {
+    match (resync, complete) {
+        (Resync::Found { last_offset }, _) | (_, Some(last_offset)) => Some(last_offset),
+        (Resync::BudgetSpent, None) => Some(first_offset),
+        (Resync::NotFound, None) => None,
+    }
+}
+
 /// One entry as a segment's index file describes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexedEntry {
@@ -135,4 +207,32 @@ pub fn closed_segment_index(
         end_offset: index.end_offset,
         entries,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issue7_4_damage_verdict_keeps_complete_entries_and_spent_searches() {
+        let found = Resync::Found { last_offset: 9 };
+        assert_eq!(damage_verdict(None, found, 3), Some(9));
+        assert_eq!(damage_verdict(Some(5), found, 3), Some(9));
+        assert_eq!(damage_verdict(Some(5), Resync::NotFound, 3), Some(5));
+        assert_eq!(damage_verdict(Some(5), Resync::BudgetSpent, 3), Some(5));
+        assert_eq!(damage_verdict(None, Resync::BudgetSpent, 3), Some(3));
+        assert_eq!(damage_verdict(None, Resync::NotFound, 3), None);
+    }
+
+    #[test]
+    fn issue7_1_resync_budget_is_three_bytes_per_tail_byte() {
+        let mut budget = ResyncBudget::new(100);
+        assert_eq!(budget.limit(), 300);
+        assert!(budget.charge(250));
+        assert!(!budget.charge(51));
+        assert_eq!(budget.charged(), 250);
+        assert!(budget.charge(50));
+        assert!(!budget.charge(1));
+        assert_eq!(budget.charged(), 300);
+    }
 }

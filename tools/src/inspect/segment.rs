@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use storage::durable::TRAILER_SIZE;
 use storage::limits::{DURABLE_FILE_SIZE_MAX, SCAN_CHUNK_BYTES};
 use storage::log::verify::{
-    ClosedSegmentIndex, IndexedEntry, check_entry_header, check_entry_payload,
-    closed_segment_index, resync_entry_header,
+    ClosedSegmentIndex, IndexedEntry, Resync, ResyncBudget, check_entry_header,
+    check_entry_payload, closed_segment_index, damage_verdict, resync_entry_header,
 };
 use storage::{ENTRY_HEADER_SIZE, EntryHeader};
 use twox_hash::XxHash3_64;
@@ -37,7 +37,7 @@ pub(crate) struct SegmentReport {
     /// segment opens).
     next_offset: Option<u64>,
     size_bytes: u64,
-    /// Files holding bytes open cut from the last segment after interior damage
+    /// Files holding bytes open cut from the last segment after damage it keeps
     /// (`{base_offset:020}.log.damaged-at-{position}`): kept for the operator, not damage.
     quarantine_files: Vec<QuarantineFile>,
 }
@@ -99,6 +99,9 @@ struct Walk {
     /// Byte position and reason of the first invalid entry of a scan (a walk along an index
     /// reports damaged entries in `entries` instead).
     invalid: Option<(u64, String)>,
+    /// `Some(its last offset)` when that invalid entry is complete: its header passes the rules
+    /// and only its payload fails `check_entry_payload` (open then keeps it whatever follows).
+    invalid_complete: Option<u64>,
 }
 
 fn read_error(file: &Path) -> impl Fn(std::io::Error) -> anyhow::Error + '_ {
@@ -127,6 +130,7 @@ fn scan_from(
     let mut position = start;
     let mut next_offset = base_offset;
     let mut payload = Vec::new();
+    let mut invalid_complete = None;
     let invalid = loop {
         if position == size_bytes {
             break None;
@@ -152,6 +156,7 @@ fn scan_from(
         payload.resize(header.length as usize, 0);
         reader.read_exact(&mut payload).map_err(read_error(file))?;
         if let Err(reason) = check_entry_payload(&header, &payload) {
+            invalid_complete = Some(expected + u64::from(header.message_count) - 1);
             break Some(reason);
         }
         entries.push(LogEntry {
@@ -170,20 +175,21 @@ fn scan_from(
         entries,
         end_offset: next_offset,
         invalid: invalid.map(|reason| (position, reason)),
+        invalid_complete,
     })
 }
 
-/// Open's verdict on the first invalid entry of the last segment, at `position` where offset
-/// `expected_offset` was due: interior damage when, resynchronising from the byte after it, a
-/// valid entry starts somewhere (`resync_entry_header` at an offset of at least
-/// `expected_offset`, then `check_entry_payload`), whatever the damaged header says. Returns the
-/// first and last offsets open would cut and quarantine.
-fn interior_damage(
+/// Open's resync search after the first invalid entry of the last segment, at `position` where
+/// offset `expected_offset` was due: from the byte after it, whether a valid entry starts
+/// somewhere (`resync_entry_header` at an offset of at least `expected_offset`, then
+/// `check_entry_payload`), whatever the damaged header says, within open's `ResyncBudget`
+/// (charged at the same points, so the verdict is open's; see `damage_verdict`).
+fn resync_after_damage(
     file: &Path,
     position: u64,
     expected_offset: u64,
     size_bytes: u64,
-) -> anyhow::Result<Option<(u64, u64)>> {
+) -> anyhow::Result<Resync> {
     let mut window = Window {
         file: open_read_only(file)?,
         path: file,
@@ -191,23 +197,27 @@ fn interior_damage(
         buffer: Vec::new(),
         start: 0,
     };
+    let mut budget = ResyncBudget::new(size_bytes - position);
     let mut candidate = position + 1;
     while size_bytes.saturating_sub(candidate) >= ENTRY_HEADER_SIZE as u64 {
-        if let Some(last_offset) = valid_run_at(&mut window, candidate, expected_offset)? {
-            return Ok(Some((expected_offset, last_offset)));
+        let run = valid_run_at(&mut window, candidate, expected_offset, &mut budget)?;
+        if run != Resync::NotFound {
+            return Ok(run);
         }
         candidate += 1;
     }
-    Ok(None)
+    Ok(Resync::NotFound)
 }
 
-/// The last offset of the valid entries running back to back from `start`, the first at an
-/// offset of at least `min_base_offset`; `None` when no valid entry starts there.
+/// The valid entries running back to back from `start`, the first at an offset of at least
+/// `min_base_offset`: `Found` with the run's last offset, `NotFound` when no valid entry starts
+/// there, `BudgetSpent` when a candidate's payload would exceed `budget`.
 fn valid_run_at(
     window: &mut Window<'_>,
     start: u64,
     min_base_offset: u64,
-) -> anyhow::Result<Option<u64>> {
+    budget: &mut ResyncBudget,
+) -> anyhow::Result<Resync> {
     let mut position = start;
     let mut expected_offset: Option<u64> = None;
     while window.size_bytes - position >= ENTRY_HEADER_SIZE as u64 {
@@ -222,6 +232,9 @@ fn valid_run_at(
         let Some(entry_size) = entry_size else {
             break;
         };
+        if !budget.charge(header.length) {
+            return Ok(Resync::BudgetSpent);
+        }
         let payload = window.bytes(position + ENTRY_HEADER_SIZE as u64, header.length as usize)?;
         if check_entry_payload(&header, payload).is_err() {
             break;
@@ -229,7 +242,21 @@ fn valid_run_at(
         expected_offset = Some(header.base_offset + u64::from(header.message_count));
         position += entry_size;
     }
-    Ok(expected_offset.map(|end| end - 1))
+    Ok(match expected_offset {
+        Some(end) => Resync::Found {
+            last_offset: end - 1,
+        },
+        None => Resync::NotFound,
+    })
+}
+
+/// Open's verdict on the last segment's first invalid entry when it keeps the bytes: why, and
+/// the first and last offsets it reports for the quarantine.
+#[derive(Clone, Copy)]
+struct Kept {
+    resync: Resync,
+    first_offset: u64,
+    last_offset: u64,
 }
 
 /// Positional reads of a file through one buffer of at least [`SCAN_CHUNK_BYTES`].
@@ -322,6 +349,7 @@ fn walk_indexed(file: &Path, index: &ClosedSegmentIndex) -> anyhow::Result<Walk>
         entries,
         end_offset: Some(index.end_offset),
         invalid: None,
+        invalid_complete: None,
     })
 }
 
@@ -429,8 +457,8 @@ fn quarantine_display(file: &Path, position: u64) -> String {
     format!("{}.damaged-at-{position}", file.display())
 }
 
-/// The damage findings of one segment's walk; `interior` is open's verdict on the first invalid
-/// entry of the last segment (see [`interior_damage`]).
+/// The damage findings of one segment's walk; `kept` is open's verdict on the first invalid
+/// entry of the last segment when it quarantines it (see [`resync_after_damage`]).
 fn segment_damage(
     file: &Path,
     base_offset: Option<u64>,
@@ -438,7 +466,7 @@ fn segment_damage(
     size_bytes: u64,
     walk: &Walk,
     index: &IndexCheck,
-    interior: Option<(u64, u64)>,
+    kept: Option<Kept>,
 ) -> Vec<Damage> {
     let mut damage = Vec::new();
     for entry in &walk.entries {
@@ -457,15 +485,29 @@ fn segment_damage(
         }
     }
     if let Some((position, reason)) = &walk.invalid {
-        if let (true, Some((first_offset, last_offset))) = (last, interior) {
+        if let (true, Some(kept)) = (last, kept) {
+            let why = match kept.resync {
+                Resync::Found { .. } => {
+                    "valid entries follow it, so this is interior damage, not a torn write"
+                }
+                Resync::NotFound => {
+                    "the entry is complete (its header passes and it lies whole in the file), so \
+                     it may have been acknowledged: bit rot, not only a torn write"
+                }
+                Resync::BudgetSpent => {
+                    "the search for valid entries after it spent its budget, so it is kept as if \
+                     they followed"
+                }
+            };
             damage.push(Damage::new(
                 file,
                 Some(*position),
                 format!(
-                    "{reason}; valid entries follow it, so this is interior damage, not a torn \
-                     write: open copies the {} bytes from here (offsets {first_offset}-{last_offset}, \
-                     possibly acknowledged) to {}, logs an error and truncates the segment here",
+                    "{reason}; {why}: open copies the {} bytes from here (offsets {}-{}, possibly \
+                     acknowledged) to {}, logs an error and truncates the segment here",
                     size_bytes - position,
+                    kept.first_offset,
+                    kept.last_offset,
                     quarantine_display(file, *position)
                 ),
             ));
@@ -550,9 +592,16 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SegmentReport, Vec<Damage>
             Some(used_index) => walk_indexed(&file, used_index)?,
             None => scan(&file, base_offset.or(expected), file_size_bytes)?,
         };
-        let interior = match (&walk.invalid, walk.end_offset.or(expected)) {
-            (Some((position, _)), Some(expected_offset)) if last => {
-                interior_damage(&file, *position, expected_offset, file_size_bytes)?
+        let kept = match (&walk.invalid, walk.end_offset.or(expected)) {
+            (Some((position, _)), Some(first_offset)) if last => {
+                let resync = resync_after_damage(&file, *position, first_offset, file_size_bytes)?;
+                damage_verdict(walk.invalid_complete, resync, first_offset).map(|last_offset| {
+                    Kept {
+                        resync,
+                        first_offset,
+                        last_offset,
+                    }
+                })
             }
             _ => None,
         };
@@ -563,7 +612,7 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SegmentReport, Vec<Damage>
             file_size_bytes,
             &walk,
             &index,
-            interior,
+            kept,
         ));
         let end_offset = walk.end_offset.or(base_offset);
         next_offset = end_offset.or(next_offset);
@@ -647,7 +696,8 @@ impl Report for SegmentReport {
             let _ = writeln!(
                 out,
                 "quarantine file {} ({} bytes): bytes open cut from the last segment after \
-                 interior damage, kept for inspection (not read by the server)",
+                 damage that may have been acknowledged, kept for inspection (not read by the \
+                 server)",
                 quarantine.file, quarantine.size_bytes
             );
         }
