@@ -46,8 +46,9 @@ pub struct ServeArgs {
     pub fsync: FsyncPolicy,
     /// Largest request or reply frame, bytes (1024..=67108864, i.e. 1KiB..=64MiB; a KiB, MiB or
     /// GiB suffix is accepted): the 256-byte header plus the body, e.g. a batch of N messages
-    /// takes 288 + 32 × N bytes plus its payloads. Clients learn it from a Ping reply;
-    /// `shardline send` cuts its batches to fit.
+    /// takes 288 + 32 × N bytes plus its payloads (16 more with an idempotent producer's stamp,
+    /// as `shardline send` sends). Clients learn it from a Ping reply; `shardline send` cuts its
+    /// batches to fit.
     #[arg(long, env = "SHARDLINE_MAX_MESSAGE_SIZE", default_value_t = bus::limits::MESSAGE_SIZE_MAX_DEFAULT, value_parser = shardline::arg_values::parse_byte_size_u32, value_name = "BYTES")]
     pub max_message_size: u32,
     /// Frames each shard inbox holds before senders get `Busy` (1..=1048576).
