@@ -27,7 +27,7 @@ use crate::durable::{
 };
 use crate::entry::{
     ENTRY_HEADER_SIZE, EntryHeader, MESSAGE_HEADER_SIZE, PRODUCER_STAMP_SIZE, ProducerBatch,
-    payload_checksum, producer_stamp,
+    producer_stamp,
 };
 use crate::limits::{
     QUARANTINE_FILE_NAME_ATTEMPT_COUNT_MAX, RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES, SCAN_CHUNK_BYTES,
@@ -360,7 +360,7 @@ async fn stamps_of_rows(
         let payload = &entry[ENTRY_HEADER_SIZE..];
         if header.base_offset != row.base_offset
             || header.length as usize != payload.len()
-            || payload_checksum(payload) != header.checksum
+            || check_entry_payload(&header, payload).is_err()
         {
             tracing::warn!(
                 segment = %segment.path.display(), position = row.position,
