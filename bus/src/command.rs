@@ -15,6 +15,28 @@ pub enum Command {
     /// `client`, `request` and `operation`; `error_code` is `SessionEvicted`; the body is the
     /// UTF-8 reason. The client must `Register` again before its next session-tracked request.
     Eviction = 3,
+    // Replica-to-replica commands (the replica bus, `shards::vsr::wire`). A client connection
+    // that sends one of these is closed like for any other unexpected command.
+    /// Primary to backups: one prepare (VSR Revisited section 4.1 step 3).
+    Prepare = 4,
+    /// Backup to primary: the prepare at `op` is durable here (section 4.1 step 4).
+    PrepareOk = 5,
+    /// Primary to backups: the commit number, when no prepare carries it (section 4.1 step 7).
+    Commit = 6,
+    /// Section 4.2 step 1.
+    StartViewChange = 7,
+    /// Section 4.2 step 2.
+    DoViewChange = 8,
+    /// Section 4.2 step 3.
+    StartView = 9,
+    /// Repair: ask a peer for the prepare at an op (section 4.3 of DESIGN, issue 8 section 2).
+    RequestPrepare = 10,
+    /// Repair: ask a peer for the headers of a range of ops.
+    RequestHeaders = 11,
+    /// Repair: the answer to `RequestHeaders`.
+    Headers = 12,
+    /// The first frame on a replica link: cluster id, replica index, client address.
+    Hello = 13,
 }
 
 /// Header `operation` of a client Request/Reply (v1).
@@ -78,11 +100,31 @@ pub enum ErrorCode {
     /// (a send or poll whose file open met the open-file limit, a topic past the partition
     /// budget) nothing was applied and the connection stays open.
     ResourceExhausted = 18,
+    /// This replica is not the primary of its view (it is a backup, or a view change is under
+    /// way). The reply's `view` is the replica's view, `replica` the index of that view's primary
+    /// (`view % replica_count`), and the body the primary's client address as UTF-8 (empty while
+    /// a view change is under way or the address is not known yet). Nothing was applied; the
+    /// client retries against that address (or the next one it knows).
+    NotPrimary = 19,
 }
 
 impl Command {
     /// Every command, in numeric order.
-    pub const ALL: [Command; 3] = [Command::Request, Command::Reply, Command::Eviction];
+    pub const ALL: [Command; 13] = [
+        Command::Request,
+        Command::Reply,
+        Command::Eviction,
+        Command::Prepare,
+        Command::PrepareOk,
+        Command::Commit,
+        Command::StartViewChange,
+        Command::DoViewChange,
+        Command::StartView,
+        Command::RequestPrepare,
+        Command::RequestHeaders,
+        Command::Headers,
+        Command::Hello,
+    ];
 
     /// The command numbered `value`, or `None` for a number no command has.
     pub fn from_u8(value: u8) -> Option<Command> {
@@ -90,6 +132,16 @@ impl Command {
             1 => Some(Command::Request),
             2 => Some(Command::Reply),
             3 => Some(Command::Eviction),
+            4 => Some(Command::Prepare),
+            5 => Some(Command::PrepareOk),
+            6 => Some(Command::Commit),
+            7 => Some(Command::StartViewChange),
+            8 => Some(Command::DoViewChange),
+            9 => Some(Command::StartView),
+            10 => Some(Command::RequestPrepare),
+            11 => Some(Command::RequestHeaders),
+            12 => Some(Command::Headers),
+            13 => Some(Command::Hello),
             _ => None,
         }
     }
@@ -142,7 +194,7 @@ impl Operation {
 
 impl ErrorCode {
     /// Every error code, in numeric order.
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 19] = [
         ErrorCode::Busy,
         ErrorCode::StreamNotFound,
         ErrorCode::StreamAlreadyExists,
@@ -161,6 +213,7 @@ impl ErrorCode {
         ErrorCode::MessageTooLarge,
         ErrorCode::SequenceGap,
         ErrorCode::ResourceExhausted,
+        ErrorCode::NotPrimary,
     ];
 
     /// The error code numbered `value`, or `None` for 0 (success) and unknown numbers.
@@ -184,6 +237,7 @@ impl ErrorCode {
             16 => Some(ErrorCode::MessageTooLarge),
             17 => Some(ErrorCode::SequenceGap),
             18 => Some(ErrorCode::ResourceExhausted),
+            19 => Some(ErrorCode::NotPrimary),
             _ => None,
         }
     }
@@ -227,6 +281,7 @@ impl ErrorCode {
             ErrorCode::ResourceExhausted => {
                 "server at a connection, partition or open-file limit, retry later"
             }
+            ErrorCode::NotPrimary => "this replica is not the primary; retry at the primary",
         }
     }
 }
@@ -276,7 +331,8 @@ mod tests {
     #[test]
     fn wire_numbers_of_commands_and_operations_are_stable() {
         let commands: Vec<u8> = Command::ALL.iter().map(|&c| c as u8).collect();
-        assert_eq!(commands, vec![1, 2, 3]);
+        assert_eq!(commands, (1..=13).collect::<Vec<u8>>());
+        assert_eq!(Command::Hello as u8, 13);
         let operations: Vec<u8> = Operation::ALL.iter().map(|&o| o as u8).collect();
         assert_eq!(operations, (1..=9).collect::<Vec<u8>>());
         assert_eq!(Command::Eviction as u8, 3);
@@ -303,7 +359,8 @@ mod tests {
     #[test]
     fn error_code_numbers_are_stable() {
         let numbers: Vec<u32> = ErrorCode::ALL.iter().map(|&c| c as u32).collect();
-        assert_eq!(numbers, (1..=18).collect::<Vec<u32>>());
+        assert_eq!(numbers, (1..=19).collect::<Vec<u32>>());
+        assert_eq!(ErrorCode::NotPrimary as u32, 19);
         assert_eq!(ErrorCode::StorageFull as u32, 14);
         assert_eq!(ErrorCode::ResourceExhausted as u32, 18);
         assert_eq!(ErrorCode::SessionEvicted as u32, 12);
@@ -312,7 +369,7 @@ mod tests {
             assert_eq!(ErrorCode::from_u32(code as u32), Some(code));
         }
         assert_eq!(ErrorCode::from_u32(0), None);
-        assert_eq!(ErrorCode::from_u32(19), None);
+        assert_eq!(ErrorCode::from_u32(20), None);
         assert_eq!(ErrorCode::from_u32(u32::MAX), None);
     }
 

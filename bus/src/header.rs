@@ -178,6 +178,9 @@ impl Header {
                     Some(_) => Ok(()),
                 }
             }
+            // Replica-bus commands carry no client operation; `shards::vsr::wire` checks the
+            // rest, and a client connection refuses them (`shards::frame`).
+            Some(_) => Ok(()),
         }
     }
 }
@@ -309,11 +312,17 @@ mod tests {
             header.validate_prefix(MAX),
             Err(FrameError::ProtocolVersion { version: 2 })
         ));
-        let header = resealed(|h| h.command = 4);
+        let header = resealed(|h| h.command = 14);
         assert!(matches!(
             header.validate_prefix(MAX),
-            Err(FrameError::UnknownCommand { command: 4 })
+            Err(FrameError::UnknownCommand { command: 14 })
         ));
+        // A replica-bus command carries no client operation.
+        let header = resealed(|h| {
+            h.command = Command::Prepare as u8;
+            h.operation = 0;
+        });
+        assert!(header.validate_prefix(MAX).is_ok());
         let header = resealed(|h| h.operation = 0);
         assert!(matches!(
             header.validate_prefix(MAX),
@@ -402,7 +411,7 @@ mod tests {
                 bytes in proptest::collection::vec(any::<u8>(), HEADER_SIZE),
                 size in prop_oneof![0u32..1200, any::<u32>()],
                 version in 0u16..3,
-                command in 0u8..5,
+                command in 0u8..16,
                 operation in prop_oneof![0u8..11, any::<u8>()],
                 max in prop_oneof![256u32..1200, any::<u32>()],
             ) {
@@ -416,8 +425,8 @@ mod tests {
                 let expected_ok = size >= 256
                     && size <= max
                     && version == PROTOCOL_VERSION
-                    && (1..=3).contains(&command)
-                    && (1..=9).contains(&operation);
+                    && (1..=13).contains(&command)
+                    && ((4..=13).contains(&command) || (1..=9).contains(&operation));
                 prop_assert_eq!(verdict.is_ok(), expected_ok, "{:?}", verdict);
             }
         }

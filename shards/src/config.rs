@@ -47,9 +47,30 @@ pub struct ServerConfig {
     pub clients_table_max: usize,
     /// Committed metadata ops between checkpoints (snapshot, superblock, journal release).
     pub checkpoint_interval: u64,
+    /// Cluster id: every replica of one cluster has the same; a replica frame from another
+    /// cluster is dropped, and a data directory formatted for another cluster refuses to boot.
+    pub cluster: u128,
+    /// This replica's index into `addresses` (0 when `addresses` is empty).
+    pub replica: u8,
+    /// Replica-to-replica addresses, one per replica, in replica-index order (1, 3 or 5 of them).
+    /// Empty: a single replica with no replica bus (today's behaviour).
+    pub addresses: Vec<SocketAddr>,
+    /// Length of one consensus tick; every VSR timer below counts ticks.
+    pub tick: std::time::Duration,
+    /// Ticks between two primary heartbeats (`Commit` messages) when no prepare carries the
+    /// commit number.
+    pub heartbeat_ticks: u64,
+    /// Ticks a backup waits without hearing from its primary before it starts a view change
+    /// (randomized up to twice this, so two backups do not collide forever).
+    pub view_change_timeout_ticks: u64,
 }
 
 impl ServerConfig {
+    /// Replicas in the cluster: the number of `addresses`, or 1 without them.
+    pub fn replica_count(&self) -> u8 {
+        u8::try_from(self.addresses.len().max(1)).unwrap_or(u8::MAX)
+    }
+
     /// A configuration with defaults for everything but the data directory.
     pub fn new(data_dir: PathBuf) -> ServerConfig {
         ServerConfig {
@@ -69,6 +90,12 @@ impl ServerConfig {
             connection_idle_timeout: crate::limits::CONNECTION_IDLE_TIMEOUT,
             clients_table_max: crate::limits::CLIENTS_TABLE_MAX_DEFAULT,
             checkpoint_interval: crate::limits::CHECKPOINT_INTERVAL_DEFAULT,
+            cluster: 0,
+            replica: 0,
+            addresses: Vec::new(),
+            tick: crate::limits::TICK_DEFAULT,
+            heartbeat_ticks: crate::limits::HEARTBEAT_TICKS_DEFAULT,
+            view_change_timeout_ticks: crate::limits::VIEW_CHANGE_TIMEOUT_TICKS_DEFAULT,
         }
     }
 

@@ -102,6 +102,17 @@ pub const ACCEPT_RETRY_SLEEP: Duration = Duration::from_millis(10);
 /// any socket buffer takes at once) before the close.
 pub const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// Default consensus tick (`--tick-ms`): every VSR timer counts these.
+pub const TICK_DEFAULT: Duration = Duration::from_millis(10);
+/// Default `--heartbeat-ticks`: an idle primary sends `Commit` every 100 ms.
+pub const HEARTBEAT_TICKS_DEFAULT: u64 = 10;
+/// Default `--view-change-timeout-ticks`: a backup that heard nothing from its primary for
+/// 300 ms (3 missed heartbeats) starts a view change.
+pub const VIEW_CHANGE_TIMEOUT_TICKS_DEFAULT: u64 = 30;
+/// Prepares a primary keeps in flight (prepared, not yet committed): concurrent clients' changes
+/// share fsyncs, and a view change carries at most this many uncommitted prepares.
+pub const PIPELINE_PREPARE_MAX: usize = 8;
+
 const _: () =
     assert!(SHUTDOWN_DRAIN_DEADLINE.as_secs() < runtime::launcher::SHUTDOWN_DEADLINE.as_secs());
 const _: () = assert!(LISTEN_BIND_RETRY_SLEEP.as_millis() < LISTEN_BIND_RETRY_MAX.as_millis());

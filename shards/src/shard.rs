@@ -26,7 +26,7 @@ use crate::producers::{ProducerTable, Verdict};
 use crate::resources::ResourceBudget;
 use crate::shard_for;
 use crate::unopened::{Begin, OpenFailure, UnopenedPartitions};
-use crate::vsr::Replica;
+use crate::vsr::ReplicaStore;
 use crate::vsr::client_table::Lookup;
 use crate::vsr::prepare::{PrepareBody, PrepareOperation};
 
@@ -68,7 +68,7 @@ pub struct Shard {
     metadata_queue: Option<MetadataQueue>,
     metadata_ack: RefCell<Option<MetadataAck>>,
     /// Shard 0 only: the journal, superblock, checkpoint and client table.
-    replica: Option<Rc<Replica>>,
+    replica: Option<Rc<ReplicaStore>>,
     budget: ResourceBudget,
     connection_count: Cell<u64>,
     receive_budget: ReceiveBudget,
@@ -375,7 +375,7 @@ impl Shard {
         config: Arc<ServerConfig>,
         endpoint: MeshEndpoint<ShardFrame>,
         metadata: MetadataState,
-        replica: Option<Replica>,
+        replica: Option<ReplicaStore>,
         budget: ResourceBudget,
     ) -> Shard {
         assert_eq!(
@@ -917,7 +917,7 @@ impl Shard {
     }
 
     /// Shard 0: the replica (present on shard 0 only).
-    fn replica(&self) -> &Rc<Replica> {
+    fn replica(&self) -> &Rc<ReplicaStore> {
         self.replica
             .as_ref()
             .expect("metadata commits run on shard 0, which holds the replica")
@@ -947,7 +947,7 @@ impl Shard {
             );
             return ShardReply::Registered { session };
         }
-        let body = PrepareBody::new(client, 0, PrepareOperation::Register);
+        let body = PrepareBody::new(client, 0, PrepareOperation::Register, wall_clock_us(), 0);
         let op = match replica.append(&body).await {
             Ok(op) => op,
             Err(e) => return journal_failure(&e),
@@ -1106,7 +1106,13 @@ impl Shard {
                 }
             }
         }
-        let body = PrepareBody::new(client, request, PrepareOperation::Metadata(op.clone()));
+        let body = PrepareBody::new(
+            client,
+            request,
+            PrepareOperation::Metadata(op.clone()),
+            wall_clock_us(),
+            0,
+        );
         let op_number = match replica.append(&body).await {
             Ok(op_number) => op_number,
             Err(e) => return journal_failure(&e),
@@ -1410,6 +1416,15 @@ async fn remove_dir_all(dir: PathBuf) {
         Ok(Err(e)) => tracing::warn!(path = %shown, error = %e, "cannot remove directory"),
         Err(_) => tracing::warn!(path = %shown, "directory removal task failed"),
     }
+}
+
+/// The wall clock in microseconds since the Unix epoch (0 before 1970).
+fn wall_clock_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
+        })
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use storage::superblock::{Superblock, SuperblockError, SuperblockState};
 use super::client_table::{CachedReply, ClientTable, Lookup, request_checksum};
 use super::prepare::{PrepareBody, PrepareOperation};
 use super::snapshot::{SNAPSHOT_PAYLOAD_VERSION, SnapshotPayload};
-use super::{Replica, journal_dir, snapshot_path, superblock_path};
+use super::{ReplicaStore, journal_dir, snapshot_path, superblock_path};
 use crate::config::ServerConfig;
 use crate::metadata::{MetadataOp, MetadataState, store};
 
@@ -121,7 +121,7 @@ fn refuse(reason: impl std::fmt::Display) -> String {
 ///
 /// # Cancel safety
 /// Not cancel safe; runs once at boot.
-pub async fn open(config: &ServerConfig) -> Result<(Replica, MetadataState), String> {
+pub async fn open(config: &ServerConfig) -> Result<(ReplicaStore, MetadataState), String> {
     let data_dir = config.data_dir.as_path();
     let superblock_file = superblock_path(data_dir);
     let snapshot_file = snapshot_path(data_dir);
@@ -262,7 +262,7 @@ pub async fn open(config: &ServerConfig) -> Result<(Replica, MetadataState), Str
         sessions = client_table.session_count(),
         "metadata recovered"
     );
-    let replica = Replica {
+    let replica = ReplicaStore {
         data_dir: data_dir.to_path_buf(),
         journal: Mutex::new(journal),
         checkpoint_lock: Mutex::new(()),

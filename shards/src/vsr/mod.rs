@@ -14,7 +14,9 @@
 pub mod boot;
 pub mod client_table;
 pub mod failpoint;
+pub mod message;
 pub mod prepare;
+pub mod replica;
 pub mod snapshot;
 
 use std::cell::{Cell, RefCell};
@@ -76,7 +78,7 @@ pub struct CheckpointDone {
 /// Lock order (DESIGN section 9): `checkpoint_lock`, then `superblock_lock`; never the reverse,
 /// and neither is held across anything but the checkpoint (or, later, a state-transfer install)
 /// it protects. `journal` is a leaf lock: nothing else is taken while it is held.
-pub struct Replica {
+pub struct ReplicaStore {
     data_dir: PathBuf,
     /// The metadata WAL. Held for one append (by the metadata task) or one release (by a
     /// checkpoint).
@@ -99,9 +101,9 @@ pub struct Replica {
     pub client_table: RefCell<ClientTable>,
 }
 
-impl std::fmt::Debug for Replica {
+impl std::fmt::Debug for ReplicaStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Replica")
+        f.debug_struct("ReplicaStore")
             .field("data_dir", &self.data_dir)
             .field("commit_min", &self.commit_min.get())
             .field("checkpoint_op", &self.checkpoint_op.get())
@@ -109,7 +111,7 @@ impl std::fmt::Debug for Replica {
     }
 }
 
-impl Replica {
+impl ReplicaStore {
     /// The highest op applied to the state machine and client table.
     pub fn commit_min(&self) -> u64 {
         self.commit_min.get()
@@ -126,7 +128,7 @@ impl Replica {
     }
 
     /// Makes `body` durable as the next op's prepare and returns that op. The caller then
-    /// applies it and calls [`Replica::committed`]; one prepare at a time (the metadata task).
+    /// applies it and calls [`ReplicaStore::committed`]; one prepare at a time (the metadata task).
     ///
     /// # Errors
     /// The journal's: `BodyTooLarge` (nothing written), `StorageFull` (the write was refused for
@@ -155,7 +157,7 @@ impl Replica {
         Ok(op)
     }
 
-    /// Records that `op` (returned by [`Replica::append`]) is applied; returns whether a
+    /// Records that `op` (returned by [`ReplicaStore::append`]) is applied; returns whether a
     /// checkpoint is now due (and marks it pending, so exactly one caller starts it).
     ///
     /// # Panics
@@ -203,7 +205,7 @@ impl Replica {
         result.map(Some)
     }
 
-    /// The steps of [`Replica::checkpoint`] for `checkpoint_op`, under `checkpoint_lock`.
+    /// The steps of [`ReplicaStore::checkpoint`] for `checkpoint_op`, under `checkpoint_lock`.
     async fn checkpoint_at(
         &self,
         checkpoint_op: u64,

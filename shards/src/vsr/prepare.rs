@@ -28,20 +28,43 @@ pub struct PrepareBody {
     /// Wall-clock time the primary prepared it, microseconds since the Unix epoch.
     pub timestamp_us: u64,
     pub operation: PrepareOperation,
+    /// The checksum of the prepare at the op below (its journal record header checksum),
+    /// `0x`-prefixed hex: the chain a backup checks to detect a gap or a fork (issue 8 section
+    /// 2). Absent in records written before prepares were chained (single replica, view 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
 }
 
 impl PrepareBody {
-    pub fn new(client: u128, request: u64, operation: PrepareOperation) -> PrepareBody {
-        let timestamp_us = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |elapsed| {
-                u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
-            });
+    /// A body stamped with `timestamp_us` (the caller's clock: the core never reads one) and
+    /// chained to `parent` (the checksum of the prepare below; 0 for op 1).
+    pub fn new(
+        client: u128,
+        request: u64,
+        operation: PrepareOperation,
+        timestamp_us: u64,
+        parent: u128,
+    ) -> PrepareBody {
         PrepareBody {
             client: format!("{client:#034x}"),
             request,
             timestamp_us,
             operation,
+            parent: Some(format!("{parent:#034x}")),
+        }
+    }
+
+    /// The parent checksum, 0 when the record predates chaining.
+    ///
+    /// # Errors
+    /// The field is present but not `0x`-prefixed hex of a u128.
+    pub fn parent_checksum(&self) -> Result<u128, String> {
+        match &self.parent {
+            None => Ok(0),
+            Some(text) => text
+                .strip_prefix("0x")
+                .and_then(|hex| u128::from_str_radix(hex, 16).ok())
+                .ok_or_else(|| format!("parent {text:?} is not 0x-prefixed hex")),
         }
     }
 
@@ -86,12 +109,21 @@ mod tests {
                 stream_id: 1,
                 name: "orders".to_owned(),
             }),
+            7,
+            0xfeed,
         );
         let decoded = PrepareBody::decode(&body.encode()).unwrap();
         assert_eq!(decoded, body);
         assert_eq!(decoded.client_id().unwrap(), u128::MAX);
-        let register = PrepareBody::new(5, 0, PrepareOperation::Register);
+        let register = PrepareBody::new(5, 0, PrepareOperation::Register, 0, 0);
         assert_eq!(PrepareBody::decode(&register.encode()).unwrap(), register);
+        assert_eq!(decoded.parent_checksum().unwrap(), 0xfeed);
+        // A record written before chaining has no parent: "unknown", read as 0.
+        let legacy = PrepareBody::decode(
+            br#"{"client":"0x5","request":0,"timestamp_us":0,"operation":"Register"}"#,
+        )
+        .unwrap();
+        assert_eq!(legacy.parent_checksum().unwrap(), 0);
         let error = PrepareBody::decode(
             br#"{"client":"0x5","request":0,"timestamp_us":0,"operation":"Register","x":1}"#,
         )

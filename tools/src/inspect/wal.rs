@@ -471,7 +471,7 @@ mod tests {
 
     #[test]
     fn prepare_bodies_are_summarized_and_foreign_bodies_named() {
-        let body = PrepareBody::new(0xab, 0, PrepareOperation::Register).encode();
+        let body = PrepareBody::new(0xab, 0, PrepareOperation::Register, 0, 0).encode();
         assert_eq!(
             describe_prepare(&body),
             format!("client {:#034x} request 0: Register", 0xab)
