@@ -15,6 +15,7 @@ pub mod producers;
 pub mod resources;
 pub mod server;
 pub mod shard;
+pub mod store;
 pub mod unopened;
 pub mod vsr;
 

@@ -138,7 +138,7 @@ impl RunningServer {
                 source,
             }
         })?;
-        crate::vsr::failpoint::check_env().map_err(ServerError::Startup)?;
+        crate::store::failpoint::check_env().map_err(ServerError::Startup)?;
         // Before anything is written: a limit too small to serve refuses with nothing on disk.
         let budget = ResourceBudget::from_open_file_limit(
             resources::raise_open_file_limit(),
@@ -169,13 +169,13 @@ impl RunningServer {
         let partitions_dir = config.data_dir.join(PARTITIONS_DIR_NAME);
         // A data directory is formatted by writing its superblock (or migrated from the earlier
         // metadata.json format); partition data without either has lost its metadata.
-        let superblock_path = crate::vsr::superblock_path(&config.data_dir);
+        let superblock_path = crate::store::superblock_path(&config.data_dir);
         let legacy_path = store::metadata_path(&config.data_dir);
         // (A journal or snapshot without a superblock is refused by shard 0's boot, which names it.)
         if !superblock_path.exists()
             && !legacy_path.exists()
-            && !crate::vsr::journal_dir(&config.data_dir).exists()
-            && !crate::vsr::snapshot_path(&config.data_dir).exists()
+            && !crate::store::journal_dir(&config.data_dir).exists()
+            && !crate::store::snapshot_path(&config.data_dir).exists()
             && resources::has_entries(&partitions_dir)
         {
             return Err(ServerError::MetadataMissing {
@@ -333,7 +333,9 @@ async fn run_shard(
     let (shard_id, shard_count) = (ctx.shard_id, ctx.shard_count);
     let (endpoint, mut pump, ready_barrier) = ctx.into_parts();
     let (metadata, replica) = if shard_id == ShardId(0) {
-        let (replica, metadata) = crate::vsr::boot::open(&config).await?;
+        let (replica, metadata) = crate::store::replay::open(&config)
+            .await
+            .map_err(|error| error.to_string())?;
         // Before any partition opens: past the budget, opening them would end in EMFILE.
         if let Some(refusal) = budget.partitions_refusal(metadata.namespaces().len() as u64) {
             return Err(format!(

@@ -25,8 +25,8 @@ use crate::metadata::{MetadataOp, MetadataState};
 use crate::producers::{ProducerTable, Verdict};
 use crate::resources::ResourceBudget;
 use crate::shard_for;
+use crate::store::ReplicaStore;
 use crate::unopened::{Begin, OpenFailure, UnopenedPartitions};
-use crate::vsr::ReplicaStore;
 use crate::vsr::client_table::Lookup;
 use crate::vsr::prepare::{PrepareBody, PrepareOperation};
 
@@ -990,7 +990,7 @@ impl Shard {
     /// # Errors
     /// The failed step, already logged; `CheckpointError::resource_refused` tells a refusal for
     /// lack of a resource from other failures.
-    pub async fn checkpoint(&self) -> Result<(), crate::vsr::CheckpointError> {
+    pub async fn checkpoint(&self) -> Result<(), crate::store::CheckpointError> {
         let replica = self.replica();
         let Err(error) = replica.checkpoint(&self.metadata).await else {
             return Ok(());
@@ -1027,7 +1027,7 @@ impl Shard {
         match lookup {
             Lookup::New => {}
             Lookup::Cached(reply) => {
-                if reply.request_checksum != crate::vsr::boot::change_checksum(&op) {
+                if reply.request_checksum != crate::store::replay::change_checksum(&op) {
                     // Same number, other arguments: answering with the cached reply would claim
                     // this request was applied when it was not.
                     return ShardReply::error(
@@ -1121,7 +1121,7 @@ impl Shard {
         replica.client_table.borrow_mut().commit(
             client,
             op_number,
-            crate::vsr::boot::change_reply(request, &op),
+            crate::store::replay::change_reply(request, &op),
         );
         let mut failures = Vec::new();
         // commit_min advances together with the state (a shutdown may cancel this task at the
