@@ -482,8 +482,9 @@ fn check_journal_span(
 /// Checks every journaled prepare above `snapshot_op`: its body decodes (a body this build
 /// cannot read stops boot, never skipped: FORMAT.md section 8.1) and its parent is the header
 /// checksum of the record at the op below when the journal holds that record (the parent chain,
-/// issue 8 section 2; a record written before chaining has no parent and is accepted). A failure
-/// is named by file, byte and op.
+/// issue 8 section 2; a record with no parent, or parent 0, is unchained and accepted: written
+/// before chaining, or by the single-replica commit path), and op 1's parent is 0. A failure is
+/// named by file, byte and op.
 fn check_prepares(
     recovery: &JournalRecovery,
     journal_path: &Path,
@@ -517,7 +518,9 @@ fn check_prepares(
         let body = PrepareBody::decode(&prepare.body)
             .map_err(|reason| refuse(format!("the prepare body does not decode: {reason}")))?;
         let parent = body.parent_checksum().map_err(&refuse)?;
-        if body.parent.is_some() {
+        // 0 is "unknown": no parent field (written before chaining), or the single-replica
+        // commit path that does not chain yet. A real checksum is 0 with odds 2^-128.
+        if parent != 0 {
             match below {
                 Some((op, expected)) if op + 1 == prepare.op && parent != expected => {
                     return Err(refuse(format!(
