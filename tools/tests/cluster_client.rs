@@ -24,7 +24,10 @@ fn stderr_of(output: &Output) -> String {
 /// A fake backup on its own thread: answers every request `NotPrimary` (view 1, primary 0)
 /// naming `primary` (or nothing). Returns its address and the (operation, client, request) of
 /// each request it was sent.
-fn fake_backup(primary: Option<SocketAddr>) -> (SocketAddr, Arc<Mutex<Vec<(u8, u128, u64)>>>) {
+/// (operation, client, request) of each request a fake backup received.
+type Received = Arc<Mutex<Vec<(u8, u128, u64)>>>;
+
+fn fake_backup(primary: Option<SocketAddr>) -> (SocketAddr, Received) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let received = Arc::new(Mutex::new(Vec::new()));
