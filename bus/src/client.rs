@@ -748,11 +748,15 @@ impl Client {
     }
 
     /// With several addresses: the next one of the list, reconnected before the next attempt.
-    /// With one: stays (the next attempt reconnects to it if the connection broke).
+    /// With one: back to it from a primary a `NotPrimary` named, else stays (the next attempt
+    /// reconnects to it if the connection broke).
     fn next_address(&mut self) {
         if self.addrs.len() > 1 {
             self.addr_index = (self.addr_index + 1) % self.addrs.len();
-            self.addr = self.addrs[self.addr_index];
+        }
+        let next = self.addrs[self.addr_index];
+        if next != self.addr {
+            self.addr = next;
             self.broken = true;
         }
     }

@@ -325,3 +325,30 @@ fn a_single_address_client_retries_an_empty_not_primary_on_the_same_server() {
         assert_eq!(client.addr(), only.addr);
     });
 }
+
+#[test]
+fn a_single_address_client_returns_to_its_address_when_the_named_primary_dies() {
+    run(async {
+        // The only known address is a backup naming a primary that is gone.
+        let gone = dead_address();
+        let calls = Rc::new(std::cell::Cell::new(0u32));
+        let counter = Rc::clone(&calls);
+        let named = backup(Some(gone));
+        let primary_now = primary();
+        // First answer: NotPrimary naming the dead primary; later (the view changed to this
+        // replica): served.
+        let only = fake(Rc::new(move |request: &Frame| {
+            counter.set(counter.get() + 1);
+            if counter.get() == 1 {
+                named(request)
+            } else {
+                primary_now(request)
+            }
+        }))
+        .await;
+        let mut client = Client::connect(only.addr).await.unwrap();
+        client.ping().await.unwrap();
+        assert_eq!(client.addr(), only.addr);
+        assert_eq!(calls.get(), 2);
+    });
+}
