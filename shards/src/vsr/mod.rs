@@ -10,3 +10,4 @@ pub mod message;
 pub mod prepare;
 pub mod replica;
 pub mod snapshot;
+pub mod wire;
