@@ -633,6 +633,7 @@ mod tests {
                 stream_id: 1,
                 workload: Workload::ProduceConsume,
                 metadata_op_count: 200,
+                metadata_clients: MetadataClients::ONE,
                 baseline_root: None,
             }
         );
@@ -833,7 +834,6 @@ mod tests {
             &["--partitions", "2"],
             &["--batch", "10"],
             &["--messages", "10"],
-            &["--duration", "1"],
             &["--message-size", "10"],
             &["--payload-file", "x.log"],
             &["--concurrent"],
@@ -855,6 +855,88 @@ mod tests {
             parse(&["--workload", "metadata", "--producers", "2"])
                 .validate()
                 .is_ok()
+        );
+    }
+
+    #[test]
+    fn clients_parse_with_a_count_or_a_duration() {
+        let plan = parse(&["--workload", "metadata"]).validate().unwrap();
+        assert_eq!(plan.metadata_clients, MetadataClients::ONE);
+        let plan = parse(&["--workload", "metadata", "--clients", "64"])
+            .validate()
+            .unwrap();
+        assert_eq!(
+            plan.metadata_clients,
+            MetadataClients {
+                count: 64,
+                duration: None
+            }
+        );
+        let plan = parse(&[
+            "--workload",
+            "metadata",
+            "--clients",
+            "1024",
+            "--duration",
+            "5",
+        ])
+        .validate()
+        .unwrap();
+        assert_eq!(
+            plan.metadata_clients,
+            MetadataClients {
+                count: 1024,
+                duration: Some(Duration::from_secs(5))
+            }
+        );
+        // A produce-consume run's --duration is its own, not the metadata clients'.
+        let plan = parse(&["--duration", "5"]).validate().unwrap();
+        assert_eq!(plan.metadata_clients, MetadataClients::ONE);
+    }
+
+    #[test]
+    fn clients_out_of_range_are_rejected_naming_flag_value_and_rule() {
+        let rule = "the count of concurrent client connections (each one a task of the bench; \
+                    past a thousand it measures its own scheduling, not the server)";
+        assert_eq!(
+            error(&["--workload", "metadata", "--clients", "0"]),
+            format!("--clients 0 is outside 1..=1024: {rule}")
+        );
+        assert_eq!(
+            error(&["--workload", "metadata", "--clients", "2000"]),
+            format!("--clients 2000 is outside 1..=1024: {rule}")
+        );
+        assert!(
+            parse(&["--workload", "metadata", "--clients", "1"])
+                .validate()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn clients_belong_to_the_metadata_workload_and_duration_needs_two() {
+        for count in ["1", "4"] {
+            assert_eq!(
+                error(&["--clients", count]),
+                "--clients applies to --workload metadata only, not to --workload \
+                 produce-consume"
+            );
+        }
+        assert_eq!(
+            error(&["--workload", "metadata", "--duration", "3"]),
+            "--duration 3 with --workload metadata times the concurrent clients, so it needs \
+             --clients 2 or more; the single-client rounds are counted by --metadata-ops"
+        );
+        assert_eq!(
+            error(&[
+                "--workload",
+                "metadata",
+                "--clients",
+                "2",
+                "--duration",
+                "0"
+            ]),
+            "--duration must be at least 1"
         );
     }
 

@@ -810,9 +810,131 @@ async fn register_loop(
 
 #[cfg(test)]
 mod tests {
-    use bus::StreamInfo;
+    use bus::{StreamInfo, error_reply, reply_header};
 
     use super::*;
+
+    const ADDR: &str = "127.0.0.1:9001";
+
+    fn addr() -> SocketAddr {
+        ADDR.parse().unwrap()
+    }
+
+    fn register_request() -> Header {
+        let mut header = Header::new(Command::Request, Operation::Register);
+        header.client = 0xabc;
+        header
+    }
+
+    /// The frame `bytes` encode (header + body).
+    fn frame(bytes: &[u8]) -> Frame {
+        let header: Header = bytemuck::pod_read_unaligned(&bytes[..bus::HEADER_SIZE]);
+        Frame {
+            header,
+            body: bytes[bus::HEADER_SIZE..].to_vec(),
+        }
+    }
+
+    fn not_primary_reply(body: &str) -> Frame {
+        let mut header = reply_header(&register_request());
+        header.error_code = ErrorCode::NotPrimary as u32;
+        header.view = 4;
+        header.replica = 1;
+        frame(&encode_frame(&mut header, body.as_bytes()))
+    }
+
+    #[test]
+    fn a_committed_register_gives_its_session() {
+        let mut header = reply_header(&register_request());
+        header.offset = 17;
+        let reply = frame(&encode_frame(&mut header, &[]));
+        assert_eq!(register_reply(addr(), &register_request(), &reply), Ok(17));
+    }
+
+    #[test]
+    fn not_primary_names_the_address_and_the_primary_from_the_reply() {
+        let refusal = register_reply(
+            addr(),
+            &register_request(),
+            &not_primary_reply("127.0.0.1:9000"),
+        )
+        .unwrap_err();
+        assert_eq!(
+            refusal.to_string(),
+            "--addr 127.0.0.1:9001 is not the cluster's primary (its view is 4): it names the \
+             primary, replica 1, at 127.0.0.1:9000; run the bench again with --addr 127.0.0.1:9000"
+        );
+        let refusal =
+            register_reply(addr(), &register_request(), &not_primary_reply("")).unwrap_err();
+        assert_eq!(
+            refusal.to_string(),
+            "--addr 127.0.0.1:9001 is not the cluster's primary (its view is 4): it names no \
+             primary address (a view change may be under way); run the bench again with --addr \
+             naming the primary"
+        );
+    }
+
+    #[test]
+    fn other_answers_are_refusals_naming_what_came() {
+        let busy = frame(&error_reply(&register_request(), ErrorCode::Busy, ""));
+        assert_eq!(
+            register_reply(addr(), &register_request(), &busy),
+            Err(RegisterRefusal::Busy { addr: addr() })
+        );
+        let full = frame(&error_reply(
+            &register_request(),
+            ErrorCode::StorageFull,
+            "journal full",
+        ));
+        assert_eq!(
+            register_reply(addr(), &register_request(), &full)
+                .unwrap_err()
+                .to_string(),
+            "the server at 127.0.0.1:9001 refused a Register with error 14 (StorageFull): \
+             journal full"
+        );
+        let mut other = register_request();
+        other.client = 0xdef;
+        let stray = frame(&encode_frame(&mut reply_header(&other), &[]));
+        assert_eq!(
+            register_reply(addr(), &register_request(), &stray)
+                .unwrap_err()
+                .to_string(),
+            "the server at 127.0.0.1:9001 answered a Register with a reply to client 0xdef \
+             request 0 operation 9"
+        );
+    }
+
+    #[test]
+    fn a_not_primary_through_the_client_gets_the_advice_on_top() {
+        let error = anyhow::Error::new(ClientError::Server {
+            code: ErrorCode::NotPrimary,
+            message: "127.0.0.1:9000".to_string(),
+        })
+        .context("round 3 of 200: cannot register");
+        let explained = explain_not_primary(error, addr());
+        assert_eq!(
+            explained.to_string(),
+            "--addr 127.0.0.1:9001 is not the cluster's primary: it names the primary at \
+             127.0.0.1:9000; run the bench again with --addr 127.0.0.1:9000"
+        );
+        assert!(format!("{explained:#}").contains("round 3 of 200"));
+        let other = explain_not_primary(anyhow::anyhow!("cannot reach the server"), addr());
+        assert_eq!(other.to_string(), "cannot reach the server");
+    }
+
+    #[test]
+    fn client_ids_are_fresh_and_never_zero() {
+        let ids = ClientIds {
+            base: u128::MAX - 1,
+            next: AtomicU64::new(0),
+        };
+        assert_eq!(ids.next(), u128::MAX - 1);
+        assert_eq!(ids.next(), u128::MAX);
+        assert_eq!(ids.next(), 1);
+        let ids = ClientIds::new();
+        assert_ne!(ids.next(), ids.next());
+    }
 
     fn metadata(stream_ids: &[u32]) -> Metadata {
         Metadata {

@@ -586,6 +586,8 @@ mod tests {
             idle_poll_us: None,
             first_stream_id: 1,
             topic_partitions: TOPIC_PARTITION_COUNT,
+            clients: 1,
+            replica_count: Some(1),
         }
     }
 
@@ -603,7 +605,38 @@ mod tests {
             baseline_path: PathBuf::from("/d/baseline.scratch"),
             baseline_location: BaselineLocation::ServerRunDir,
             same_filesystem_as_server: Some(true),
+            clients: None,
         }
+    }
+
+    /// `client_count` clients committed `commits` (µs) in `elapsed`.
+    fn clients(client_count: u32, commits: &[u64], elapsed: Duration) -> ClientsMeasurement {
+        ClientsMeasurement {
+            client_count,
+            thread_count: 2,
+            registers_per_client: Some(100),
+            duration: None,
+            commit_us: histogram_of(commits),
+            elapsed,
+            busy_retry_count: 3,
+        }
+    }
+
+    /// A run of `client_count` clients with 20 000 commits in 2 s (10 000 ops/s), against a
+    /// server of `replica_count` replicas; the single-client register p99 is 600 µs.
+    fn clients_run(client_count: u32, replica_count: Option<u8>) -> MetadataRunReport {
+        let mut measured = measured(&[100; 4], &[300, 300, 300, 600]);
+        measured.clients = Some(clients(
+            client_count,
+            &vec![1000; 20_000],
+            Duration::from_secs(2),
+        ));
+        let config = MetadataRunConfig {
+            clients: client_count,
+            replica_count,
+            ..config()
+        };
+        MetadataRunReport::new(1, config, &measured)
     }
 
     #[test]
@@ -683,6 +716,7 @@ mod tests {
             keys(run),
             [
                 "baseline",
+                "clients",
                 "config",
                 "create_stream",
                 "create_topic",
@@ -705,12 +739,111 @@ mod tests {
             keys(&run["target"]),
             ["met", "op", "p99_ratio", "p99_ratio_max", "rule"]
         );
+        assert_eq!(run["clients"], serde_json::Value::Null);
         assert_eq!(run["baseline"]["location"], "server_run_dir");
         assert_eq!(run["target"]["p99_ratio"], 2.0);
         assert_eq!(
             run["target"]["rule"],
             "p99 of register within 3x of the p99 of one 4096-byte write+fdatasync on the \
              same disk"
+        );
+    }
+
+    #[test]
+    fn clients_report_ops_per_second_and_the_commit_latency() {
+        let run = clients_run(64, Some(1));
+        let clients = run.clients.as_ref().unwrap();
+        assert_eq!(clients.committed_ops, 20_000);
+        assert_eq!(clients.elapsed_seconds, 2.0);
+        assert_eq!(clients.ops_per_second, 10_000.0);
+        assert_eq!(clients.latency_us.p50, 1000);
+        assert_eq!(clients.latency_us.max, 1000);
+        assert_eq!(clients.busy_retries, 3);
+        assert_eq!(clients.target.ops_per_second_min, Some(10_000));
+        assert_eq!(clients.target.ops_per_second_ratio, Some(1.0));
+        assert_eq!(clients.target.met, Some(true));
+        assert_eq!(clients.target.three_replica_register_p99_max_us, Some(1200));
+        let text = render_metadata_run(&run);
+        assert!(
+            text.contains(
+                "clients: 64 connections on 2 threads, 100 Registers each (a fresh client id per \
+                 Register): 20000 committed in 2.000 s = 10000 ops/s; commit latency p50 1000us \
+                 p99 1000us max 1000us; busy retries 3"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "issue 8 throughput (64 clients registering): >= 10000 ops/s with 1 replica, >= \
+                 5000 with 3; this server has 1 replica: 10000 ops/s is 1.00x its 10000: met"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "this single-replica run's register p99 is 600us, so a 3-replica run's must be \
+                 <= 1200us"
+            ),
+            "{text}"
+        );
+        let json = serde_json::to_value(&run).unwrap();
+        assert_eq!(json["clients"]["ops_per_second"], 10_000.0);
+        assert_eq!(json["clients"]["latency_us"]["p99"], 1000);
+        assert_eq!(json["config"]["clients"], 64);
+    }
+
+    #[test]
+    fn clients_targets_follow_the_replica_count_and_the_client_count() {
+        let three = clients_run(64, Some(3));
+        let target = &three.clients.as_ref().unwrap().target;
+        assert_eq!(target.ops_per_second_min, Some(5000));
+        assert_eq!(target.ops_per_second_ratio, Some(2.0));
+        assert_eq!(target.met, Some(true));
+        assert_eq!(target.three_replica_register_p99_max_us, None);
+
+        let unknown = clients_run(64, None);
+        let target = &unknown.clients.as_ref().unwrap().target;
+        assert_eq!(target.ops_per_second_min, None);
+        assert_eq!(target.met, None);
+        let text = render_metadata_run(&unknown);
+        assert!(
+            text.contains(
+                "the bench does not know this server's replica count (--addr): compare 10000 \
+                 ops/s with the target for its count"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "this run's register p99 is 600us: compare it with a single-replica run's"
+            ),
+            "{text}"
+        );
+
+        let few = clients_run(4, Some(1));
+        let target = &few.clients.as_ref().unwrap().target;
+        assert_eq!(target.ops_per_second_ratio, Some(1.0));
+        assert_eq!(target.met, None);
+        assert!(
+            render_metadata_run(&few)
+                .contains("not judged: the target names 64 clients, this run used 4"),
+            "{}",
+            render_metadata_run(&few)
+        );
+    }
+
+    #[test]
+    fn a_missed_throughput_target_is_reported_not_failed() {
+        let mut measured = measured(&[100; 4], &[300; 4]);
+        measured.clients = Some(clients(64, &[1000; 1000], Duration::from_secs(1)));
+        let run = MetadataRunReport::new(1, config(), &measured);
+        let clients = run.clients.as_ref().unwrap();
+        assert_eq!(clients.target.ops_per_second_ratio, Some(0.1));
+        assert_eq!(clients.target.met, Some(false));
+        assert!(
+            render_metadata_run(&run).contains("1000 ops/s is 0.10x its 10000: NOT met"),
+            "{}",
+            render_metadata_run(&run)
         );
     }
 }
