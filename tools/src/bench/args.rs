@@ -10,7 +10,10 @@ use bus::limits::{BATCH_MESSAGE_COUNT_MAX, MESSAGE_SIZE_MAX_DEFAULT, PARTITION_C
 use bus::{BATCH_HEADER_SIZE, HEADER_SIZE, MESSAGE_HEADER_SIZE};
 
 use super::limits::{CONSUMER_COUNT_MAX, METADATA_OP_COUNT_MAX, PRODUCER_COUNT_MAX};
-use super::plan::{BenchPlan, PayloadChoice, ServerTarget, ShardRequest, Workload};
+use super::metadata::METADATA_CLIENT_COUNT_MAX;
+use super::plan::{
+    BenchPlan, MetadataClients, PayloadChoice, ServerTarget, ShardRequest, Workload,
+};
 use super::server::ServerOptions;
 use super::workload::ProduceStop;
 
@@ -109,7 +112,8 @@ pub struct BenchArgs {
     pub messages: Option<u64>,
 
     /// Produce for this many seconds instead of a message count, then read back what was
-    /// acknowledged.
+    /// acknowledged. With `--workload metadata --clients N` (N >= 2): how long the concurrent
+    /// clients register, instead of `--metadata-ops` Registers each.
     #[arg(long, value_name = "SECS")]
     pub duration: Option<u64>,
 
@@ -153,9 +157,19 @@ pub struct BenchArgs {
     pub workload: Workload,
 
     /// `--workload metadata`: rounds to time (each: register, create stream, create topic,
-    /// delete stream, plus one baseline write + fdatasync) [default: 200].
+    /// delete stream, plus one baseline write + fdatasync) [default: 200]. With `--clients` N >= 2
+    /// and no `--duration`, also the Registers each concurrent client sends.
     #[arg(long, value_name = "N")]
     pub metadata_ops: Option<u32>,
+
+    /// `--workload metadata`: concurrent client connections, 1..=1024 [default: 1]. With 2 or
+    /// more, after the rounds every connection registers fresh sessions in a loop (a new client
+    /// id per Register, so each is one committed metadata op), `--metadata-ops` times or for
+    /// `--duration` seconds, and the report adds committed ops per second and the p50/p99/max
+    /// latency of those commits beside issue 8's targets (64 clients: 10,000 ops/s with 1
+    /// replica, 5,000 with 3). With `--addr`, name the cluster's primary.
+    #[arg(long, value_name = "N")]
+    pub clients: Option<u32>,
 }
 
 /// Why the flags cannot be run.
@@ -169,6 +183,18 @@ pub enum BenchArgsError {
         value: u64,
         max: u64,
     },
+    #[error("--{flag} {value} is outside {min}..={max}: {rule}")]
+    OutOfRange {
+        flag: &'static str,
+        value: u64,
+        min: u64,
+        max: u64,
+        rule: &'static str,
+    },
+    #[error(
+        "--duration {seconds} with --workload metadata times the concurrent clients, so it needs --clients 2 or more; the single-client rounds are counted by --metadata-ops"
+    )]
+    MetadataDurationWithOneClient { seconds: u64 },
     #[error("--{first} and --{second} cannot both be given: {rule}")]
     Conflict {
         first: &'static str,
@@ -409,6 +435,7 @@ impl BenchArgs {
             metadata_op_count.into(),
             METADATA_OP_COUNT_MAX.into(),
         )?;
+        let metadata_clients = self.metadata_clients()?;
         let baseline_root = match (&server, self.workload) {
             (ServerTarget::External { .. }, Workload::Metadata) => self.data_root.clone(),
             _ => None,
@@ -427,8 +454,32 @@ impl BenchArgs {
             stream_id: self.stream_id,
             workload: self.workload,
             metadata_op_count,
+            metadata_clients,
             baseline_root,
         })
+    }
+
+    /// `--clients` and, for `--workload metadata`, `--duration`, checked.
+    fn metadata_clients(&self) -> Result<MetadataClients, BenchArgsError> {
+        let count = self.clients.unwrap_or(MetadataClients::ONE.count);
+        if !(1..=METADATA_CLIENT_COUNT_MAX).contains(&count) {
+            return Err(BenchArgsError::OutOfRange {
+                flag: "clients",
+                value: count.into(),
+                min: 1,
+                max: METADATA_CLIENT_COUNT_MAX.into(),
+                rule: "the count of concurrent client connections (each one a task of the bench; \
+                       past a thousand it measures its own scheduling, not the server)",
+            });
+        }
+        let duration = match (self.workload, self.duration) {
+            (Workload::Metadata, Some(seconds)) if count == 1 => {
+                return Err(BenchArgsError::MetadataDurationWithOneClient { seconds });
+            }
+            (Workload::Metadata, Some(seconds)) => Some(Duration::from_secs(seconds)),
+            _ => None,
+        };
+        Ok(MetadataClients { count, duration })
     }
 
     /// Rejects flags of the other workload: they would be silently ignored. Flags with a default
@@ -437,7 +488,10 @@ impl BenchArgs {
         let (other, given) = match self.workload {
             Workload::ProduceConsume => (
                 Workload::Metadata,
-                vec![("metadata-ops", self.metadata_ops.is_some())],
+                vec![
+                    ("metadata-ops", self.metadata_ops.is_some()),
+                    ("clients", self.clients.is_some()),
+                ],
             ),
             Workload::Metadata => (
                 Workload::ProduceConsume,
@@ -447,7 +501,7 @@ impl BenchArgs {
                     ("partitions", self.partitions.is_some()),
                     ("batch", self.batch != BATCH_DEFAULT),
                     ("messages", self.messages.is_some()),
-                    ("duration", self.duration.is_some()),
+                    // `--duration` times the concurrent clients there (`metadata_clients`).
                     ("message-size", self.message_size.is_some()),
                     ("payload-file", self.payload_file.is_some()),
                     ("concurrent", self.concurrent),
@@ -579,6 +633,7 @@ mod tests {
                 stream_id: 1,
                 workload: Workload::ProduceConsume,
                 metadata_op_count: 200,
+                metadata_clients: MetadataClients::ONE,
                 baseline_root: None,
             }
         );
@@ -779,7 +834,6 @@ mod tests {
             &["--partitions", "2"],
             &["--batch", "10"],
             &["--messages", "10"],
-            &["--duration", "1"],
             &["--message-size", "10"],
             &["--payload-file", "x.log"],
             &["--concurrent"],
@@ -801,6 +855,88 @@ mod tests {
             parse(&["--workload", "metadata", "--producers", "2"])
                 .validate()
                 .is_ok()
+        );
+    }
+
+    #[test]
+    fn clients_parse_with_a_count_or_a_duration() {
+        let plan = parse(&["--workload", "metadata"]).validate().unwrap();
+        assert_eq!(plan.metadata_clients, MetadataClients::ONE);
+        let plan = parse(&["--workload", "metadata", "--clients", "64"])
+            .validate()
+            .unwrap();
+        assert_eq!(
+            plan.metadata_clients,
+            MetadataClients {
+                count: 64,
+                duration: None
+            }
+        );
+        let plan = parse(&[
+            "--workload",
+            "metadata",
+            "--clients",
+            "1024",
+            "--duration",
+            "5",
+        ])
+        .validate()
+        .unwrap();
+        assert_eq!(
+            plan.metadata_clients,
+            MetadataClients {
+                count: 1024,
+                duration: Some(Duration::from_secs(5))
+            }
+        );
+        // A produce-consume run's --duration is its own, not the metadata clients'.
+        let plan = parse(&["--duration", "5"]).validate().unwrap();
+        assert_eq!(plan.metadata_clients, MetadataClients::ONE);
+    }
+
+    #[test]
+    fn clients_out_of_range_are_rejected_naming_flag_value_and_rule() {
+        let rule = "the count of concurrent client connections (each one a task of the bench; \
+                    past a thousand it measures its own scheduling, not the server)";
+        assert_eq!(
+            error(&["--workload", "metadata", "--clients", "0"]),
+            format!("--clients 0 is outside 1..=1024: {rule}")
+        );
+        assert_eq!(
+            error(&["--workload", "metadata", "--clients", "2000"]),
+            format!("--clients 2000 is outside 1..=1024: {rule}")
+        );
+        assert!(
+            parse(&["--workload", "metadata", "--clients", "1"])
+                .validate()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn clients_belong_to_the_metadata_workload_and_duration_needs_two() {
+        for count in ["1", "4"] {
+            assert_eq!(
+                error(&["--clients", count]),
+                "--clients applies to --workload metadata only, not to --workload \
+                 produce-consume"
+            );
+        }
+        assert_eq!(
+            error(&["--workload", "metadata", "--duration", "3"]),
+            "--duration 3 with --workload metadata times the concurrent clients, so it needs \
+             --clients 2 or more; the single-client rounds are counted by --metadata-ops"
+        );
+        assert_eq!(
+            error(&[
+                "--workload",
+                "metadata",
+                "--clients",
+                "2",
+                "--duration",
+                "0"
+            ]),
+            "--duration must be at least 1"
         );
     }
 

@@ -233,6 +233,7 @@ mod tests {
             stream_id: 1,
             workload: Workload::ProduceConsume,
             metadata_op_count: 1,
+            metadata_clients: crate::bench::plan::MetadataClients::ONE,
             baseline_root: None,
         };
         let partition = |partition_id| PartitionInfo {

@@ -4,6 +4,7 @@
 //! Must never hold an unchecked value: a `BenchPlan` comes only from `BenchArgs::validate`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::payload::PayloadSource;
 use super::report::RunConfig;
@@ -22,6 +23,8 @@ pub enum Workload {
     /// `--metadata-ops` times, each round trip timed; before each round one 4 KiB write +
     /// fdatasync on the server's filesystem is timed as the baseline. Reports p50/p90/p99/p99.9/
     /// max of each, p99 / baseline p99, and the target (register p99 within 3x of the baseline).
+    /// With `--clients N`, then N connections register concurrently: committed ops/s and their
+    /// p50/p99/max beside issue 8's targets.
     Metadata,
 }
 
@@ -71,6 +74,25 @@ pub enum ServerTarget {
     },
 }
 
+/// The concurrent-register phase of `--workload metadata`: `count` connections each register
+/// fresh sessions in a loop, for `duration` or, when it is `None`, `metadata_op_count` Registers
+/// each. A `count` of 1 runs no such phase (the single-client rounds only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetadataClients {
+    /// Concurrent client connections (`--clients`, 1..=`METADATA_CLIENT_COUNT_MAX`).
+    pub count: u32,
+    /// `--duration`: how long the phase runs; only with `count` >= 2.
+    pub duration: Option<Duration>,
+}
+
+impl MetadataClients {
+    /// One client, no concurrent phase: the default.
+    pub const ONE: MetadataClients = MetadataClients {
+        count: 1,
+        duration: None,
+    };
+}
+
 /// Validated flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BenchPlan {
@@ -88,6 +110,8 @@ pub struct BenchPlan {
     pub workload: Workload,
     /// Metadata rounds (`--metadata-ops`); used by [`Workload::Metadata`] only.
     pub metadata_op_count: u32,
+    /// The concurrent-register phase of [`Workload::Metadata`] (`--clients`, `--duration`).
+    pub metadata_clients: MetadataClients,
     /// Where the metadata workload's disk baseline writes its scratch file when the server is
     /// `--addr` (`--data-root`); `None` there means the system temp dir. Always `None` for an
     /// embedded server, whose run directory is used.
