@@ -12,6 +12,7 @@ pub mod limits;
 pub mod metadata;
 pub mod namespace;
 pub mod producers;
+pub mod replica_bus;
 pub mod resources;
 pub mod server;
 pub mod shard;
