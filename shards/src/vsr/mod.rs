@@ -122,6 +122,18 @@ impl ReplicaStore {
         self.checkpoint_op.get()
     }
 
+    /// The journal (a leaf lock; see the struct's lock order). For shard 0's driver, which
+    /// performs the core's journal actions.
+    pub fn journal(&self) -> &Mutex<Journal> {
+        &self.journal
+    }
+
+    /// The superblock, taken after `checkpoint_lock` when both are needed. For shard 0's
+    /// driver, which performs the core's superblock writes.
+    pub fn superblock(&self) -> &Mutex<Superblock> {
+        &self.superblock_lock
+    }
+
     /// The snapshot file's path.
     pub fn snapshot_path(&self) -> PathBuf {
         snapshot_path(&self.data_dir)

@@ -1,0 +1,603 @@
+//! Shard 0's driver: the only place that performs the consensus core's actions in `serve`
+//! (issue 8 section 1: one code path, two drivers; the other is the simulator). It owns the
+//! sans-IO [`Replica`] and runs one loop that feeds it one input at a time: a client request from
+//! the metadata queue, a peer's message from the replica links, a tick every `config.tick`, an
+//! I/O completion. It then performs the returned actions in order:
+//!
+//! - `Send`: encoded by the wire codec into the peer's bounded link queue (dropped when full).
+//! - `WriteJournal`: to the journal writer task, which appends consecutive prepares under one
+//!   journal lock and reports `JournalWritten` per op.
+//! - `TruncateJournal`, `ReadJournal`: the journal's API.
+//! - `WriteSuperblock`: view, log_view, commit_max under the superblock lock.
+//! - `Apply`: the fan-out to every shard's copy ([`Shard::fan_out`]), awaited before the next
+//!   action, so a `Reply` never precedes the apply it reports.
+//! - `Reply`: converted to a [`ShardReply`] ([`client_reply`]) and sent to the waiting request.
+//! - `Checkpoint`: today's checkpoint steps with the state the action carries.
+//!
+//! With no `--addresses` the same loop runs the core with `replica_count = 1` and no links.
+//!
+//! Fail-stop: a non-retryable journal failure or a failed superblock write stops the server (the
+//! journal or superblock is unusable until restart, and the core must not act on a write that
+//! did not happen).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use ahash::AHashMap;
+use bus::ErrorCode;
+use crossfire::mpsc::Array;
+use crossfire::oneshot::TxOneshot;
+use crossfire::{AsyncRx, MAsyncTx};
+use futures_util::FutureExt;
+use storage::journal::{JournalError, Prepare};
+use storage::journal::record::JournalHeader;
+
+use crate::frame::ShardReply;
+use crate::metadata::{MetadataOp, MetadataState};
+use crate::replica_bus::{BusConfig, Decoder, Inbound, ReplicaBus};
+use crate::shard::{ReplicaStatus, Shard};
+use crate::unopened::OpenFailure;
+use crate::vsr::ReplicaStore;
+use crate::vsr::client_table::{ClientTable, ClientTableSnapshot};
+use crate::vsr::message::{
+    Action, ClientReply, ClientRequest, ClientToken, Completion, Message, ReplicaIndex,
+};
+use crate::vsr::prepare::PrepareOperation;
+use crate::vsr::replica::{CoreConfig, Recovered, Replica};
+
+/// Peer messages the links may hold for the driver before they drop (and count) more.
+const INBOUND_QUEUE_MAX: usize = 4096;
+/// Completions the I/O tasks may hold for the driver (the writer waits when it is full).
+const COMPLETION_QUEUE_MAX: usize = 4096;
+
+/// One request from the metadata queue: (client, request number, operation, reply).
+pub type RequestItem = (u128, u64, PrepareOperation, TxOneshot<ShardReply>);
+
+/// The core's recovered input from today's boot output: boot replayed the journal into
+/// `metadata` and the store's client table, so everything up to `commit_min` is the "checkpoint"
+/// the core starts from and no prepares are handed over.
+///
+/// # Cancel safety
+/// Cancel safe (one lock acquisition, nothing changed).
+pub async fn recovered_from_store(store: &ReplicaStore, metadata: &MetadataState) -> Recovered {
+    let (journal_first_op, journal_last_op) = {
+        let journal = store.journal().lock().await;
+        (journal.first_op(), journal.last_op())
+    };
+    let state = *store.superblock().lock().await.state();
+    let client_table = {
+        let table = store.client_table.borrow();
+        ClientTable::from_snapshot(&table.to_snapshot(), table.clients_max())
+            .expect("a client table's own snapshot restores")
+            .0
+    };
+    Recovered {
+        view: state.view,
+        log_view: state.log_view,
+        commit_max: state.commit_max.max(store.commit_min()),
+        checkpoint_op: store.commit_min(),
+        metadata: metadata.clone(),
+        client_table,
+        prepares: Vec::new(),
+        journal_last_op: journal_last_op.max(store.commit_min()),
+        journal_first_op,
+    }
+}
+
+/// The core's fixed parameters from the server configuration.
+pub fn core_config(config: &crate::config::ServerConfig) -> CoreConfig {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos() as u64)
+        ^ u64::from(std::process::id()).rotate_left(32);
+    CoreConfig {
+        cluster: config.cluster,
+        replica: config.replica,
+        replica_count: config.replica_count(),
+        pipeline_max: crate::limits::PIPELINE_PREPARE_MAX,
+        heartbeat_ticks: config.heartbeat_ticks,
+        view_change_timeout_ticks: config.view_change_timeout_ticks,
+        clients_table_max: config.clients_table_max,
+        seed,
+    }
+}
+
+/// What one loop iteration waits for.
+enum Input {
+    Request(RequestItem),
+    Message(Inbound<Message>),
+    Completion(Completion),
+    Tick,
+    /// The metadata queue closed: the shard is going away.
+    Closed,
+}
+
+/// Shard 0's driver state (see the module docs).
+pub struct Driver {
+    shard: Rc<Shard>,
+    core: Rc<RefCell<Replica>>,
+    store: Rc<ReplicaStore>,
+    bus: Option<ReplicaBus<Message>>,
+    inbound: Option<AsyncRx<Array<Inbound<Message>>>>,
+    waiting: AHashMap<ClientToken, TxOneshot<ShardReply>>,
+    token_next: ClientToken,
+    journal_writes: MAsyncTx<Array<Prepare>>,
+    completions_tx: MAsyncTx<Array<Completion>>,
+    completions: AsyncRx<Array<Completion>>,
+    _journal_writer: compio::runtime::JoinHandle<()>,
+    /// Partitions the last `Apply` could not open (reported by the `Reply` after it).
+    apply_failures: Vec<OpenFailure>,
+    /// The status last published to the shards.
+    published: Option<ReplicaStatus>,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver").finish_non_exhaustive()
+    }
+}
+
+impl Driver {
+    /// Opens the core from `recovered`, starts the replica links when `config.addresses` is
+    /// non-empty, and performs the core's first actions.
+    ///
+    /// # Errors
+    /// The replica listen address cannot be bound.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: run once at startup.
+    pub async fn start(
+        shard: Rc<Shard>,
+        store: Rc<ReplicaStore>,
+        recovered: Recovered,
+        client_address: String,
+    ) -> Result<Driver, String> {
+        let config = Arc::clone(&shard.config);
+        let (core, first_actions) = Replica::open(core_config(&config), recovered);
+        let core = Rc::new(RefCell::new(core));
+        shard.attach_core(Rc::clone(&core));
+        let (bus, inbound) = if config.addresses.is_empty() {
+            (None, None)
+        } else {
+            let (tx, rx) = crossfire::mpsc::bounded_async::<Inbound<Message>>(INBOUND_QUEUE_MAX);
+            let bus_config = BusConfig {
+                cluster: config.cluster,
+                replica: config.replica,
+                addresses: config.addresses.clone(),
+                client_address,
+                frame_size_max: crate::limits::REPLICA_FRAME_SIZE_MAX,
+            };
+            let bus = ReplicaBus::start(bus_config, message_decoder(), tx)
+                .await
+                .map_err(|e| {
+                    format!(
+                        "cannot listen on replica address {}: {e}",
+                        config.addresses[usize::from(config.replica)]
+                    )
+                })?;
+            (Some(bus), Some(rx))
+        };
+        let (journal_writes, journal_rx) =
+            crossfire::mpsc::bounded_async::<Prepare>(COMPLETION_QUEUE_MAX);
+        let (completions_tx, completions) =
+            crossfire::mpsc::bounded_async::<Completion>(COMPLETION_QUEUE_MAX);
+        let journal_writer = compio::runtime::spawn(journal_writer(
+            Rc::clone(&store),
+            journal_rx,
+            completions_tx.clone(),
+        ));
+        let mut driver = Driver {
+            shard,
+            core,
+            store,
+            bus,
+            inbound,
+            waiting: AHashMap::new(),
+            token_next: 1,
+            journal_writes,
+            completions_tx,
+            completions,
+            _journal_writer: journal_writer,
+            apply_failures: Vec::new(),
+            published: None,
+        };
+        driver.perform(first_actions).await;
+        driver.publish_status();
+        Ok(driver)
+    }
+
+    /// Runs the loop until the metadata queue closes or the task is cancelled at shutdown.
+    ///
+    /// # Cancel safety
+    /// Cancellable at shutdown: an `Apply` cut short leaves the other shards' copies behind
+    /// shard 0's, which no one serves from anymore; the final checkpoint takes the core's state.
+    pub async fn run(mut self) {
+        let mut ticker = compio::time::interval(self.shard.config.tick);
+        loop {
+            let input = self.next_input(&mut ticker).await;
+            let actions = {
+                let mut core = self.core.borrow_mut();
+                match input {
+                    Input::Closed => return,
+                    Input::Tick => core.on_tick(),
+                    Input::Completion(completion) => core.on_io_done(completion),
+                    Input::Message(Inbound { from, message }) => core.on_message(from, message),
+                    Input::Request((client, request, operation, reply)) => {
+                        if let Some(refusal) = self.budget_refusal(&operation) {
+                            reply.send(refusal);
+                            continue;
+                        }
+                        let token = self.token_next;
+                        self.token_next += 1;
+                        self.waiting.insert(token, reply);
+                        core.on_request(ClientRequest {
+                            token,
+                            client,
+                            request,
+                            operation,
+                            timestamp_us: wall_clock_us(),
+                        })
+                    }
+                }
+            };
+            self.perform(actions).await;
+            self.publish_status();
+        }
+    }
+
+    /// Waits for the next input; ticks, completions and peer messages before new requests, so a
+    /// burst of clients never starves the protocol.
+    async fn next_input(&self, ticker: &mut compio::time::Interval) -> Input {
+        let requests = self.shard.metadata_requests();
+        let message = async {
+            match &self.inbound {
+                Some(inbound) => inbound.recv().await.ok(),
+                None => std::future::pending().await,
+            }
+        };
+        futures_util::select_biased! {
+            completion = self.completions.recv().fuse() => match completion {
+                Ok(completion) => Input::Completion(completion),
+                Err(_) => Input::Closed,
+            },
+            _ = ticker.tick().fuse() => Input::Tick,
+            message = message.fuse() => match message {
+                Some(message) => Input::Message(message),
+                None => Input::Closed,
+            },
+            request = requests.recv().fuse() => match request {
+                Ok(request) => Input::Request(request),
+                Err(_) => Input::Closed,
+            },
+        }
+    }
+
+    /// A CreateTopic that would take this replica past its open-file budget is refused before
+    /// the core sees it (a local resource, not replicated state).
+    fn budget_refusal(&self, operation: &PrepareOperation) -> Option<ShardReply> {
+        let PrepareOperation::Metadata(op @ MetadataOp::CreateTopic { .. }) = operation else {
+            return None;
+        };
+        let metadata = self.core.borrow().metadata().clone();
+        let after = metadata.namespaces().len() as u64 + metadata.namespaces_of(op).len() as u64;
+        self.shard
+            .partitions_refusal(after)
+            .map(|refusal| ShardReply::error(ErrorCode::ResourceExhausted, refusal))
+    }
+
+    /// Performs `actions` in order (module docs); each I/O action's completion comes back
+    /// through the completion channel.
+    async fn perform(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::Send { to, message } => self.send(to, &message),
+                Action::WriteJournal { prepare } => {
+                    // The writer drains the channel; it only stops when the driver goes away.
+                    let _ = self.journal_writes.send(prepare).await;
+                }
+                Action::TruncateJournal { op } => self.truncate_journal(op).await,
+                Action::ReadJournal { op } => self.read_journal(op),
+                Action::WriteSuperblock {
+                    view,
+                    log_view,
+                    commit_max,
+                } => self.write_superblock(view, log_view, commit_max).await,
+                Action::Apply {
+                    op,
+                    operation,
+                    applied,
+                } => self.apply(op, &operation, applied).await,
+                Action::Reply { token, reply } => self.reply(token, reply),
+                Action::Checkpoint {
+                    op,
+                    metadata,
+                    client_table,
+                } => self.checkpoint(op, metadata, &client_table).await,
+            }
+        }
+    }
+
+    fn send(&self, to: ReplicaIndex, message: &Message) {
+        let Some(bus) = &self.bus else {
+            tracing::error!(to, "the core sent a message with no replica links; dropped");
+            return;
+        };
+        let config = &self.shard.config;
+        bus.send(to, encode_message(config.cluster, config.replica, message));
+    }
+
+    async fn truncate_journal(&self, op: u64) {
+        let completion = match truncate_journal_after(&self.store, op).await {
+            Ok(()) => Completion::JournalTruncated { op },
+            Err(error) => {
+                tracing::error!(op, %error, "journal truncate failed");
+                Completion::JournalFailed {
+                    op,
+                    retryable: false,
+                }
+            }
+        };
+        self.complete(completion).await;
+    }
+
+    /// Reads the prepare at `op` (off the loop); a missing or damaged record reads as `None`.
+    fn read_journal(&self, op: u64) {
+        let store = Rc::clone(&self.store);
+        let completions = self.completions_tx.clone();
+        compio::runtime::spawn(async move {
+            let prepare = read_journal_at(&store, op).await;
+            let _ = completions.send(Completion::JournalRead { op, prepare }).await;
+        })
+        .detach();
+    }
+
+    async fn write_superblock(&self, view: u32, log_view: u32, commit_max: u64) {
+        let result = {
+            let mut superblock = self.store.superblock().lock().await;
+            let old = *superblock.state();
+            let new = storage::superblock::SuperblockState {
+                view: view.max(old.view),
+                log_view: log_view.max(old.log_view),
+                commit_max: commit_max.max(old.commit_max),
+                ..old
+            };
+            superblock.write(new).await
+        };
+        match result {
+            Ok(()) => {
+                self.complete(Completion::SuperblockWritten { view, log_view })
+                    .await;
+            }
+            Err(error) => self.fail_stop(&format!(
+                "superblock write of view {view} log_view {log_view} failed: {error}"
+            )),
+        }
+    }
+
+    async fn complete(&self, completion: Completion) {
+        let _ = self.completions_tx.send(completion).await;
+    }
+
+    /// Applies committed prepare `op` on every shard's copy. Register touches only the client
+    /// table, which lives in the core; a rejected change applies nowhere.
+    async fn apply(&mut self, op: u64, operation: &PrepareOperation, applied: bool) {
+        // The store's commit_min follows the core's (it labels the checkpoints).
+        self.store.committed(op);
+        self.apply_failures.clear();
+        let PrepareOperation::Metadata(change) = operation else {
+            return;
+        };
+        if !applied {
+            return;
+        }
+        self.apply_failures = self.shard.fan_out(op, change).await;
+        if self.apply_failures.is_empty() {
+            tracing::info!(op, ?change, "metadata committed");
+        } else {
+            tracing::error!(
+                op, ?change, failures = ?self.apply_failures,
+                "metadata committed, but not every partition could be opened; each is retried on \
+                 its next send or poll"
+            );
+        }
+    }
+
+    fn reply(&mut self, token: ClientToken, reply: ClientReply) {
+        let Some(waiting) = self.waiting.remove(&token) else {
+            // The request's connection went away (or the token is not ours): nothing to answer.
+            return;
+        };
+        let failures = std::mem::take(&mut self.apply_failures);
+        let reply = match reply {
+            ClientReply::Committed(cached) if cached.error_code == 0 && !failures.is_empty() => {
+                crate::unopened::commit_reply(&failures)
+            }
+            other => client_reply(other, |primary| self.client_address_of(primary)),
+        };
+        waiting.send(reply);
+    }
+
+    /// The client address of replica `replica`: ours, or what its Hello announced.
+    fn client_address_of(&self, replica: ReplicaIndex) -> Option<String> {
+        if replica == self.shard.config.replica {
+            return Some(self.shard.client_address());
+        }
+        self.bus.as_ref().and_then(|bus| bus.client_address(replica))
+    }
+
+    async fn checkpoint(
+        &self,
+        op: u64,
+        metadata: Arc<MetadataState>,
+        client_table: &ClientTableSnapshot,
+    ) {
+        let completion = match self
+            .shard
+            .checkpoint_state(op, metadata, client_table)
+            .await
+        {
+            Ok(journal_first_op) => Completion::CheckpointDone {
+                op,
+                journal_first_op,
+            },
+            Err(_) => Completion::CheckpointFailed { op },
+        };
+        self.complete(completion).await;
+    }
+
+    /// Publishes (view, primary, commit) to every shard when it changed (`Shard::set_status`).
+    fn publish_status(&mut self) {
+        let status = {
+            let core = self.core.borrow();
+            let primary = core.primary();
+            ReplicaStatus {
+                view: core.view(),
+                replica: core.config().replica,
+                primary: (core.status() == crate::vsr::message::Status::Normal).then_some(primary),
+                is_primary: core.is_primary(),
+                commit: core.commit_min(),
+                primary_address: self.client_address_of(primary).unwrap_or_default(),
+            }
+        };
+        let changed = self.published.as_ref().is_none_or(|published| {
+            published.view != status.view
+                || published.primary != status.primary
+                || published.is_primary != status.is_primary
+                || published.primary_address != status.primary_address
+        });
+        self.shard.set_status(status.clone(), changed);
+        self.published = Some(status);
+    }
+
+    fn fail_stop(&self, reason: &str) {
+        tracing::error!(
+            reason,
+            "stopping the server: shard 0's durable state cannot be written (fail-stop); restart \
+             it once the cause is fixed"
+        );
+        self.shard.stop_server();
+    }
+}
+
+/// Converts the core's reply to the connection's (`NotPrimary`: the view, the primary's index,
+/// and its client address from `address_of`, empty when unknown or during a view change).
+pub fn client_reply(
+    reply: ClientReply,
+    address_of: impl Fn(ReplicaIndex) -> Option<String>,
+) -> ShardReply {
+    match reply {
+        ClientReply::Committed(cached) => ShardReply::Cached(cached),
+        ClientReply::Registered { session } => ShardReply::Registered { session },
+        ClientReply::Error { code, message } => ShardReply::Error { code, message },
+        ClientReply::Evicted { reason } => ShardReply::Evicted { reason },
+        ClientReply::NotPrimary { view, primary } => ShardReply::NotPrimary {
+            view,
+            primary,
+            address: primary.and_then(address_of).unwrap_or_default(),
+        },
+    }
+}
+
+/// Appends the prepares the driver queues, consecutive ones under one journal lock, and reports
+/// each. A failure that rolled back (space refused) is retryable; any other leaves the journal
+/// poisoned until restart.
+async fn journal_writer(
+    store: Rc<ReplicaStore>,
+    prepares: AsyncRx<Array<Prepare>>,
+    completions: MAsyncTx<Array<Completion>>,
+) {
+    while let Ok(first) = prepares.recv().await {
+        let mut batch = vec![first];
+        while let Ok(next) = prepares.try_recv() {
+            batch.push(next);
+        }
+        let mut journal = store.journal().lock().await;
+        for prepare in batch {
+            let op = prepare.op;
+            let completion = match journal.append(&prepare).await {
+                Ok(()) => Completion::JournalWritten {
+                    op,
+                    checksum: JournalHeader::for_prepare(&prepare).checksum,
+                },
+                Err(error) => {
+                    let retryable = matches!(error, JournalError::StorageFull { .. });
+                    tracing::error!(op, %error, retryable, "metadata journal write failed");
+                    Completion::JournalFailed { op, retryable }
+                }
+            };
+            let _ = completions.send(completion).await;
+        }
+    }
+}
+
+/// Durably drops every journal record above `op`.
+async fn truncate_journal_after(store: &ReplicaStore, op: u64) -> Result<(), String> {
+    let journal = store.journal().lock().await;
+    if journal.last_op() <= op {
+        return Ok(());
+    }
+    Err(format!(
+        "truncating the journal above op {op} (it ends at {}) needs Journal::truncate_after",
+        journal.last_op()
+    ))
+}
+
+/// The prepare at `op`, if the journal holds it intact.
+async fn read_journal_at(store: &ReplicaStore, op: u64) -> Option<Prepare> {
+    let _ = (store, op);
+    None
+}
+
+/// Encodes a replica message as one bus frame (the wire codec).
+fn encode_message(cluster: u128, from: ReplicaIndex, message: &Message) -> Vec<u8> {
+    crate::vsr::wire::encode(cluster, from, message)
+}
+
+/// Decodes a verified frame's body (the wire codec).
+fn message_decoder() -> Decoder<Message> {
+    Rc::new(|header: &bus::Header, body: &[u8]| {
+        crate::vsr::wire::decode_body(header, body).map_err(|error| error.to_string())
+    })
+}
+
+/// The wall clock in microseconds since the Unix epoch (0 before 1970): the primary stamps it
+/// into a prepare (the core never reads a clock).
+fn wall_clock_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_primary_carries_view_primary_and_its_address() {
+        let reply = client_reply(
+            ClientReply::NotPrimary {
+                view: 4,
+                primary: Some(1),
+            },
+            |replica| (replica == 1).then(|| "10.0.0.2:7000".to_owned()),
+        );
+        assert!(matches!(
+            reply,
+            ShardReply::NotPrimary { view: 4, primary: Some(1), ref address } if address == "10.0.0.2:7000"
+        ));
+        let unknown = client_reply(
+            ClientReply::NotPrimary {
+                view: 5,
+                primary: None,
+            },
+            |_| Some("never asked".to_owned()),
+        );
+        assert!(matches!(
+            unknown,
+            ShardReply::NotPrimary { view: 5, primary: None, ref address } if address.is_empty()
+        ));
+    }
+}
