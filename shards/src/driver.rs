@@ -30,8 +30,7 @@ use crossfire::mpsc::Array;
 use crossfire::oneshot::TxOneshot;
 use crossfire::{AsyncRx, MAsyncTx};
 use futures_util::FutureExt;
-use storage::journal::{JournalError, Prepare};
-use storage::journal::record::JournalHeader;
+use storage::journal::{JournalError, JournalHeader, Prepare};
 
 use crate::frame::ShardReply;
 use crate::metadata::{MetadataOp, MetadataState};
@@ -166,7 +165,7 @@ impl Driver {
                 replica: config.replica,
                 addresses: config.addresses.clone(),
                 client_address,
-                frame_size_max: crate::limits::REPLICA_FRAME_SIZE_MAX,
+                frame_size_max: crate::limits::REPLICA_MESSAGE_SIZE_MAX,
             };
             let bus = ReplicaBus::start(bus_config, message_decoder(), tx)
                 .await
@@ -221,10 +220,21 @@ impl Driver {
                 match input {
                     Input::Closed => return,
                     Input::Tick => core.on_tick(),
-                    Input::Completion(completion) => core.on_io_done(completion),
+                    Input::Completion(completion) => {
+                        if let Completion::JournalFailed {
+                            op,
+                            retryable: false,
+                        } = completion
+                        {
+                            drop(core);
+                            self.fail_stop(&format!("the metadata journal failed at op {op}"));
+                            return;
+                        }
+                        core.on_io_done(completion)
+                    }
                     Input::Message(Inbound { from, message }) => core.on_message(from, message),
                     Input::Request((client, request, operation, reply)) => {
-                        if let Some(refusal) = self.budget_refusal(&operation) {
+                        if let Some(refusal) = self.budget_refusal(core.metadata(), &operation) {
                             reply.send(refusal);
                             continue;
                         }
@@ -275,11 +285,14 @@ impl Driver {
 
     /// A CreateTopic that would take this replica past its open-file budget is refused before
     /// the core sees it (a local resource, not replicated state).
-    fn budget_refusal(&self, operation: &PrepareOperation) -> Option<ShardReply> {
+    fn budget_refusal(
+        &self,
+        metadata: &MetadataState,
+        operation: &PrepareOperation,
+    ) -> Option<ShardReply> {
         let PrepareOperation::Metadata(op @ MetadataOp::CreateTopic { .. }) = operation else {
             return None;
         };
-        let metadata = self.core.borrow().metadata().clone();
         let after = metadata.namespaces().len() as u64 + metadata.namespaces_of(op).len() as u64;
         self.shard
             .partitions_refusal(after)
@@ -347,7 +360,9 @@ impl Driver {
         let completions = self.completions_tx.clone();
         compio::runtime::spawn(async move {
             let prepare = read_journal_at(&store, op).await;
-            let _ = completions.send(Completion::JournalRead { op, prepare }).await;
+            let _ = completions
+                .send(Completion::JournalRead { op, prepare })
+                .await;
         })
         .detach();
     }
@@ -423,7 +438,9 @@ impl Driver {
         if replica == self.shard.config.replica {
             return Some(self.shard.client_address());
         }
-        self.bus.as_ref().and_then(|bus| bus.client_address(replica))
+        self.bus
+            .as_ref()
+            .and_then(|bus| bus.client_address(replica))
     }
 
     async fn checkpoint(

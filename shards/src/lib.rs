@@ -7,6 +7,7 @@
 pub mod accept;
 pub mod config;
 pub mod connection;
+pub mod driver;
 pub mod frame;
 pub mod limits;
 pub mod metadata;

@@ -43,8 +43,6 @@ const BIND_RETRY_SLEEP: Duration = Duration::from_millis(50);
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// The same refusal reason is logged at most once per this interval.
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
-/// The longest client address a Hello may carry (bytes).
-const HELLO_ADDRESS_MAX: usize = 256;
 
 /// The first frame on a replica link: who is speaking.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,34 +54,27 @@ pub struct Hello {
 }
 
 impl Hello {
-    /// The Hello frame: header `command = Hello`, `cluster`, `replica`; body = the client
-    /// address as UTF-8.
+    /// The Hello frame (`crate::vsr::wire::encode_hello`): header `command = Hello`,
+    /// `cluster`, `replica`; body = the client address as UTF-8.
+    ///
+    /// # Panics
+    /// An address longer than `wire::HELLO_ADDRESS_BYTES_MAX` (a config bug).
     pub fn encode(&self) -> Vec<u8> {
-        let mut header = Header::new(Command::Hello, bus::Operation::Ping);
-        header.operation = 0;
-        header.cluster = self.cluster;
-        header.replica = self.replica;
-        bus::encode_frame(&mut header, self.client_address.as_bytes())
+        crate::vsr::wire::encode_hello(self.cluster, self.replica, &self.client_address)
     }
 
-    /// The Hello a frame carries.
+    /// The Hello a verified frame carries.
     ///
     /// # Errors
-    /// The frame is another command, or its body is not a UTF-8 address of at most 256 bytes.
+    /// The frame is another command, or its body is not a UTF-8 address within the limit.
     pub fn decode(header: &Header, body: &[u8]) -> Result<Hello, LinkRefusal> {
         if header.command != Command::Hello as u8 {
             return Err(LinkRefusal::NotHello {
                 command: header.command,
             });
         }
-        if body.len() > HELLO_ADDRESS_MAX {
-            return Err(LinkRefusal::Malformed(format!(
-                "hello client address of {} bytes (at most {HELLO_ADDRESS_MAX})",
-                body.len()
-            )));
-        }
-        let client_address = String::from_utf8(body.to_vec())
-            .map_err(|_| LinkRefusal::Malformed("hello client address is not UTF-8".to_owned()))?;
+        let client_address = crate::vsr::wire::decode_hello_body(header, body)
+            .map_err(|error| LinkRefusal::Malformed(error.to_string()))?;
         Ok(Hello {
             cluster: header.cluster,
             replica: header.replica,

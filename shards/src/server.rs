@@ -371,6 +371,7 @@ async fn run_shard(
         metadata,
         replica,
         budget,
+        listen_addr,
     ));
     shard.open_owned_partitions().await?;
     ready_barrier.wait().await;
@@ -380,8 +381,21 @@ async fn run_shard(
     }
     let listener =
         bind_listener(listen_addr).map_err(|e| format!("listen on {listen_addr}: {e}"))?;
-    let metadata_task =
-        (shard_id == ShardId(0)).then(|| compio::runtime::spawn(Rc::clone(&shard).metadata_task()));
+    let metadata_task = if shard_id == ShardId(0) {
+        let store = Rc::clone(shard.replica());
+        let recovered = crate::driver::recovered_from_store(&store, &shard.metadata_copy()).await;
+        log_cluster(&config, recovered.view, listen_addr);
+        let driver = crate::driver::Driver::start(
+            Rc::clone(&shard),
+            store,
+            recovered,
+            listen_addr.to_string(),
+        )
+        .await?;
+        Some(compio::runtime::spawn(driver.run()))
+    } else {
+        None
+    };
     let connections = Rc::new(Connections::default());
     let accept_task = compio::runtime::spawn(accept_loop(
         Rc::clone(&shard),
@@ -461,6 +475,25 @@ async fn run_shard(
     }
     tracing::info!(shard = shard_id.0, "stopped");
     Ok(())
+}
+
+/// The startup line of a replica: cluster, replica index, replica count, view, peer addresses.
+fn log_cluster(config: &ServerConfig, view: u32, client_address: SocketAddr) {
+    let peers: Vec<String> = config
+        .addresses
+        .iter()
+        .enumerate()
+        .map(|(index, address)| format!("{index}={address}"))
+        .collect();
+    tracing::info!(
+        cluster = format_args!("{:#x}", config.cluster),
+        replica = config.replica,
+        replica_count = config.replica_count(),
+        view,
+        %client_address,
+        addresses = %peers.join(","),
+        "replica starting"
+    );
 }
 
 /// Handles one pump event other than `Stop`, while serving and while draining.
