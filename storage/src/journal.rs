@@ -1,6 +1,7 @@
 //! The metadata journal (WAL) of shard 0: VSR prepares `(op, view, commit, body)` appended in op
-//! order to segment files `{first_op:020}.wal`, each fsynced before `append` returns, replayed on
-//! open, and released below a checkpoint.
+//! order to segment files `{first_op:020}.wal`, each batch fsynced once before `append_batch`
+//! returns, read back by op, truncated above an op (a view change), replayed on open, and
+//! released below a checkpoint.
 //!
 //! It must never return from `append` before the record is durable (VSR Revisited, Liskov and
 //! Cowling 2012, section 4.1: a replica appends the prepare to its log before it sends
@@ -15,6 +16,7 @@
 mod record;
 mod recovery;
 
+use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -22,7 +24,7 @@ use compio::BufResult;
 use compio::fs::{File, OpenOptions};
 use compio::io::AsyncWriteAtExt;
 
-use crate::durable::sync_dir;
+use crate::durable::{read_exact_at, sync_dir};
 use crate::fault::{FaultInjector, FaultOp};
 use crate::limits::{JOURNAL_BODY_SIZE_MAX, JOURNAL_SEGMENT_SIZE_MAX};
 use crate::space::{FreeBytes, free_bytes, is_storage_full};
@@ -105,6 +107,30 @@ pub enum TailDisposition {
         /// first op, or the new segment's (`covered_op + 1`).
         resume_op: u64,
     },
+    /// `op > covered_op`, damage no torn append explains, opened with
+    /// [`UncoveredDamage::RepairFromPeers`] (a replica of a cluster): the record and everything
+    /// after it stay in place, unread and never appended after, until the caller's
+    /// [`Journal::truncate_after`] cuts them; the journal holds the valid prefix below `op`
+    /// (issue 8 section 2, repair). The other replicas hold the ops from `op` on.
+    AwaitingRepair {
+        /// The highest op a valid record after the damage (in this or a later segment) shows,
+        /// at least `op`: the ops `op..=highest_op` must come from peers.
+        highest_op: u64,
+    },
+}
+
+/// What [`Journal::scan_with`] does with damage above `covered_op` that a torn append does not
+/// explain (FORMAT.md section 8, open step 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UncoveredDamage {
+    /// Refuse (`Corrupt`): a single replica has nowhere to get the op from, and it may have been
+    /// acknowledged.
+    Refuse,
+    /// Open with the valid contiguous prefix below the damage and report it
+    /// ([`TailDisposition::AwaitingRepair`]); the damaged bytes stay in place until
+    /// [`Journal::truncate_after`] cuts them. A replica of a cluster (`replica_count > 1`)
+    /// repairs the ops from its peers (issue 8 section 2).
+    RepairFromPeers,
 }
 
 /// A journal read and checked by [`Journal::scan`], with its repair decided but not yet made:
@@ -134,6 +160,11 @@ impl JournalScan {
     /// Covered damage in the last segment makes open create a new segment.
     pub fn is_read_only(&self) -> bool {
         self.scanned.repair == recovery::Repair::None
+    }
+
+    /// The damage kept for repair ([`TailDisposition::AwaitingRepair`]), if any.
+    pub fn damaged_tail(&self) -> Option<&DamagedRecord> {
+        self.scanned.damaged_tail.as_ref().map(|tail| &tail.record)
     }
 }
 
@@ -187,6 +218,27 @@ pub enum JournalError {
     /// The `JournalConfig` passed to `open_with_config` is out of bounds.
     #[error("invalid journal config: {0}")]
     InvalidConfig(String),
+    /// An append while damage kept for repair sits at op `op` (byte `position` of `path`):
+    /// the journal never writes after a damaged record. Call [`Journal::truncate_after`] with an
+    /// op below `op` first; nothing was written.
+    #[error(
+        "{path}: damaged journal record at byte {position} (op {op}) awaits repair: truncate the \
+         journal below op {op} before appending"
+    )]
+    DamagedTail {
+        path: PathBuf,
+        position: u64,
+        op: u64,
+    },
+    /// `truncate_after(op)` below the released part of the journal: ops up to `first_op - 1`
+    /// were released by a checkpoint (the snapshot holds them), so the journal cannot go back to
+    /// `op`. Nothing was written. A replica needing that is behind every checkpoint: state
+    /// transfer.
+    #[error(
+        "cannot truncate the journal after op {op}: it starts at op {first_op}, the ops below were \
+         released by a checkpoint"
+    )]
+    TruncateBelowReleased { op: u64, first_op: u64 },
 }
 
 fn io_error(path: &Path, op: &'static str) -> impl FnOnce(io::Error) -> JournalError {
@@ -197,6 +249,17 @@ fn io_error(path: &Path, op: &'static str) -> impl FnOnce(io::Error) -> JournalE
 /// `{first_op:020}.wal` in `dir`: 20 digits, the width of `u64::MAX`, so names sort by op.
 pub fn segment_path(dir: &Path, first_op: u64) -> PathBuf {
     dir.join(format!("{first_op:020}.wal"))
+}
+
+/// Where one record lies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RecordLocation {
+    /// The first op of its segment (names the file).
+    segment_first_op: u64,
+    /// Byte offset of the record in the segment.
+    position: u64,
+    /// Header + body bytes.
+    size_bytes: u64,
 }
 
 /// The failure that poisoned the journal.
@@ -214,6 +277,11 @@ struct Failure {
 #[derive(Debug)]
 pub struct Journal {
     dir: PathBuf,
+    /// Where each record the journal holds lies, by op: built at open, kept by append, truncate
+    /// and release. Ops skipped as covered damage are absent.
+    index: BTreeMap<u64, RecordLocation>,
+    /// Damage kept for repair: no append until a truncation cuts it.
+    damaged_tail: Option<recovery::DamagedTail>,
     config: JournalConfig,
     /// First op of each segment file, ascending; the last one is the active segment.
     segment_first_ops: Vec<u64>,
@@ -258,6 +326,18 @@ impl Journal {
         Journal::open_scanned(scan, config).await
     }
 
+    /// [`Journal::scan`] with damage above `covered_op` that no torn append explains refused;
+    /// what a single replica does.
+    ///
+    /// # Errors
+    /// As [`Journal::scan_with`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn scan(dir: &Path, covered_op: u64) -> Result<JournalScan, JournalError> {
+        Journal::scan_with(dir, covered_op, UncoveredDamage::Refuse).await
+    }
+
     /// Reads every segment of the journal in `dir` in op order, checks every record, and decides
     /// the repair; **writes nothing**, so the caller can still refuse with the files untouched.
     /// `covered_op` is the op up to which the caller's snapshot holds the state. Damage (the
@@ -269,19 +349,26 @@ impl Journal {
     /// left as it is and the journal continues in a new segment `{max(covered_op, last
     /// op) + 1:020}.wal`. A missing or empty `dir` is a new journal starting at `covered_op + 1`
     /// (the caller decides whether ops above the snapshot could have existed). Rules:
-    /// `storage/FORMAT.md` section 8.
+    /// `storage/FORMAT.md` section 8. With [`UncoveredDamage::RepairFromPeers`], damage above
+    /// `covered_op` that no torn append explains is reported as
+    /// [`TailDisposition::AwaitingRepair`] instead of refused: the scan stops there, the journal
+    /// holds the valid prefix below it, and the bytes stay in place.
     ///
     /// # Errors
     /// - `Corrupt { path, position, reason }`: damage above `covered_op` other than a torn tail
-    ///   of the last segment, covered damage whose skip could lose an op above `covered_op`, a
+    ///   of the last segment (with [`UncoveredDamage::Refuse`]), covered damage whose skip could lose an op above `covered_op`, a
     ///   segment whose first op is not where the previous one ends (op gap) or is 0, or a
     ///   segment larger than [`JOURNAL_SEGMENT_SIZE_MAX`]. The server must refuse to boot.
     /// - `Io`: listing, opening or reading failed (path + step).
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
-    pub async fn scan(dir: &Path, covered_op: u64) -> Result<JournalScan, JournalError> {
-        let scanned = recovery::scan(dir, covered_op).await?;
+    pub async fn scan_with(
+        dir: &Path,
+        covered_op: u64,
+        policy: UncoveredDamage,
+    ) -> Result<JournalScan, JournalError> {
+        let scanned = recovery::scan(dir, covered_op, policy).await?;
         Ok(JournalScan { scanned })
     }
 
@@ -314,9 +401,25 @@ impl Journal {
             .segment_first_ops
             .last()
             .expect("recovery leaves at least one segment");
+        let index = recovered
+            .recovery
+            .prepares
+            .iter()
+            .zip(&recovered.recovery.record_positions)
+            .map(|(prepare, &(segment_first_op, position))| {
+                let location = RecordLocation {
+                    segment_first_op,
+                    position,
+                    size_bytes: (record::JOURNAL_HEADER_SIZE + prepare.body.len()) as u64,
+                };
+                (prepare.op, location)
+            })
+            .collect();
         let journal = Journal {
             active_path: segment_path(&dir, active_first_op),
             dir,
+            index,
+            damaged_tail: recovered.damaged_tail,
             config,
             segment_first_ops: recovered.segment_first_ops,
             active_file: recovered.active_file,
@@ -335,9 +438,16 @@ impl Journal {
         self.segment_first_ops[0]
     }
 
-    /// The highest op appended (durable); `first_op() - 1` when the journal is empty.
+    /// The highest op appended (durable); `first_op() - 1` when the journal is empty. With
+    /// damage awaiting repair, the op below the damaged record.
     pub fn last_op(&self) -> u64 {
         self.last_op
+    }
+
+    /// The damage kept for repair ([`TailDisposition::AwaitingRepair`]); `None` once
+    /// [`Journal::truncate_after`] cut it, or when the journal opened clean.
+    pub fn damaged_tail(&self) -> Option<&DamagedRecord> {
+        self.damaged_tail.as_ref().map(|tail| &tail.record)
     }
 
     /// Segment files the journal has now.
@@ -356,73 +466,122 @@ impl Journal {
         self.faults.clone()
     }
 
-    /// Appends `prepare` as one record (header + body, one write at the end of the active
-    /// segment), then `fdatasync`s it; returns only once the record is durable, so the caller
-    /// may then send PrepareOk / apply it (VSR Revisited section 4.1). If the active segment is
-    /// non-empty and the record would make it exceed `segment_size_max`, the journal first rolls:
-    /// fsync the active segment, create `{op:020}.wal` (`O_CREAT|O_EXCL`), fsync the directory.
+    /// Appends `prepare` as one record and makes it durable: [`Journal::append_batch`] of one.
     ///
     /// # Errors
-    /// - `BodyTooLarge`: the body exceeds [`JOURNAL_BODY_SIZE_MAX`]; nothing written.
-    /// - `StorageFull`: the record write or the new segment's creation was refused for lack of
-    ///   space; the partial record was cut and fsynced, nothing is journaled, and the journal
-    ///   accepts the same op again.
-    /// - `Io`: any other write failure, an fsync, or a directory fsync failed (or the rollback
-    ///   after a refused write did). The record may or may not be on disk; the journal is
-    ///   poisoned and must be reopened (which keeps the record only if it is complete and
-    ///   valid).
-    /// - `Poisoned`: an earlier append or release failed or was cancelled.
+    /// As [`Journal::append_batch`].
     ///
     /// # Panics
-    /// If `prepare.op != last_op() + 1` or `prepare.commit >= prepare.op` (bugs of the caller).
+    /// As [`Journal::append_batch`].
     ///
     /// # Cancel safety
     /// Not cancel safe: a dropped append poisons the journal (the record may be partly written);
     /// reopen it.
     pub async fn append(&mut self, prepare: &Prepare) -> Result<(), JournalError> {
-        if let Some(failure) = &self.failure {
-            return Err(JournalError::Poisoned {
-                path: failure.path.clone(),
-                op: failure.op,
-                reason: failure.reason.clone(),
+        self.append_batch(std::slice::from_ref(prepare)).await
+    }
+
+    /// Appends `prepares` (consecutive ops, the first `last_op() + 1`) as records back to back,
+    /// written with one write at the end of the active segment, then made durable with **one**
+    /// `fdatasync` (group commit: the driver batches the prepares of concurrent clients); returns
+    /// only once every record is durable, so the caller may then send PrepareOk / apply them (VSR
+    /// Revisited section 4.1). If the active segment is non-empty and a record would make it
+    /// exceed `segment_size_max`, the records before it are written and fsynced, then the journal
+    /// rolls: fsync the active segment, create `{op:020}.wal` (`O_CREAT|O_EXCL`), fsync the
+    /// directory (so a batch that crosses a segment costs one more fsync per roll). An empty
+    /// batch does nothing.
+    ///
+    /// # Errors
+    /// - `BodyTooLarge`: a body exceeds [`JOURNAL_BODY_SIZE_MAX`]; nothing written.
+    /// - `DamagedTail`: damage awaiting repair; call [`Journal::truncate_after`] first; nothing
+    ///   written.
+    /// - `StorageFull`: a record write or a new segment's creation was refused for lack of space;
+    ///   the partial write was cut and fsynced, the journal is not poisoned, and the ops up to
+    ///   `last_op()` are durable (those a roll closed before the refusal; none without a roll):
+    ///   append again from `last_op() + 1` once space is freed.
+    /// - `Io`: any other write failure, an fsync, or a directory fsync failed (or the rollback
+    ///   after a refused write did). The records may or may not be on disk; the journal is
+    ///   poisoned and must be reopened (which keeps a record only if it is complete and valid).
+    /// - `Poisoned`: an earlier append, truncation or release failed or was cancelled.
+    ///
+    /// # Panics
+    /// If the ops are not `last_op() + 1, last_op() + 2, ...` or a prepare's `commit >= op`
+    /// (bugs of the caller).
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a dropped append poisons the journal (records may be partly written);
+    /// reopen it.
+    pub async fn append_batch(&mut self, prepares: &[Prepare]) -> Result<(), JournalError> {
+        self.check_not_poisoned()?;
+        if let Some(tail) = &self.damaged_tail {
+            return Err(JournalError::DamagedTail {
+                path: tail.record.path.clone(),
+                position: tail.position,
+                op: tail.record.op,
             });
         }
-        if prepare.body.len() > JOURNAL_BODY_SIZE_MAX as usize {
-            return Err(JournalError::BodyTooLarge {
-                size_bytes: prepare.body.len(),
-            });
+        for (index, prepare) in prepares.iter().enumerate() {
+            if prepare.body.len() > JOURNAL_BODY_SIZE_MAX as usize {
+                return Err(JournalError::BodyTooLarge {
+                    size_bytes: prepare.body.len(),
+                });
+            }
+            let expected = self.last_op + 1 + index as u64;
+            assert_eq!(
+                prepare.op,
+                expected,
+                "journal append of op {} but the last op is {} (the batch's ops must follow it)",
+                prepare.op,
+                expected - 1
+            );
+            assert!(
+                prepare.commit < prepare.op,
+                "prepare op {} carries commit {}, but a prepare's commit number is below its op",
+                prepare.op,
+                prepare.commit
+            );
         }
-        assert_eq!(
-            prepare.op,
-            self.last_op + 1,
-            "journal append of op {} but the last op is {}",
-            prepare.op,
-            self.last_op
-        );
-        assert!(
-            prepare.commit < prepare.op,
-            "prepare op {} carries commit {}, but a prepare's commit number is below its op",
-            prepare.op,
-            prepare.commit
-        );
+        if prepares.is_empty() {
+            return Ok(());
+        }
         // Poisoned until this append completes, so a dropped future leaves it poisoned.
         self.failure = Some(Failure {
             path: self.active_path.clone(),
             op: "append",
             reason: "the append was cancelled before it completed".to_owned(),
         });
-        let record_size = (record::JOURNAL_HEADER_SIZE + prepare.body.len()) as u64;
-        if self.active_size_bytes > 0
-            && self.active_size_bytes + record_size > self.config.segment_size_max
-        {
-            self.roll(prepare.op).await?;
-        }
         let mut buffer = std::mem::take(&mut self.write_buffer);
         buffer.clear();
-        record::encode_record(prepare, &mut buffer);
-        let (result, buffer) = self.write_record(buffer).await;
-        self.write_buffer = buffer;
+        // (op, record size) of the records in `buffer`, in order.
+        let mut staged: Vec<(u64, u64)> = Vec::with_capacity(prepares.len());
+        for prepare in prepares {
+            let record_size = (record::JOURNAL_HEADER_SIZE + prepare.body.len()) as u64;
+            let segment_size = self.active_size_bytes + buffer.len() as u64;
+            if segment_size > 0 && segment_size + record_size > self.config.segment_size_max {
+                if !staged.is_empty() {
+                    buffer = self.write_staged(buffer, &staged).await?;
+                    staged.clear();
+                }
+                self.roll(prepare.op).await?;
+            }
+            record::encode_record(prepare, &mut buffer);
+            staged.push((prepare.op, record_size));
+        }
+        self.write_buffer = self.write_staged(buffer, &staged).await?;
+        self.failure = None;
+        Ok(())
+    }
+
+    /// Writes the records in `buffer` (`staged`: their ops and sizes) at the end of the active
+    /// segment, fdatasyncs it, and records them as journaled; returns the emptied buffer.
+    async fn write_staged(
+        &mut self,
+        buffer: Vec<u8>,
+        staged: &[(u64, u64)],
+    ) -> Result<Vec<u8>, JournalError> {
+        let (result, mut buffer) = self.write_record(buffer).await;
         if let Err(error) = result {
+            self.write_buffer = buffer;
             if is_storage_full(&error) {
                 return Err(self
                     .roll_back(self.active_path.clone(), "write record", error)
@@ -433,10 +592,180 @@ impl Journal {
         if let Err(error) = self.sync_active().await {
             return Err(self.poison(self.active_path.clone(), "fsync segment", error));
         }
-        self.active_size_bytes += record_size;
-        self.last_op = prepare.op;
+        let segment_first_op = *self
+            .segment_first_ops
+            .last()
+            .expect("the journal has an active segment");
+        for &(op, size_bytes) in staged {
+            self.index.insert(
+                op,
+                RecordLocation {
+                    segment_first_op,
+                    position: self.active_size_bytes,
+                    size_bytes,
+                },
+            );
+            self.active_size_bytes += size_bytes;
+            self.last_op = op;
+        }
+        buffer.clear();
+        Ok(buffer)
+    }
+
+    /// The prepare at `op`, read from its segment and verified (header and body checksums, and
+    /// the op): `None` when the journal does not hold `op` (never appended, released below a
+    /// checkpoint, truncated, skipped as covered damage, or at or above damage awaiting repair),
+    /// and `None` with a warning naming file, byte and defect when the stored record no longer
+    /// verifies (bit rot since it was written: the caller repairs the op from its peers, issue 8
+    /// section 2). Opens the segment file for each read; the driver reads only to answer a
+    /// peer's `RequestPrepare` or to repair, not on the commit path.
+    ///
+    /// # Errors
+    /// `Io`: opening or reading the segment failed (other than a file shorter than the record,
+    /// which reads as damage).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn read(&self, op: u64) -> Result<Option<Prepare>, JournalError> {
+        let Some(&location) = self.index.get(&op) else {
+            return Ok(None);
+        };
+        let path = segment_path(&self.dir, location.segment_first_op);
+        let file = File::open(&path)
+            .await
+            .map_err(io_error(&path, "open segment to read a record"))?;
+        let read = read_exact_at(&file, location.position, location.size_bytes as usize).await;
+        // A close error on a read-only descriptor cannot lose data; the bytes are verified.
+        let _ = file.close().await;
+        let bytes = match read {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => {
+                warn_unreadable(&path, location.position, op, "the segment ends inside it");
+                return Ok(None);
+            }
+            Err(error) => return Err(io_error(&path, "read record")(error)),
+        };
+        let (header, body) = match parse_record(&bytes) {
+            Ok(record) => record,
+            Err(reason) => {
+                warn_unreadable(&path, location.position, op, &reason);
+                return Ok(None);
+            }
+        };
+        if header.op != op {
+            let reason = format!("it holds op {}", header.op);
+            warn_unreadable(&path, location.position, op, &reason);
+            return Ok(None);
+        }
+        Ok(Some(Prepare {
+            op,
+            view: header.view,
+            commit: header.commit,
+            body: body.to_vec(),
+        }))
+    }
+
+    /// Durably drops every record above `op` (VSR Revisited section 4.2: a replica adopting the
+    /// new view's log discards the ops above it), and any damage awaiting repair: deletes the
+    /// segments after the one holding the first dropped record (newest first, the directory
+    /// fsynced after each), then truncates that segment at the record and fsyncs it and the
+    /// directory. Afterwards `last_op()` is `min(op, last_op())` and the next append carries
+    /// `last_op() + 1`. Nothing above `op` and no damage: does nothing. A crash part way leaves a
+    /// contiguous run of segments whose tail (the records still above `op`) the caller truncates
+    /// again after reopening. Returns how many ops were dropped (not counting damaged ones).
+    ///
+    /// # Errors
+    /// - `TruncateBelowReleased`: `op < first_op() - 1`; nothing written.
+    /// - `Io`: a deletion, the truncation or an fsync failed; the journal is poisoned.
+    /// - `Poisoned`: an earlier append, truncation or release failed or was cancelled.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a dropped truncation poisons the journal; reopen it.
+    pub async fn truncate_after(&mut self, op: u64) -> Result<u64, JournalError> {
+        self.check_not_poisoned()?;
+        if op.saturating_add(1) < self.first_op() {
+            return Err(JournalError::TruncateBelowReleased {
+                op,
+                first_op: self.first_op(),
+            });
+        }
+        let cut = match self.index.range(op.saturating_add(1)..).next() {
+            Some((_, location)) => (location.segment_first_op, location.position),
+            None => match &self.damaged_tail {
+                Some(tail) => (tail.segment_first_op, tail.position),
+                None => return Ok(0),
+            },
+        };
+        let (cut_segment, cut_position) = cut;
+        let new_last_op = op.min(self.last_op);
+        let dropped_count = self.last_op - new_last_op;
+        self.failure = Some(Failure {
+            path: segment_path(&self.dir, cut_segment),
+            op: "truncate",
+            reason: "the truncation was cancelled before it completed".to_owned(),
+        });
+        while let Some(&newest) = self.segment_first_ops.last()
+            && newest > cut_segment
+        {
+            let path = segment_path(&self.dir, newest);
+            if let Err(error) = compio::fs::remove_file(&path).await {
+                return Err(self.poison(path, "delete a segment above the truncation", error));
+            }
+            self.segment_first_ops.pop();
+            if let Err(error) = sync_dir(&self.dir).await {
+                return Err(self.poison(
+                    self.dir.clone(),
+                    "fsync journal directory after deleting a segment",
+                    error,
+                ));
+            }
+        }
+        let path = segment_path(&self.dir, cut_segment);
+        if path != self.active_path {
+            let file = match OpenOptions::new().read(true).write(true).open(&path).await {
+                Ok(file) => file,
+                Err(error) => return Err(self.poison(path, "open segment to truncate", error)),
+            };
+            // The old active segment was deleted above; nothing of it is kept.
+            let old = std::mem::replace(&mut self.active_file, file);
+            let _ = old.close().await;
+            self.active_path.clone_from(&path);
+        }
+        if let Err(error) = self.active_file.set_len(cut_position).await {
+            return Err(self.poison(path, "truncate segment", error));
+        }
+        if let Err(error) = self.active_file.sync_all().await {
+            return Err(self.poison(path, "fsync segment after truncating", error));
+        }
+        if let Err(error) = sync_dir(&self.dir).await {
+            return Err(self.poison(
+                self.dir.clone(),
+                "fsync journal directory after truncating",
+                error,
+            ));
+        }
+        self.active_size_bytes = cut_position;
+        self.index.split_off(&(new_last_op.saturating_add(1)));
+        self.last_op = new_last_op;
+        self.damaged_tail = None;
         self.failure = None;
-        Ok(())
+        tracing::info!(
+            path = %path.display(), position = cut_position, last_op = new_last_op, dropped_count,
+            "journal truncated"
+        );
+        Ok(dropped_count)
+    }
+
+    /// `Poisoned` if an earlier write step failed or was cancelled.
+    fn check_not_poisoned(&self) -> Result<(), JournalError> {
+        match &self.failure {
+            Some(failure) => Err(JournalError::Poisoned {
+                path: failure.path.clone(),
+                op: failure.op,
+                reason: failure.reason.clone(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Writes `buffer` at the end of the active segment, through the fault seam: an injected
@@ -553,13 +882,7 @@ impl Journal {
     /// # Cancel safety
     /// Not cancel safe: a dropped release poisons the journal; the files stay a contiguous run.
     pub async fn release_below(&mut self, op: u64) -> Result<usize, JournalError> {
-        if let Some(failure) = &self.failure {
-            return Err(JournalError::Poisoned {
-                path: failure.path.clone(),
-                op: failure.op,
-                reason: failure.reason.clone(),
-            });
-        }
+        self.check_not_poisoned()?;
         let mut deleted_count = 0;
         // Segment 0 holds ops segment_first_ops[0] .. segment_first_ops[1] - 1.
         while self.segment_first_ops.len() > 1 && self.segment_first_ops[1] <= op {
@@ -573,6 +896,7 @@ impl Journal {
                 return Err(self.poison(path, "delete released segment", error));
             }
             self.segment_first_ops.remove(0);
+            self.index = self.index.split_off(&self.segment_first_ops[0]);
             if let Err(error) = sync_dir(&self.dir).await {
                 return Err(self.poison(
                     self.dir.clone(),
@@ -599,4 +923,12 @@ impl Journal {
             source: error,
         }
     }
+}
+
+/// Logs a journal record that no longer verifies when read by op.
+fn warn_unreadable(path: &Path, position: u64, op: u64, reason: &str) {
+    tracing::warn!(
+        path = %path.display(), position, op, %reason,
+        "journal record does not verify on read; reading it as missing (repair it from peers)"
+    );
 }

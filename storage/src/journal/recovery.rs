@@ -11,7 +11,8 @@ use compio::fs::{File, OpenOptions};
 
 use super::record::{JOURNAL_HEADER_SIZE, JournalHeader, Prepare, header_checksum, parse_record};
 use super::{
-    DamagedRecord, JournalError, JournalRecovery, TailDisposition, io_error, segment_path,
+    DamagedRecord, JournalError, JournalRecovery, TailDisposition, UncoveredDamage, io_error,
+    segment_path,
 };
 use crate::durable::{create_dir_durable, list_dir_names, read_exact_at, sync_dir};
 use crate::limits::{JOURNAL_BODY_SIZE_MAX, JOURNAL_RECORD_SIZE_MAX, JOURNAL_SEGMENT_SIZE_MAX};
@@ -52,6 +53,20 @@ pub(super) struct Scanned {
     pub(super) last_op: u64,
     pub(super) repair: Repair,
     pub(super) recovery: JournalRecovery,
+    /// Damage above the covered op kept in place for repair ([`UncoveredDamage::RepairFromPeers`]).
+    pub(super) damaged_tail: Option<DamagedTail>,
+}
+
+/// Where the valid prefix of a journal opened for repair ends: the damaged record stays in place
+/// (never appended after, never read) until `Journal::truncate_after` cuts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct DamagedTail {
+    /// The segment holding the damaged record.
+    pub(super) segment_first_op: u64,
+    /// Byte offset of the damaged record in that segment: where a truncation cuts.
+    pub(super) position: u64,
+    /// The damaged record's report, as in `JournalRecovery::damaged_records`.
+    pub(super) record: DamagedRecord,
 }
 
 /// The state `Journal::open` starts from.
@@ -65,6 +80,7 @@ pub(super) struct Recovered {
     /// `first_op - 1` when the journal holds no record.
     pub(super) last_op: u64,
     pub(super) recovery: JournalRecovery,
+    pub(super) damaged_tail: Option<DamagedTail>,
 }
 
 /// Reads the journal in `dir` and decides its repair, writing nothing. `covered_op` is the op up
@@ -73,8 +89,13 @@ pub(super) struct Recovered {
 /// prove (a later valid record in the same segment, or the next segment) as long as no op above
 /// `covered_op` can be lost; a last segment holding covered damage is left as it is, now closed,
 /// and the journal continues in a new segment. Damage above `covered_op` is a torn tail (cut)
-/// or refused. Rules: FORMAT.md section 8, open.
-pub(super) async fn scan(dir: &Path, covered_op: u64) -> Result<Scanned, JournalError> {
+/// or refused; with [`UncoveredDamage::RepairFromPeers`] it is kept in place instead of refused
+/// (the journal opens with the valid prefix before it). Rules: FORMAT.md section 8, open.
+pub(super) async fn scan(
+    dir: &Path,
+    covered_op: u64,
+    policy: UncoveredDamage,
+) -> Result<Scanned, JournalError> {
     let first_ops = list_segments(dir).await?;
     if first_ops.is_empty() {
         // A new journal: VSR numbers prepares from op 1 (op 0 is the root prepare); after a
@@ -90,6 +111,7 @@ pub(super) async fn scan(dir: &Path, covered_op: u64) -> Result<Scanned, Journal
                 segment_count: 1,
                 ..JournalRecovery::default()
             },
+            damaged_tail: None,
         });
     }
     let mut found = Found::default();
@@ -110,13 +132,36 @@ pub(super) async fn scan(dir: &Path, covered_op: u64) -> Result<Scanned, Journal
             first_op,
             following_first_op: first_ops.get(index + 1).copied(),
         };
-        let (segment_next_op, end) = walk_segment(&segment, covered_op, &mut found)?;
+        let (segment_next_op, end) = walk_segment(&segment, covered_op, policy, &mut found)?;
         next_op = Some(segment_next_op);
         last_end = end;
+        if let SegmentEnd::AwaitingRepair { position } = end {
+            let highest_op = highest_op_after(
+                dir,
+                &bytes,
+                position,
+                segment_next_op,
+                &first_ops[index + 1..],
+            )
+            .await?;
+            let record = found
+                .damaged_records
+                .last_mut()
+                .expect("the damage was reported");
+            record.disposition = TailDisposition::AwaitingRepair { highest_op };
+            found.damaged_tail = Some(DamagedTail {
+                segment_first_op: first_op,
+                position: position as u64,
+                record: record.clone(),
+            });
+            break;
+        }
     }
     let next_op = next_op.expect("at least one segment was walked");
     let mut segment_first_ops = first_ops;
     let (repair, active_size_bytes, last_op) = match last_end {
+        // Nothing is written: appends wait for the truncation the caller's repair makes.
+        SegmentEnd::AwaitingRepair { .. } => (Repair::None, 0, next_op - 1),
         SegmentEnd::Clean { end_position } if !found.last_segment_covered => {
             (Repair::None, end_position as u64, next_op - 1)
         }
@@ -154,7 +199,45 @@ pub(super) async fn scan(dir: &Path, covered_op: u64) -> Result<Scanned, Journal
             damaged_records: found.damaged_records,
             segment_count,
         },
+        damaged_tail: found.damaged_tail,
     })
+}
+
+/// The highest op the journal shows after damage at op `damaged_op`, byte `position` of a
+/// segment's `bytes`: the ops of the valid records later in that segment and in the
+/// `following_first_ops` segments (each walked from its start to its first invalid record), at
+/// least `damaged_op`. A record whose own bytes are damaged shows no op, so this is a lower bound.
+async fn highest_op_after(
+    dir: &Path,
+    bytes: &[u8],
+    position: usize,
+    damaged_op: u64,
+    following_first_ops: &[u64],
+) -> Result<u64, JournalError> {
+    let mut highest_op = damaged_op;
+    let mut at = position;
+    while let Some((record_position, op)) = next_valid_record(bytes, at, highest_op) {
+        highest_op = op;
+        at = record_position;
+    }
+    for &first_op in following_first_ops {
+        let path = segment_path(dir, first_op);
+        let file = File::open(&path)
+            .await
+            .map_err(io_error(&path, "open segment"))?;
+        let bytes = read_segment(&file, &path).await?;
+        let _ = file.close().await;
+        let scan = scan_segment(
+            &bytes,
+            first_op,
+            0,
+            first_op,
+            &mut Vec::new(),
+            &mut Vec::new(),
+        );
+        highest_op = highest_op.max(scan.next_op - 1);
+    }
+    Ok(highest_op)
 }
 
 /// What the walk of every segment collected.
@@ -166,6 +249,8 @@ struct Found {
     truncated_bytes: u64,
     /// The last segment holds covered damage: it is closed and a new segment started.
     last_segment_covered: bool,
+    /// Damage above the covered op kept for repair.
+    damaged_tail: Option<DamagedTail>,
 }
 
 /// One segment's bytes and place in the journal.
@@ -187,6 +272,9 @@ enum SegmentEnd {
     Covered,
     /// A torn tail above the covered op at `position` (last segment only): open cuts it.
     Torn { position: usize },
+    /// Damage above the covered op at `position` that no torn append explains, kept in place
+    /// for repair ([`UncoveredDamage::RepairFromPeers`]); the walk stops here.
+    AwaitingRepair { position: usize },
 }
 
 /// Walks one segment's records, resuming after covered damage (FORMAT.md section 8, open):
@@ -194,6 +282,7 @@ enum SegmentEnd {
 fn walk_segment(
     segment: &Segment<'_>,
     covered_op: u64,
+    policy: UncoveredDamage,
     found: &mut Found,
 ) -> Result<(u64, SegmentEnd), JournalError> {
     let mut position = 0;
@@ -216,7 +305,7 @@ fn walk_segment(
             ));
         };
         if scan.next_op > covered_op {
-            return uncovered_damage(segment, &invalid, scan.next_op, covered_op, found);
+            return uncovered_damage(segment, &invalid, scan.next_op, covered_op, policy, found);
         }
         let covered = covered_damage(segment, &invalid, scan.next_op, covered_op)?;
         let resume = covered.resume;
@@ -235,12 +324,14 @@ fn walk_segment(
 }
 
 /// Damage at op `damaged_op`, above `covered_op`: only a torn tail of the last segment is
-/// explained (and will be cut); anything else refuses, as a torn append cannot leave it.
+/// explained (and will be cut); anything else refuses, as a torn append cannot leave it, unless
+/// `policy` keeps it for repair from peers.
 fn uncovered_damage(
     segment: &Segment<'_>,
     invalid: &Invalid,
     damaged_op: u64,
     covered_op: u64,
+    policy: UncoveredDamage,
     found: &mut Found,
 ) -> Result<(u64, SegmentEnd), JournalError> {
     let corrupt = |reason: String| JournalError::Corrupt {
@@ -248,8 +339,37 @@ fn uncovered_damage(
         position: invalid.position as u64,
         reason,
     };
-    if let Some(why) = interior_damage(segment.bytes, invalid.position, damaged_op) {
-        return Err(corrupt(format!("{} ({why})", invalid.reason)));
+    let unexplained = match interior_damage(segment.bytes, invalid.position, damaged_op) {
+        Some(why) => Some(format!("{} ({why})", invalid.reason)),
+        None if segment.following_first_op.is_some() => Some(format!(
+            "in a closed segment (damage before the tail refuses to boot): {} (op {damaged_op} \
+             is above the snapshot's checkpoint op {covered_op}, so the snapshot does not hold \
+             it)",
+            invalid.reason
+        )),
+        None => None,
+    };
+    if let Some(reason) = unexplained {
+        if policy == UncoveredDamage::Refuse {
+            return Err(corrupt(reason));
+        }
+        found.damaged_records.push(DamagedRecord {
+            path: segment.path.to_path_buf(),
+            position: invalid.position as u64,
+            op: damaged_op,
+            size_bytes: (segment.bytes.len() - invalid.position) as u64,
+            reason,
+            // The caller sets the highest op once the rest of the journal is read.
+            disposition: TailDisposition::AwaitingRepair {
+                highest_op: damaged_op,
+            },
+        });
+        return Ok((
+            damaged_op,
+            SegmentEnd::AwaitingRepair {
+                position: invalid.position,
+            },
+        ));
     }
     if segment.following_first_op.is_some() {
         return Err(corrupt(format!(
@@ -436,6 +556,7 @@ pub(super) async fn apply(scanned: Scanned) -> Result<Recovered, JournalError> {
         last_op,
         repair,
         recovery,
+        damaged_tail,
     } = scanned;
     let active_first_op = *segment_first_ops
         .last()
@@ -483,6 +604,7 @@ pub(super) async fn apply(scanned: Scanned) -> Result<Recovered, JournalError> {
         active_size_bytes,
         last_op,
         recovery,
+        damaged_tail,
     })
 }
 
@@ -789,7 +911,7 @@ mod tests {
         for (covered_op, expected_last_op) in [(2, 2), (3, 3), (5, 5)] {
             let dir = tempfile::tempdir().unwrap();
             write_segment(dir.path(), 1, &damaged);
-            let scanned = block_on(scan(dir.path(), covered_op)).unwrap();
+            let scanned = block_on(scan(dir.path(), covered_op, UncoveredDamage::Refuse)).unwrap();
             let record = &scanned.recovery.damaged_records[0];
             assert_eq!(
                 (record.position, record.op, record.size_bytes),
@@ -828,7 +950,7 @@ mod tests {
             // After the repair, a second scan accepts the result and decides nothing more.
             let recovered = block_on(apply(scanned)).unwrap();
             drop(recovered);
-            let again = block_on(scan(dir.path(), covered_op)).unwrap();
+            let again = block_on(scan(dir.path(), covered_op, UncoveredDamage::Refuse)).unwrap();
             assert_eq!(again.repair, Repair::None);
             assert_eq!(again.last_op, expected_last_op);
             assert_eq!(
@@ -848,7 +970,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         write_segment(dir.path(), 1, &damaged);
         write_segment(dir.path(), 4, &records(4..=4));
-        let scanned = block_on(scan(dir.path(), 3)).unwrap();
+        let scanned = block_on(scan(dir.path(), 3, UncoveredDamage::Refuse)).unwrap();
         assert_eq!(scanned.last_op, 4);
         let ops: Vec<u64> = scanned.recovery.prepares.iter().map(|p| p.op).collect();
         assert_eq!(ops, vec![1, 2, 4]);
@@ -857,7 +979,8 @@ mod tests {
             TailDisposition::CoveredBySnapshot { resume_op: 4 }
         );
         // A snapshot at op 2 does not hold op 3: refused, naming the file and byte.
-        let Err(JournalError::Corrupt { path, position, .. }) = block_on(scan(dir.path(), 2))
+        let Err(JournalError::Corrupt { path, position, .. }) =
+            block_on(scan(dir.path(), 2, UncoveredDamage::Refuse))
         else {
             panic!("a damaged closed segment above the covered op was accepted");
         };
@@ -900,7 +1023,8 @@ mod tests {
         write_segment(dir.path(), 1, &bytes);
         let before = files(dir.path());
 
-        let Err(JournalError::Corrupt { path, position, .. }) = block_on(scan(dir.path(), 1))
+        let Err(JournalError::Corrupt { path, position, .. }) =
+            block_on(scan(dir.path(), 1, UncoveredDamage::Refuse))
         else {
             panic!("damage above the covered op was accepted");
         };
@@ -910,7 +1034,7 @@ mod tests {
         );
         assert_eq!(files(dir.path()), before);
 
-        let scanned = block_on(scan(dir.path(), 4)).unwrap();
+        let scanned = block_on(scan(dir.path(), 4, UncoveredDamage::Refuse)).unwrap();
         assert_eq!(ops(&scanned), vec![1, 3, 4]);
         assert_eq!(
             scanned.recovery.damaged_records,
@@ -928,7 +1052,7 @@ mod tests {
         assert_eq!(files(dir.path()), before);
 
         drop(block_on(apply(scanned)).unwrap());
-        let again = block_on(scan(dir.path(), 4)).unwrap();
+        let again = block_on(scan(dir.path(), 4, UncoveredDamage::Refuse)).unwrap();
         assert_eq!(again.repair, Repair::None);
         assert_eq!(again.segment_first_ops, vec![1, 5]);
         // Now closed, its damage is covered up to the next segment: nothing after it is read.
@@ -948,7 +1072,7 @@ mod tests {
         for covered_op in [2, 3] {
             let dir = tempfile::tempdir().unwrap();
             write_segment(dir.path(), 1, &body_damage);
-            let scanned = block_on(scan(dir.path(), covered_op)).unwrap();
+            let scanned = block_on(scan(dir.path(), covered_op, UncoveredDamage::Refuse)).unwrap();
             assert_eq!(ops(&scanned), vec![1, 3, 4, 5, 6]);
             assert_eq!(scanned.repair, Repair::StartSegment { first_op: 7 });
             assert_eq!(scanned.last_op, 6);
@@ -965,7 +1089,7 @@ mod tests {
             path,
             position,
             reason,
-        }) = block_on(scan(dir.path(), 2))
+        }) = block_on(scan(dir.path(), 2, UncoveredDamage::Refuse))
         else {
             panic!("damage hiding op 3 above the checkpoint was accepted");
         };
@@ -984,7 +1108,7 @@ mod tests {
         );
         assert_eq!(files(dir.path()), before);
         // A checkpoint at op 3 covers both.
-        let scanned = block_on(scan(dir.path(), 3)).unwrap();
+        let scanned = block_on(scan(dir.path(), 3, UncoveredDamage::Refuse)).unwrap();
         assert_eq!(ops(&scanned), vec![1, 4, 5, 6]);
     }
 
@@ -999,7 +1123,7 @@ mod tests {
         write_segment(dir.path(), 1, &closed);
         write_segment(dir.path(), 4, &records(4..=5));
         let before = files(dir.path());
-        let scanned = block_on(scan(dir.path(), 3)).unwrap();
+        let scanned = block_on(scan(dir.path(), 3, UncoveredDamage::Refuse)).unwrap();
         assert_eq!(ops(&scanned), vec![4, 5]);
         assert_eq!(
             scanned.recovery.damaged_records[0].disposition,
@@ -1007,7 +1131,9 @@ mod tests {
         );
         assert_eq!((scanned.repair, scanned.last_op), (Repair::None, 5));
         // The same damage with a checkpoint at op 0 is above it: refused in a closed segment.
-        let Err(JournalError::Corrupt { position, .. }) = block_on(scan(dir.path(), 0)) else {
+        let Err(JournalError::Corrupt { position, .. }) =
+            block_on(scan(dir.path(), 0, UncoveredDamage::Refuse))
+        else {
             panic!("damage above the covered op in a closed segment was accepted");
         };
         assert_eq!(position, 0);
@@ -1018,7 +1144,7 @@ mod tests {
         closed[record_size + JOURNAL_HEADER_SIZE + 3] ^= 1;
         write_segment(dir.path(), 1, &closed);
         write_segment(dir.path(), 6, &records(6..=6));
-        let scanned = block_on(scan(dir.path(), 4)).unwrap();
+        let scanned = block_on(scan(dir.path(), 4, UncoveredDamage::Refuse)).unwrap();
         assert_eq!(ops(&scanned), vec![1, 3, 4, 5, 6]);
         assert_eq!((scanned.repair, scanned.last_op), (Repair::None, 6));
     }
@@ -1033,8 +1159,8 @@ mod tests {
         write_segment(dir.path(), 1, &bytes);
         let record_count_max = (JOURNAL_RECORD_SIZE_MAX + 1).div_ceil(JOURNAL_HEADER_SIZE) as u64;
         let highest_op = 3 + record_count_max - 1;
-        assert!(block_on(scan(dir.path(), highest_op - 1)).is_err());
-        let scanned = block_on(scan(dir.path(), highest_op)).unwrap();
+        assert!(block_on(scan(dir.path(), highest_op - 1, UncoveredDamage::Refuse)).is_err());
+        let scanned = block_on(scan(dir.path(), highest_op, UncoveredDamage::Refuse)).unwrap();
         assert_eq!(
             scanned.repair,
             Repair::StartSegment {
@@ -1049,7 +1175,7 @@ mod tests {
     fn issue7_an_empty_journal_directory_starts_after_the_covered_op() {
         let dir = tempfile::tempdir().unwrap();
         let journal = dir.path().join("journal");
-        let scanned = block_on(scan(&journal, 10)).unwrap();
+        let scanned = block_on(scan(&journal, 10, UncoveredDamage::Refuse)).unwrap();
         assert_eq!(scanned.repair, Repair::CreateFirstSegment { first_op: 11 });
         assert_eq!(
             (scanned.last_op, scanned.segment_first_ops.clone()),
@@ -1097,7 +1223,7 @@ mod tests {
         bytes[op3_position - 1] ^= 1;
         let dir = tempfile::tempdir().unwrap();
         write_segment(dir.path(), 1, &bytes);
-        let scanned = block_on(scan(dir.path(), 4)).unwrap();
+        let scanned = block_on(scan(dir.path(), 4, UncoveredDamage::Refuse)).unwrap();
         assert_eq!(ops(&scanned), vec![1, 3, 4]);
         assert_eq!(scanned.recovery.prepares[1].body, vec![3u8; 10]);
         let record = &scanned.recovery.damaged_records[0];
