@@ -529,15 +529,17 @@ async fn journal_writer(
         while let Ok(next) = prepares.try_recv() {
             batch.push(next);
         }
-        let mut journal = store.journal().lock().await;
-        for prepare in batch {
+        let result = store.journal().lock().await.append_batch(&batch).await;
+        for prepare in &batch {
             let op = prepare.op;
-            let completion = match journal.append(&prepare).await {
+            let completion = match &result {
                 Ok(()) => Completion::JournalWritten {
                     op,
-                    checksum: JournalHeader::for_prepare(&prepare).checksum,
+                    checksum: JournalHeader::for_prepare(prepare).checksum,
                 },
                 Err(error) => {
+                    // The whole batch shares one outcome: a refused write rolled every record
+                    // back; any other failure poisoned the journal.
                     let retryable = matches!(error, JournalError::StorageFull { .. });
                     tracing::error!(op, %error, retryable, "metadata journal write failed");
                     Completion::JournalFailed { op, retryable }
@@ -549,21 +551,26 @@ async fn journal_writer(
 }
 
 /// Durably drops every journal record above `op`.
-async fn truncate_journal_after(store: &ReplicaStore, op: u64) -> Result<(), String> {
-    let journal = store.journal().lock().await;
-    if journal.last_op() <= op {
-        return Ok(());
-    }
-    Err(format!(
-        "truncating the journal above op {op} (it ends at {}) needs Journal::truncate_after",
-        journal.last_op()
-    ))
+async fn truncate_journal_after(store: &ReplicaStore, op: u64) -> Result<(), JournalError> {
+    store
+        .journal()
+        .lock()
+        .await
+        .truncate_after(op)
+        .await
+        .map(|_| ())
 }
 
-/// The prepare at `op`, if the journal holds it intact.
+/// The prepare at `op`, if the journal holds it intact (a read error reads as missing: the core
+/// repairs it from peers).
 async fn read_journal_at(store: &ReplicaStore, op: u64) -> Option<Prepare> {
-    let _ = (store, op);
-    None
+    match store.journal().lock().await.read(op).await {
+        Ok(prepare) => prepare,
+        Err(error) => {
+            tracing::warn!(op, %error, "journal read failed; the op reads as missing");
+            None
+        }
+    }
 }
 
 /// Encodes a replica message as one bus frame (the wire codec).

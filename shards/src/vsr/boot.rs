@@ -374,6 +374,13 @@ fn warn_damaged_record(damaged: &DamagedRecord, snapshot_op: u64) {
              checkpoint op, so the snapshot holds it and it is never replayed); left in place, \
              the journal resumes at resume_op and the next checkpoint releases the damaged segment"
         ),
+        // Boot opens the journal without repair from peers, so this never comes back here
+        // (placeholder arm until boot's typed results land, branch wt3).
+        TailDisposition::AwaitingRepair { highest_op } => tracing::warn!(
+            path = %damaged.path.display(), position = damaged.position, op = damaged.op,
+            highest_op, reason = %damaged.reason,
+            "damaged journal record awaiting repair from peers"
+        ),
     }
 }
 
