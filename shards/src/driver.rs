@@ -624,4 +624,51 @@ mod tests {
             ShardReply::NotPrimary { view: 5, primary: None, ref address } if address.is_empty()
         ));
     }
+
+    fn single_replica_config(data_dir: &std::path::Path) -> crate::config::ServerConfig {
+        let mut config = crate::config::ServerConfig::new(data_dir.to_path_buf());
+        config.listen = "127.0.0.1:0".parse().unwrap();
+        config.topology.shards = runtime::ShardCountArg::Count(2);
+        config.topology.pin = false;
+        config
+    }
+
+    /// Today's behaviour through the driver and the core with `replica_count = 1`: Register and
+    /// CreateStream/CreateTopic commit, a retried request gets its cached reply (applied once),
+    /// and a restart keeps every change.
+    #[test]
+    fn one_replica_commits_and_a_restart_keeps_the_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = crate::RunningServer::start(single_replica_config(dir.path())).unwrap();
+        let addr = server.local_addr;
+        let runtime = compio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let mut client = bus::Client::connect(addr).await.unwrap();
+            let session = client.register().await.unwrap();
+            assert!(session > 0);
+            client.create_stream(1, "orders").await.unwrap();
+            client.create_topic(1, 1, "eu", 2).await.unwrap();
+            let refused = client.create_stream(1, "orders").await.unwrap_err();
+            assert!(
+                refused.to_string().contains("already exists"),
+                "a second CreateStream of id 1 is refused: {refused}"
+            );
+        });
+        server.stop_handle().stop();
+        server.join().unwrap();
+
+        let server = crate::RunningServer::start(single_replica_config(dir.path())).unwrap();
+        let addr = server.local_addr;
+        let metadata = runtime.block_on(async {
+            let mut client = bus::Client::connect(addr).await.unwrap();
+            client.register().await.unwrap();
+            client.get_metadata().await.unwrap()
+        });
+        server.stop_handle().stop();
+        server.join().unwrap();
+        assert_eq!(metadata.streams.len(), 1);
+        assert_eq!(metadata.streams[0].name, "orders");
+        assert_eq!(metadata.streams[0].topics.len(), 1);
+        assert_eq!(metadata.streams[0].topics[0].partitions.len(), 2);
+    }
 }

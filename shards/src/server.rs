@@ -207,6 +207,9 @@ impl RunningServer {
             idle_poll: config.idle_poll,
             shutdown_deadline: runtime::launcher::SHUTDOWN_DEADLINE,
         };
+        // The address clients reach (a `NotPrimary` reply names it): the port picked for port 0.
+        let mut config = config;
+        config.listen = local_addr;
         let config = Arc::new(config);
         let drain = Arc::new(DrainState::new(shard_count));
         let (report_tx, report_rx) = std_mpsc::channel::<StartupReport>();
@@ -371,7 +374,6 @@ async fn run_shard(
         metadata,
         replica,
         budget,
-        listen_addr,
     ));
     shard.open_owned_partitions().await?;
     ready_barrier.wait().await;

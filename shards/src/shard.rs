@@ -111,7 +111,7 @@ pub struct Shard {
     core: RefCell<Option<Rc<RefCell<Replica>>>>,
     /// The view, primary and commit as shard 0 last published them.
     status: RefCell<ReplicaStatus>,
-    /// This replica's client listen address.
+    /// This replica's client listen address (`config.listen`, with the port the server bound).
     client_address: std::net::SocketAddr,
     budget: ResourceBudget,
     connection_count: Cell<u64>,
@@ -384,8 +384,8 @@ impl Shard {
         metadata: MetadataState,
         replica: Option<ReplicaStore>,
         budget: ResourceBudget,
-        client_address: std::net::SocketAddr,
     ) -> Shard {
+        let client_address = config.listen;
         assert_eq!(
             replica.is_some(),
             id == ShardId(0),
@@ -1048,9 +1048,10 @@ impl Shard {
                     return failures;
                 }
             }
-            match done_rx.await {
-                Ok(remote_failures) => failures.extend(remote_failures),
-                Err(_) => tracing::warn!(op_number, "shard 0 stopped during metadata broadcast"),
+            if let Ok(remote_failures) = done_rx.await {
+                failures.extend(remote_failures);
+            } else {
+                tracing::warn!(op_number, "shard 0 stopped during metadata broadcast");
             }
         }
         if let MetadataOp::DeleteStream { stream_id } | MetadataOp::DeleteTopic { stream_id, .. } =
