@@ -36,9 +36,9 @@ use crate::frame::ShardReply;
 use crate::metadata::{MetadataOp, MetadataState};
 use crate::replica_bus::{BusConfig, Decoder, Inbound, ReplicaBus};
 use crate::shard::{ReplicaStatus, Shard};
+use crate::store::ReplicaStore;
 use crate::unopened::OpenFailure;
-use crate::vsr::ReplicaStore;
-use crate::vsr::client_table::{ClientTable, ClientTableSnapshot};
+use crate::vsr::client_table::ClientTableSnapshot;
 use crate::vsr::message::{
     Action, ClientReply, ClientRequest, ClientToken, Completion, Message, ReplicaIndex,
 };
@@ -52,37 +52,6 @@ const COMPLETION_QUEUE_MAX: usize = 4096;
 
 /// One request from the metadata queue: (client, request number, operation, reply).
 pub type RequestItem = (u128, u64, PrepareOperation, TxOneshot<ShardReply>);
-
-/// The core's recovered input from today's boot output: boot replayed the journal into
-/// `metadata` and the store's client table, so everything up to `commit_min` is the "checkpoint"
-/// the core starts from and no prepares are handed over.
-///
-/// # Cancel safety
-/// Cancel safe (one lock acquisition, nothing changed).
-pub async fn recovered_from_store(store: &ReplicaStore, metadata: &MetadataState) -> Recovered {
-    let (journal_first_op, journal_last_op) = {
-        let journal = store.journal().lock().await;
-        (journal.first_op(), journal.last_op())
-    };
-    let state = *store.superblock().lock().await.state();
-    let client_table = {
-        let table = store.client_table.borrow();
-        ClientTable::from_snapshot(&table.to_snapshot(), table.clients_max())
-            .expect("a client table's own snapshot restores")
-            .0
-    };
-    Recovered {
-        view: state.view,
-        log_view: state.log_view,
-        commit_max: state.commit_max.max(store.commit_min()),
-        checkpoint_op: store.commit_min(),
-        metadata: metadata.clone(),
-        client_table,
-        prepares: Vec::new(),
-        journal_last_op: journal_last_op.max(store.commit_min()),
-        journal_first_op,
-    }
-}
 
 /// The core's fixed parameters from the server configuration.
 pub fn core_config(config: &crate::config::ServerConfig) -> CoreConfig {
@@ -98,6 +67,7 @@ pub fn core_config(config: &crate::config::ServerConfig) -> CoreConfig {
         heartbeat_ticks: config.heartbeat_ticks,
         view_change_timeout_ticks: config.view_change_timeout_ticks,
         clients_table_max: config.clients_table_max,
+        checkpoint_interval: config.checkpoint_interval,
         seed,
     }
 }
@@ -129,6 +99,8 @@ pub struct Driver {
     apply_failures: Vec<OpenFailure>,
     /// The status last published to the shards.
     published: Option<ReplicaStatus>,
+    /// The highest op the journal held at boot: applying an op up to it is a replay.
+    replay_through: u64,
 }
 
 impl std::fmt::Debug for Driver {
@@ -153,6 +125,7 @@ impl Driver {
         client_address: String,
     ) -> Result<Driver, String> {
         let config = Arc::clone(&shard.config);
+        let replay_through = recovered.journal_last_op;
         let (core, first_actions) = Replica::open(core_config(&config), recovered);
         let core = Rc::new(RefCell::new(core));
         shard.attach_core(Rc::clone(&core));
@@ -200,6 +173,7 @@ impl Driver {
             _journal_writer: journal_writer,
             apply_failures: Vec::new(),
             published: None,
+            replay_through,
         };
         driver.perform(first_actions).await;
         driver.publish_status();
@@ -326,7 +300,7 @@ impl Driver {
                     op,
                     metadata,
                     client_table,
-                } => self.checkpoint(op, metadata, &client_table).await,
+                } => self.checkpoint(op, metadata, client_table),
             }
         }
     }
@@ -397,8 +371,6 @@ impl Driver {
     /// Applies committed prepare `op` on every shard's copy. Register touches only the client
     /// table, which lives in the core; a rejected change applies nowhere.
     async fn apply(&mut self, op: u64, operation: &PrepareOperation, applied: bool) {
-        // The store's commit_min follows the core's (it labels the checkpoints).
-        self.store.committed(op);
         self.apply_failures.clear();
         let PrepareOperation::Metadata(change) = operation else {
             return;
@@ -406,7 +378,10 @@ impl Driver {
         if !applied {
             return;
         }
-        self.apply_failures = self.shard.fan_out(op, change).await;
+        // A replayed CreateTopic (journaled before this boot) finds its own directories with
+        // their data; a new one removes leftovers of a deleted topic with the same ids.
+        let fresh = op > self.replay_through;
+        self.apply_failures = self.shard.fan_out(op, change, fresh).await;
         if self.apply_failures.is_empty() {
             tracing::info!(op, ?change, "metadata committed");
         } else {
@@ -443,24 +418,22 @@ impl Driver {
             .and_then(|bus| bus.client_address(replica))
     }
 
-    async fn checkpoint(
-        &self,
-        op: u64,
-        metadata: Arc<MetadataState>,
-        client_table: &ClientTableSnapshot,
-    ) {
-        let completion = match self
-            .shard
-            .checkpoint_state(op, metadata, client_table)
-            .await
-        {
-            Ok(journal_first_op) => Completion::CheckpointDone {
-                op,
-                journal_first_op,
-            },
-            Err(_) => Completion::CheckpointFailed { op },
-        };
-        self.complete(completion).await;
+    /// Runs the checkpoint off the loop (the core asks for one at a time and keeps going), so
+    /// heartbeats and commits continue while the snapshot is written.
+    fn checkpoint(&self, op: u64, metadata: Arc<MetadataState>, client_table: ClientTableSnapshot) {
+        let shard = Rc::clone(&self.shard);
+        let completions = self.completions_tx.clone();
+        compio::runtime::spawn(async move {
+            let completion = match shard.checkpoint_state(op, metadata, client_table).await {
+                Ok(journal_first_op) => Completion::CheckpointDone {
+                    op,
+                    journal_first_op,
+                },
+                Err(_) => Completion::CheckpointFailed { op },
+            };
+            let _ = completions.send(completion).await;
+        })
+        .detach();
     }
 
     /// Publishes (view, primary, commit) to every shard when it changed (`Shard::set_status`).

@@ -17,6 +17,7 @@ pub mod replica_bus;
 pub mod resources;
 pub mod server;
 pub mod shard;
+pub mod store;
 pub mod unopened;
 pub mod vsr;
 

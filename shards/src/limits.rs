@@ -72,7 +72,7 @@ pub const CHECKPOINT_INTERVAL_DEFAULT: u64 = 1024;
 pub const CHECKPOINT_INTERVAL_LIMIT: u64 = 1 << 20;
 /// Folder of the metadata journal (WAL) under the data directory (`storage/FORMAT.md` section 8).
 pub const JOURNAL_DIR_NAME: &str = "journal";
-/// Environment variable naming a failpoint for crash tests (`shards::vsr::failpoint`).
+/// Environment variable naming a failpoint for crash tests (`shards::store::failpoint`).
 pub const FAILPOINT_ENV: &str = "SHARDLINE_FAILPOINT";
 /// After answering an oversized request `MessageTooLarge`, the server discards what the client
 /// still sends (up to the frame's announced size) for at most this long before it closes, so the

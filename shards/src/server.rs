@@ -138,7 +138,7 @@ impl RunningServer {
                 source,
             }
         })?;
-        crate::vsr::failpoint::check_env().map_err(ServerError::Startup)?;
+        crate::store::failpoint::check_env().map_err(ServerError::Startup)?;
         // Before anything is written: a limit too small to serve refuses with nothing on disk.
         let budget = ResourceBudget::from_open_file_limit(
             resources::raise_open_file_limit(),
@@ -169,13 +169,13 @@ impl RunningServer {
         let partitions_dir = config.data_dir.join(PARTITIONS_DIR_NAME);
         // A data directory is formatted by writing its superblock (or migrated from the earlier
         // metadata.json format); partition data without either has lost its metadata.
-        let superblock_path = crate::vsr::superblock_path(&config.data_dir);
+        let superblock_path = crate::store::superblock_path(&config.data_dir);
         let legacy_path = store::metadata_path(&config.data_dir);
         // (A journal or snapshot without a superblock is refused by shard 0's boot, which names it.)
         if !superblock_path.exists()
             && !legacy_path.exists()
-            && !crate::vsr::journal_dir(&config.data_dir).exists()
-            && !crate::vsr::snapshot_path(&config.data_dir).exists()
+            && !crate::store::journal_dir(&config.data_dir).exists()
+            && !crate::store::snapshot_path(&config.data_dir).exists()
             && resources::has_entries(&partitions_dir)
         {
             return Err(ServerError::MetadataMissing {
@@ -335,8 +335,20 @@ async fn run_shard(
     };
     let (shard_id, shard_count) = (ctx.shard_id, ctx.shard_count);
     let (endpoint, mut pump, ready_barrier) = ctx.into_parts();
-    let (metadata, replica) = if shard_id == ShardId(0) {
-        let (replica, metadata) = crate::vsr::boot::open(&config).await?;
+    let (metadata, replica, recovered) = if shard_id == ShardId(0) {
+        let boot = crate::store::boot::recover(&config)
+            .await
+            .map_err(|error| error.to_string())?;
+        log_recovery_outcome(&boot.outcome);
+        let replica = crate::store::ReplicaStore::for_driver(
+            &config,
+            boot.journal,
+            boot.superblock,
+            boot.recovered.checkpoint_op,
+        );
+        // Every shard starts from the checkpoint's state; the core applies the journaled ops
+        // above it when it opens, and the driver fans them out like any committed op.
+        let metadata = boot.recovered.metadata.clone();
         // Before any partition opens: past the budget, opening them would end in EMFILE.
         if let Some(refusal) = budget.partitions_refusal(metadata.namespaces().len() as u64) {
             return Err(format!(
@@ -352,14 +364,14 @@ async fn run_shard(
                 )
                 .map_err(|e| format!("bootstrap of shard {target}: {e}"))?;
         }
-        (metadata, Some(replica))
+        (metadata, Some(replica), Some(boot.recovered))
     } else {
         // None: stopped before shard 0 sent the metadata (it failed, or a signal came). Not this
         // shard's failure: returning Ok lets the shard that failed name the cause.
         let Some(metadata) = wait_for_bootstrap(&mut pump).await? else {
             return Ok(());
         };
-        (metadata, None)
+        (metadata, None, None)
     };
     tracing::debug!(
         shard = shard_id.0,
@@ -383,20 +395,20 @@ async fn run_shard(
     }
     let listener =
         bind_listener(listen_addr).map_err(|e| format!("listen on {listen_addr}: {e}"))?;
-    let metadata_task = if shard_id == ShardId(0) {
-        let store = Rc::clone(shard.replica());
-        let recovered = crate::driver::recovered_from_store(&store, &shard.metadata_copy()).await;
-        log_cluster(&config, recovered.view, listen_addr);
-        let driver = crate::driver::Driver::start(
-            Rc::clone(&shard),
-            store,
-            recovered,
-            listen_addr.to_string(),
-        )
-        .await?;
-        Some(compio::runtime::spawn(driver.run()))
-    } else {
-        None
+    let metadata_task = match recovered {
+        Some(recovered) => {
+            log_cluster(&config, recovered.view, listen_addr);
+            let store = Rc::clone(shard.replica());
+            let driver = crate::driver::Driver::start(
+                Rc::clone(&shard),
+                store,
+                recovered,
+                listen_addr.to_string(),
+            )
+            .await?;
+            Some(compio::runtime::spawn(driver.run()))
+        }
+        None => None,
     };
     let connections = Rc::new(Connections::default());
     let accept_task = compio::runtime::spawn(accept_loop(
@@ -477,6 +489,33 @@ async fn run_shard(
     }
     tracing::info!(shard = shard_id.0, "stopped");
     Ok(())
+}
+
+/// Logs what boot found that needs the peers (one line; the core repairs or keeps asking).
+fn log_recovery_outcome(outcome: &crate::store::boot::RecoveryOutcome) {
+    use crate::store::boot::RecoveryOutcome;
+    match outcome {
+        RecoveryOutcome::Clean => {}
+        RecoveryOutcome::RepairFromPeers {
+            path,
+            position,
+            damaged_op,
+            highest_op,
+        } => tracing::warn!(
+            path = %path.display(), position, damaged_op, highest_op,
+            "journal damaged above the checkpoint; the ops from damaged_op on are repaired from \
+             the peers"
+        ),
+        RecoveryOutcome::NeedsStateTransfer {
+            checkpoint_op,
+            journal_first_op,
+        } => tracing::warn!(
+            checkpoint_op,
+            journal_first_op,
+            "the journal starts above the checkpoint; the missing ops are asked from the peers \
+             (if they released them too, this replica needs state transfer, not in this version)"
+        ),
+    }
 }
 
 /// The startup line of a replica: cluster, replica index, replica count, view, peer addresses.

@@ -25,8 +25,8 @@ use crate::metadata::{MetadataOp, MetadataState};
 use crate::producers::{ProducerTable, Verdict};
 use crate::resources::ResourceBudget;
 use crate::shard_for;
+use crate::store::ReplicaStore;
 use crate::unopened::{Begin, OpenFailure, UnopenedPartitions};
-use crate::vsr::ReplicaStore;
 use crate::vsr::prepare::PrepareOperation;
 use crate::vsr::replica::Replica;
 
@@ -1002,17 +1002,24 @@ impl Shard {
     /// the reply comes after every shard applied it): creates the directories of new partitions
     /// (each replica creates them when it applies, issue 8 section 1), applies locally, sends
     /// `MetadataApply` to every other shard and waits for each ack, then removes the directories
-    /// of a deleted stream or topic. Returns the partitions that could not be opened.
+    /// of a deleted stream or topic. Returns the partitions that could not be opened. `fresh`:
+    /// the op was not journaled before this boot, so existing directories of its partitions are
+    /// leftovers of a deleted topic and are emptied (a replayed op keeps its own data).
     ///
     /// # Cancel safety
     /// Not cancel safe: a cut-short fan-out leaves other shards' copies behind (only at
     /// shutdown).
-    pub async fn fan_out(self: &Rc<Self>, op_number: u64, op: &MetadataOp) -> Vec<OpenFailure> {
+    pub async fn fan_out(
+        self: &Rc<Self>,
+        op_number: u64,
+        op: &MetadataOp,
+        fresh: bool,
+    ) -> Vec<OpenFailure> {
         if let MetadataOp::CreateTopic { .. } = op {
             let created = self.metadata.borrow().namespaces_of(op);
             let data_dir = self.config.data_dir.clone();
             let prepared = compio::runtime::spawn_blocking(move || {
-                prepare_partition_dirs(&data_dir, &created)
+                prepare_partition_dirs(&data_dir, &created, fresh)
             })
             .await;
             match prepared {
@@ -1071,7 +1078,8 @@ impl Shard {
     }
 
     /// Shard 0: checkpoints `metadata` and `client_table`, the state after `op` (the core's
-    /// `Checkpoint` action). Returns the journal's first op after the release.
+    /// `Checkpoint` action, or the final checkpoint), logged like [`Shard::checkpoint`]. Returns
+    /// the journal's first op afterwards.
     ///
     /// # Errors
     /// As [`Shard::checkpoint`].
@@ -1079,37 +1087,28 @@ impl Shard {
         &self,
         op: u64,
         metadata: Arc<MetadataState>,
-        client_table: &crate::vsr::client_table::ClientTableSnapshot,
-    ) -> Result<u64, crate::vsr::CheckpointError> {
+        client_table: crate::vsr::client_table::ClientTableSnapshot,
+    ) -> Result<u64, crate::store::CheckpointError> {
         let replica = self.replica();
-        // The store labels a checkpoint with its commit_min: bring it to `op` (every op up to
-        // it is committed and journaled), and give it the core's client table at `op`.
-        while replica.commit_min() < op {
-            replica.committed(replica.commit_min() + 1);
+        let result = replica.checkpoint_state(op, metadata, client_table).await;
+        if let Err(error) = &result {
+            log_checkpoint_failure(error, replica.checkpoint_op());
         }
-        let table = crate::vsr::client_table::ClientTable::from_snapshot(
-            client_table,
-            self.config.clients_table_max,
-        )
-        .expect("the core's own client table snapshot restores")
-        .0;
-        *replica.client_table.borrow_mut() = table;
-        let metadata = RefCell::new(metadata);
-        self.checkpoint_of(&metadata).await?;
+        result?;
         Ok(replica.journal().lock().await.first_op())
     }
 
-    /// Shard 0: runs one checkpoint now (logged; a failure leaves the previous one valid). A
-    /// checkpoint refused for lack of space or file descriptors is logged as a warning: the
-    /// journal keeps every op.
+    /// Shard 0: runs the final checkpoint of the core's state now (logged; a failure leaves the
+    /// previous one valid). A checkpoint refused for lack of space or file descriptors is logged
+    /// as a warning: the journal keeps every op. Nothing to do before the driver started.
     ///
     /// # Errors
     /// The failed step, already logged; `CheckpointError::resource_refused` tells a refusal for
     /// lack of a resource from other failures.
-    pub async fn checkpoint(&self) -> Result<(), crate::vsr::CheckpointError> {
+    pub async fn checkpoint(&self) -> Result<(), crate::store::CheckpointError> {
         let core = self.core.borrow().clone();
         let Some(core) = core else {
-            return self.checkpoint_of(&self.metadata).await;
+            return Ok(());
         };
         let (op, metadata, client_table) = {
             let core = core.borrow();
@@ -1119,36 +1118,9 @@ impl Shard {
                 core.client_table().to_snapshot(),
             )
         };
-        self.checkpoint_state(op, metadata, &client_table)
+        self.checkpoint_state(op, metadata, client_table)
             .await
             .map(|_| ())
-    }
-
-    /// One checkpoint of `metadata` and the store's client table, labelled with the store's
-    /// commit_min; logged.
-    async fn checkpoint_of(
-        &self,
-        metadata: &RefCell<Arc<MetadataState>>,
-    ) -> Result<(), crate::vsr::CheckpointError> {
-        let replica = self.replica();
-        let Err(error) = replica.checkpoint(metadata).await else {
-            return Ok(());
-        };
-        if let Some(path) = error.resource_refused() {
-            tracing::warn!(
-                %error, path = %path.display(), checkpoint_op = replica.checkpoint_op(),
-                "checkpoint refused for lack of space or file descriptors; the previous checkpoint \
-                 stays valid and the journal keeps every op above it (boot replays them)"
-            );
-        } else {
-            tracing::error!(
-                %error,
-                checkpoint_op = replica.checkpoint_op(),
-                "checkpoint failed; the previous checkpoint stays valid and the journal keeps \
-                 every op above it"
-            );
-        }
-        Err(error)
     }
 
     /// Applies a committed op to this shard's copy, calls `on_applied` right after (before any
@@ -1312,18 +1284,39 @@ impl Shard {
     }
 }
 
-/// Creates the directory of every new partition, removing leftovers of a deleted topic whose
+/// Logs a failed checkpoint: a refusal for lack of space or file descriptors as a warning (the
+/// journal keeps every op), anything else as an error.
+fn log_checkpoint_failure(error: &crate::store::CheckpointError, checkpoint_op: u64) {
+    if let Some(path) = error.resource_refused() {
+        tracing::warn!(
+            %error, path = %path.display(), checkpoint_op,
+            "checkpoint refused for lack of space or file descriptors; the previous checkpoint \
+             stays valid and the journal keeps every op above it (boot replays them)"
+        );
+    } else {
+        tracing::error!(
+            %error,
+            checkpoint_op,
+            "checkpoint failed; the previous checkpoint stays valid and the journal keeps every \
+             op above it"
+        );
+    }
+}
+
+/// Creates the directory of every partition of a committed CreateTopic as this replica applies
+/// it (issue 8 section 1), with `remove_leftovers` first removing those of a deleted topic whose
 /// removal a crash cut short (metadata is authoritative: their data must not reappear), and
-/// fsyncs the parents so the directories exist durably before the metadata that names them.
-/// Blocking: run on the blocking pool.
+/// fsyncs the parents so the directories are durable before the partitions open. Blocking: run
+/// on the blocking pool.
 fn prepare_partition_dirs(
     data_dir: &std::path::Path,
     namespaces: &[Namespace],
+    remove_leftovers: bool,
 ) -> Result<(), PartitionDirError> {
     let mut parents = std::collections::BTreeSet::new();
     for namespace in namespaces {
         let dir = partition_dir(data_dir, *namespace);
-        if dir.exists() {
+        if remove_leftovers && dir.exists() {
             tracing::warn!(%namespace, path = %dir.display(), "removing leftover partition data of a deleted topic");
             std::fs::remove_dir_all(&dir)
                 .map_err(|e| PartitionDirError::new("remove leftover", &dir, &e))?;

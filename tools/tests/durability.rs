@@ -24,7 +24,7 @@ const SHARDS: [&str; 3] = ["--shards", "2", "--no-pin"];
 /// How long any wait (a reply, a process exit) may take before the test gives up.
 const WAIT_MAX: Duration = Duration::from_mins(1);
 
-use shards::vsr::failpoint::FAILPOINTS;
+use shards::store::failpoint::FAILPOINTS;
 
 // ------------------------------------------------------------------------------------------------
 // Raw client: exact client id and request numbers.

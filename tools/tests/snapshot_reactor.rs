@@ -125,14 +125,14 @@ fn build_data_dir(data_dir: &Path) -> u64 {
     let bytes = payload.encode();
     drop(payload);
     std::fs::create_dir_all(data_dir).unwrap();
-    let snapshot_file = shards::vsr::snapshot_path(data_dir);
+    let snapshot_file = shards::store::snapshot_path(data_dir);
     block_on(async {
         let snapshot_checksum =
             storage::snapshot::write_snapshot(&snapshot_file, CHECKPOINT_OP, bytes, &mut |_| {})
                 .await
                 .unwrap();
         Superblock::create(
-            &shards::vsr::superblock_path(data_dir),
+            &shards::store::superblock_path(data_dir),
             SuperblockState {
                 replica_count: 1,
                 checkpoint_op: CHECKPOINT_OP,
@@ -146,7 +146,7 @@ fn build_data_dir(data_dir: &Path) -> u64 {
     });
     // The journal as a checkpoint leaves it: every op up to the checkpoint released, the active
     // segment empty and starting at the next op.
-    let journal_dir = shards::vsr::journal_dir(data_dir);
+    let journal_dir = shards::store::journal_dir(data_dir);
     std::fs::create_dir_all(&journal_dir).unwrap();
     std::fs::File::create(storage::journal::segment_path(
         &journal_dir,
@@ -174,7 +174,7 @@ struct Observed {
 /// # Panics
 /// If a step is not seen within `LOG_WAIT_MAX`, or the steps are seen out of order.
 fn watch_checkpoint(server: &Server, data_dir: &Path, from_bytes: usize) -> Observed {
-    let snapshot_file = shards::vsr::snapshot_path(data_dir);
+    let snapshot_file = shards::store::snapshot_path(data_dir);
     let inode = || std::fs::metadata(&snapshot_file).unwrap().ino();
     let inode_before = inode();
     let deadline = Instant::now() + LOG_WAIT_MAX;
