@@ -1,8 +1,9 @@
 //! Parsers of flag values shared by subcommands, whose errors list what is accepted: `HOST:PORT`
-//! (`--addr`, `--listen`; an IP address or a host name, resolved once when the argument is parsed,
-//! never re-resolved: a client reconnects to the address it resolved), byte sizes with binary
-//! suffixes (`--max-message-size 64MiB`, `--segment-size`) and booleans set from the environment
-//! (`SHARDLINE_NO_PIN`).
+//! (`--listen`; an IP address or a host name, resolved once when the argument is parsed,
+//! never re-resolved: a client reconnects to the address it resolved), comma-separated lists of
+//! them (`--addresses`, `--addr`), cluster ids (`--cluster`, decimal or `0x` hex), byte sizes
+//! with binary suffixes (`--max-message-size 64MiB`, `--segment-size`) and booleans set from the
+//! environment (`SHARDLINE_NO_PIN`).
 
 use std::net::{SocketAddr, ToSocketAddrs as _};
 
@@ -37,6 +38,80 @@ pub fn parse_host_port(text: &str) -> Result<SocketAddr, String> {
         .or_else(|| addrs.first())
         .copied()
         .ok_or_else(|| format!("host name {host:?} of {text:?} resolves to no address"))
+}
+
+/// A comma-separated list of `HOST:PORT` addresses, in the order given (`--addresses A0,A1,A2`,
+/// `--addr A,B`). Never empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddressList(pub Vec<SocketAddr>);
+
+impl std::fmt::Display for AddressList {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (index, addr) in self.0.iter().enumerate() {
+            if index > 0 {
+                formatter.write_str(",")?;
+            }
+            write!(formatter, "{addr}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Most addresses one list takes: a cluster has at most 5 replicas; a few more leave room for a
+/// client that lists addresses of a cluster being moved.
+pub const ADDRESS_LIST_LEN_MAX: usize = 16;
+
+/// Parses `A0,A1,...`: each item as [`parse_host_port`] (host names resolved), spaces around
+/// items ignored, order kept. Duplicates are the caller's to judge (`serve` refuses them).
+///
+/// # Errors
+/// A text naming the item and why (see `parse_host_port`), an empty item (`a,,b`, a trailing
+/// comma, an empty list), or more than [`ADDRESS_LIST_LEN_MAX`] items.
+pub fn parse_address_list(text: &str) -> Result<AddressList, String> {
+    let items: Vec<&str> = text.split(',').map(str::trim).collect();
+    if items.len() > ADDRESS_LIST_LEN_MAX {
+        return Err(format!(
+            "{text:?} lists {} addresses, at most {ADDRESS_LIST_LEN_MAX}",
+            items.len()
+        ));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(index, item)| {
+            if item.is_empty() {
+                Err(format!(
+                    "{text:?}: address {} of the list is empty (use HOST:PORT,HOST:PORT,...)",
+                    index + 1
+                ))
+            } else {
+                parse_host_port(item)
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(AddressList)
+}
+
+/// Parses a cluster id: a decimal u128 (`7`) or `0x`-prefixed hex (`0x7f`, any case), `_`
+/// separators allowed.
+///
+/// # Errors
+/// A text naming `text` and the accepted forms.
+pub fn parse_cluster_id(text: &str) -> Result<u128, String> {
+    let trimmed = text.trim().replace('_', "");
+    let parsed = match trimmed
+        .strip_prefix("0x")
+        .or_else(|| trimmed.strip_prefix("0X"))
+    {
+        Some(hex) => u128::from_str_radix(hex, 16),
+        None => trimmed.parse::<u128>(),
+    };
+    parsed.map_err(|_| {
+        format!(
+            "{text:?} is not a cluster id: use a decimal number (e.g. 7) or 0x-prefixed hex \
+             (e.g. 0x5eed), at most 128 bits"
+        )
+    })
 }
 
 /// Values a boolean flag's environment variable accepts, as listed in errors.
@@ -174,6 +249,68 @@ mod tests {
         assert_eq!(
             parse_byte_size_u32("4GiB"),
             Err("\"4GiB\" is 4294967296 bytes, more than 4294967295 bytes".into())
+        );
+    }
+
+    #[test]
+    fn address_lists_keep_order_resolve_names_and_name_a_bad_item() {
+        assert_eq!(
+            parse_address_list("127.0.0.1:7001, localhost:7002,[::1]:7003"),
+            Ok(AddressList(vec![
+                SocketAddr::from(([127, 0, 0, 1], 7001)),
+                SocketAddr::from(([127, 0, 0, 1], 7002)),
+                "[::1]:7003".parse().unwrap(),
+            ]))
+        );
+        assert_eq!(
+            parse_address_list("127.0.0.1:7001,127.0.0.1:7002")
+                .unwrap()
+                .to_string(),
+            "127.0.0.1:7001,127.0.0.1:7002"
+        );
+        assert_eq!(
+            parse_address_list("127.0.0.1:1,,127.0.0.1:2"),
+            Err(
+                "\"127.0.0.1:1,,127.0.0.1:2\": address 2 of the list is empty (use \
+                 HOST:PORT,HOST:PORT,...)"
+                    .into()
+            )
+        );
+        assert_eq!(
+            parse_address_list(""),
+            Err("\"\": address 1 of the list is empty (use HOST:PORT,HOST:PORT,...)".into())
+        );
+        assert_eq!(
+            parse_address_list("127.0.0.1:1,localhost"),
+            Err("\"localhost\" is not HOST:PORT (e.g. 127.0.0.1:8090 or localhost:8090)".into())
+        );
+        let long = vec!["127.0.0.1:1"; ADDRESS_LIST_LEN_MAX + 1].join(",");
+        assert!(
+            parse_address_list(&long)
+                .unwrap_err()
+                .contains("at most 16")
+        );
+    }
+
+    #[test]
+    fn cluster_ids_are_decimal_or_hex() {
+        assert_eq!(parse_cluster_id("7"), Ok(7));
+        assert_eq!(parse_cluster_id("0x5EED"), Ok(0x5eed));
+        assert_eq!(parse_cluster_id("0X5eed_0000"), Ok(0x5eed_0000));
+        assert_eq!(
+            parse_cluster_id(&u128::MAX.to_string()),
+            Ok(u128::MAX),
+            "the whole u128 range"
+        );
+        let refused = "is not a cluster id: use a decimal number (e.g. 7) or 0x-prefixed hex \
+                       (e.g. 0x5eed), at most 128 bits";
+        assert_eq!(parse_cluster_id("abc"), Err(format!("\"abc\" {refused}")));
+        assert_eq!(parse_cluster_id("-1"), Err(format!("\"-1\" {refused}")));
+        assert_eq!(
+            parse_cluster_id("0x1_0000_0000_0000_0000_0000_0000_0000_0000"),
+            Err(format!(
+                "\"0x1_0000_0000_0000_0000_0000_0000_0000_0000\" {refused}"
+            ))
         );
     }
 

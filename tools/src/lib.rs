@@ -2,4 +2,5 @@
 //! and the pieces every subcommand shares (stdout output, `HOST:PORT` arguments).
 pub mod arg_values;
 pub mod bench;
+pub mod config_file;
 pub mod output;

@@ -31,6 +31,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the server until SIGINT, SIGTERM or SIGHUP (each stops it cleanly).
+    #[command(after_help = serve::SERVE_AFTER_HELP)]
     Serve(serve::ServeArgs),
     /// Measure throughput per core: produce, then consume and verify every message.
     Bench(shardline::bench::BenchArgs),
@@ -108,10 +109,20 @@ fn error_line(error: &anyhow::Error) -> String {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let (cli, config_file) =
+        match shardline::config_file::parse_with_config_file::<Cli>(&args, "serve", "config") {
+            Ok(parsed) => parsed,
+            Err(shardline::config_file::ParseFailure::Clap(error)) => error.exit(),
+            Err(shardline::config_file::ParseFailure::File(error)) => {
+                // Err: stderr is gone; the exit code still says it failed.
+                let _ = writeln!(std::io::stderr(), "error: {error}");
+                return std::process::ExitCode::from(2);
+            }
+        };
     init_logging(cli.log.as_deref());
     let result = match cli.command {
-        Command::Serve(args) => serve::run(&args),
+        Command::Serve(args) => serve::run(&args, config_file.as_ref()),
         Command::Bench(args) => shardline::bench::run(&args),
         Command::Stream(command) => client_cmds::stream(command),
         Command::Topic(command) => client_cmds::topic(command),

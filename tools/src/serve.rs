@@ -1,6 +1,8 @@
-//! `shardline serve`: flags (with `SHARDLINE_*` environment equivalents) to `ServerConfig`, start,
-//! print `listening on ADDR` on stdout once every shard listens, run until SIGINT, SIGTERM or
-//! SIGHUP (each drains the connections, fsyncs and checkpoints, then exits 0).
+//! `shardline serve`: flags (with `SHARDLINE_*` environment equivalents, and `--config FILE`
+//! under both: `shardline::config_file`) to `ServerConfig`, validate it (naming the file when a
+//! refused value came from it), start, print `listening on ADDR` on stdout once every shard
+//! listens, run until SIGINT, SIGTERM or SIGHUP (each drains the connections, fsyncs and
+//! checkpoints, then exits 0).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -8,11 +10,40 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use runtime::{CpuList, IoDriver, ShardCountArg, TopologyConfig};
+use shardline::arg_values::AddressList;
+use shardline::config_file::ConfigFile;
 use shards::{RunningServer, ServerConfig};
 use storage::FsyncPolicy;
 
+/// Printed after `shardline serve --help`.
+pub const SERVE_AFTER_HELP: &str = "\
+A 3-replica cluster on one host (each replica with its own data directory, client address
+(--listen) and replica address; the same --cluster and --addresses, in the same order, for all):
+  shardline serve --shards 1 --no-pin --cluster 7 --replica 0 --listen 127.0.0.1:8090 \\
+      --addresses 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002 --data-dir ./replica0
+  shardline serve --shards 1 --no-pin --cluster 7 --replica 1 --listen 127.0.0.1:8091 \\
+      --addresses 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002 --data-dir ./replica1
+  shardline serve --shards 1 --no-pin --cluster 7 --replica 2 --listen 127.0.0.1:8092 \\
+      --addresses 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002 --data-dir ./replica2
+Clients list the client addresses and follow the primary:
+  shardline metadata --addr 127.0.0.1:8090,127.0.0.1:8091,127.0.0.1:8092
+
+Config file (--config FILE): TOML whose keys are the long flag names above, e.g.
+  cluster = 7
+  replica = 0
+  listen = \"127.0.0.1:8090\"
+  addresses = [\"127.0.0.1:7000\", \"127.0.0.1:7001\", \"127.0.0.1:7002\"]
+  data-dir = \"./replica0\"
+  no-pin = true
+A flag beats its SHARDLINE_* variable, which beats the file, which beats the default.";
+
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
+    /// TOML file of serve settings: keys are the long flag names (`data-dir = "./data"`,
+    /// `addresses = ["127.0.0.1:7000", ...]`, `no-pin = true`); a flag or its SHARDLINE_*
+    /// variable overrides the file. Unknown keys are refused.
+    #[arg(long, env = "SHARDLINE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Number of shards (one pinned thread each), or `all` for one per allowed CPU.
     #[arg(
         long,
@@ -79,6 +110,35 @@ pub struct ServeArgs {
     /// below it; boot replays at most this many ops. A clean shutdown always checkpoints.
     #[arg(long, env = "SHARDLINE_CHECKPOINT_INTERVAL", default_value_t = shards::limits::CHECKPOINT_INTERVAL_DEFAULT)]
     pub checkpoint_interval: u64,
+    /// Cluster id (decimal, or 0x-prefixed hex), the same on every replica of the cluster. A
+    /// replica frame from another cluster is dropped, and a data directory formatted for another
+    /// cluster refuses to boot.
+    #[arg(long, env = "SHARDLINE_CLUSTER", default_value = "0", value_parser = shardline::arg_values::parse_cluster_id, value_name = "ID", help_heading = "Cluster")]
+    pub cluster: u128,
+    /// This replica's index into --addresses (0-based; 0 without --addresses).
+    #[arg(
+        long,
+        env = "SHARDLINE_REPLICA",
+        default_value_t = 0,
+        value_name = "I",
+        help_heading = "Cluster"
+    )]
+    pub replica: u8,
+    /// Replica-to-replica addresses of every replica, in replica-index order, comma-separated:
+    /// 1, 3 or 5 of them (the replica count). Each replica listens for its peers on its own
+    /// entry; --listen stays the client address. Without this flag: a single replica.
+    #[arg(long, env = "SHARDLINE_ADDRESSES", value_parser = shardline::arg_values::parse_address_list, value_name = "A0,A1,A2", help_heading = "Cluster")]
+    pub addresses: Option<AddressList>,
+    /// Length of one consensus tick, milliseconds (1..=1000); the two timeouts below count ticks.
+    #[arg(long, env = "SHARDLINE_TICK_MS", default_value_t = shards::limits::TICK_DEFAULT.as_millis() as u64, value_name = "MS", help_heading = "Cluster")]
+    pub tick_ms: u64,
+    /// Ticks between two heartbeats (Commit messages) of an idle primary (>= 1).
+    #[arg(long, env = "SHARDLINE_HEARTBEAT_TICKS", default_value_t = shards::limits::HEARTBEAT_TICKS_DEFAULT, value_name = "TICKS", help_heading = "Cluster")]
+    pub heartbeat_ticks: u64,
+    /// Ticks a backup waits without hearing from its primary before it starts a view change
+    /// (randomized up to twice this); must be greater than --heartbeat-ticks.
+    #[arg(long, env = "SHARDLINE_VIEW_CHANGE_TIMEOUT_TICKS", default_value_t = shards::limits::VIEW_CHANGE_TIMEOUT_TICKS_DEFAULT, value_name = "TICKS", help_heading = "Cluster")]
+    pub view_change_timeout_ticks: u64,
 }
 
 impl ServeArgs {
@@ -99,17 +159,54 @@ impl ServeArgs {
         config.connection_idle_timeout = std::time::Duration::from_secs(self.idle_timeout_s);
         config.clients_table_max = self.clients_table_max;
         config.checkpoint_interval = self.checkpoint_interval;
+        config.cluster = self.cluster;
+        config.replica = self.replica;
+        config.addresses = self
+            .addresses
+            .as_ref()
+            .map_or_else(Vec::new, |list| list.0.clone());
+        config.tick = std::time::Duration::from_millis(self.tick_ms);
+        config.heartbeat_ticks = self.heartbeat_ticks;
+        config.view_change_timeout_ticks = self.view_change_timeout_ticks;
         config
     }
 }
 
-pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
+/// `config.validate()`, naming `file` in the error when the refused value came from it.
+///
+/// # Errors
+/// The first rule `config` breaks: `ConfigError::Invalid` (flag, value, rule), or
+/// `ConfigFileError::BadValue` (key, value, file, rule) when `file` set that key.
+pub fn validate(config: &ServerConfig, file: Option<&ConfigFile>) -> anyhow::Result<()> {
+    match config.validate() {
+        Ok(()) => Ok(()),
+        Err(shards::ConfigError::Invalid {
+            flag, value, rule, ..
+        }) if file.is_some_and(|file| file.sets(flag)) => Err(file
+            .expect("checked by the guard")
+            .invalid(flag, &value, &rule)
+            .into()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+pub fn run(args: &ServeArgs, file: Option<&ConfigFile>) -> anyhow::Result<()> {
     shards::resources::tune_allocator();
     shards::resources::ignore_file_size_signal()
         .context("cannot ignore SIGXFSZ (a file-size limit would kill the server mid-write)")?;
     let config = args.to_config();
+    validate(&config, file)?;
+    let addresses = args
+        .addresses
+        .as_ref()
+        .map_or_else(|| "none (single replica)".to_owned(), ToString::to_string);
     tracing::info!(
         data_dir = %config.data_dir.display(), fsync = ?config.fsync, io_driver = ?config.io_driver,
+        listen = %config.listen, cluster = %format_args!("{:#x}", config.cluster),
+        replica = config.replica, replica_count = config.replica_count(), %addresses,
+        tick_ms = config.tick.as_millis() as u64, heartbeat_ticks = config.heartbeat_ticks,
+        view_change_timeout_ticks = config.view_change_timeout_ticks,
+        config_file = %file.map_or_else(|| "none".to_owned(), |file| file.path.display().to_string()),
         "starting"
     );
     let server = RunningServer::start(config)?;

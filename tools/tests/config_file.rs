@@ -1,0 +1,248 @@
+//! `shardline serve --config FILE` (issue 8 section 3): flags beat `SHARDLINE_*` variables, which
+//! beat the file, which beats the defaults; an unknown key is refused naming it and the file; a
+//! bad value names the key, the value, the file and the rule, whether a flag parser or
+//! `ServerConfig::validate` refuses it. Also the cluster flags' own refusals.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{BIN, Server};
+
+fn write_config(dir: &Path, text: &str) -> std::path::PathBuf {
+    let path = dir.join("shardline.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Runs `serve` (a data dir of its own, `extra` args) expecting it to refuse; its stderr.
+fn serve_refusal(command: Command, extra: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = command;
+    let output = command
+        .args(["serve", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args(extra)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        !output.status.success(),
+        "{extra:?} should be refused; stderr:\n{stderr}"
+    );
+    stderr
+}
+
+#[test]
+fn flag_beats_env_beats_file_beats_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "shards = 1\nno-pin = true\ntick-ms = 7\nheartbeat-ticks = 3\n\
+         view-change-timeout-ticks = 40\nclients-table-max = 99\n",
+    );
+    let mut command = Command::new(BIN);
+    command.env("SHARDLINE_HEARTBEAT_TICKS", "4");
+    command.env("SHARDLINE_VIEW_CHANGE_TIMEOUT_TICKS", "45");
+    let config_arg = config.to_str().unwrap();
+    let server = Server::start_with(
+        command,
+        &dir.path().join("data"),
+        &["--config", config_arg, "--view-change-timeout-ticks", "50"],
+    );
+    let stderr = server.stderr();
+    let starting = stderr
+        .lines()
+        .find(|line| line.contains("starting"))
+        .unwrap_or_else(|| panic!("no starting line in:\n{stderr}"));
+    // File only: tick-ms. Env over file: heartbeat-ticks. Flag over env and file: the timeout.
+    assert!(starting.contains("tick_ms=7"), "{starting}");
+    assert!(starting.contains("heartbeat_ticks=4"), "{starting}");
+    assert!(
+        starting.contains("view_change_timeout_ticks=50"),
+        "{starting}"
+    );
+    assert!(starting.contains("replica_count=1"), "{starting}");
+    assert!(starting.contains("none (single replica)"), "{starting}");
+    assert!(starting.contains(config_arg), "{starting}");
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[test]
+fn the_config_file_can_come_from_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "shards = 1\nno-pin = true\ncluster = \"0x5eed\"\n",
+    );
+    let mut command = Command::new(BIN);
+    command.env("SHARDLINE_CONFIG", &config);
+    let server = Server::start_with(command, &dir.path().join("data"), &[]);
+    let stderr = server.stderr();
+    assert!(stderr.contains("cluster=0x5eed"), "{stderr}");
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[test]
+fn an_unknown_key_is_refused_naming_it_and_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "shards = 1\nheartbeat-tick = 3\n");
+    let stderr = serve_refusal(Command::new(BIN), &["--config", config.to_str().unwrap()]);
+    assert!(
+        stderr.contains(&format!(
+            "error: config file {}: unknown key \"heartbeat-tick\"; keys are the long flag \
+             names of `serve`",
+            config.display()
+        )) && stderr.contains("heartbeat-ticks"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_bad_file_value_names_key_value_file_and_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    // Refused by the flag's parser.
+    let config = write_config(dir.path(), "max-message-size = \"64MB\"\n");
+    let stderr = serve_refusal(Command::new(BIN), &["--config", config.to_str().unwrap()]);
+    assert!(
+        stderr.contains(&format!(
+            "error: config file {}: invalid max-message-size value \"64MB\": \"64MB\" is not a \
+             size",
+            config.display()
+        )),
+        "{stderr}"
+    );
+    // Refused by ServerConfig::validate's range rule.
+    let config = write_config(dir.path(), "tick-ms = 0\n");
+    let stderr = serve_refusal(Command::new(BIN), &["--config", config.to_str().unwrap()]);
+    assert!(
+        stderr.contains(&format!(
+            "error: config file {}: invalid tick-ms value \"0\": must be between 1 and 1000 ms",
+            config.display()
+        )),
+        "{stderr}"
+    );
+    // The same rule broken by a flag names the flag, not the file.
+    let stderr = serve_refusal(
+        Command::new(BIN),
+        &["--config", config.to_str().unwrap(), "--tick-ms", "2000"],
+    );
+    assert!(
+        stderr.contains("invalid --tick-ms value \"2000\": must be between 1 and 1000 ms")
+            && !stderr.contains("config file"),
+        "{stderr}"
+    );
+    // A wrong TOML type.
+    let config = write_config(dir.path(), "no-pin = \"yes\"\n");
+    let stderr = serve_refusal(Command::new(BIN), &["--config", config.to_str().unwrap()]);
+    assert!(
+        stderr.contains(
+            "key no-pin has the string \"yes\": a flag without a value takes true or false"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_range_rule_judges_the_flag_value_not_the_overridden_file_value() {
+    let dir = tempfile::tempdir().unwrap();
+    // The range rule is judged on the value in effect: the flag's.
+    let config = write_config(dir.path(), "shards = 1\nno-pin = true\ntick-ms = 0\n");
+    let server = Server::start(
+        &dir.path().join("data"),
+        &["--config", config.to_str().unwrap(), "--tick-ms", "5"],
+    );
+    assert!(server.stderr().contains("tick_ms=5"), "{}", server.stderr());
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[test]
+fn cluster_flags_are_parsed_and_checked() {
+    let stderr = serve_refusal(Command::new(BIN), &["--cluster", "zz"]);
+    assert!(
+        stderr.contains("--cluster") && stderr.contains("\"zz\" is not a cluster id"),
+        "{stderr}"
+    );
+    let stderr = serve_refusal(
+        Command::new(BIN),
+        &["--addresses", "127.0.0.1:7001,127.0.0.1:7002"],
+    );
+    assert!(
+        stderr.contains("invalid --addresses value \"127.0.0.1:7001,127.0.0.1:7002\": must list 1, 3 or 5 replica addresses"),
+        "{stderr}"
+    );
+    let stderr = serve_refusal(
+        Command::new(BIN),
+        &[
+            "--addresses",
+            "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003",
+            "--replica",
+            "3",
+        ],
+    );
+    assert!(
+        stderr.contains("invalid --replica value \"3\": must be below the replica count 3"),
+        "{stderr}"
+    );
+    let stderr = serve_refusal(
+        Command::new(BIN),
+        &[
+            "--addresses",
+            "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003",
+            "--replica",
+            "1",
+            "--listen",
+            "127.0.0.1:7002",
+        ],
+    );
+    assert!(
+        stderr.contains("invalid --listen value \"127.0.0.1:7002\": is also this replica's"),
+        "{stderr}"
+    );
+    let mut command = Command::new(BIN);
+    command.env("SHARDLINE_ADDRESSES", "127.0.0.1:7001,,127.0.0.1:7003");
+    let stderr = serve_refusal(command, &[]);
+    assert!(
+        stderr.contains("address 2 of the list is empty"),
+        "{stderr}"
+    );
+    let stderr = serve_refusal(
+        Command::new(BIN),
+        &[
+            "--heartbeat-ticks",
+            "30",
+            "--view-change-timeout-ticks",
+            "30",
+        ],
+    );
+    assert!(
+        stderr.contains("invalid --view-change-timeout-ticks value \"30\": must be greater than --heartbeat-ticks (30)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn serve_help_teaches_a_three_replica_cluster_and_the_config_file() {
+    let output = Command::new(BIN)
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    for needle in [
+        "--cluster <ID>",
+        "--replica <I>",
+        "--addresses <A0,A1,A2>",
+        "--tick-ms <MS>",
+        "--heartbeat-ticks <TICKS>",
+        "--view-change-timeout-ticks <TICKS>",
+        "--config <FILE>",
+        "SHARDLINE_ADDRESSES",
+        "A 3-replica cluster on one host",
+        "--replica 2 --listen 127.0.0.1:8092",
+        "addresses = [\"127.0.0.1:7000\"",
+    ] {
+        assert!(help.contains(needle), "{needle:?} missing from:\n{help}");
+    }
+}
