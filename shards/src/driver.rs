@@ -72,6 +72,73 @@ pub fn core_config(config: &crate::config::ServerConfig) -> CoreConfig {
     }
 }
 
+/// The core opened from what boot recovered, before any shard has its metadata copy.
+#[derive(Debug)]
+pub struct OpenedCore {
+    pub core: Replica,
+    /// What `Replica::open` returned. Its `Apply` actions (the journaled ops the core applied at
+    /// open) are already in `core.metadata()`, which every shard starts from.
+    pub first_actions: Vec<Action>,
+    /// The highest op the journal held at boot: applying an op up to it is a replay, whose
+    /// partition directories (and data) are its own.
+    pub replay_through: u64,
+}
+
+/// Opens the core from what boot recovered and creates the partition directories of the
+/// CreateTopic ops it applied (replayed) that are missing (a crash between the commit and the
+/// directory creation; existing ones keep their data), so every shard can start from
+/// `core.metadata()` and open its partitions.
+///
+/// # Errors
+/// A directory could not be created (named).
+///
+/// # Cancel safety
+/// Not cancel safe: runs once at boot.
+pub async fn open_core(
+    config: &crate::config::ServerConfig,
+    recovered: Recovered,
+) -> Result<OpenedCore, String> {
+    let replay_through = recovered.journal_last_op;
+    let (core, first_actions) = Replica::open(core_config(config), recovered);
+    let mut created = Vec::new();
+    for action in &first_actions {
+        if let Action::Apply {
+            operation:
+                PrepareOperation::Metadata(MetadataOp::CreateTopic {
+                    stream_id,
+                    topic_id,
+                    partition_count,
+                    ..
+                }),
+            applied: true,
+            ..
+        } = action
+        {
+            created.extend(
+                (0..*partition_count)
+                    .filter_map(|partition| u16::try_from(partition).ok())
+                    .map(|partition| bus::Namespace::new(*stream_id, *topic_id, partition))
+                    .filter(|namespace| core.metadata().partition_exists(*namespace)),
+            );
+        }
+    }
+    if !created.is_empty() {
+        let data_dir = config.data_dir.clone();
+        compio::runtime::spawn_blocking(move || {
+            crate::shard::prepare_partition_dirs(&data_dir, &created, false)
+        })
+        .await
+        .map_err(|_| "partition directory task failed".to_owned())?
+        .map_err(|error| error.to_string())?;
+    }
+    crate::store::boot::warn_about_orphan_partitions(&config.data_dir, core.metadata()).await;
+    Ok(OpenedCore {
+        core,
+        first_actions,
+        replay_through,
+    })
+}
+
 /// What one loop iteration waits for.
 enum Input {
     Request(RequestItem),
@@ -101,6 +168,9 @@ pub struct Driver {
     published: Option<ReplicaStatus>,
     /// The highest op the journal held at boot: applying an op up to it is a replay.
     replay_through: u64,
+    /// What `Replica::open` returned, performed when the loop starts (the fan-out of replayed
+    /// ops needs shard 0's pump running for the other shards' acks).
+    first_actions: Vec<Action>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -110,8 +180,8 @@ impl std::fmt::Debug for Driver {
 }
 
 impl Driver {
-    /// Opens the core from `recovered`, starts the replica links when `config.addresses` is
-    /// non-empty, and performs the core's first actions.
+    /// Takes the opened core and starts the replica links when `config.addresses` is non-empty;
+    /// [`Driver::run`] performs the core's first actions.
     ///
     /// # Errors
     /// The replica listen address cannot be bound.
@@ -121,12 +191,15 @@ impl Driver {
     pub async fn start(
         shard: Rc<Shard>,
         store: Rc<ReplicaStore>,
-        recovered: Recovered,
+        opened: OpenedCore,
         client_address: String,
     ) -> Result<Driver, String> {
         let config = Arc::clone(&shard.config);
-        let replay_through = recovered.journal_last_op;
-        let (core, first_actions) = Replica::open(core_config(&config), recovered);
+        let OpenedCore {
+            core,
+            first_actions,
+            replay_through,
+        } = opened;
         let core = Rc::new(RefCell::new(core));
         shard.attach_core(Rc::clone(&core));
         let (bus, inbound) = if config.addresses.is_empty() {
@@ -160,6 +233,7 @@ impl Driver {
             completions_tx.clone(),
         ));
         let mut driver = Driver {
+            first_actions,
             shard,
             core,
             store,
@@ -175,7 +249,6 @@ impl Driver {
             published: None,
             replay_through,
         };
-        driver.perform(first_actions).await;
         driver.publish_status();
         Ok(driver)
     }
@@ -186,6 +259,13 @@ impl Driver {
     /// Cancellable at shutdown: an `Apply` cut short leaves the other shards' copies behind
     /// shard 0's, which no one serves from anymore; the final checkpoint takes the core's state.
     pub async fn run(mut self) {
+        // The Apply actions of open are in every shard's bootstrap copy already (`open_core`).
+        let first_actions: Vec<Action> = std::mem::take(&mut self.first_actions)
+            .into_iter()
+            .filter(|action| !matches!(action, Action::Apply { .. }))
+            .collect();
+        self.perform(first_actions).await;
+        self.publish_status();
         let mut ticker = compio::time::interval(self.shard.config.tick);
         loop {
             let input = self.next_input(&mut ticker).await;

@@ -335,7 +335,7 @@ async fn run_shard(
     };
     let (shard_id, shard_count) = (ctx.shard_id, ctx.shard_count);
     let (endpoint, mut pump, ready_barrier) = ctx.into_parts();
-    let (metadata, replica, recovered) = if shard_id == ShardId(0) {
+    let (metadata, replica, opened_core) = if shard_id == ShardId(0) {
         let boot = crate::store::boot::recover(&config)
             .await
             .map_err(|error| error.to_string())?;
@@ -346,9 +346,10 @@ async fn run_shard(
             boot.superblock,
             boot.recovered.checkpoint_op,
         );
-        // Every shard starts from the checkpoint's state; the core applies the journaled ops
-        // above it when it opens, and the driver fans them out like any committed op.
-        let metadata = boot.recovered.metadata.clone();
+        // The core applies the journaled ops above the checkpoint when it opens; every shard
+        // starts from that state (as before issue 8, when boot replayed the journal).
+        let opened = crate::driver::open_core(&config, boot.recovered).await?;
+        let metadata = MetadataState::clone(opened.core.metadata());
         // Before any partition opens: past the budget, opening them would end in EMFILE.
         if let Some(refusal) = budget.partitions_refusal(metadata.namespaces().len() as u64) {
             return Err(format!(
@@ -364,7 +365,7 @@ async fn run_shard(
                 )
                 .map_err(|e| format!("bootstrap of shard {target}: {e}"))?;
         }
-        (metadata, Some(replica), Some(boot.recovered))
+        (metadata, Some(replica), Some(opened))
     } else {
         // None: stopped before shard 0 sent the metadata (it failed, or a signal came). Not this
         // shard's failure: returning Ok lets the shard that failed name the cause.
@@ -395,14 +396,14 @@ async fn run_shard(
     }
     let listener =
         bind_listener(listen_addr).map_err(|e| format!("listen on {listen_addr}: {e}"))?;
-    let metadata_task = match recovered {
-        Some(recovered) => {
-            log_cluster(&config, recovered.view, listen_addr);
+    let metadata_task = match opened_core {
+        Some(opened) => {
+            log_cluster(&config, opened.core.view(), listen_addr);
             let store = Rc::clone(shard.replica());
             let driver = crate::driver::Driver::start(
                 Rc::clone(&shard),
                 store,
-                recovered,
+                opened,
                 listen_addr.to_string(),
             )
             .await?;

@@ -1308,7 +1308,7 @@ fn log_checkpoint_failure(error: &crate::store::CheckpointError, checkpoint_op: 
 /// removal a crash cut short (metadata is authoritative: their data must not reappear), and
 /// fsyncs the parents so the directories are durable before the partitions open. Blocking: run
 /// on the blocking pool.
-fn prepare_partition_dirs(
+pub fn prepare_partition_dirs(
     data_dir: &std::path::Path,
     namespaces: &[Namespace],
     remove_leftovers: bool,
@@ -1343,11 +1343,17 @@ fn prepare_partition_dirs(
 /// Why the directories of a new topic's partitions could not be prepared (before its prepare is
 /// journaled, so nothing was applied).
 #[derive(Debug)]
-struct PartitionDirError {
+pub struct PartitionDirError {
     /// `StorageFull` when the filesystem refused for lack of space or quota (retry once space is
     /// freed), else `StorageFailure`.
     code: ErrorCode,
     message: String,
+}
+
+impl std::fmt::Display for PartitionDirError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 impl PartitionDirError {
