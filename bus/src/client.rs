@@ -22,6 +22,20 @@
 //! `Busy`, and for session-tracked operations, Register and reads also after `ShuttingDown` or a
 //! connection failure, reconnecting to the same address first.
 //!
+//! Clusters (issue 8 section 2): a client may know several server addresses (`connect_any`,
+//! `connect_any_with_timeout`). A backup answers `NotPrimary` (nothing applied) with the
+//! primary's index in `replica`, the view in `view` and the primary's client address as the
+//! body (empty during a view change). The client then reconnects to that address, or, when the
+//! body is empty, names the address it is already on, or cannot be reached, to the next address
+//! of its list in turn, and resends the same bytes (same client id and request number: sessions
+//! are replicated state, so the new primary deduplicates the resend). Every operation follows
+//! `NotPrimary`, a plain `SendMessages` too, since nothing was applied. A move to a named new
+//! address is immediate once (a second named move in a row waits its backoff, so two confused
+//! servers cannot bounce the client in a hot loop); every other retry waits the backoff. At most
+//! `NOT_PRIMARY_REDIRECT_MAX` `NotPrimary` answers per call, within the retry budget; then the
+//! call fails with `NoPrimary`, naming the addresses and the last error. With several addresses
+//! a connection failure also moves to the next address before the retry.
+//!
 //! Idempotent sends (`send_stamped`, used by `producer::Producer`): a `SendMessages` whose header
 //! names a producer (`producer != 0`, the batch carrying the same `ProducerStamp`) is deduplicated
 //! by the owner shard, so it is resent like a session-tracked request: after `Busy`,
@@ -45,19 +59,26 @@ use crate::command::{Command, ErrorCode, Operation};
 use crate::frame::{Frame, FrameError, read_frame};
 use crate::header::{HEADER_SIZE, Header};
 use crate::limits::{
-    CONNECT_BACKOFF_MAX, MESSAGE_SIZE_MAX_DEFAULT, RETRY_BACKOFF_MAX, RETRY_BACKOFF_MIN,
-    RETRY_BUDGET_DEFAULT,
+    CONNECT_BACKOFF_MAX, MESSAGE_SIZE_MAX_DEFAULT, NOT_PRIMARY_REDIRECT_MAX, RETRY_BACKOFF_MAX,
+    RETRY_BACKOFF_MIN, RETRY_BUDGET_DEFAULT,
 };
 use crate::namespace::Namespace;
 use crate::wire::Metadata;
 
-/// A connection to one server, reconnected to the same address when it fails. Not `Sync`; use
-/// one per task.
+/// A connection to one server of a cluster, reconnected when it fails (to the same address, or
+/// with several addresses to the next one) and moved to the primary when a backup answers
+/// `NotPrimary`. Not `Sync`; use one per task.
 #[derive(Debug)]
 pub struct Client {
     stream: TcpStream,
-    /// Where `stream` goes; reconnects go to the same address with the same client id.
+    /// Where `stream` goes; reconnects keep the client id.
     addr: SocketAddr,
+    /// Every address the client was given, in order (at least one); `addr` is one of them or a
+    /// primary address a `NotPrimary` named.
+    addrs: Vec<SocketAddr>,
+    /// Index in `addrs` of the last address taken from the list: the next one in turn is the one
+    /// after it.
+    addr_index: usize,
     id: u128,
     /// Number of the last request sent; the next one is this plus 1 (the first is 1). Register
     /// is sent with request number 0 and does not change it.
@@ -168,6 +189,33 @@ pub enum ClientError {
     /// text.
     #[error("client session evicted: {reason}")]
     Evicted { reason: String },
+    /// `connect_any_with_timeout` reached none of `addresses` within `timeout`.
+    #[error(
+        "cannot connect to any of {addresses} within the connect timeout of {} ms ({} attempt{}): {source}",
+        timeout.as_millis(),
+        attempt_count,
+        if *attempt_count == 1 { "" } else { "s" }
+    )]
+    ConnectAnyTimeout {
+        addresses: String,
+        timeout: Duration,
+        attempt_count: u32,
+        source: std::io::Error,
+    },
+    /// No server answered as the primary: every attempt of the call met `NotPrimary` or a
+    /// connection failure until the retry budget or `NOT_PRIMARY_REDIRECT_MAX` ran out (a view
+    /// change that does not complete, or no quorum alive). Nothing was applied by a `NotPrimary`
+    /// answer; after a connection failure a session-tracked request may have been, and its
+    /// resend later gets the cached reply. `last` is the last attempt's error.
+    #[error(
+        "no primary answered: {attempt_count} attempts over {addresses} ({redirect_count} NotPrimary answers); last error: {last}"
+    )]
+    NoPrimary {
+        addresses: String,
+        attempt_count: u32,
+        redirect_count: u32,
+        last: Box<ClientError>,
+    },
 }
 
 impl ClientError {
@@ -226,8 +274,9 @@ impl RetryPolicy {
     /// bytes may have reached the server.
     fn allows(self, error: &ClientError, written: bool) -> bool {
         match error {
+            // A backup applies nothing: follow it to the primary.
             ClientError::Server {
-                code: ErrorCode::Busy,
+                code: ErrorCode::Busy | ErrorCode::NotPrimary,
                 ..
             } => true,
             // A shutting-down server closes the connection next, so for a send the resend would
@@ -281,6 +330,15 @@ fn connect_is_transient(error: &std::io::Error) -> bool {
     )
 }
 
+/// `A,B,C` for error messages.
+fn address_list(addrs: &[SocketAddr]) -> String {
+    addrs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Opens a TCP connection to `addr` with `TCP_NODELAY` (requests are small and latency-bound).
 async fn open(addr: SocketAddr) -> Result<TcpStream, ClientError> {
     let stream = TcpStream::connect(addr)
@@ -304,16 +362,108 @@ impl Client {
     /// Cancel safe: nothing was sent.
     pub async fn connect(addr: std::net::SocketAddr) -> Result<Client, ClientError> {
         let stream = open(addr).await?;
-        Ok(Client {
+        Ok(Client::on_stream(stream, vec![addr], 0))
+    }
+
+    /// A client on `stream`, which goes to `addrs[addr_index]`.
+    fn on_stream(stream: TcpStream, addrs: Vec<SocketAddr>, addr_index: usize) -> Client {
+        Client {
             stream,
-            addr,
+            addr: addrs[addr_index],
+            addrs,
+            addr_index,
             id: client_id_new(),
             request_last: 0,
             session: None,
             max_message_size: MESSAGE_SIZE_MAX_DEFAULT,
             retry_budget: RETRY_BUDGET_DEFAULT,
             broken: false,
-        })
+        }
+    }
+
+    /// Connects to the first of `addrs` that accepts, trying each once in order, and keeps the
+    /// list for failover (see the module doc). Otherwise as `connect`.
+    ///
+    /// # Errors
+    /// The last address's `Connect` error when none accepts.
+    ///
+    /// # Panics
+    /// If `addrs` is empty.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing was sent.
+    pub async fn connect_any(addrs: &[SocketAddr]) -> Result<Client, ClientError> {
+        assert!(!addrs.is_empty(), "connect_any needs at least one address");
+        let mut last = None;
+        for (index, addr) in addrs.iter().enumerate() {
+            match open(*addr).await {
+                Ok(stream) => return Ok(Client::on_stream(stream, addrs.to_vec(), index)),
+                Err(error) => last = Some(error),
+            }
+        }
+        Err(last.expect("at least one address was tried"))
+    }
+
+    /// `connect_any`, going round `addrs` in turn while connects are refused, reset or time out,
+    /// with backoff doubling from `RETRY_BACKOFF_MIN` to `CONNECT_BACKOFF_MAX` after each round,
+    /// until `timeout` has passed since the call. With one address this is
+    /// `connect_with_timeout`.
+    ///
+    /// # Errors
+    /// - `ConnectAnyTimeout` naming the addresses, the timeout, the attempts and the last error
+    ///   (`ConnectTimeout` with one address).
+    /// - `Connect` for an error retrying cannot fix (e.g. no route, permission denied).
+    ///
+    /// # Panics
+    /// If `addrs` is empty.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing was sent.
+    pub async fn connect_any_with_timeout(
+        addrs: &[SocketAddr],
+        timeout: Duration,
+    ) -> Result<Client, ClientError> {
+        assert!(!addrs.is_empty(), "connect_any needs at least one address");
+        if let [addr] = addrs {
+            return Client::connect_with_timeout(*addr, timeout).await;
+        }
+        let started = Instant::now();
+        let mut backoff = RETRY_BACKOFF_MIN;
+        let mut attempt_count = 0u32;
+        loop {
+            let mut source = None;
+            for (index, addr) in addrs.iter().enumerate() {
+                attempt_count += 1;
+                let left = timeout.saturating_sub(started.elapsed());
+                let attempt = if left.is_zero() {
+                    Ok(open(*addr).await)
+                } else {
+                    compio::time::timeout(left, open(*addr)).await
+                };
+                match attempt {
+                    Ok(Ok(stream)) => return Ok(Client::on_stream(stream, addrs.to_vec(), index)),
+                    Ok(Err(ClientError::Connect { source: error, .. }))
+                        if connect_is_transient(&error) =>
+                    {
+                        source = Some(error);
+                    }
+                    Ok(Err(error)) => return Err(error),
+                    Err(_) => source = Some(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+                }
+            }
+            let left = timeout.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return Err(ClientError::ConnectAnyTimeout {
+                    addresses: address_list(addrs),
+                    timeout,
+                    attempt_count,
+                    source: source.expect("every address was tried"),
+                });
+            }
+            tracing::debug!(attempt_count, "no address accepted a connection; retrying");
+            compio::time::sleep(backoff.min(left)).await;
+            backoff = backoff.saturating_mul(2).min(CONNECT_BACKOFF_MAX);
+        }
     }
 
     /// `connect`, retrying a connection that is refused, reset or times out (no server listening
@@ -388,6 +538,17 @@ impl Client {
     pub fn with_retry_budget(mut self, retry_budget: Duration) -> Client {
         self.retry_budget = retry_budget;
         self
+    }
+
+    /// The address the client sends to now (the primary it last found, or the address it will
+    /// reconnect to).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Every address the client was given, in order.
+    pub fn addresses(&self) -> &[SocketAddr] {
+        &self.addrs
     }
 
     /// This client's id (header `client` of every request, kept across reconnects).
@@ -515,24 +676,117 @@ impl Client {
         let started = Instant::now();
         let mut backoff = RETRY_BACKOFF_MIN;
         let mut buffers = [bytemuck::bytes_of(header).to_vec(), body];
+        let mut attempt_count = 0u32;
+        let mut redirect_count = 0u32;
+        let mut moved_at_once = false;
         loop {
+            attempt_count += 1;
             let (result, returned) = self.attempt(header, buffers).await;
             buffers = returned;
             let (error, written) = match result {
                 Ok(frame) => return Ok(frame),
                 Err(failure) => failure,
             };
-            if !policy.allows(&error, written)
-                || started.elapsed().saturating_add(backoff) > self.retry_budget
+            if !policy.allows(&error, written) {
+                return Err(self.call_error(error, attempt_count, redirect_count));
+            }
+            // Where the next attempt goes, and whether it may go without waiting.
+            let at_once = match &error {
+                ClientError::Server {
+                    code: ErrorCode::NotPrimary,
+                    message,
+                } => {
+                    redirect_count += 1;
+                    let moved = self.follow_not_primary(message);
+                    moved && !std::mem::replace(&mut moved_at_once, moved)
+                }
+                error if error.is_connection_failure() => {
+                    self.next_address();
+                    false
+                }
+                _ => false,
+            };
+            if !at_once {
+                moved_at_once = false;
+            }
+            let wait = if at_once { Duration::ZERO } else { backoff };
+            if redirect_count > NOT_PRIMARY_REDIRECT_MAX
+                || started.elapsed().saturating_add(wait) > self.retry_budget
             {
-                return Err(error);
+                return Err(self.call_error(error, attempt_count, redirect_count));
             }
             tracing::debug!(
                 addr = %self.addr, request = header.request, operation = header.operation,
-                backoff_ms = backoff.as_millis() as u64, %error, "retrying request"
+                wait_ms = wait.as_millis() as u64, %error, "retrying request"
             );
-            compio::time::sleep(backoff).await;
-            backoff = backoff.saturating_mul(2).min(RETRY_BACKOFF_MAX);
+            if !wait.is_zero() {
+                compio::time::sleep(wait).await;
+                backoff = backoff.saturating_mul(2).min(RETRY_BACKOFF_MAX);
+            }
+        }
+    }
+
+    /// Moves to the primary a `NotPrimary` answer names (`body`: its client address), or to the
+    /// next address of the list when it names none, names the current one, or is not an
+    /// address. Returns whether it moved to a named new address (the retry may go at once).
+    fn follow_not_primary(&mut self, body: &str) -> bool {
+        match body.trim().parse::<SocketAddr>() {
+            Ok(primary) if primary != self.addr => {
+                tracing::debug!(from = %self.addr, to = %primary, "following NotPrimary");
+                self.addr = primary;
+                if let Some(index) = self.addrs.iter().position(|addr| *addr == primary) {
+                    self.addr_index = index;
+                }
+                self.broken = true;
+                true
+            }
+            _ => {
+                self.next_address();
+                false
+            }
+        }
+    }
+
+    /// With several addresses: the next one of the list, reconnected before the next attempt.
+    /// With one: back to it from a primary a `NotPrimary` named, else stays (the next attempt
+    /// reconnects to it if the connection broke).
+    fn next_address(&mut self) {
+        if self.addrs.len() > 1 {
+            self.addr_index = (self.addr_index + 1) % self.addrs.len();
+        }
+        let next = self.addrs[self.addr_index];
+        if next != self.addr {
+            self.addr = next;
+            self.broken = true;
+        }
+    }
+
+    /// The error a call returns after its last attempt failed with `error`: `NoPrimary` when the
+    /// call was looking for the primary (it met `NotPrimary`, or failed to reach any of several
+    /// addresses), else `error` itself.
+    fn call_error(
+        &self,
+        error: ClientError,
+        attempt_count: u32,
+        redirect_count: u32,
+    ) -> ClientError {
+        let searching = matches!(
+            error,
+            ClientError::Server {
+                code: ErrorCode::NotPrimary,
+                ..
+            }
+        ) || (error.is_connection_failure()
+            && (redirect_count > 0 || self.addrs.len() > 1));
+        if searching {
+            ClientError::NoPrimary {
+                addresses: address_list(&self.addrs),
+                attempt_count,
+                redirect_count,
+                last: Box::new(error),
+            }
+        } else {
+            error
         }
     }
 

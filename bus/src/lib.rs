@@ -32,7 +32,7 @@ pub use frame::{
 pub use header::{HEADER_SIZE, Header, PROTOCOL_VERSION};
 pub use namespace::Namespace;
 pub use producer::Producer;
-pub use reply::{error_reply, eviction, reply_header};
+pub use reply::{error_reply, eviction, not_primary, reply_header};
 pub use wire::{Metadata, PartitionInfo, StreamInfo, TopicInfo};
 
 #[cfg(test)]

@@ -33,6 +33,14 @@ pub const RETRY_BACKOFF_MIN: Duration = Duration::from_millis(10);
 /// sends at most one request (or connect) a second.
 pub const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
+/// Most `NotPrimary` answers one client call follows (each moves it to the named primary or the
+/// next address it knows) before it fails with `NoPrimary`. Answers that name no primary (a view
+/// change under way) are each followed by the backoff, so 16 of them span about 10 s (10 ms
+/// doubling to 1 s), many times a view change with default timers (a few hundred ms); answers
+/// that do name one are followed at once only every other time, so a confused pair of servers
+/// naming each other costs at least 8 backoffs before the call fails.
+pub const NOT_PRIMARY_REDIRECT_MAX: u32 = 16;
+
 /// Default for how long `Client::connect_with_timeout` keeps retrying a refused first connect
 /// (`shardline --connect-timeout`): covers a server that is starting or restarting (bind,
 /// recovery, ready barrier) while a script already runs its client, and reports a server that is

@@ -61,6 +61,26 @@ pub fn eviction(request: &Header, reason: &str) -> Vec<u8> {
     encode_frame(&mut header, error_text(ErrorCode::SessionEvicted, reason))
 }
 
+/// An encoded `NotPrimary` error reply to `request` (issue 8 section 2): `error_code` =
+/// `NotPrimary`, `view` = the answering replica's view, `replica` = that view's primary
+/// (`view % replica_count`), body = the primary's client address as UTF-8 (`host:port`), or
+/// empty while a view change is under way or the address is not known yet. Nothing was applied;
+/// `Client` follows it.
+pub fn not_primary(
+    request: &Header,
+    view: u32,
+    primary: u8,
+    primary_addr: Option<&str>,
+) -> Vec<u8> {
+    let mut header = reply_header(request);
+    header.error_code = ErrorCode::NotPrimary as u32;
+    header.view = view;
+    header.replica = primary;
+    let body = primary_addr.unwrap_or_default().as_bytes();
+    let end = body.len().min(ERROR_MESSAGE_SIZE_MAX);
+    encode_frame(&mut header, &body[..end])
+}
+
 /// `message` (or `code.message()` if empty) cut to `ERROR_MESSAGE_SIZE_MAX` bytes at a character
 /// boundary.
 fn error_text(code: ErrorCode, message: &str) -> &[u8] {
@@ -154,5 +174,25 @@ mod tests {
         let long = "é".repeat(ERROR_MESSAGE_SIZE_MAX);
         let bytes = eviction(&request(), &format!("a{long}"));
         assert_eq!(bytes.len(), 256 + ERROR_MESSAGE_SIZE_MAX - 1);
+    }
+
+    #[test]
+    fn not_primary_carries_view_primary_and_its_address() {
+        let bytes = not_primary(&request(), 7, 1, Some("127.0.0.1:8091"));
+        let header: Header = bytemuck::pod_read_unaligned(&bytes[..256]);
+        header.validate_prefix(MESSAGE_SIZE_MAX_DEFAULT).unwrap();
+        assert!(header.valid_checksum_body(&bytes[256..]));
+        assert_eq!(&bytes[256..], b"127.0.0.1:8091");
+        let mut expected = reply_header(&request());
+        expected.error_code = ErrorCode::NotPrimary as u32;
+        expected.view = 7;
+        expected.replica = 1;
+        expected.size = header.size;
+        expected.checksum_body = header.checksum_body;
+        expected.checksum = expected.calculate_checksum();
+        assert_eq!(header, expected);
+        // During a view change: no address, and the body stays empty (no default text).
+        let bytes = not_primary(&request(), 8, 2, None);
+        assert_eq!(bytes.len(), 256);
     }
 }

@@ -250,6 +250,7 @@ fn control_operations_put_ids_in_namespace_and_names_in_body() {
                     }],
                 }],
             }],
+            ..Metadata::default()
         };
         let metadata_json = serde_json::to_vec(&metadata).unwrap();
         let script: Script = Box::new(move |request| {

@@ -3,7 +3,6 @@
 //! `shardline::output`, so a reader that closes stdout early ends the command quietly.
 
 use std::io::{BufRead, Write};
-use std::net::SocketAddr;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,13 +12,18 @@ use bus::{
     BATCH_HEADER_SIZE, BatchBuilder, Client, ClientError, HEADER_SIZE, MESSAGE_HEADER_SIZE,
     Namespace, PRODUCER_STAMP_SIZE, Producer,
 };
+use shardline::arg_values::AddressList;
 use shardline::output::{print_line, stdout_error};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct AddrArgs {
-    /// Server address: `IP:PORT` or `HOST:PORT` (a host name resolves to its first IPv4 address).
-    #[arg(long, env = "SHARDLINE_ADDR", default_value = "127.0.0.1:8090", value_name = "HOST:PORT", value_parser = shardline::arg_values::parse_host_port)]
-    pub addr: SocketAddr,
+    /// Server address: `IP:PORT` or `HOST:PORT` (a host name resolves to its first IPv4
+    /// address); for a cluster, the client addresses of its replicas, comma-separated
+    /// (`127.0.0.1:8090,127.0.0.1:8091,127.0.0.1:8092`): the client connects to the first that
+    /// answers and follows the primary (a backup's NotPrimary answer names it; the next address
+    /// is tried in turn when it names none).
+    #[arg(long, env = "SHARDLINE_ADDR", default_value = "127.0.0.1:8090", value_name = "HOST:PORT", value_parser = shardline::arg_values::parse_address_list)]
+    pub addr: AddressList,
     /// How long to keep retrying a refused first connect (a server starting or restarting), e.g.
     /// `5s`, `300ms` or `5` (seconds); `0` tries once.
     #[arg(
@@ -172,10 +176,11 @@ fn block_on<T>(future: impl Future<Output = anyhow::Result<T>>) -> anyhow::Resul
         .block_on(future)
 }
 
-/// Connects, retrying a refused connect for `--connect-timeout`.
+/// Connects to the first address of `--addr` that accepts, retrying refused connects (each
+/// address in turn) for `--connect-timeout`.
 async fn connect(args: &AddrArgs) -> anyhow::Result<Client> {
-    let addr = args.addr;
-    Client::connect_with_timeout(addr, args.connect_timeout)
+    let addr = &args.addr;
+    Client::connect_any_with_timeout(&addr.0, args.connect_timeout)
         .await
         .map_err(connect_error)
         .with_context(|| {
@@ -197,6 +202,15 @@ fn connect_error(error: ClientError) -> anyhow::Error {
             source,
         } => anyhow::anyhow!(
             "cannot connect to {addr} {}: {source}",
+            connect_attempts(timeout, attempt_count)
+        ),
+        ClientError::ConnectAnyTimeout {
+            addresses,
+            timeout,
+            attempt_count,
+            source,
+        } => anyhow::anyhow!(
+            "cannot connect to any of {addresses} {}: {source}",
             connect_attempts(timeout, attempt_count)
         ),
         other => other.into(),
@@ -562,10 +576,27 @@ fn hex(bytes: &[u8]) -> String {
         })
 }
 
-pub fn metadata(args: &AddrArgs) -> anyhow::Result<()> {
+#[derive(Debug, clap::Args)]
+pub struct MetadataArgs {
+    /// Print the JSON on one line (for scripts); without it, indented.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub addr: AddrArgs,
+}
+
+/// Prints the answering replica's metadata as JSON: `shard_count`, `streams` (topics,
+/// partitions, owner shards, next offsets) and where the replica stands in its cluster: `view`,
+/// `replica`, `primary`, `commit` (0 from a server that predates them).
+pub fn metadata(args: &MetadataArgs) -> anyhow::Result<()> {
     block_on(async move {
-        let metadata = connect(args).await?.get_metadata().await?;
-        print_line(&serde_json::to_string_pretty(&metadata)?)
+        let metadata = connect(&args.addr).await?.get_metadata().await?;
+        let text = if args.json {
+            serde_json::to_string(&metadata)?
+        } else {
+            serde_json::to_string_pretty(&metadata)?
+        };
+        print_line(&text)
     })
 }
 

@@ -45,8 +45,9 @@ enum Command {
     Send(client_cmds::SendArgs),
     /// Read messages from a partition: `OFFSET<TAB>PAYLOAD` lines (or --output raw|json).
     Poll(client_cmds::PollArgs),
-    /// Print streams, topics, partitions with their owner shard and next offset (JSON).
-    Metadata(client_cmds::AddrArgs),
+    /// Print streams, topics, partitions with their owner shard and next offset, and the
+    /// replica's view, index, primary and commit number (JSON).
+    Metadata(client_cmds::MetadataArgs),
     /// Check a data file offline, read-only: superblock, snapshot, wal, segment or metadata (exit 1 on damage).
     Inspect(inspect::InspectArgs),
 }

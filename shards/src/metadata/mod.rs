@@ -429,6 +429,8 @@ impl MetadataState {
                         .collect(),
                 })
                 .collect(),
+            // The cluster fields are the replica's to fill (issue 8: view, replica, primary, commit).
+            ..bus::Metadata::default()
         }
     }
 }

@@ -135,10 +135,7 @@ pub enum WireError {
 /// A caller bug the core never commits: more than [`PREPARES_COUNT_MAX`] prepares or
 /// [`HEADERS_COUNT_MAX`] headers, or a prepare body over `storage::limits::JOURNAL_BODY_SIZE_MAX`.
 pub fn encode(cluster: u128, from: ReplicaIndex, message: &Message) -> Vec<u8> {
-    let mut header = Header::new(command_of(message), bus::Operation::Ping);
-    header.operation = 0;
-    header.cluster = cluster;
-    header.replica = from;
+    let mut header = replica_header(command_of(message), cluster, from);
     header.view = message.view();
     let mut body = Vec::new();
     match message {
@@ -203,11 +200,10 @@ pub fn encode_hello(cluster: u128, replica: ReplicaIndex, client_addr: &str) -> 
         "hello address of {} bytes exceeds HELLO_ADDRESS_BYTES_MAX",
         client_addr.len()
     );
-    let mut header = Header::new(Command::Hello, bus::Operation::Ping);
-    header.operation = 0;
-    header.cluster = cluster;
-    header.replica = replica;
-    seal(header, client_addr.as_bytes())
+    seal(
+        replica_header(Command::Hello, cluster, replica),
+        client_addr.as_bytes(),
+    )
 }
 
 /// Checks a frame's header alone, before its body is read (the driver reads 256 bytes, calls
@@ -405,6 +401,17 @@ fn command_of(message: &Message) -> Command {
         Message::RequestHeaders { .. } => Command::RequestHeaders,
         Message::Headers { .. } => Command::Headers,
     }
+}
+
+/// A zeroed header with the protocol version, `command`, `cluster` and sender `from` set
+/// (`operation` stays 0: replica commands carry no client operation).
+fn replica_header(command: Command, cluster: u128, from: ReplicaIndex) -> Header {
+    let mut header: Header = bytemuck::Zeroable::zeroed();
+    header.protocol_version = PROTOCOL_VERSION;
+    header.command = command as u8;
+    header.cluster = cluster;
+    header.replica = from;
+    header
 }
 
 fn seal(mut header: Header, body: &[u8]) -> Vec<u8> {

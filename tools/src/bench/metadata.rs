@@ -281,6 +281,7 @@ mod tests {
                     topics: Vec::new(),
                 })
                 .collect(),
+            ..Metadata::default()
         }
     }
 
