@@ -411,7 +411,9 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
             ),
             Vec::new(),
         ),
-        ShardReply::Offsets(_) => error_reply(header, ErrorCode::Internal, "unexpected reply"),
+        ShardReply::Offsets(_) | ShardReply::Status(_) => {
+            error_reply(header, ErrorCode::Internal, "unexpected reply")
+        }
     }
 }
 
@@ -437,7 +439,14 @@ async fn get_metadata(shard: &Rc<Shard>, header: &bus::Header) -> EncodedReply {
             _ => return error_reply(header, ErrorCode::Internal, "unexpected reply"),
         }
     }
-    let metadata = shard.metadata_wire(|namespace| offsets.get(&namespace).copied().unwrap_or(0));
+    let status = match shard.call(ShardId(0), ShardRequest::ReplicaStatus).await {
+        ShardReply::Status(status) => status,
+        ShardReply::Error { code, message } => return error_reply(header, code, &message),
+        _ => return error_reply(header, ErrorCode::Internal, "unexpected reply"),
+    };
+    let metadata = shard.metadata_wire(&status, |namespace| {
+        offsets.get(&namespace).copied().unwrap_or(0)
+    });
     let body = serde_json::to_vec(&metadata).expect("metadata serializes: plain data");
     encode_ok(header, body, 0, 0)
 }

@@ -719,6 +719,13 @@ mod tests {
         });
         server.stop_handle().stop();
         server.join().unwrap();
+        assert_eq!(
+            (metadata.view, metadata.replica, metadata.primary),
+            (0, 0, 0),
+            "a single replica is the primary of view 0"
+        );
+        // Register, CreateStream, CreateTopic before the restart, a second Register after it.
+        assert!(metadata.commit >= 4, "commit {}", metadata.commit);
         assert_eq!(metadata.streams.len(), 1);
         assert_eq!(metadata.streams[0].name, "orders");
         assert_eq!(metadata.streams[0].topics.len(), 1);

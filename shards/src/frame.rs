@@ -53,6 +53,8 @@ pub enum ShardRequest {
     },
     /// Next offsets of every partition this shard owns (for GetMetadata).
     PartitionOffsets,
+    /// Shard 0's current replica status: view, primary, commit (for GetMetadata).
+    ReplicaStatus,
     /// Refuse a request about the owned partition `namespace` that the receiving shard already
     /// judged (e.g. an invalid batch): the owner answers `PartitionError` with `code` and
     /// `message` and the partition's ends, so the refusal carries them like every send reply.
@@ -109,6 +111,7 @@ pub enum ShardReply {
         reason: String,
     },
     Offsets(Vec<(Namespace, u64)>),
+    Status(crate::shard::ReplicaStatus),
     Error {
         code: ErrorCode,
         message: String,

@@ -723,6 +723,7 @@ impl Shard {
                     None => reply,
                 }
             }
+            ShardRequest::ReplicaStatus => ShardReply::Status(self.status()),
             ShardRequest::PartitionOffsets => ShardReply::Offsets(
                 self.partitions
                     .borrow()
@@ -1272,10 +1273,26 @@ impl Shard {
     }
 
     /// The GetMetadata view of this shard's metadata copy.
-    pub fn metadata_wire(&self, next_offset: impl Fn(Namespace) -> u64) -> bus::Metadata {
-        self.metadata
-            .borrow()
-            .to_wire(self.shard_count, next_offset)
+    /// `status` (shard 0's, current) fills the cluster fields: view, replica, primary (the view's
+    /// primary, `view % replica_count`, also during a view change) and commit.
+    pub fn metadata_wire(
+        &self,
+        status: &ReplicaStatus,
+        next_offset: impl Fn(Namespace) -> u64,
+    ) -> bus::Metadata {
+        let replica_count = self.config.replica_count().max(1);
+        bus::Metadata {
+            view: status.view,
+            replica: status.replica,
+            primary: status
+                .primary
+                .unwrap_or((status.view % u32::from(replica_count)) as u8),
+            commit: status.commit,
+            ..self
+                .metadata
+                .borrow()
+                .to_wire(self.shard_count, next_offset)
+        }
     }
 
     /// Every partition log of this shard (for ticks and shutdown).
