@@ -528,6 +528,7 @@ impl Driver {
                 is_primary: core.is_primary(),
                 commit: core.commit_min(),
                 primary_address: self.client_address_of(primary).unwrap_or_default(),
+                generation: 0,
             }
         };
         let changed = self.published.as_ref().is_none_or(|published| {
@@ -546,7 +547,7 @@ impl Driver {
             "stopping the server: shard 0's durable state cannot be written (fail-stop); restart \
              it once the cause is fixed"
         );
-        self.shard.stop_server();
+        self.shard.stop_server(reason.to_owned());
     }
 }
 
@@ -730,5 +731,136 @@ mod tests {
         assert_eq!(metadata.streams[0].name, "orders");
         assert_eq!(metadata.streams[0].topics.len(), 1);
         assert_eq!(metadata.streams[0].topics[0].partitions.len(), 2);
+    }
+
+    fn cluster_config(
+        data_dir: &std::path::Path,
+        replica: u8,
+        addresses: &[std::net::SocketAddr],
+    ) -> crate::config::ServerConfig {
+        let mut config = single_replica_config(data_dir);
+        config.cluster = 7;
+        config.replica = replica;
+        config.addresses = addresses.to_vec();
+        config
+    }
+
+    /// Asks every running replica for its metadata until `done` holds for the answers; panics
+    /// naming what they last showed after `attempts` rounds 20 ms apart (a liveness bound, not
+    /// a timing assertion: the cluster has seconds to converge).
+    fn wait_for_all(
+        runtime: &compio::runtime::Runtime,
+        addresses: &[std::net::SocketAddr],
+        done: impl Fn(&[bus::Metadata]) -> bool,
+        what: &str,
+    ) -> Vec<bus::Metadata> {
+        let mut last = Vec::new();
+        for _ in 0..500 {
+            last = runtime.block_on(async {
+                let mut all = Vec::new();
+                for address in addresses {
+                    let Ok(mut client) = bus::Client::connect(*address).await else {
+                        continue;
+                    };
+                    if let Ok(metadata) = client.get_metadata().await {
+                        all.push(metadata);
+                    }
+                }
+                all
+            });
+            if last.len() == addresses.len() && done(&last) {
+                return last;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        panic!("{what}: the replicas did not converge; last seen: {last:#?}");
+    }
+
+    /// Three replicas in one process: they elect a primary, a change made through any replica's
+    /// address (the client follows NotPrimary) is applied on all three, and after the primary
+    /// stops the other two elect a new one and keep committing.
+    #[test]
+    fn three_replicas_elect_commit_and_fail_over() {
+        let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let addresses: Vec<std::net::SocketAddr> = (0..3)
+            .map(|_| {
+                std::net::TcpListener::bind("127.0.0.1:0")
+                    .unwrap()
+                    .local_addr()
+                    .unwrap()
+            })
+            .collect();
+        let mut servers: Vec<Option<crate::RunningServer>> = (0..3u8)
+            .map(|replica| {
+                let config = cluster_config(dirs[usize::from(replica)].path(), replica, &addresses);
+                Some(crate::RunningServer::start(config).unwrap())
+            })
+            .collect();
+        let clients: Vec<std::net::SocketAddr> = servers
+            .iter()
+            .map(|server| server.as_ref().unwrap().local_addr)
+            .collect();
+        let runtime = compio::runtime::Runtime::new().unwrap();
+        // Every replica in one view, its primary's, with the status normal (a replica in a view
+        // change reports no primary: `primary` is then the view's, which the others disagree
+        // with only while they are in another view).
+        let elected = wait_for_all(
+            &runtime,
+            &clients,
+            |all| {
+                all.windows(2)
+                    .all(|pair| (pair[0].view, pair[0].primary) == (pair[1].view, pair[1].primary))
+            },
+            "election",
+        );
+        runtime.block_on(async {
+            // Through a backup's address: the client follows NotPrimary to the primary.
+            let backup = (elected[0].primary + 1) % 3;
+            let mut client = bus::Client::connect_any(&[clients[usize::from(backup)]])
+                .await
+                .unwrap();
+            client.register().await.unwrap();
+            client.create_stream(1, "orders").await.unwrap();
+        });
+        let committed = wait_for_all(
+            &runtime,
+            &clients,
+            |all| all.iter().all(|metadata| metadata.streams.len() == 1),
+            "the first change on every replica",
+        );
+        let old_primary = committed[0].primary;
+
+        let stopped = servers[usize::from(old_primary)].take().unwrap();
+        stopped.stop_handle().stop();
+        stopped.join().unwrap();
+        let survivors: Vec<std::net::SocketAddr> = (0..3u8)
+            .filter(|replica| *replica != old_primary)
+            .map(|replica| clients[usize::from(replica)])
+            .collect();
+        wait_for_all(
+            &runtime,
+            &survivors,
+            |all| {
+                all.iter().all(|metadata| {
+                    metadata.primary != old_primary && metadata.view > committed[0].view
+                })
+            },
+            "a new primary",
+        );
+        runtime.block_on(async {
+            let mut client = bus::Client::connect_any(&survivors).await.unwrap();
+            client.register().await.unwrap();
+            client.create_stream(2, "after").await.unwrap();
+        });
+        wait_for_all(
+            &runtime,
+            &survivors,
+            |all| all.iter().all(|metadata| metadata.streams.len() == 2),
+            "a change in the new view on both survivors",
+        );
+        for server in servers.into_iter().flatten() {
+            server.stop_handle().stop();
+            server.join().unwrap();
+        }
     }
 }

@@ -464,7 +464,10 @@ async fn run_shard(
     drop(metadata_task);
     connections.cancel_all();
     let mut close_failed = false;
-    if shard_id == ShardId(0) {
+    let fail_stop = shard.fail_stop_reason();
+    if let Some(reason) = &fail_stop {
+        tracing::error!(%reason, "no final checkpoint after a fail-stop; the next boot recovers from the journal");
+    } else if shard_id == ShardId(0) {
         // The final checkpoint: the next boot starts from this snapshot and replays nothing. A
         // failure loses nothing (the journal holds every committed op) but is reported; one
         // refused for lack of space or descriptors (a full disk, or the open-file limit, at
@@ -481,6 +484,9 @@ async fn run_shard(
             tracing::error!(shard = shard_id.0, path = %log.dir().display(), error = %e, "final fsync failed");
             close_failed = true;
         }
+    }
+    if let Some(reason) = fail_stop {
+        return Err(format!("stopped: {reason}"));
     }
     if close_failed {
         return Err(

@@ -61,6 +61,8 @@ pub struct ReplicaStatus {
     pub commit: u64,
     /// The primary's client address (empty when not known yet).
     pub primary_address: String,
+    /// Counts shard 0's broadcasts (set by `Shard::set_status`): a shard keeps the newest.
+    pub generation: u64,
 }
 
 impl ReplicaStatus {
@@ -79,6 +81,7 @@ impl ReplicaStatus {
             } else {
                 String::new()
             },
+            generation: 0,
         }
     }
 }
@@ -111,6 +114,8 @@ pub struct Shard {
     core: RefCell<Option<Rc<RefCell<Replica>>>>,
     /// The view, primary and commit as shard 0 last published them.
     status: RefCell<ReplicaStatus>,
+    /// Shard 0: set when the driver stopped the server because durable state cannot be written.
+    fail_stop: RefCell<Option<String>>,
     /// This replica's client listen address (`config.listen`, with the port the server bound).
     client_address: std::net::SocketAddr,
     budget: ResourceBudget,
@@ -410,6 +415,7 @@ impl Shard {
             replica: replica.map(Rc::new),
             core: RefCell::new(None),
             status: RefCell::new(status),
+            fail_stop: RefCell::new(None),
             client_address,
             budget,
             connection_count: Cell::new(0),
@@ -959,9 +965,16 @@ impl Shard {
         self.status.borrow().clone()
     }
 
-    /// Shard 0: records `status` and, when `broadcast`, sends it to every other shard (best
-    /// effort: a full inbox keeps the previous status there until the next change).
-    pub fn set_status(&self, status: ReplicaStatus, broadcast: bool) {
+    /// Shard 0: records `status` and, when `broadcast`, sends it to every other shard (retried
+    /// while an inbox is full; a shard keeps only the newest generation it received, so
+    /// deliveries that overtake each other never roll it back).
+    pub fn set_status(self: &Rc<Self>, mut status: ReplicaStatus, broadcast: bool) {
+        let generation = self.status.borrow().generation;
+        status.generation = if broadcast {
+            generation + 1
+        } else {
+            generation
+        };
         if broadcast {
             tracing::info!(
                 view = status.view, replica = status.replica, primary = ?status.primary,
@@ -969,15 +982,25 @@ impl Shard {
                 "replica status"
             );
             for target in 1..self.shard_count {
-                if let Err(e) = self
-                    .endpoint
-                    .try_send(ShardId(target), ShardFrame::Status(status.clone()))
-                {
-                    tracing::warn!(target, error = ?e, "replica status not delivered to a shard");
-                }
+                let shard = Rc::clone(self);
+                let frame = ShardFrame::Status(status.clone());
+                compio::runtime::spawn(async move {
+                    if let Err(e) = shard.send_reliably(ShardId(target), frame, false).await {
+                        tracing::warn!(target, error = %e, "replica status not delivered to a shard");
+                    }
+                })
+                .detach();
             }
         }
         *self.status.borrow_mut() = status;
+    }
+
+    /// Another shard: keeps `status` if it is newer than what this shard knows.
+    fn receive_status(&self, status: ReplicaStatus) {
+        let mut current = self.status.borrow_mut();
+        if status.generation > current.generation {
+            *current = status;
+        }
     }
 
     /// `Ok` when this replica serves sends and polls (it is the primary of its view, status
@@ -994,9 +1017,16 @@ impl Shard {
         })
     }
 
-    /// Stops the whole server (fail-stop).
-    pub fn stop_server(&self) {
+    /// Stops the whole server (fail-stop) for `reason`; the server then exits with it as its
+    /// error and skips the final checkpoint (`Shard::fail_stop_reason`).
+    pub fn stop_server(&self, reason: String) {
+        self.fail_stop.borrow_mut().get_or_insert(reason);
         self.endpoint.stop_handle().stop();
+    }
+
+    /// Why the server was fail-stopped, if it was.
+    pub fn fail_stop_reason(&self) -> Option<String> {
+        self.fail_stop.borrow().clone()
     }
 
     /// Shard 0: applies committed change `op_number` on every shard's copy (DESIGN section 4:
@@ -1222,7 +1252,7 @@ impl Shard {
                     tracing::warn!(shard = self.id.0, error = %e, "metadata ack to shard 0 dropped");
                 }
             }
-            ShardFrame::Status(status) => *self.status.borrow_mut() = status,
+            ShardFrame::Status(status) => self.receive_status(status),
             other => {
                 tracing::error!(shard = self.id.0, from = from.0, frame = ?other, "unexpected frame on the inbox; dropped");
             }

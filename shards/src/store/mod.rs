@@ -17,17 +17,15 @@ pub mod boot;
 pub mod failpoint;
 pub mod replay;
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
 
 use futures_util::lock::Mutex;
 use storage::durable::ReplaceStep;
-use storage::journal::{Journal, JournalError, Prepare};
+use storage::journal::{Journal, JournalError};
 use storage::superblock::{Superblock, SuperblockState};
 
 use crate::metadata::MetadataState;
-use crate::vsr::client_table::ClientTable;
-use crate::vsr::prepare::PrepareBody;
 use crate::vsr::snapshot;
 
 /// Why a checkpoint stopped; the previous checkpoint stays valid in every case.
@@ -72,32 +70,27 @@ pub struct CheckpointDone {
     pub released_segment_count: usize,
 }
 
-/// Shard 0's durable metadata state: journal, superblock, checkpoint, client table.
+/// Shard 0's durable metadata state: journal, superblock, checkpoint (the state itself, metadata
+/// and client table, is the consensus core's).
 ///
 /// Lock order (DESIGN section 9): `checkpoint_lock`, then `superblock_lock`; never the reverse,
 /// and neither is held across anything but the checkpoint (or, later, a state-transfer install)
 /// it protects. `journal` is a leaf lock: nothing else is taken while it is held.
 pub struct ReplicaStore {
     data_dir: PathBuf,
-    /// The metadata WAL. Held for one append (by the metadata task) or one release (by a
-    /// checkpoint).
+    /// The metadata WAL. Held for one batch of appends (the driver's journal writer), one
+    /// truncation or read (the driver), or one release (a checkpoint).
     journal: Mutex<Journal>,
     /// Held for a whole checkpoint, so two never interleave. Taken before `superblock_lock`.
     checkpoint_lock: Mutex<()>,
     /// Held for one superblock write; guards the superblock handle itself. Taken after
     /// `checkpoint_lock` when both are needed.
     superblock_lock: Mutex<Superblock>,
-    /// The highest op applied to the state machine and client table.
+    /// The highest op `replay::open` applied (the driver's store leaves it at the checkpoint:
+    /// the core holds the commit number).
     commit_min: Cell<u64>,
     /// The op of the latest checkpoint recorded in the superblock (or found newer at boot).
     checkpoint_op: Cell<u64>,
-    checkpoint_interval: u64,
-    /// A checkpoint task is running or queued.
-    checkpoint_pending: Cell<bool>,
-    /// The op the running checkpoint covers (0 when none runs): ops up to it are being
-    /// checkpointed, so they do not count toward the next one.
-    checkpoint_op_in_progress: Cell<u64>,
-    pub client_table: RefCell<ClientTable>,
 }
 
 impl std::fmt::Debug for ReplicaStore {
@@ -113,8 +106,7 @@ impl std::fmt::Debug for ReplicaStore {
 impl ReplicaStore {
     /// The store shard 0's driver uses: the journal and superblock boot opened
     /// (`boot::Boot`), the last checkpoint at `checkpoint_op`. The driver checkpoints with
-    /// [`ReplicaStore::checkpoint_state`] (the core holds the state); the store's own
-    /// `commit_min` and client table serve only the single-replica [`ReplicaStore::append`] path.
+    /// [`ReplicaStore::checkpoint_state`] (the core holds the state).
     pub fn for_driver(
         config: &crate::config::ServerConfig,
         journal: Journal,
@@ -128,10 +120,6 @@ impl ReplicaStore {
             superblock_lock: Mutex::new(superblock),
             commit_min: Cell::new(checkpoint_op),
             checkpoint_op: Cell::new(checkpoint_op),
-            checkpoint_interval: config.checkpoint_interval,
-            checkpoint_pending: Cell::new(false),
-            checkpoint_op_in_progress: Cell::new(0),
-            client_table: RefCell::new(ClientTable::new(config.clients_table_max)),
         }
     }
 
@@ -151,10 +139,12 @@ impl ReplicaStore {
     /// nothing (`Ok(None)`) if a checkpoint at or above `op` is already recorded.
     ///
     /// # Errors
-    /// As [`ReplicaStore::checkpoint`].
+    /// The step that failed; earlier steps stay done and the previous pairing stays valid (a
+    /// snapshot written without its superblock write is accepted at boot as newer).
     ///
     /// # Cancel safety
-    /// As [`ReplicaStore::checkpoint`].
+    /// Not cancel safe: a dropped checkpoint may leave the superblock or journal handle poisoned
+    /// (later checkpoints then fail until restart); the files stay a valid checkpoint.
     pub async fn checkpoint_state(
         &self,
         op: u64,
@@ -185,92 +175,10 @@ impl ReplicaStore {
         snapshot_path(&self.data_dir)
     }
 
-    /// Makes `body` durable as the next op's prepare and returns that op. The caller then
-    /// applies it and calls [`ReplicaStore::committed`]; one prepare at a time (the metadata task).
-    ///
-    /// # Errors
-    /// The journal's: `BodyTooLarge` (nothing written), `StorageFull` (the write was refused for
-    /// lack of space and rolled back: nothing is journaled, `commit_min` is unchanged, and the
-    /// next append reuses the op once space is freed), `Io` or `Poisoned` (the journal refuses
-    /// every later append until the server restarts and reopens it; the op may or may not be on
-    /// disk, and if it is, boot applies it).
-    ///
-    /// # Cancel safety
-    /// Not cancel safe: a dropped append poisons the journal.
-    pub async fn append(&self, body: &PrepareBody) -> Result<u64, JournalError> {
-        let op = self.commit_min.get() + 1;
-        let prepare = Prepare {
-            op,
-            view: 0,
-            commit: op - 1,
-            body: body.encode(),
-        };
-        let mut journal = self.journal.lock().await;
-        assert_eq!(
-            journal.last_op(),
-            op - 1,
-            "single-replica journal ahead of commit_min"
-        );
-        journal.append(&prepare).await?;
-        Ok(op)
-    }
-
-    /// Records that `op` (returned by [`ReplicaStore::append`]) is applied; returns whether a
-    /// checkpoint is now due (and marks it pending, so exactly one caller starts it).
-    ///
-    /// # Panics
-    /// If `op` is not the next op.
-    pub fn committed(&self, op: u64) -> bool {
-        assert_eq!(op, self.commit_min.get() + 1, "ops commit in order");
-        self.commit_min.set(op);
-        let covered_op = self
-            .checkpoint_op
-            .get()
-            .max(self.checkpoint_op_in_progress.get());
-        let due = op - covered_op >= self.checkpoint_interval;
-        if due && !self.checkpoint_pending.get() {
-            self.checkpoint_pending.set(true);
-            return true;
-        }
-        false
-    }
-
-    /// Runs one checkpoint of the state at the current `commit_min` (DESIGN section 9): (1) the
-    /// snapshot, by durable replace through io_uring, its JSON encoded off the reactor; (2) the
-    /// superblock pairing; (3) the journal released below the checkpoint. Each step only after
-    /// the previous succeeded. Does nothing if nothing committed since the last checkpoint.
-    ///
-    /// # Errors
-    /// The step that failed; earlier steps stay done and the previous pairing stays valid (a
-    /// snapshot written without its superblock write is accepted at boot as newer).
-    ///
-    /// # Cancel safety
-    /// Not cancel safe: a dropped checkpoint may leave the superblock or journal handle poisoned
-    /// (later checkpoints then fail until restart); the files stay a valid checkpoint.
-    pub async fn checkpoint(
-        &self,
-        metadata: &RefCell<std::sync::Arc<MetadataState>>,
-    ) -> Result<Option<CheckpointDone>, CheckpointError> {
-        let _checkpoint_guard = self.checkpoint_lock.lock().await;
-        self.checkpoint_pending.set(false);
-        let checkpoint_op = self.commit_min.get();
-        if checkpoint_op <= self.checkpoint_op.get() {
-            return Ok(None);
-        }
-        self.checkpoint_op_in_progress.set(checkpoint_op);
-        // One synchronous step, so metadata and client table are both exactly at checkpoint_op.
-        // The metadata is shared, not copied: an op applied while the encoder runs copies it
-        // (Arc::make_mut), so the reactor never copies the whole state for a checkpoint.
-        let metadata = std::sync::Arc::clone(&*metadata.borrow());
-        let client_table = self.client_table.borrow().to_snapshot();
-        let result = self
-            .checkpoint_at(checkpoint_op, metadata, client_table)
-            .await;
-        self.checkpoint_op_in_progress.set(0);
-        result.map(Some)
-    }
-
-    /// The steps of [`ReplicaStore::checkpoint`] for `checkpoint_op`, under `checkpoint_lock`.
+    /// The steps of a checkpoint of `metadata` and `client_table` at `checkpoint_op`, under
+    /// `checkpoint_lock`: (1) the snapshot, by durable replace through io_uring, its JSON encoded
+    /// off the reactor; (2) the superblock pairing; (3) the journal released below the
+    /// checkpoint. Each step only after the previous succeeded.
     async fn checkpoint_at(
         &self,
         checkpoint_op: u64,
