@@ -31,6 +31,8 @@ struct Cluster {
     applied: Vec<Vec<u64>>,
     /// Links (from, to) that drop every message.
     cut: BTreeSet<(ReplicaIndex, ReplicaIndex)>,
+    /// Drops every message it matches.
+    drop_if: Option<fn(&Message) -> bool>,
     next_token: ClientToken,
 }
 
@@ -79,6 +81,7 @@ impl Cluster {
             replies: Vec::new(),
             applied: vec![Vec::new(); usize::from(replica_count)],
             cut: BTreeSet::new(),
+            drop_if: None,
             next_token: 1,
         };
         for index in 0..replica_count {
@@ -128,7 +131,9 @@ impl Cluster {
             match action {
                 Action::Send { to, message } => {
                     assert_ne!(to, index, "a replica never sends to itself");
-                    if !self.cut.contains(&(index, to)) {
+                    if !self.cut.contains(&(index, to))
+                        && !self.drop_if.is_some_and(|drop| drop(&message))
+                    {
                         self.network.push_back((index, to, message));
                     }
                 }
@@ -161,6 +166,10 @@ impl Cluster {
                     assert!(
                         (view, log_view) >= (disk.superblock.0, disk.superblock.1),
                         "the superblock never goes back in view"
+                    );
+                    assert!(
+                        commit_max >= disk.superblock.2,
+                        "the superblock's commit_max never decreases"
                     );
                     disk.superblock = (view, log_view, commit_max);
                     self.io
@@ -941,4 +950,53 @@ fn soak(seed: u64) {
         acknowledged_count > 100,
         "seed {seed}: progress {acknowledged_count}"
     );
+}
+
+/// sim finding F1: a new primary inherits a client's Register uncommitted; the client's next
+/// request must be prepared after it, not answered `Evicted` from the applied table.
+#[test]
+fn vsr_4_2_new_primary_prepares_a_request_behind_an_inherited_uncommitted_register() {
+    let mut cluster = Cluster::new(3);
+    let (p, _, _) = roles(&cluster);
+    cluster.tick(4);
+    let register = cluster.request(p, 7, 0, PrepareOperation::Register);
+    cluster.run();
+    assert_eq!(session_of(cluster.reply_to(register)), 1);
+    // The primary dies before a heartbeat carries commit 1; the new view cannot re-commit
+    // op 1 while PrepareOks are lost.
+    cluster.crash(p);
+    cluster.drop_if = Some(|message| matches!(message, Message::PrepareOk { .. }));
+    for _ in 0..100 {
+        if !cluster.primaries().is_empty() {
+            break;
+        }
+        cluster.tick(1);
+    }
+    let primary = cluster.primary();
+    assert_eq!(cluster.replica(primary).commit_min(), 0);
+    assert_eq!(cluster.replica(primary).op(), 1);
+    let create = cluster.request(primary, 7, 1, create_stream(1, "a"));
+    assert!(
+        cluster.reply_to(create).is_none(),
+        "{:?}",
+        cluster.reply_to(create)
+    );
+    assert_eq!(cluster.replica(primary).op(), 2);
+    cluster.drop_if = None;
+    cluster.tick(6);
+    let backup = (0..3).find(|&i| i != primary && i != p).unwrap();
+    assert!(
+        is_success(cluster.reply_to(create)),
+        "{:?} primary op {} commit {} status {:?}; backup op {} commit {} verified {} status {:?} view {}",
+        cluster.reply_to(create),
+        cluster.replica(primary).op(),
+        cluster.replica(primary).commit_max(),
+        cluster.replica(primary).status(),
+        cluster.replica(backup).op(),
+        cluster.replica(backup).commit_max(),
+        cluster.replica(backup).verified_op,
+        cluster.replica(backup).status(),
+        cluster.replica(backup).view(),
+    );
+    cluster.check_agreement();
 }
