@@ -1191,8 +1191,11 @@ impl Replica {
                 self.oks.entry(op).or_default().insert(self.config.replica);
                 self.advance_commit(actions);
             }
-        } else if op <= self.verified_op && self.can_acknowledge() {
-            self.send_prepare_ok(op, checksum, actions);
+        } else {
+            if op <= self.verified_op && self.can_acknowledge() {
+                self.send_prepare_ok(op, checksum, actions);
+            }
+            self.apply_committed(actions);
         }
     }
 
@@ -1256,7 +1259,8 @@ impl Replica {
 
     // ---- Apply (section 4.1 step 5, 4.2 step 4) ----
 
-    /// Applies every op in `(commit_min, min(commit_max, verified_op, op)]`, in order.
+    /// Applies every op in `(commit_min, min(commit_max, verified_op, op)]`, in order, up to the
+    /// first whose journal write is not yet durable.
     fn apply_committed(&mut self, actions: &mut Vec<Action>) {
         let bound = self.commit_max.min(self.verified_op).min(self.op);
         while self.commit_min < bound {
@@ -1265,6 +1269,12 @@ impl Replica {
                 tracing::error!(op, "committed op not held in memory; cannot apply");
                 return;
             };
+            // Apply only what the journal holds durably: the superblock's commit_max (written
+            // from commit_min) promises a restart finds these very prepares in the journal,
+            // not an older one a lost truncate-and-rewrite would leave there.
+            if !entry.durable {
+                return;
+            }
             let body = entry.prepare.body.clone();
             self.commit_min = op;
             self.apply_one(op, &body, actions);

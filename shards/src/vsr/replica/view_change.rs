@@ -253,6 +253,20 @@ impl Replica {
             .max()
             .unwrap_or(0)
             .max(self.commit_max);
+        if best.op < commit {
+            // Every committed op is in the chosen log (quorum intersection); a chosen log
+            // shorter than the commit number means a DoViewChange lied about its log. Never
+            // prepare at a committed op: let this view time out.
+            tracing::error!(
+                replica = me,
+                view = self.view,
+                chosen = source,
+                op = best.op,
+                commit,
+                "the chosen log ends below the commit number; not starting this view"
+            );
+            return;
+        }
         self.commit_max = commit;
         let checksum = if source == me {
             self.log.get(&best.op).map(|entry| entry.checksum)
