@@ -178,8 +178,8 @@ pub struct Replica {
     journal_first_op: u64,
     metadata: Arc<MetadataState>,
     client_table: ClientTable,
-    /// Prepares in `(checkpoint_op - 1, op]` (the one at the checkpoint is kept as an anchor
-    /// when it is held), contiguous.
+    /// Prepares from the checkpoint before the latest one up to `op` (after a restart: from
+    /// `checkpoint_op + 1`), contiguous and chained.
     log: BTreeMap<u64, Entry>,
 
     // Primary (section 4.1).
@@ -579,10 +579,12 @@ impl Replica {
                 self.checkpoint_in_progress = None;
                 // The driver's checkpoint recorded at least this op as committed.
                 self.superblock_commit = self.superblock_commit.max(op);
+                // Memory keeps the prepares from the previous checkpoint on (one to two
+                // intervals): a lagging peer repairs from them, headers included, without
+                // journal reads; and the prepare at the checkpoint anchors the next op's chain.
+                let floor = self.checkpoint_op.min(op);
                 self.checkpoint_op = self.checkpoint_op.max(op);
                 self.journal_first_op = journal_first_op;
-                // Keep the prepare at the checkpoint: it anchors the chain of the next op.
-                let floor = self.checkpoint_op.min(self.commit_min);
                 self.log = self.log.split_off(&floor);
                 self.maybe_checkpoint(&mut actions);
             }
