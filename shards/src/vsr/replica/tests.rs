@@ -1099,9 +1099,19 @@ fn vsr_4_2_start_view_with_a_gap_keeps_log_view_until_the_chain_connects() {
         log_view: 0,
     });
     // Repair answers arrive (a prepare of any view is accepted when its checksum is wanted).
-    let mut actions = replica.on_message(0, Message::Prepare { prepare: third });
-    actions.extend(replica.on_message(2, Message::Prepare { prepare: second }));
+    replica.on_message(0, Message::Prepare { prepare: third });
+    replica.on_message(2, Message::Prepare { prepare: second });
     assert_eq!(replica.op(), 4);
+    assert_eq!(
+        replica.log_view(),
+        0,
+        "the rewritten prepares are not durable yet"
+    );
+    let mut actions = Vec::new();
+    for op in 2..=4 {
+        let checksum = replica.log.get(&op).unwrap().checksum;
+        actions.extend(replica.on_io_done(Completion::JournalWritten { op, checksum }));
+    }
     assert_eq!(replica.log_view(), 3);
     assert!(actions.iter().any(|a| matches!(
         a,
@@ -1111,17 +1121,6 @@ fn vsr_4_2_start_view_with_a_gap_keeps_log_view_until_the_chain_connects() {
             ..
         }
     )));
-    for op in 2..=4 {
-        let written = replica
-            .log
-            .get(&op)
-            .map(|e| (e.prepare.clone(), e.checksum))
-            .unwrap();
-        replica.on_io_done(Completion::JournalWritten {
-            op,
-            checksum: written.1,
-        });
-    }
     let actions = replica.on_io_done(Completion::SuperblockWritten {
         view: 3,
         log_view: 3,
