@@ -178,8 +178,8 @@ pub struct Replica {
     journal_first_op: u64,
     metadata: Arc<MetadataState>,
     client_table: ClientTable,
-    /// Prepares in `(checkpoint_op - 1, op]` (the one at the checkpoint is kept as an anchor
-    /// when it is held), contiguous.
+    /// Prepares from the checkpoint before the latest one up to `op` (after a restart: from
+    /// `checkpoint_op + 1`), contiguous and chained.
     log: BTreeMap<u64, Entry>,
 
     // Primary (section 4.1).
@@ -192,6 +192,10 @@ pub struct Replica {
     queue: VecDeque<ClientRequest>,
     /// Tokens waiting for the commit of `(client, request)`.
     waiting: BTreeMap<(u128, u64), Vec<ClientToken>>,
+    /// Requests whose answer ("no session") waits for a confirmed lease.
+    deferred: Vec<ClientRequest>,
+    /// The tick each backup last acknowledged this primary in its view (lease).
+    acked_at: BTreeMap<ReplicaIndex, u64>,
 
     // Timers, in ticks.
     now: u64,
@@ -211,10 +215,15 @@ pub struct Replica {
     install: Option<Install>,
     /// The commit number of the StartView this backup adopted (it PrepareOks above it).
     start_view_commit: u64,
+    /// The op of that StartView: `log_view` becomes the view only once the log is verified up
+    /// to it (until then the log is not the view's log, and a DoViewChange must not say so).
+    start_view_op: u64,
 
     // Persistence: (view, log_view) asked for and known durable.
     superblock_requested: (u32, u32),
     superblock_durable: (u32, u32),
+    /// The highest `commit_max` this core wrote or recovered: the superblock's never decreases.
+    superblock_commit: u64,
 
     // Repair.
     /// Checksums known to be on the current primary's (or the chosen) log, by op.
@@ -347,6 +356,8 @@ impl Replica {
             in_flight: BTreeMap::new(),
             queue: VecDeque::new(),
             waiting: BTreeMap::new(),
+            deferred: Vec::new(),
+            acked_at: BTreeMap::new(),
             now: 0,
             primary_deadline: 0,
             view_change_deadline: 0,
@@ -359,8 +370,10 @@ impl Replica {
             dvcs: BTreeMap::new(),
             install: None,
             start_view_commit: 0,
+            start_view_op: 0,
             superblock_requested: (recovered.view, recovered.log_view),
             superblock_durable: (recovered.view, recovered.log_view),
+            superblock_commit: recovered.commit_max,
             targets: BTreeMap::new(),
             pending: BTreeMap::new(),
             requested: BTreeMap::new(),
@@ -410,7 +423,9 @@ impl Replica {
         if self.stopped || from >= self.config.replica_count || from == self.config.replica {
             return actions;
         }
-        if message.view() < self.view {
+        // A Prepare's view is the prepare's own (kept when a later primary re-sends it), not
+        // the sender's.
+        if message.view() < self.view && !matches!(message, Message::Prepare { .. }) {
             self.answer_older_view(from, &mut actions);
         }
         match message {
@@ -568,10 +583,14 @@ impl Replica {
                 journal_first_op,
             } => {
                 self.checkpoint_in_progress = None;
+                // The driver's checkpoint recorded at least this op as committed.
+                self.superblock_commit = self.superblock_commit.max(op);
+                // Memory keeps the prepares from the previous checkpoint on (one to two
+                // intervals): a lagging peer repairs from them, headers included, without
+                // journal reads; and the prepare at the checkpoint anchors the next op's chain.
+                let floor = self.checkpoint_op.min(op);
                 self.checkpoint_op = self.checkpoint_op.max(op);
                 self.journal_first_op = journal_first_op;
-                // Keep the prepare at the checkpoint: it anchors the chain of the next op.
-                let floor = self.checkpoint_op.min(self.commit_min);
                 self.log = self.log.split_off(&floor);
                 self.maybe_checkpoint(&mut actions);
             }
@@ -706,25 +725,30 @@ impl Replica {
         self.primary_deadline = self.now + self.random_timeout();
     }
 
-    /// Asks the driver to persist the current view and log_view (and `commit_min` as the
-    /// superblock's `commit_max`: what was applied, so a restart applies exactly those again)
-    /// unless that write is already asked for.
+    /// Asks the driver to persist the current view and log_view, unless that write is already
+    /// asked for. The superblock's `commit_max` is `commit_min` (what was applied: every journaled
+    /// prepare up to it is the committed one, so a restart may apply them again), or the value
+    /// written before when that is higher (it never decreases; a restart applies only the
+    /// journaled prepares up to it and repairs the rest).
     fn persist(&mut self, actions: &mut Vec<Action>) {
         let state = (self.view, self.log_view);
         if self.superblock_requested == state {
             return;
         }
         self.superblock_requested = state;
+        self.superblock_commit = self.superblock_commit.max(self.commit_min);
         actions.push(Action::WriteSuperblock {
             view: self.view,
             log_view: self.log_view,
-            commit_max: self.commit_min,
+            commit_max: self.superblock_commit,
         });
     }
 
-    /// Whether the superblock durably holds the current view (and log_view).
-    fn view_durable(&self) -> bool {
-        self.superblock_durable >= (self.view, self.log_view)
+    /// Whether this backup may send PrepareOks: its log is the current view's (`log_view ==
+    /// view`) and the superblock durably says so (section 4.2 step 5: a replica acts in a view
+    /// only once the view is persisted).
+    fn can_acknowledge(&self) -> bool {
+        self.log_view == self.view && self.superblock_durable >= (self.view, self.view)
     }
 
     // ---- Normal case, primary (section 4.1) ----
@@ -790,6 +814,20 @@ impl Replica {
                                 ),
                             },
                         );
+                        return;
+                    }
+                    // The client's Register is prepared but not yet applied (a new primary
+                    // inherits uncommitted prepares): prepare this one after it.
+                    Lookup::NoSession if self.register_in_flight(client) => {}
+                    // A primary cut off from its backups may be deposed already, and the
+                    // client registered in the newer view: "no session" is only answered by a
+                    // primary a quorum confirmed recently; until then the request waits.
+                    Lookup::NoSession if !self.lease_confirmed() => {
+                        if self.deferred.len() < REQUEST_QUEUE_MAX {
+                            self.deferred.push(request);
+                        } else {
+                            reply(actions, request.token, busy(self.config.pipeline_max));
+                        }
                         return;
                     }
                     Lookup::NoSession => {
@@ -858,18 +896,43 @@ impl Replica {
             self.waiting.entry(key).or_default().push(request.token);
             self.queue.push_back(request);
         } else {
-            reply(
-                actions,
-                request.token,
-                ClientReply::Error {
-                    code: bus::ErrorCode::Busy,
-                    message: format!(
-                        "the metadata pipeline ({} prepares) and its queue ({REQUEST_QUEUE_MAX} \
-                         requests) are full; retry later",
-                        self.config.pipeline_max
-                    ),
-                },
-            );
+            reply(actions, request.token, busy(self.config.pipeline_max));
+        }
+    }
+
+    /// Whether a Register of `client` is prepared or queued and not yet applied.
+    fn register_in_flight(&self, client: u128) -> bool {
+        self.in_flight.contains_key(&(client, 0))
+            || self.queue.iter().any(|queued| {
+                queued.client == client && queued.operation == PrepareOperation::Register
+            })
+    }
+
+    /// Whether a quorum (this primary included) acknowledged it in its view within the last
+    /// `view_change_timeout_ticks / 2` ticks: no backup of that quorum starts a view change
+    /// within `view_change_timeout_ticks` of hearing its primary, so a newer view is unlikely
+    /// to exist (a lease; a backup that adopts a newer view from another's StartViewChange
+    /// shortens it, so this narrows the window of a stale answer rather than closing it).
+    fn lease_confirmed(&self) -> bool {
+        if self.config.replica_count == 1 {
+            return true;
+        }
+        let lease = (self.config.view_change_timeout_ticks / 2).max(1);
+        let fresh = self
+            .acked_at
+            .values()
+            .filter(|&&at| at + lease > self.now)
+            .count();
+        fresh + 1 >= self.quorum
+    }
+
+    /// Answers the requests that waited for a confirmed lease.
+    fn retry_deferred(&mut self, actions: &mut Vec<Action>) {
+        if self.deferred.is_empty() || !self.is_primary() || !self.lease_confirmed() {
+            return;
+        }
+        for request in std::mem::take(&mut self.deferred) {
+            self.accept_request(request, actions);
         }
     }
 
@@ -942,7 +1005,12 @@ impl Replica {
         checksum: u128,
         actions: &mut Vec<Action>,
     ) {
-        if view != self.view || !self.is_primary() || op <= self.commit_max {
+        if view != self.view || !self.is_primary() {
+            return;
+        }
+        self.acked_at.insert(from, self.now);
+        self.retry_deferred(actions);
+        if op <= self.commit_max {
             return;
         }
         if self
@@ -1015,7 +1083,7 @@ impl Replica {
         let op = entry.prepare.op;
         let view = entry.prepare.view;
         // A repair answer: any view, any sender, as long as its checksum is one we wait for.
-        if self.targets.get(&op) == Some(&entry.checksum) {
+        if self.targets.get(&op) == Some(&entry.checksum) || self.anchor_requested(op) {
             self.accept_verified(entry, actions);
             self.after_log_change(actions);
             return;
@@ -1024,18 +1092,28 @@ impl Replica {
             self.ask_for_start_view(from, actions);
             return;
         }
-        if view != self.view || from != self.primary() || self.is_primary() {
+        if from != self.primary() || self.is_primary() {
             return;
         }
         if self.status != Status::Normal {
-            self.ask_for_start_view(from, actions);
+            if view == self.view {
+                self.ask_for_start_view(from, actions);
+            }
+            return;
+        }
+        if view < self.view {
+            // The prepare's own view is older: either this view's primary re-sends an inherited
+            // prepare (to re-collect PrepareOks), or a stale message of an older view whose
+            // primary had the same index. Either way it proves nothing about the current log:
+            // acknowledge it only if the log already holds it verified (or committed).
+            self.ack_held_prepare(&entry, actions);
             return;
         }
         self.reset_primary_deadline();
         self.commit_max = self.commit_max.max(entry.prepare.commit);
         if op <= self.commit_min {
             // Already committed here; the primary may still count it (a new view re-collects).
-            if self.view_durable()
+            if self.can_acknowledge()
                 && self
                     .log
                     .get(&op)
@@ -1049,13 +1127,29 @@ impl Replica {
             let durable = held.durable;
             self.verified_op = self.verified_op.max(op);
             self.prune_targets();
-            if durable && self.view_durable() {
+            if durable && self.can_acknowledge() {
                 self.send_prepare_ok(op, entry.checksum, actions);
             }
         } else {
             self.accept_verified(entry, actions);
         }
         self.after_log_change(actions);
+    }
+
+    /// A backup acknowledges a prepare of an older view the current primary re-sent, if its
+    /// log holds the same prepare durably and verified (or committed).
+    fn ack_held_prepare(&self, entry: &Entry, actions: &mut Vec<Action>) {
+        let op = entry.prepare.op;
+        let held = self.log.get(&op);
+        let acknowledged = if op <= self.commit_min {
+            held.is_none_or(|held| held.checksum == entry.checksum)
+        } else {
+            op <= self.verified_op
+                && held.is_some_and(|held| held.checksum == entry.checksum && held.durable)
+        };
+        if acknowledged && self.can_acknowledge() {
+            self.send_prepare_ok(op, entry.checksum, actions);
+        }
     }
 
     fn on_commit(
@@ -1078,6 +1172,16 @@ impl Replica {
             return;
         }
         self.reset_primary_deadline();
+        // Acknowledge the heartbeat (the primary's lease; below its commit number, it counts
+        // toward nothing else).
+        actions.push(Action::Send {
+            to: from,
+            message: Message::PrepareOk {
+                view,
+                op: commit,
+                checksum: commit_checksum,
+            },
+        });
         self.commit_max = self.commit_max.max(commit);
         if commit > self.commit_min && commit_checksum != 0 {
             if self
@@ -1108,7 +1212,7 @@ impl Replica {
     /// Backup: PrepareOks every durable, verified op above `above` (after a StartView, or once
     /// the superblock holds the view).
     fn send_prepare_oks_above(&self, above: u64, actions: &mut Vec<Action>) {
-        if self.status != Status::Normal || self.is_primary() || !self.view_durable() {
+        if self.status != Status::Normal || self.is_primary() || !self.can_acknowledge() {
             return;
         }
         for (&op, entry) in self
@@ -1130,17 +1234,27 @@ impl Replica {
             return;
         }
         entry.durable = true;
-        if self.status != Status::Normal {
-            return;
-        }
-        if self.primary() == self.config.replica {
-            if op > self.commit_max {
-                self.oks.entry(op).or_default().insert(self.config.replica);
+        if self.status == Status::Normal {
+            if self.primary() == self.config.replica {
+                if op > self.commit_max {
+                    self.oks.entry(op).or_default().insert(self.config.replica);
+                }
                 self.advance_commit(actions);
+            } else if op <= self.verified_op && self.can_acknowledge() {
+                self.send_prepare_ok(op, checksum, actions);
             }
-        } else if op <= self.verified_op && self.view_durable() {
-            self.send_prepare_ok(op, checksum, actions);
         }
+        self.after_log_change(actions);
+    }
+
+    /// Whether every prepare in `(commit_min, op]` is durable in the journal (the newest are
+    /// the likeliest not to be, so the scan runs downward and stops at the first).
+    fn durable_through(&self, op: u64) -> bool {
+        self.log
+            .range(self.commit_min + 1..)
+            .rev()
+            .filter(|(held, _)| **held <= op)
+            .all(|(_, entry)| entry.durable)
     }
 
     fn on_journal_failed(&mut self, op: u64, retryable: bool, actions: &mut Vec<Action>) {
@@ -1194,6 +1308,7 @@ impl Replica {
     /// After the log or the commit number changed: apply what is now committed and verified.
     fn after_log_change(&mut self, actions: &mut Vec<Action>) {
         self.install_pending(actions);
+        self.check_view_installed(actions);
         self.apply_committed(actions);
         if self.install.is_some() {
             self.check_install(actions);
@@ -1202,7 +1317,8 @@ impl Replica {
 
     // ---- Apply (section 4.1 step 5, 4.2 step 4) ----
 
-    /// Applies every op in `(commit_min, min(commit_max, verified_op, op)]`, in order.
+    /// Applies every op in `(commit_min, min(commit_max, verified_op, op)]`, in order, up to the
+    /// first whose journal write is not yet durable.
     fn apply_committed(&mut self, actions: &mut Vec<Action>) {
         let bound = self.commit_max.min(self.verified_op).min(self.op);
         while self.commit_min < bound {
@@ -1211,6 +1327,12 @@ impl Replica {
                 tracing::error!(op, "committed op not held in memory; cannot apply");
                 return;
             };
+            // Apply only what the journal holds durably: the superblock's commit_max (written
+            // from commit_min) promises a restart finds these very prepares in the journal,
+            // not an older one a lost truncate-and-rewrite would leave there.
+            if !entry.durable {
+                return;
+            }
             let body = entry.prepare.body.clone();
             self.commit_min = op;
             self.apply_one(op, &body, actions);
@@ -1330,9 +1452,13 @@ impl Replica {
                 reply(actions, token, answer.clone());
             }
         }
+        for request in std::mem::take(&mut self.deferred) {
+            reply(actions, request.token, answer.clone());
+        }
         self.queue.clear();
         self.in_flight.clear();
         self.oks.clear();
+        self.acked_at.clear();
     }
 }
 
@@ -1341,6 +1467,16 @@ fn request_key(request: &ClientRequest) -> (u128, u64) {
     match request.operation {
         PrepareOperation::Register => (request.client, 0),
         PrepareOperation::Metadata(_) => (request.client, request.request),
+    }
+}
+
+fn busy(pipeline_max: usize) -> ClientReply {
+    ClientReply::Error {
+        code: bus::ErrorCode::Busy,
+        message: format!(
+            "the metadata pipeline ({pipeline_max} prepares) and its queue ({REQUEST_QUEUE_MAX} \
+             requests) are full; retry later"
+        ),
     }
 }
 
