@@ -80,17 +80,27 @@ impl BootError {
 impl From<JournalError> for BootError {
     fn from(error: JournalError) -> BootError {
         match error {
-            JournalError::Io { path, op, source } => BootError::Io {
+            JournalError::Io {
+                path, op, source, ..
+            }
+            | JournalError::StorageFull {
+                path, op, source, ..
+            } => BootError::Io {
                 path,
                 step: op,
                 source,
             },
-            JournalError::Corrupt { ref path, .. } => {
+            JournalError::Corrupt { ref path, .. }
+            | JournalError::Poisoned { ref path, .. }
+            | JournalError::DamagedTail { ref path, .. } => {
                 BootError::refuse(&path.clone(), error.to_string())
             }
-            other => BootError::Refuse {
+            // Boot neither appends nor truncates nor configures: not reached, but typed.
+            JournalError::BodyTooLarge { .. }
+            | JournalError::InvalidConfig(_)
+            | JournalError::TruncateBelowReleased { .. } => BootError::Refuse {
                 path: PathBuf::new(),
-                rule: other.to_string(),
+                rule: error.to_string(),
             },
         }
     }

@@ -14,61 +14,18 @@
 //! invalidate the previous checkpoint, and never take its locks out of order.
 
 pub mod boot;
+mod checkpoint;
 pub mod failpoint;
 pub mod replay;
+
+pub use checkpoint::{CheckpointDone, CheckpointError};
 
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
 
 use futures_util::lock::Mutex;
-use storage::durable::ReplaceStep;
-use storage::journal::{Journal, JournalError};
-use storage::superblock::{Superblock, SuperblockState};
-
-use crate::metadata::MetadataState;
-use crate::vsr::snapshot;
-
-/// Why a checkpoint stopped; the previous checkpoint stays valid in every case.
-#[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
-    #[error("snapshot write failed: {0}")]
-    Snapshot(#[from] storage::snapshot::SnapshotError),
-    #[error("superblock write failed: {0}")]
-    Superblock(#[from] storage::SuperblockError),
-    #[error("journal release failed: {0}")]
-    Journal(#[from] JournalError),
-    #[error("snapshot encoding task failed")]
-    Encode,
-}
-
-impl CheckpointError {
-    /// The file whose write or creation was refused for lack of a resource: space, quota or file
-    /// size (`ENOSPC`, `EDQUOT`, `EFBIG`: `storage::space::is_storage_full`) or file descriptors
-    /// (`EMFILE`, `ENFILE`: `storage::space::is_descriptors_exhausted`); `None` for any other
-    /// failure. Such a checkpoint changed nothing durable: the previous checkpoint stays valid and
-    /// the journal keeps every op above it, so the caller may warn and carry on.
-    pub fn resource_refused(&self) -> Option<&std::path::Path> {
-        let (CheckpointError::Snapshot(storage::snapshot::SnapshotError::Io {
-            path, source, ..
-        })
-        | CheckpointError::Superblock(storage::SuperblockError::Io { path, source, .. })) = self
-        else {
-            return None;
-        };
-        (storage::space::is_storage_full(source)
-            || storage::space::is_descriptors_exhausted(source))
-        .then_some(path.as_path())
-    }
-}
-
-/// What one completed checkpoint did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CheckpointDone {
-    pub checkpoint_op: u64,
-    pub snapshot_checksum: u64,
-    pub snapshot_size_bytes: u64,
-    pub released_segment_count: usize,
-}
+use storage::journal::Journal;
+use storage::superblock::Superblock;
 
 /// Shard 0's durable metadata state: journal, superblock, checkpoint (the state itself, metadata
 /// and client table, is the consensus core's).
@@ -134,32 +91,6 @@ impl ReplicaStore {
         &self.superblock_lock
     }
 
-    /// Runs one checkpoint of `metadata` and `client_table`, the state after `op` (the core's
-    /// `Checkpoint` action carries them), with the steps of [`ReplicaStore::checkpoint`]. Does
-    /// nothing (`Ok(None)`) if a checkpoint at or above `op` is already recorded.
-    ///
-    /// # Errors
-    /// The step that failed; earlier steps stay done and the previous pairing stays valid (a
-    /// snapshot written without its superblock write is accepted at boot as newer).
-    ///
-    /// # Cancel safety
-    /// Not cancel safe: a dropped checkpoint may leave the superblock or journal handle poisoned
-    /// (later checkpoints then fail until restart); the files stay a valid checkpoint.
-    pub async fn checkpoint_state(
-        &self,
-        op: u64,
-        metadata: std::sync::Arc<MetadataState>,
-        client_table: crate::vsr::client_table::ClientTableSnapshot,
-    ) -> Result<Option<CheckpointDone>, CheckpointError> {
-        let _checkpoint_guard = self.checkpoint_lock.lock().await;
-        if op <= self.checkpoint_op.get() {
-            return Ok(None);
-        }
-        self.checkpoint_at(op, metadata, client_table)
-            .await
-            .map(Some)
-    }
-
     /// The highest op applied to the state machine and client table.
     pub fn commit_min(&self) -> u64 {
         self.commit_min.get()
@@ -173,97 +104,6 @@ impl ReplicaStore {
     /// The snapshot file's path.
     pub fn snapshot_path(&self) -> PathBuf {
         snapshot_path(&self.data_dir)
-    }
-
-    /// The steps of a checkpoint of `metadata` and `client_table` at `checkpoint_op`, under
-    /// `checkpoint_lock`: (1) the snapshot, by durable replace through io_uring, its JSON encoded
-    /// off the reactor; (2) the superblock pairing; (3) the journal released below the
-    /// checkpoint. Each step only after the previous succeeded.
-    async fn checkpoint_at(
-        &self,
-        checkpoint_op: u64,
-        metadata: std::sync::Arc<MetadataState>,
-        client_table: crate::vsr::client_table::ClientTableSnapshot,
-    ) -> Result<CheckpointDone, CheckpointError> {
-        let started = std::time::Instant::now();
-        let bytes = compio::runtime::spawn_blocking(move || {
-            snapshot::encode_payload(checkpoint_op, &metadata, &client_table)
-        })
-        .await
-        .map_err(|_| CheckpointError::Encode)?;
-        let snapshot_size_bytes = bytes.len() as u64;
-        tracing::info!(checkpoint_op, snapshot_size_bytes, "checkpoint started");
-        let snapshot_checksum = storage::snapshot::write_snapshot(
-            &self.snapshot_path(),
-            checkpoint_op,
-            bytes,
-            &mut |step| {
-                failpoint::hit(match step {
-                    ReplaceStep::TmpWritten => "checkpoint.after_tmp_write",
-                    ReplaceStep::TmpSynced => "checkpoint.after_tmp_fsync",
-                    ReplaceStep::Renamed => "checkpoint.after_rename",
-                    ReplaceStep::DirSynced => "checkpoint.after_dir_fsync",
-                });
-            },
-        )
-        .await?;
-        {
-            let mut superblock = self.superblock_lock.lock().await;
-            let old = *superblock.state();
-            let new = SuperblockState {
-                commit_max: old.commit_max.max(checkpoint_op),
-                checkpoint_op,
-                snapshot_checksum,
-                ..old
-            };
-            superblock
-                .write_observed(new, &mut |copy_index| {
-                    failpoint::hit(match copy_index {
-                        0 => "checkpoint.after_superblock_copy_0",
-                        1 => "checkpoint.after_superblock_copy_1",
-                        2 => "checkpoint.after_superblock_copy_2",
-                        _ => "checkpoint.after_superblock_copy_3",
-                    });
-                })
-                .await?;
-        }
-        self.checkpoint_op.set(checkpoint_op);
-        let released = self
-            .journal
-            .lock()
-            .await
-            .release_below(checkpoint_op + 1)
-            .await;
-        let released_segment_count = match released {
-            Ok(count) => count,
-            // An append was interrupted (a metadata commit cancelled at shutdown) or failed
-            // earlier: the new checkpoint is durable and valid; the journal merely keeps
-            // segments that boot skips. Not a checkpoint failure.
-            Err(JournalError::Poisoned { path, op, reason }) => {
-                tracing::warn!(
-                    path = %path.display(), op, %reason, checkpoint_op,
-                    "checkpoint recorded, journal not released: an earlier journal write did not \
-                     complete; the next boot replays only above the checkpoint"
-                );
-                0
-            }
-            Err(error) => return Err(error.into()),
-        };
-        failpoint::hit("checkpoint.after_wal_release");
-        tracing::info!(
-            checkpoint_op,
-            snapshot_checksum = format_args!("{snapshot_checksum:#018x}"),
-            snapshot_size_bytes,
-            released_segment_count,
-            duration_ms = started.elapsed().as_millis() as u64,
-            "checkpoint done"
-        );
-        Ok(CheckpointDone {
-            checkpoint_op,
-            snapshot_checksum,
-            snapshot_size_bytes,
-            released_segment_count,
-        })
     }
 }
 

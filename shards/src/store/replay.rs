@@ -99,26 +99,32 @@ pub fn apply_prepare(
 ///
 /// # Errors
 /// As [`recover`]; and [`BootError::Refuse`] when a journaled prepare does not apply (named by
-/// file, byte and op), or when the directory is configured as a replica of a cluster (this
-/// commit path runs a single replica; the replicated driver boots through [`recover`]).
+/// file, byte and op), or when `config` names a cluster (`--addresses`: this commit path runs a
+/// single replica; the replicated driver boots through [`recover`]), checked before anything is
+/// formatted.
 ///
 /// # Cancel safety
 /// Not cancel safe; runs once at boot.
 pub async fn open(config: &ServerConfig) -> Result<(ReplicaStore, MetadataState), BootError> {
     let data_dir = config.data_dir.as_path();
-    let boot = recover(config).await?;
-    if config.replica_count() != 1 || boot.outcome != RecoveryOutcome::Clean {
+    if config.replica_count() != 1 {
         return Err(BootError::Refuse {
             path: data_dir.to_path_buf(),
             rule: format!(
-                "{}: replica count {} ({:?}), but the single-replica commit path cannot serve a \
-                 replica of a cluster",
+                "{}: --addresses names {} replicas, but the single-replica commit path cannot \
+                 serve a replica of a cluster",
                 data_dir.display(),
-                config.replica_count(),
-                boot.outcome
+                config.replica_count()
             ),
         });
     }
+    let boot = recover(config).await?;
+    // A single replica refuses what a cluster would repair or transfer: recover never reports it.
+    assert_eq!(
+        boot.outcome,
+        RecoveryOutcome::Clean,
+        "a single replica's boot is clean or refused"
+    );
     let mut recovered = boot.recovered;
     let journal_path = boot.journal.dir().to_path_buf();
     for (prepare, &(segment_first_op, position)) in
