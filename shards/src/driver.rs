@@ -578,26 +578,50 @@ async fn journal_writer(
     prepares: AsyncRx<Array<Prepare>>,
     completions: MAsyncTx<Array<Completion>>,
 ) {
+    // A refused write is retried by the core on every tick: log the first refusal and the
+    // recovery, not each attempt.
+    let mut refusing = false;
     while let Ok(first) = prepares.recv().await {
         let mut batch = vec![first];
         while let Ok(next) = prepares.try_recv() {
             batch.push(next);
         }
         let result = store.journal().lock().await.append_batch(&batch).await;
+        let retryable = match &result {
+            Ok(()) => {
+                if refusing {
+                    tracing::info!(op = batch[0].op, "metadata journal writes succeed again");
+                    refusing = false;
+                }
+                false
+            }
+            // The whole batch shares one outcome: a refused write rolled every record back;
+            // any other failure poisoned the journal.
+            Err(error @ JournalError::StorageFull { .. }) => {
+                if !refusing {
+                    tracing::warn!(
+                        op = batch[0].op, %error,
+                        "metadata journal write refused for lack of space; retried until space \
+                         is freed (logged again once it succeeds)"
+                    );
+                    refusing = true;
+                }
+                true
+            }
+            Err(error) => {
+                tracing::error!(op = batch[0].op, %error, "metadata journal write failed");
+                false
+            }
+        };
         for prepare in &batch {
             let op = prepare.op;
-            let completion = match &result {
-                Ok(()) => Completion::JournalWritten {
+            let completion = if result.is_ok() {
+                Completion::JournalWritten {
                     op,
                     checksum: JournalHeader::for_prepare(prepare).checksum,
-                },
-                Err(error) => {
-                    // The whole batch shares one outcome: a refused write rolled every record
-                    // back; any other failure poisoned the journal.
-                    let retryable = matches!(error, JournalError::StorageFull { .. });
-                    tracing::error!(op, %error, retryable, "metadata journal write failed");
-                    Completion::JournalFailed { op, retryable }
                 }
+            } else {
+                Completion::JournalFailed { op, retryable }
             };
             let _ = completions.send(completion).await;
         }
