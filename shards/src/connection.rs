@@ -299,6 +299,11 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
             };
             shard.call(ShardId(0), request).await
         }
+        Operation::SendMessages | Operation::PollMessages
+            if let Err(reply) = shard.check_serves_data() =>
+        {
+            reply
+        }
         Operation::SendMessages => {
             if !shard.partition_exists(namespace) {
                 shard.missing_partition(namespace)
@@ -386,6 +391,11 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
             (bytemuck::bytes_of(&reply).to_vec(), cached.body)
         }
         ShardReply::Evicted { reason } => (bus::reply::eviction(header, &reason), Vec::new()),
+        ShardReply::NotPrimary {
+            view,
+            primary,
+            address,
+        } => not_primary_reply(header, view, primary, &address),
         ShardReply::Error { code, message } => error_reply(header, code, &message),
         ShardReply::PartitionError {
             code,
@@ -401,7 +411,9 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
             ),
             Vec::new(),
         ),
-        ShardReply::Offsets(_) => error_reply(header, ErrorCode::Internal, "unexpected reply"),
+        ShardReply::Offsets(_) | ShardReply::Status(_) => {
+            error_reply(header, ErrorCode::Internal, "unexpected reply")
+        }
     }
 }
 
@@ -427,9 +439,36 @@ async fn get_metadata(shard: &Rc<Shard>, header: &bus::Header) -> EncodedReply {
             _ => return error_reply(header, ErrorCode::Internal, "unexpected reply"),
         }
     }
-    let metadata = shard.metadata_wire(|namespace| offsets.get(&namespace).copied().unwrap_or(0));
+    let status = match shard.call(ShardId(0), ShardRequest::ReplicaStatus).await {
+        ShardReply::Status(status) => status,
+        ShardReply::Error { code, message } => return error_reply(header, code, &message),
+        _ => return error_reply(header, ErrorCode::Internal, "unexpected reply"),
+    };
+    let metadata = shard.metadata_wire(&status, |namespace| {
+        offsets.get(&namespace).copied().unwrap_or(0)
+    });
     let body = serde_json::to_vec(&metadata).expect("metadata serializes: plain data");
     encode_ok(header, body, 0, 0)
+}
+
+/// The `NotPrimary` reply (bus `ErrorCode::NotPrimary`): header `view` is this replica's view,
+/// `replica` the primary's index (this replica's view's `view % replica_count`; 0 with
+/// `primary = None`), body the primary's client address as UTF-8, empty when unknown or during
+/// a view change. Nothing was applied.
+fn not_primary_reply(
+    request: &bus::Header,
+    view: u32,
+    primary: Option<u8>,
+    address: &str,
+) -> EncodedReply {
+    let mut header = bus::reply::reply_header(request);
+    header.error_code = ErrorCode::NotPrimary as u32;
+    header.view = view;
+    header.replica = primary.unwrap_or(0);
+    (
+        bus::encode_frame(&mut header, address.as_bytes()),
+        Vec::new(),
+    )
 }
 
 /// A successful send or poll reply: `encode_ok` plus where the partition's data is.

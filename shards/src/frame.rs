@@ -21,6 +21,8 @@ pub enum ShardFrame {
     Reply { request_id: u64, reply: ShardReply },
     /// Shard 0 -> every other shard: apply this committed op, in op order.
     MetadataApply { op_number: u64, op: MetadataOp },
+    /// Shard 0 -> every other shard: the replica's view, primary and status changed.
+    Status(crate::shard::ReplicaStatus),
     /// Every other shard -> shard 0, on the reply lane: the op is applied here (`failures`: its
     /// partitions that could not be opened; each is retried on its next send or poll).
     MetadataApplied {
@@ -51,6 +53,8 @@ pub enum ShardRequest {
     },
     /// Next offsets of every partition this shard owns (for GetMetadata).
     PartitionOffsets,
+    /// Shard 0's current replica status: view, primary, commit (for GetMetadata).
+    ReplicaStatus,
     /// Refuse a request about the owned partition `namespace` that the receiving shard already
     /// judged (e.g. an invalid batch): the owner answers `PartitionError` with `code` and
     /// `message` and the partition's ends, so the refusal carries them like every send reply.
@@ -95,11 +99,19 @@ pub enum ShardReply {
     },
     /// A duplicate of a committed request: its reply as first sent.
     Cached(CachedReply),
+    /// This replica is not the primary (issue 8 section 2): the reply header carries `view` and
+    /// the primary's index, the body the primary's client address (empty when unknown).
+    NotPrimary {
+        view: u32,
+        primary: Option<u8>,
+        address: String,
+    },
     /// The client has no session (never registered, or evicted): answer with an Eviction.
     Evicted {
         reason: String,
     },
     Offsets(Vec<(Namespace, u64)>),
+    Status(crate::shard::ReplicaStatus),
     Error {
         code: ErrorCode,
         message: String,

@@ -7,11 +7,13 @@
 pub mod accept;
 pub mod config;
 pub mod connection;
+pub mod driver;
 pub mod frame;
 pub mod limits;
 pub mod metadata;
 pub mod namespace;
 pub mod producers;
+pub mod replica_bus;
 pub mod resources;
 pub mod server;
 pub mod shard;

@@ -207,6 +207,9 @@ impl RunningServer {
             idle_poll: config.idle_poll,
             shutdown_deadline: runtime::launcher::SHUTDOWN_DEADLINE,
         };
+        // The address clients reach (a `NotPrimary` reply names it): the port picked for port 0.
+        let mut config = config;
+        config.listen = local_addr;
         let config = Arc::new(config);
         let drain = Arc::new(DrainState::new(shard_count));
         let (report_tx, report_rx) = std_mpsc::channel::<StartupReport>();
@@ -332,10 +335,21 @@ async fn run_shard(
     };
     let (shard_id, shard_count) = (ctx.shard_id, ctx.shard_count);
     let (endpoint, mut pump, ready_barrier) = ctx.into_parts();
-    let (metadata, replica) = if shard_id == ShardId(0) {
-        let (replica, metadata) = crate::store::replay::open(&config)
+    let (metadata, replica, opened_core) = if shard_id == ShardId(0) {
+        let boot = crate::store::boot::recover(&config)
             .await
             .map_err(|error| error.to_string())?;
+        log_recovery_outcome(&boot.outcome);
+        let replica = crate::store::ReplicaStore::for_driver(
+            &config,
+            boot.journal,
+            boot.superblock,
+            boot.recovered.checkpoint_op,
+        );
+        // The core applies the journaled ops above the checkpoint when it opens; every shard
+        // starts from that state (as before issue 8, when boot replayed the journal).
+        let opened = crate::driver::open_core(&config, boot.recovered).await?;
+        let metadata = MetadataState::clone(opened.core.metadata());
         // Before any partition opens: past the budget, opening them would end in EMFILE.
         if let Some(refusal) = budget.partitions_refusal(metadata.namespaces().len() as u64) {
             return Err(format!(
@@ -351,14 +365,14 @@ async fn run_shard(
                 )
                 .map_err(|e| format!("bootstrap of shard {target}: {e}"))?;
         }
-        (metadata, Some(replica))
+        (metadata, Some(replica), Some(opened))
     } else {
         // None: stopped before shard 0 sent the metadata (it failed, or a signal came). Not this
         // shard's failure: returning Ok lets the shard that failed name the cause.
         let Some(metadata) = wait_for_bootstrap(&mut pump).await? else {
             return Ok(());
         };
-        (metadata, None)
+        (metadata, None, None)
     };
     tracing::debug!(
         shard = shard_id.0,
@@ -382,8 +396,21 @@ async fn run_shard(
     }
     let listener =
         bind_listener(listen_addr).map_err(|e| format!("listen on {listen_addr}: {e}"))?;
-    let metadata_task =
-        (shard_id == ShardId(0)).then(|| compio::runtime::spawn(Rc::clone(&shard).metadata_task()));
+    let metadata_task = match opened_core {
+        Some(opened) => {
+            log_cluster(&config, opened.core.view(), listen_addr);
+            let store = Rc::clone(shard.replica());
+            let driver = crate::driver::Driver::start(
+                Rc::clone(&shard),
+                store,
+                opened,
+                listen_addr.to_string(),
+            )
+            .await?;
+            Some(compio::runtime::spawn(driver.run()))
+        }
+        None => None,
+    };
     let connections = Rc::new(Connections::default());
     let accept_task = compio::runtime::spawn(accept_loop(
         Rc::clone(&shard),
@@ -437,7 +464,10 @@ async fn run_shard(
     drop(metadata_task);
     connections.cancel_all();
     let mut close_failed = false;
-    if shard_id == ShardId(0) {
+    let fail_stop = shard.fail_stop_reason();
+    if let Some(reason) = &fail_stop {
+        tracing::error!(%reason, "no final checkpoint after a fail-stop; the next boot recovers from the journal");
+    } else if shard_id == ShardId(0) {
         // The final checkpoint: the next boot starts from this snapshot and replays nothing. A
         // failure loses nothing (the journal holds every committed op) but is reported; one
         // refused for lack of space or descriptors (a full disk, or the open-file limit, at
@@ -455,6 +485,9 @@ async fn run_shard(
             close_failed = true;
         }
     }
+    if let Some(reason) = fail_stop {
+        return Err(format!("stopped: {reason}"));
+    }
     if close_failed {
         return Err(
             "a partition log failed its final fsync or the final checkpoint failed; see the log above"
@@ -463,6 +496,52 @@ async fn run_shard(
     }
     tracing::info!(shard = shard_id.0, "stopped");
     Ok(())
+}
+
+/// Logs what boot found that needs the peers (one line; the core repairs or keeps asking).
+fn log_recovery_outcome(outcome: &crate::store::boot::RecoveryOutcome) {
+    use crate::store::boot::RecoveryOutcome;
+    match outcome {
+        RecoveryOutcome::Clean => {}
+        RecoveryOutcome::RepairFromPeers {
+            path,
+            position,
+            damaged_op,
+            highest_op,
+        } => tracing::warn!(
+            path = %path.display(), position, damaged_op, highest_op,
+            "journal damaged above the checkpoint; the ops from damaged_op on are repaired from \
+             the peers"
+        ),
+        RecoveryOutcome::NeedsStateTransfer {
+            checkpoint_op,
+            journal_first_op,
+        } => tracing::warn!(
+            checkpoint_op,
+            journal_first_op,
+            "the journal starts above the checkpoint; the missing ops are asked from the peers \
+             (if they released them too, this replica needs state transfer, not in this version)"
+        ),
+    }
+}
+
+/// The startup line of a replica: cluster, replica index, replica count, view, peer addresses.
+fn log_cluster(config: &ServerConfig, view: u32, client_address: SocketAddr) {
+    let peers: Vec<String> = config
+        .addresses
+        .iter()
+        .enumerate()
+        .map(|(index, address)| format!("{index}={address}"))
+        .collect();
+    tracing::info!(
+        cluster = format_args!("{:#x}", config.cluster),
+        replica = config.replica,
+        replica_count = config.replica_count(),
+        view,
+        %client_address,
+        addresses = %peers.join(","),
+        "replica starting"
+    );
 }
 
 /// Handles one pump event other than `Stop`, while serving and while draining.

@@ -27,11 +27,11 @@ use crate::resources::ResourceBudget;
 use crate::shard_for;
 use crate::store::ReplicaStore;
 use crate::unopened::{Begin, OpenFailure, UnopenedPartitions};
-use crate::vsr::client_table::Lookup;
-use crate::vsr::prepare::{PrepareBody, PrepareOperation};
+use crate::vsr::prepare::PrepareOperation;
+use crate::vsr::replica::Replica;
 
 /// One metadata request waiting on shard 0: (client, request number, operation, reply).
-type MetadataQueueItem = (u128, u64, PrepareOperation, TxOneshot<ShardReply>);
+pub type MetadataQueueItem = (u128, u64, PrepareOperation, TxOneshot<ShardReply>);
 type MetadataQueue = (
     crossfire::MAsyncTx<crossfire::mpsc::Array<MetadataQueueItem>>,
     crossfire::AsyncRx<crossfire::mpsc::Array<MetadataQueueItem>>,
@@ -44,6 +44,46 @@ struct MetadataAck {
     /// Partitions the other shards could not open, with why.
     failures: Vec<OpenFailure>,
     done: TxOneshot<Vec<OpenFailure>>,
+}
+
+/// The replica's place in the cluster as shard 0's driver last published it: every shard checks
+/// it in the send and poll path (a backup answers `NotPrimary`) and GetMetadata reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaStatus {
+    pub view: u32,
+    /// This replica's index.
+    pub replica: u8,
+    /// The primary of `view`; `None` while a view change is under way.
+    pub primary: Option<u8>,
+    /// This replica is the primary of its view, status normal: it serves sends and polls.
+    pub is_primary: bool,
+    /// The highest op applied (the commit number reported by GetMetadata).
+    pub commit: u64,
+    /// The primary's client address (empty when not known yet).
+    pub primary_address: String,
+    /// Counts shard 0's broadcasts (set by `Shard::set_status`): a shard keeps the newest.
+    pub generation: u64,
+}
+
+impl ReplicaStatus {
+    /// Before the driver publishes: a single replica is its own primary; a cluster replica
+    /// serves nothing until its core says it is the primary.
+    fn initial(config: &ServerConfig, client_address: std::net::SocketAddr) -> ReplicaStatus {
+        let single = config.replica_count() == 1;
+        ReplicaStatus {
+            view: 0,
+            replica: config.replica,
+            primary: single.then_some(0),
+            is_primary: single,
+            commit: 0,
+            primary_address: if single {
+                client_address.to_string()
+            } else {
+                String::new()
+            },
+            generation: 0,
+        }
+    }
 }
 
 /// Per-shard state, shared by the tasks of this shard through `Rc`.
@@ -67,8 +107,17 @@ pub struct Shard {
     /// Shard 0 only: metadata requests in arrival order, served one at a time.
     metadata_queue: Option<MetadataQueue>,
     metadata_ack: RefCell<Option<MetadataAck>>,
-    /// Shard 0 only: the journal, superblock, checkpoint and client table.
+    /// Shard 0 only: the journal, superblock and checkpoint.
     replica: Option<Rc<ReplicaStore>>,
+    /// Shard 0 only, once the driver started: the consensus core (its state is what the final
+    /// checkpoint writes).
+    core: RefCell<Option<Rc<RefCell<Replica>>>>,
+    /// The view, primary and commit as shard 0 last published them.
+    status: RefCell<ReplicaStatus>,
+    /// Shard 0: set when the driver stopped the server because durable state cannot be written.
+    fail_stop: RefCell<Option<String>>,
+    /// This replica's client listen address (`config.listen`, with the port the server bound).
+    client_address: std::net::SocketAddr,
     budget: ResourceBudget,
     connection_count: Cell<u64>,
     receive_budget: ReceiveBudget,
@@ -275,43 +324,6 @@ fn file_size_limit_note(source: &std::io::Error) -> Option<String> {
     ))
 }
 
-/// The reply to a metadata request whose prepare could not be made durable: `StorageFull`
-/// naming the journal when the write was refused for lack of space (rolled back; later changes
-/// succeed once space is freed), else `StorageFailure` (the journal is poisoned until restart).
-fn journal_failure(error: &storage::JournalError) -> ShardReply {
-    if let storage::JournalError::StorageFull {
-        path, op, source, ..
-    } = error
-        && let Some(note) = file_size_limit_note(source)
-    {
-        tracing::warn!(%error, "metadata journal write past the file-size limit; the change is not applied");
-        return ShardReply::error(
-            ErrorCode::StorageFull,
-            format!(
-                "metadata journal cannot grow, the change is not applied: {}: {op} failed: \
-                 {source}: {note}",
-                path.display()
-            ),
-        );
-    }
-    if let storage::JournalError::StorageFull { .. } = error {
-        tracing::warn!(%error, "metadata journal full; the change is not applied");
-        return ShardReply::error(
-            ErrorCode::StorageFull,
-            format!("metadata journal full, the change is not applied: {error}"),
-        );
-    }
-    tracing::error!(
-        %error,
-        "metadata journal append failed; the change is not acknowledged, and every later change \
-         fails until the server restarts (boot keeps the record only if it is complete)"
-    );
-    ShardReply::error(
-        ErrorCode::StorageFailure,
-        format!("metadata not persisted: {error}"),
-    )
-}
-
 /// The reply to a send whose append failed: `StorageFull` naming the partition when the write
 /// was refused for lack of space, `ResourceExhausted` naming it and the open-file limit when an
 /// open was refused for lack of file descriptors (both rolled back; later sends succeed once
@@ -378,11 +390,13 @@ impl Shard {
         replica: Option<ReplicaStore>,
         budget: ResourceBudget,
     ) -> Shard {
+        let client_address = config.listen;
         assert_eq!(
             replica.is_some(),
             id == ShardId(0),
             "exactly shard 0 holds the replica"
         );
+        let status = ReplicaStatus::initial(&config, client_address);
         let metadata_queue = (id == ShardId(0))
             .then(|| crossfire::mpsc::bounded_async::<MetadataQueueItem>(METADATA_QUEUE_MAX));
         Shard {
@@ -399,6 +413,10 @@ impl Shard {
             metadata_queue,
             metadata_ack: RefCell::new(None),
             replica: replica.map(Rc::new),
+            core: RefCell::new(None),
+            status: RefCell::new(status),
+            fail_stop: RefCell::new(None),
+            client_address,
             budget,
             connection_count: Cell::new(0),
             receive_budget: ReceiveBudget::new(RECEIVE_BYTES_MAX_PER_SHARD),
@@ -711,6 +729,7 @@ impl Shard {
                     None => reply,
                 }
             }
+            ShardRequest::ReplicaStatus => ShardReply::Status(self.status()),
             ShardRequest::PartitionOffsets => ShardReply::Offsets(
                 self.partitions
                     .borrow()
@@ -901,237 +920,154 @@ impl Shard {
         tracing::debug!(shard = self.id.0, %namespace, batch_count = batches.len(), "producer table restored");
     }
 
-    /// Shard 0: serves metadata requests one at a time, in arrival order. Runs until the queue
-    /// closes (never, while the shard lives: the task is cancelled at shutdown).
-    pub async fn metadata_task(self: Rc<Self>) {
-        let Some((_, queue_rx)) = &self.metadata_queue else {
-            return;
-        };
-        while let Ok((client, request, operation, reply_tx)) = queue_rx.recv().await {
-            let reply = match operation {
-                PrepareOperation::Register => self.commit_register(client).await,
-                PrepareOperation::Metadata(op) => self.commit_metadata(client, request, op).await,
-            };
-            reply_tx.send(reply);
-        }
+    /// Shard 0: the metadata requests in arrival order, for the driver (`crate::driver`).
+    ///
+    /// # Panics
+    /// On a shard other than 0.
+    pub fn metadata_requests(
+        &self,
+    ) -> &crossfire::AsyncRx<crossfire::mpsc::Array<MetadataQueueItem>> {
+        &self
+            .metadata_queue
+            .as_ref()
+            .expect("the metadata queue lives on shard 0")
+            .1
     }
 
-    /// Shard 0: the replica (present on shard 0 only).
-    fn replica(&self) -> &Rc<ReplicaStore> {
+    /// Shard 0: the replica store (present on shard 0 only).
+    ///
+    /// # Panics
+    /// On a shard other than 0.
+    pub fn replica(&self) -> &Rc<ReplicaStore> {
         self.replica
             .as_ref()
             .expect("metadata commits run on shard 0, which holds the replica")
     }
 
-    /// Shard 0: commits a Register of `client` through the journal (DESIGN section 7) and
-    /// answers with the session number; a full client table evicts its least recently committed
-    /// session first.
-    async fn commit_register(self: &Rc<Self>, client: u128) -> ShardReply {
-        if client == 0 {
-            return ShardReply::error(ErrorCode::InvalidArgument, "client id 0 is reserved");
-        }
-        let replica = Rc::clone(self.replica());
-        let existing = replica
-            .client_table
-            .borrow()
-            .session(client)
-            .map(|s| s.session);
-        if let Some(session) = existing {
-            // A repeated Register (a retry whose reply was lost, or a restarted process with the
-            // same id) keeps the session: replacing it would forget the committed request
-            // numbers and let a resent request apply twice.
-            tracing::debug!(
-                client = format_args!("{client:#034x}"),
-                session,
-                "client already registered"
-            );
-            return ShardReply::Registered { session };
-        }
-        let body = PrepareBody::new(client, 0, PrepareOperation::Register, wall_clock_us(), 0);
-        let op = match replica.append(&body).await {
-            Ok(op) => op,
-            Err(e) => return journal_failure(&e),
-        };
-        // Register touches only the client table (boot replays it through `apply_prepare`).
-        let evicted = replica.client_table.borrow_mut().register(client, op);
-        if let Some(evicted) = evicted {
-            tracing::info!(
-                client = format_args!("{evicted:#034x}"),
-                clients_table_max = self.config.clients_table_max,
-                "client session evicted: the client table is full; the client is told on its \
-                 next request"
-            );
-        }
-        tracing::debug!(
-            client = format_args!("{client:#034x}"),
-            session = op,
-            "client registered"
-        );
-        self.committed(op);
-        ShardReply::Registered { session: op }
+    /// Shard 0: the driver's core, so the final checkpoint takes its state.
+    pub fn attach_core(&self, core: Rc<RefCell<Replica>>) {
+        *self.core.borrow_mut() = Some(core);
     }
 
-    /// Records `op` as committed and starts a checkpoint when one is due.
-    fn committed(self: &Rc<Self>, op: u64) {
-        if self.replica().committed(op) {
-            let shard = Rc::clone(self);
-            compio::runtime::spawn(async move {
-                // A failure is logged inside and retried by the next due checkpoint.
-                let _ = shard.checkpoint().await;
-            })
-            .detach();
-        }
+    /// Why `partition_count` partitions would not fit this replica's open-file budget.
+    pub fn partitions_refusal(&self, partition_count: u64) -> Option<String> {
+        self.budget.partitions_refusal(partition_count)
     }
 
-    /// Shard 0: runs one checkpoint now (logged; a failure leaves the previous one valid). A
-    /// checkpoint refused for lack of space or file descriptors is logged as a warning: the
-    /// journal keeps every op.
-    ///
-    /// # Errors
-    /// The failed step, already logged; `CheckpointError::resource_refused` tells a refusal for
-    /// lack of a resource from other failures.
-    pub async fn checkpoint(&self) -> Result<(), crate::store::CheckpointError> {
-        let replica = self.replica();
-        let Err(error) = replica.checkpoint(&self.metadata).await else {
-            return Ok(());
-        };
-        if let Some(path) = error.resource_refused() {
-            tracing::warn!(
-                %error, path = %path.display(), checkpoint_op = replica.checkpoint_op(),
-                "checkpoint refused for lack of space or file descriptors; the previous checkpoint \
-                 stays valid and the journal keeps every op above it (boot replays them)"
-            );
+    /// This replica's client address (what `NotPrimary` names when it is the primary).
+    pub fn client_address(&self) -> String {
+        self.client_address.to_string()
+    }
+
+    /// The replica status this shard knows (view, primary, commit): shard 0 sets it after each
+    /// input of its driver and broadcasts it when view, primary or status changed.
+    pub fn status(&self) -> ReplicaStatus {
+        self.status.borrow().clone()
+    }
+
+    /// Shard 0: records `status` and, when `broadcast`, sends it to every other shard (retried
+    /// while an inbox is full; a shard keeps only the newest generation it received, so
+    /// deliveries that overtake each other never roll it back).
+    pub fn set_status(self: &Rc<Self>, mut status: ReplicaStatus, broadcast: bool) {
+        let generation = self.status.borrow().generation;
+        status.generation = if broadcast {
+            generation + 1
         } else {
-            tracing::error!(
-                %error,
-                checkpoint_op = replica.checkpoint_op(),
-                "checkpoint failed; the previous checkpoint stays valid and the journal keeps \
-                 every op above it"
+            generation
+        };
+        if broadcast {
+            tracing::info!(
+                view = status.view, replica = status.replica, primary = ?status.primary,
+                is_primary = status.is_primary, primary_address = %status.primary_address,
+                "replica status"
             );
+            for target in 1..self.shard_count {
+                let shard = Rc::clone(self);
+                let frame = ShardFrame::Status(status.clone());
+                compio::runtime::spawn(async move {
+                    if let Err(e) = shard.send_reliably(ShardId(target), frame, false).await {
+                        tracing::warn!(target, error = %e, "replica status not delivered to a shard");
+                    }
+                })
+                .detach();
+            }
         }
-        Err(error)
+        *self.status.borrow_mut() = status;
     }
 
-    /// Shard 0: deduplicate through the client table, validate, create the directories of new
-    /// partitions (durably), append the prepare to the journal (fsynced: the commit, with one
-    /// replica), apply locally and to the client table, broadcast to every shard and wait until
-    /// each applied it (DESIGN section 4: the reply comes after every shard applied it).
-    async fn commit_metadata(
-        self: &Rc<Self>,
-        client: u128,
-        request: u64,
-        op: MetadataOp,
-    ) -> ShardReply {
-        let replica = Rc::clone(self.replica());
-        let lookup = replica.client_table.borrow().lookup(client, request);
-        match lookup {
-            Lookup::New => {}
-            Lookup::Cached(reply) => {
-                if reply.request_checksum != crate::store::replay::change_checksum(&op) {
-                    // Same number, other arguments: answering with the cached reply would claim
-                    // this request was applied when it was not.
-                    return ShardReply::error(
-                        ErrorCode::InvalidArgument,
-                        format!(
-                            "request {request} of client {client:#034x} was already committed with \
-                             other arguments ({op:?} is not what was committed); request numbers \
-                             must not be reused"
-                        ),
-                    );
-                }
-                tracing::debug!(
-                    client = format_args!("{client:#034x}"),
-                    request,
-                    "duplicate request: resending the committed reply"
-                );
-                return ShardReply::Cached(reply);
-            }
-            Lookup::Stale {
-                oldest_cached_request,
-            } => {
-                return ShardReply::error(
-                    ErrorCode::RequestStale,
-                    format!(
-                        "request {request} of client {client:#034x} is at or below the session's last \
-                         committed request, and no reply for it is cached (oldest cached: request \
-                         {oldest_cached_request}); a new request needs a higher number"
-                    ),
-                );
-            }
-            Lookup::NoSession => {
-                return ShardReply::Evicted {
-                    reason: format!(
-                        "client {client:#034x} has no session: it never registered, or it was evicted \
-                         because the client table was full (--clients-table-max {}); register again",
-                        self.config.clients_table_max
-                    ),
-                };
-            }
+    /// Another shard: keeps `status` if it is newer than what this shard knows.
+    fn receive_status(&self, status: ReplicaStatus) {
+        let mut current = self.status.borrow_mut();
+        if status.generation > current.generation {
+            *current = status;
         }
-        let created = {
-            let metadata = self.metadata.borrow();
-            if let Err(rejection) = metadata.validate(&op) {
-                return ShardReply::Error {
-                    code: rejection.code,
-                    message: rejection.message,
-                };
-            }
-            let created = match &op {
-                MetadataOp::CreateTopic { .. } => metadata.namespaces_of(&op),
-                _ => Vec::new(),
-            };
-            let partition_count_after = metadata.namespaces().len() as u64 + created.len() as u64;
-            if let Some(refusal) = self.budget.partitions_refusal(partition_count_after) {
-                return ShardReply::error(ErrorCode::ResourceExhausted, refusal);
-            }
-            created
-        };
-        if !created.is_empty() {
+    }
+
+    /// `Ok` when this replica serves sends and polls (it is the primary of its view, status
+    /// normal); else the `NotPrimary` reply (issue 8 section 2: the primary serves the log).
+    pub fn check_serves_data(&self) -> Result<(), ShardReply> {
+        let status = self.status.borrow();
+        if status.is_primary {
+            return Ok(());
+        }
+        Err(ShardReply::NotPrimary {
+            view: status.view,
+            primary: status.primary,
+            address: status.primary_address.clone(),
+        })
+    }
+
+    /// Stops the whole server (fail-stop) for `reason`; the server then exits with it as its
+    /// error and skips the final checkpoint (`Shard::fail_stop_reason`).
+    pub fn stop_server(&self, reason: String) {
+        self.fail_stop.borrow_mut().get_or_insert(reason);
+        self.endpoint.stop_handle().stop();
+    }
+
+    /// Why the server was fail-stopped, if it was.
+    pub fn fail_stop_reason(&self) -> Option<String> {
+        self.fail_stop.borrow().clone()
+    }
+
+    /// Shard 0: applies committed change `op_number` on every shard's copy (DESIGN section 4:
+    /// the reply comes after every shard applied it): creates the directories of new partitions
+    /// (each replica creates them when it applies, issue 8 section 1), applies locally, sends
+    /// `MetadataApply` to every other shard and waits for each ack, then removes the directories
+    /// of a deleted stream or topic. Returns the partitions that could not be opened. `fresh`:
+    /// the op was not journaled before this boot, so existing directories of its partitions are
+    /// leftovers of a deleted topic and are emptied (a replayed op keeps its own data).
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a cut-short fan-out leaves other shards' copies behind (only at
+    /// shutdown).
+    pub async fn fan_out(
+        self: &Rc<Self>,
+        op_number: u64,
+        op: &MetadataOp,
+        fresh: bool,
+    ) -> Vec<OpenFailure> {
+        if let MetadataOp::CreateTopic { .. } = op {
+            let created = self.metadata.borrow().namespaces_of(op);
             let data_dir = self.config.data_dir.clone();
             let prepared = compio::runtime::spawn_blocking(move || {
-                prepare_partition_dirs(&data_dir, &created)
+                prepare_partition_dirs(&data_dir, &created, fresh)
             })
             .await;
             match prepared {
                 Ok(Ok(())) => {}
+                // The change is committed: the logs' opens below fail and are retried on the
+                // next send or poll (`Shard::owned_log`).
                 Ok(Err(e)) => {
-                    tracing::error!(error = %e.message, ?op, "cannot create partition directories; change not applied");
-                    return ShardReply::error(e.code, e.message);
+                    tracing::error!(code = ?e.code, error = %e.message, ?op, "cannot create partition directories of a committed topic");
                 }
-                Err(_) => {
-                    return ShardReply::error(
-                        ErrorCode::Internal,
-                        "partition directory task failed",
-                    );
-                }
+                Err(_) => tracing::error!(?op, "partition directory task failed"),
             }
         }
-        let body = PrepareBody::new(
-            client,
-            request,
-            PrepareOperation::Metadata(op.clone()),
-            wall_clock_us(),
-            0,
-        );
-        let op_number = match replica.append(&body).await {
-            Ok(op_number) => op_number,
-            Err(e) => return journal_failure(&e),
-        };
-        // The client table first: apply_metadata below applies the change to the state machine.
-        replica.client_table.borrow_mut().commit(
-            client,
-            op_number,
-            crate::store::replay::change_reply(request, &op),
-        );
-        let mut failures = Vec::new();
-        // commit_min advances together with the state (a shutdown may cancel this task at the
-        // partition opens below: a checkpoint must never see the state ahead of commit_min).
-        if let Err(local_failures) = self
-            .apply_metadata(op_number, &op, || self.committed(op_number))
+        let mut failures = self
+            .apply_metadata(op_number, op, || {})
             .await
-        {
-            failures.extend(local_failures);
-        }
+            .err()
+            .unwrap_or_default();
         if self.shard_count > 1 {
             let (done_tx, done_rx) = oneshot();
             *self.metadata_ack.borrow_mut() = Some(MetadataAck {
@@ -1146,41 +1082,76 @@ impl Shard {
                     op: op.clone(),
                 };
                 if let Err(e) = self.send_reliably(ShardId(target), frame, false).await {
-                    return ShardReply::error(
-                        ErrorCode::ShuttingDown,
-                        format!("metadata broadcast failed: {e}"),
-                    );
+                    tracing::error!(op_number, error = %e, "metadata broadcast failed");
+                    return failures;
                 }
             }
-            match done_rx.await {
-                Ok(remote_failures) => failures.extend(remote_failures),
-                Err(_) => {
-                    return ShardReply::error(
-                        ErrorCode::ShuttingDown,
-                        "shard 0 stopped during metadata broadcast",
-                    );
-                }
+            if let Ok(remote_failures) = done_rx.await {
+                failures.extend(remote_failures);
+            } else {
+                tracing::warn!(op_number, "shard 0 stopped during metadata broadcast");
             }
         }
         if let MetadataOp::DeleteStream { stream_id } | MetadataOp::DeleteTopic { stream_id, .. } =
-            &op
+            op
         {
             let mut dir = self
                 .config
                 .data_dir
                 .join(PARTITIONS_DIR_NAME)
                 .join(stream_id.to_string());
-            if let MetadataOp::DeleteTopic { topic_id, .. } = &op {
+            if let MetadataOp::DeleteTopic { topic_id, .. } = op {
                 dir = dir.join(topic_id.to_string());
             }
             remove_dir_all(dir).await;
         }
-        if !failures.is_empty() {
-            tracing::error!(op_number, ?op, failures = ?failures, "metadata committed, but not every partition could be opened; each is retried on its next send or poll");
-            return crate::unopened::commit_reply(&failures);
+        failures
+    }
+
+    /// Shard 0: checkpoints `metadata` and `client_table`, the state after `op` (the core's
+    /// `Checkpoint` action, or the final checkpoint), logged like [`Shard::checkpoint`]. Returns
+    /// the journal's first op afterwards.
+    ///
+    /// # Errors
+    /// As [`Shard::checkpoint`].
+    pub async fn checkpoint_state(
+        &self,
+        op: u64,
+        metadata: Arc<MetadataState>,
+        client_table: crate::vsr::client_table::ClientTableSnapshot,
+    ) -> Result<u64, crate::store::CheckpointError> {
+        let replica = self.replica();
+        let result = replica.checkpoint_state(op, metadata, client_table).await;
+        if let Err(error) = &result {
+            log_checkpoint_failure(error, replica.checkpoint_op());
         }
-        tracing::info!(op_number, ?op, "metadata committed");
-        ShardReply::MetadataDone
+        result?;
+        Ok(replica.journal().lock().await.first_op())
+    }
+
+    /// Shard 0: runs the final checkpoint of the core's state now (logged; a failure leaves the
+    /// previous one valid). A checkpoint refused for lack of space or file descriptors is logged
+    /// as a warning: the journal keeps every op. Nothing to do before the driver started.
+    ///
+    /// # Errors
+    /// The failed step, already logged; `CheckpointError::resource_refused` tells a refusal for
+    /// lack of a resource from other failures.
+    pub async fn checkpoint(&self) -> Result<(), crate::store::CheckpointError> {
+        let core = self.core.borrow().clone();
+        let Some(core) = core else {
+            return Ok(());
+        };
+        let (op, metadata, client_table) = {
+            let core = core.borrow();
+            (
+                core.commit_min(),
+                Arc::clone(core.metadata()),
+                core.client_table().to_snapshot(),
+            )
+        };
+        self.checkpoint_state(op, metadata, client_table)
+            .await
+            .map(|_| ())
     }
 
     /// Applies a committed op to this shard's copy, calls `on_applied` right after (before any
@@ -1281,6 +1252,7 @@ impl Shard {
                     tracing::warn!(shard = self.id.0, error = %e, "metadata ack to shard 0 dropped");
                 }
             }
+            ShardFrame::Status(status) => self.receive_status(status),
             other => {
                 tracing::error!(shard = self.id.0, from = from.0, frame = ?other, "unexpected frame on the inbox; dropped");
             }
@@ -1325,11 +1297,32 @@ impl Shard {
         }
     }
 
+    /// A copy of this shard's metadata (shard 0 hands it to its core at startup).
+    pub fn metadata_copy(&self) -> MetadataState {
+        MetadataState::clone(&self.metadata.borrow())
+    }
+
     /// The GetMetadata view of this shard's metadata copy.
-    pub fn metadata_wire(&self, next_offset: impl Fn(Namespace) -> u64) -> bus::Metadata {
-        self.metadata
-            .borrow()
-            .to_wire(self.shard_count, next_offset)
+    /// `status` (shard 0's, current) fills the cluster fields: view, replica, primary (the view's
+    /// primary, `view % replica_count`, also during a view change) and commit.
+    pub fn metadata_wire(
+        &self,
+        status: &ReplicaStatus,
+        next_offset: impl Fn(Namespace) -> u64,
+    ) -> bus::Metadata {
+        let replica_count = self.config.replica_count().max(1);
+        bus::Metadata {
+            view: status.view,
+            replica: status.replica,
+            primary: status
+                .primary
+                .unwrap_or((status.view % u32::from(replica_count)) as u8),
+            commit: status.commit,
+            ..self
+                .metadata
+                .borrow()
+                .to_wire(self.shard_count, next_offset)
+        }
     }
 
     /// Every partition log of this shard (for ticks and shutdown).
@@ -1338,18 +1331,39 @@ impl Shard {
     }
 }
 
-/// Creates the directory of every new partition, removing leftovers of a deleted topic whose
+/// Logs a failed checkpoint: a refusal for lack of space or file descriptors as a warning (the
+/// journal keeps every op), anything else as an error.
+fn log_checkpoint_failure(error: &crate::store::CheckpointError, checkpoint_op: u64) {
+    if let Some(path) = error.resource_refused() {
+        tracing::warn!(
+            %error, path = %path.display(), checkpoint_op,
+            "checkpoint refused for lack of space or file descriptors; the previous checkpoint \
+             stays valid and the journal keeps every op above it (boot replays them)"
+        );
+    } else {
+        tracing::error!(
+            %error,
+            checkpoint_op,
+            "checkpoint failed; the previous checkpoint stays valid and the journal keeps every \
+             op above it"
+        );
+    }
+}
+
+/// Creates the directory of every partition of a committed CreateTopic as this replica applies
+/// it (issue 8 section 1), with `remove_leftovers` first removing those of a deleted topic whose
 /// removal a crash cut short (metadata is authoritative: their data must not reappear), and
-/// fsyncs the parents so the directories exist durably before the metadata that names them.
-/// Blocking: run on the blocking pool.
-fn prepare_partition_dirs(
+/// fsyncs the parents so the directories are durable before the partitions open. Blocking: run
+/// on the blocking pool.
+pub fn prepare_partition_dirs(
     data_dir: &std::path::Path,
     namespaces: &[Namespace],
+    remove_leftovers: bool,
 ) -> Result<(), PartitionDirError> {
     let mut parents = std::collections::BTreeSet::new();
     for namespace in namespaces {
         let dir = partition_dir(data_dir, *namespace);
-        if dir.exists() {
+        if remove_leftovers && dir.exists() {
             tracing::warn!(%namespace, path = %dir.display(), "removing leftover partition data of a deleted topic");
             std::fs::remove_dir_all(&dir)
                 .map_err(|e| PartitionDirError::new("remove leftover", &dir, &e))?;
@@ -1376,11 +1390,17 @@ fn prepare_partition_dirs(
 /// Why the directories of a new topic's partitions could not be prepared (before its prepare is
 /// journaled, so nothing was applied).
 #[derive(Debug)]
-struct PartitionDirError {
+pub struct PartitionDirError {
     /// `StorageFull` when the filesystem refused for lack of space or quota (retry once space is
     /// freed), else `StorageFailure`.
     code: ErrorCode,
     message: String,
+}
+
+impl std::fmt::Display for PartitionDirError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 impl PartitionDirError {
@@ -1416,15 +1436,6 @@ async fn remove_dir_all(dir: PathBuf) {
         Ok(Err(e)) => tracing::warn!(path = %shown, error = %e, "cannot remove directory"),
         Err(_) => tracing::warn!(path = %shown, "directory removal task failed"),
     }
-}
-
-/// The wall clock in microseconds since the Unix epoch (0 before 1970).
-fn wall_clock_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| {
-            u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
-        })
 }
 
 #[cfg(test)]

@@ -2,8 +2,6 @@
 //! snapshot, superblock pairing, journal release, each step only after the previous succeeded,
 //! under `checkpoint_lock` then `superblock_lock`.
 
-use std::cell::RefCell;
-
 use storage::durable::ReplaceStep;
 use storage::journal::JournalError;
 use storage::superblock::SuperblockState;
@@ -55,10 +53,9 @@ pub struct CheckpointDone {
 }
 
 impl ReplicaStore {
-    /// Runs one checkpoint of the state at the current `commit_min` (DESIGN section 9): (1) the
-    /// snapshot, by durable replace through io_uring, its JSON encoded off the reactor; (2) the
-    /// superblock pairing; (3) the journal released below the checkpoint. Each step only after
-    /// the previous succeeded. Does nothing if nothing committed since the last checkpoint.
+    /// Runs one checkpoint of `metadata` and `client_table`, the state after `op` (the core's
+    /// `Checkpoint` action carries them), in the steps of `checkpoint_at`. Does
+    /// nothing (`Ok(None)`) if a checkpoint at or above `op` is already recorded.
     ///
     /// # Errors
     /// The step that failed; earlier steps stay done and the previous pairing stays valid (a
@@ -67,33 +64,31 @@ impl ReplicaStore {
     /// # Cancel safety
     /// Not cancel safe: a dropped checkpoint may leave the superblock or journal handle poisoned
     /// (later checkpoints then fail until restart); the files stay a valid checkpoint.
-    pub async fn checkpoint(
+    pub async fn checkpoint_state(
         &self,
-        metadata: &RefCell<std::sync::Arc<MetadataState>>,
+        op: u64,
+        metadata: std::sync::Arc<MetadataState>,
+        client_table: crate::vsr::client_table::ClientTableSnapshot,
     ) -> Result<Option<CheckpointDone>, CheckpointError> {
         let _checkpoint_guard = self.checkpoint_lock.lock().await;
-        self.checkpoint_pending.set(false);
-        let checkpoint_op = self.commit_min.get();
-        if checkpoint_op <= self.checkpoint_op.get() {
+        if op <= self.checkpoint_op.get() {
             return Ok(None);
         }
-        self.checkpoint_op_in_progress.set(checkpoint_op);
-        let result = self.checkpoint_at(checkpoint_op, metadata).await;
-        self.checkpoint_op_in_progress.set(0);
-        result.map(Some)
+        self.checkpoint_at(op, metadata, client_table)
+            .await
+            .map(Some)
     }
 
-    /// The steps of [`ReplicaStore::checkpoint`] for `checkpoint_op`, under `checkpoint_lock`.
+    /// The steps of a checkpoint of `metadata` and `client_table` at `checkpoint_op`, under
+    /// `checkpoint_lock`: (1) the snapshot, by durable replace through io_uring, its JSON encoded
+    /// off the reactor; (2) the superblock pairing; (3) the journal released below the
+    /// checkpoint. Each step only after the previous succeeded.
     async fn checkpoint_at(
         &self,
         checkpoint_op: u64,
-        metadata: &RefCell<std::sync::Arc<MetadataState>>,
+        metadata: std::sync::Arc<MetadataState>,
+        client_table: crate::vsr::client_table::ClientTableSnapshot,
     ) -> Result<CheckpointDone, CheckpointError> {
-        // One synchronous step, so metadata and client table are both exactly at checkpoint_op.
-        // The metadata is shared, not copied: an op applied while the encoder runs copies it
-        // (Arc::make_mut), so the reactor never copies the whole state for a checkpoint.
-        let metadata = std::sync::Arc::clone(&*metadata.borrow());
-        let client_table = self.client_table.borrow().to_snapshot();
         let started = std::time::Instant::now();
         let bytes = compio::runtime::spawn_blocking(move || {
             snapshot::encode_payload(checkpoint_op, &metadata, &client_table)

@@ -20,42 +20,34 @@ pub mod replay;
 
 pub use checkpoint::{CheckpointDone, CheckpointError};
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
 
 use futures_util::lock::Mutex;
-use storage::journal::{Journal, JournalError, Prepare};
+use storage::journal::Journal;
 use storage::superblock::Superblock;
 
-use crate::vsr::client_table::ClientTable;
-use crate::vsr::prepare::PrepareBody;
-
-/// Shard 0's durable metadata state: journal, superblock, checkpoint, client table.
+/// Shard 0's durable metadata state: journal, superblock, checkpoint (the state itself, metadata
+/// and client table, is the consensus core's).
 ///
 /// Lock order (DESIGN section 9): `checkpoint_lock`, then `superblock_lock`; never the reverse,
 /// and neither is held across anything but the checkpoint (or, later, a state-transfer install)
 /// it protects. `journal` is a leaf lock: nothing else is taken while it is held.
 pub struct ReplicaStore {
     data_dir: PathBuf,
-    /// The metadata WAL. Held for one append (by the metadata task) or one release (by a
-    /// checkpoint).
+    /// The metadata WAL. Held for one batch of appends (the driver's journal writer), one
+    /// truncation or read (the driver), or one release (a checkpoint).
     journal: Mutex<Journal>,
     /// Held for a whole checkpoint, so two never interleave. Taken before `superblock_lock`.
     checkpoint_lock: Mutex<()>,
     /// Held for one superblock write; guards the superblock handle itself. Taken after
     /// `checkpoint_lock` when both are needed.
     superblock_lock: Mutex<Superblock>,
-    /// The highest op applied to the state machine and client table.
+    /// The highest op `replay::open` applied (the driver's store leaves it at the checkpoint:
+    /// the core holds the commit number).
     commit_min: Cell<u64>,
     /// The op of the latest checkpoint recorded in the superblock (or found newer at boot).
     checkpoint_op: Cell<u64>,
-    checkpoint_interval: u64,
-    /// A checkpoint task is running or queued.
-    checkpoint_pending: Cell<bool>,
-    /// The op the running checkpoint covers (0 when none runs): ops up to it are being
-    /// checkpointed, so they do not count toward the next one.
-    checkpoint_op_in_progress: Cell<u64>,
-    pub client_table: RefCell<ClientTable>,
 }
 
 impl std::fmt::Debug for ReplicaStore {
@@ -69,6 +61,36 @@ impl std::fmt::Debug for ReplicaStore {
 }
 
 impl ReplicaStore {
+    /// The store shard 0's driver uses: the journal and superblock boot opened
+    /// (`boot::Boot`), the last checkpoint at `checkpoint_op`. The driver checkpoints with
+    /// [`ReplicaStore::checkpoint_state`] (the core holds the state).
+    pub fn for_driver(
+        config: &crate::config::ServerConfig,
+        journal: Journal,
+        superblock: Superblock,
+        checkpoint_op: u64,
+    ) -> ReplicaStore {
+        ReplicaStore {
+            data_dir: config.data_dir.clone(),
+            journal: Mutex::new(journal),
+            checkpoint_lock: Mutex::new(()),
+            superblock_lock: Mutex::new(superblock),
+            commit_min: Cell::new(checkpoint_op),
+            checkpoint_op: Cell::new(checkpoint_op),
+        }
+    }
+
+    /// The journal (a leaf lock: see the struct's lock order), for the driver's journal actions.
+    pub fn journal(&self) -> &Mutex<Journal> {
+        &self.journal
+    }
+
+    /// The superblock (taken after `checkpoint_lock` when both are needed), for the driver's
+    /// superblock writes.
+    pub fn superblock(&self) -> &Mutex<Superblock> {
+        &self.superblock_lock
+    }
+
     /// The highest op applied to the state machine and client table.
     pub fn commit_min(&self) -> u64 {
         self.commit_min.get()
@@ -82,56 +104,6 @@ impl ReplicaStore {
     /// The snapshot file's path.
     pub fn snapshot_path(&self) -> PathBuf {
         snapshot_path(&self.data_dir)
-    }
-
-    /// Makes `body` durable as the next op's prepare and returns that op. The caller then
-    /// applies it and calls [`ReplicaStore::committed`]; one prepare at a time (the metadata task).
-    ///
-    /// # Errors
-    /// The journal's: `BodyTooLarge` (nothing written), `StorageFull` (the write was refused for
-    /// lack of space and rolled back: nothing is journaled, `commit_min` is unchanged, and the
-    /// next append reuses the op once space is freed), `Io` or `Poisoned` (the journal refuses
-    /// every later append until the server restarts and reopens it; the op may or may not be on
-    /// disk, and if it is, boot applies it).
-    ///
-    /// # Cancel safety
-    /// Not cancel safe: a dropped append poisons the journal.
-    pub async fn append(&self, body: &PrepareBody) -> Result<u64, JournalError> {
-        let op = self.commit_min.get() + 1;
-        let prepare = Prepare {
-            op,
-            view: 0,
-            commit: op - 1,
-            body: body.encode(),
-        };
-        let mut journal = self.journal.lock().await;
-        assert_eq!(
-            journal.last_op(),
-            op - 1,
-            "single-replica journal ahead of commit_min"
-        );
-        journal.append(&prepare).await?;
-        Ok(op)
-    }
-
-    /// Records that `op` (returned by [`ReplicaStore::append`]) is applied; returns whether a
-    /// checkpoint is now due (and marks it pending, so exactly one caller starts it).
-    ///
-    /// # Panics
-    /// If `op` is not the next op.
-    pub fn committed(&self, op: u64) -> bool {
-        assert_eq!(op, self.commit_min.get() + 1, "ops commit in order");
-        self.commit_min.set(op);
-        let covered_op = self
-            .checkpoint_op
-            .get()
-            .max(self.checkpoint_op_in_progress.get());
-        let due = op - covered_op >= self.checkpoint_interval;
-        if due && !self.checkpoint_pending.get() {
-            self.checkpoint_pending.set(true);
-            return true;
-        }
-        false
     }
 }
 

@@ -3,7 +3,7 @@
 //! replaces both: the core (`crate::vsr::replica`) applies prepares, and boot returns what it
 //! recovered (`super::boot::recover`). Until then this keeps `serve` working as before.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 
 use futures_util::lock::Mutex;
 
@@ -164,10 +164,6 @@ pub async fn open(config: &ServerConfig) -> Result<(ReplicaStore, MetadataState)
         superblock_lock: Mutex::new(boot.superblock),
         commit_min: Cell::new(commit_min),
         checkpoint_op: Cell::new(recovered.checkpoint_op),
-        checkpoint_interval: config.checkpoint_interval,
-        checkpoint_pending: Cell::new(false),
-        checkpoint_op_in_progress: Cell::new(0),
-        client_table: RefCell::new(recovered.client_table),
     };
     Ok((replica, recovered.metadata))
 }

@@ -5,6 +5,7 @@
 //! superblock, checkpoint, boot) is `crate::store`; shard 0's driver performs the actions this
 //! core returns.
 
+pub mod apply;
 pub mod client_table;
 pub mod message;
 pub mod prepare;

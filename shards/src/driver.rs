@@ -1,0 +1,890 @@
+//! Shard 0's driver: the only place that performs the consensus core's actions in `serve`
+//! (issue 8 section 1: one code path, two drivers; the other is the simulator). It owns the
+//! sans-IO [`Replica`] and runs one loop that feeds it one input at a time: a client request from
+//! the metadata queue, a peer's message from the replica links, a tick every `config.tick`, an
+//! I/O completion. It then performs the returned actions in order:
+//!
+//! - `Send`: encoded by the wire codec into the peer's bounded link queue (dropped when full).
+//! - `WriteJournal`: to the journal writer task, which appends consecutive prepares under one
+//!   journal lock and reports `JournalWritten` per op.
+//! - `TruncateJournal`, `ReadJournal`: the journal's API.
+//! - `WriteSuperblock`: view, log_view, commit_max under the superblock lock.
+//! - `Apply`: the fan-out to every shard's copy ([`Shard::fan_out`]), awaited before the next
+//!   action, so a `Reply` never precedes the apply it reports.
+//! - `Reply`: converted to a [`ShardReply`] ([`client_reply`]) and sent to the waiting request.
+//! - `Checkpoint`: today's checkpoint steps with the state the action carries.
+//!
+//! With no `--addresses` the same loop runs the core with `replica_count = 1` and no links.
+//!
+//! Fail-stop: a non-retryable journal failure or a failed superblock write stops the server (the
+//! journal or superblock is unusable until restart, and the core must not act on a write that
+//! did not happen).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use ahash::AHashMap;
+use bus::ErrorCode;
+use crossfire::mpsc::Array;
+use crossfire::oneshot::TxOneshot;
+use crossfire::{AsyncRx, MAsyncTx};
+use futures_util::FutureExt;
+use storage::journal::{JournalError, JournalHeader, Prepare};
+
+use crate::frame::ShardReply;
+use crate::metadata::{MetadataOp, MetadataState};
+use crate::replica_bus::{BusConfig, Decoder, Inbound, ReplicaBus};
+use crate::shard::{ReplicaStatus, Shard};
+use crate::store::ReplicaStore;
+use crate::unopened::OpenFailure;
+use crate::vsr::client_table::ClientTableSnapshot;
+use crate::vsr::message::{
+    Action, ClientReply, ClientRequest, ClientToken, Completion, Message, ReplicaIndex,
+};
+use crate::vsr::prepare::PrepareOperation;
+use crate::vsr::replica::{CoreConfig, Recovered, Replica};
+
+/// Peer messages the links may hold for the driver before they drop (and count) more.
+const INBOUND_QUEUE_MAX: usize = 4096;
+/// Completions the I/O tasks may hold for the driver (the writer waits when it is full).
+const COMPLETION_QUEUE_MAX: usize = 4096;
+
+/// One request from the metadata queue: (client, request number, operation, reply).
+pub type RequestItem = (u128, u64, PrepareOperation, TxOneshot<ShardReply>);
+
+/// The core's fixed parameters from the server configuration.
+pub fn core_config(config: &crate::config::ServerConfig) -> CoreConfig {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos() as u64)
+        ^ u64::from(std::process::id()).rotate_left(32);
+    CoreConfig {
+        cluster: config.cluster,
+        replica: config.replica,
+        replica_count: config.replica_count(),
+        pipeline_max: crate::limits::PIPELINE_PREPARE_MAX,
+        heartbeat_ticks: config.heartbeat_ticks,
+        view_change_timeout_ticks: config.view_change_timeout_ticks,
+        clients_table_max: config.clients_table_max,
+        checkpoint_interval: config.checkpoint_interval,
+        seed,
+    }
+}
+
+/// The core opened from what boot recovered, before any shard has its metadata copy.
+#[derive(Debug)]
+pub struct OpenedCore {
+    pub core: Replica,
+    /// What `Replica::open` returned. Its `Apply` actions (the journaled ops the core applied at
+    /// open) are already in `core.metadata()`, which every shard starts from.
+    pub first_actions: Vec<Action>,
+    /// The highest op the journal held at boot: applying an op up to it is a replay, whose
+    /// partition directories (and data) are its own.
+    pub replay_through: u64,
+}
+
+/// Opens the core from what boot recovered and creates the partition directories of the
+/// CreateTopic ops it applied (replayed) that are missing (a crash between the commit and the
+/// directory creation; existing ones keep their data), so every shard can start from
+/// `core.metadata()` and open its partitions.
+///
+/// # Errors
+/// A directory could not be created (named).
+///
+/// # Cancel safety
+/// Not cancel safe: runs once at boot.
+pub async fn open_core(
+    config: &crate::config::ServerConfig,
+    recovered: Recovered,
+) -> Result<OpenedCore, String> {
+    let replay_through = recovered.journal_last_op;
+    let (core, first_actions) = Replica::open(core_config(config), recovered);
+    let mut created = Vec::new();
+    for action in &first_actions {
+        if let Action::Apply {
+            operation:
+                PrepareOperation::Metadata(MetadataOp::CreateTopic {
+                    stream_id,
+                    topic_id,
+                    partition_count,
+                    ..
+                }),
+            applied: true,
+            ..
+        } = action
+        {
+            created.extend(
+                (0..*partition_count)
+                    .filter_map(|partition| u16::try_from(partition).ok())
+                    .map(|partition| bus::Namespace::new(*stream_id, *topic_id, partition))
+                    .filter(|namespace| core.metadata().partition_exists(*namespace)),
+            );
+        }
+    }
+    if !created.is_empty() {
+        let data_dir = config.data_dir.clone();
+        compio::runtime::spawn_blocking(move || {
+            crate::shard::prepare_partition_dirs(&data_dir, &created, false)
+        })
+        .await
+        .map_err(|_| "partition directory task failed".to_owned())?
+        .map_err(|error| error.to_string())?;
+    }
+    crate::store::boot::warn_about_orphan_partitions(&config.data_dir, core.metadata()).await;
+    Ok(OpenedCore {
+        core,
+        first_actions,
+        replay_through,
+    })
+}
+
+/// What one loop iteration waits for.
+enum Input {
+    Request(RequestItem),
+    Message(Inbound<Message>),
+    Completion(Completion),
+    Tick,
+    /// The metadata queue closed: the shard is going away.
+    Closed,
+}
+
+/// Shard 0's driver state (see the module docs).
+pub struct Driver {
+    shard: Rc<Shard>,
+    core: Rc<RefCell<Replica>>,
+    store: Rc<ReplicaStore>,
+    bus: Option<ReplicaBus<Message>>,
+    inbound: Option<AsyncRx<Array<Inbound<Message>>>>,
+    waiting: AHashMap<ClientToken, TxOneshot<ShardReply>>,
+    token_next: ClientToken,
+    journal_writes: MAsyncTx<Array<Prepare>>,
+    completions_tx: MAsyncTx<Array<Completion>>,
+    completions: AsyncRx<Array<Completion>>,
+    _journal_writer: compio::runtime::JoinHandle<()>,
+    /// Partitions the last `Apply` could not open (reported by the `Reply` after it).
+    apply_failures: Vec<OpenFailure>,
+    /// The status last published to the shards.
+    published: Option<ReplicaStatus>,
+    /// The highest op the journal held at boot: applying an op up to it is a replay.
+    replay_through: u64,
+    /// What `Replica::open` returned, performed when the loop starts (the fan-out of replayed
+    /// ops needs shard 0's pump running for the other shards' acks).
+    first_actions: Vec<Action>,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver").finish_non_exhaustive()
+    }
+}
+
+impl Driver {
+    /// Takes the opened core and starts the replica links when `config.addresses` is non-empty;
+    /// [`Driver::run`] performs the core's first actions.
+    ///
+    /// # Errors
+    /// The replica listen address cannot be bound.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: run once at startup.
+    pub async fn start(
+        shard: Rc<Shard>,
+        store: Rc<ReplicaStore>,
+        opened: OpenedCore,
+        client_address: String,
+    ) -> Result<Driver, String> {
+        let config = Arc::clone(&shard.config);
+        let OpenedCore {
+            core,
+            first_actions,
+            replay_through,
+        } = opened;
+        let core = Rc::new(RefCell::new(core));
+        shard.attach_core(Rc::clone(&core));
+        let (bus, inbound) = if config.addresses.is_empty() {
+            (None, None)
+        } else {
+            let (tx, rx) = crossfire::mpsc::bounded_async::<Inbound<Message>>(INBOUND_QUEUE_MAX);
+            let bus_config = BusConfig {
+                cluster: config.cluster,
+                replica: config.replica,
+                addresses: config.addresses.clone(),
+                client_address,
+                frame_size_max: crate::limits::REPLICA_MESSAGE_SIZE_MAX,
+            };
+            let bus = ReplicaBus::start(bus_config, message_decoder(), tx)
+                .await
+                .map_err(|e| {
+                    format!(
+                        "cannot listen on replica address {}: {e}",
+                        config.addresses[usize::from(config.replica)]
+                    )
+                })?;
+            (Some(bus), Some(rx))
+        };
+        let (journal_writes, journal_rx) =
+            crossfire::mpsc::bounded_async::<Prepare>(COMPLETION_QUEUE_MAX);
+        let (completions_tx, completions) =
+            crossfire::mpsc::bounded_async::<Completion>(COMPLETION_QUEUE_MAX);
+        let journal_writer = compio::runtime::spawn(journal_writer(
+            Rc::clone(&store),
+            journal_rx,
+            completions_tx.clone(),
+        ));
+        let mut driver = Driver {
+            first_actions,
+            shard,
+            core,
+            store,
+            bus,
+            inbound,
+            waiting: AHashMap::new(),
+            token_next: 1,
+            journal_writes,
+            completions_tx,
+            completions,
+            _journal_writer: journal_writer,
+            apply_failures: Vec::new(),
+            published: None,
+            replay_through,
+        };
+        driver.publish_status();
+        Ok(driver)
+    }
+
+    /// Runs the loop until the metadata queue closes or the task is cancelled at shutdown.
+    ///
+    /// # Cancel safety
+    /// Cancellable at shutdown: an `Apply` cut short leaves the other shards' copies behind
+    /// shard 0's, which no one serves from anymore; the final checkpoint takes the core's state.
+    pub async fn run(mut self) {
+        // The Apply actions of open are in every shard's bootstrap copy already (`open_core`).
+        let first_actions: Vec<Action> = std::mem::take(&mut self.first_actions)
+            .into_iter()
+            .filter(|action| !matches!(action, Action::Apply { .. }))
+            .collect();
+        self.perform(first_actions).await;
+        self.publish_status();
+        let mut ticker = compio::time::interval(self.shard.config.tick);
+        loop {
+            let input = self.next_input(&mut ticker).await;
+            let actions = {
+                let mut core = self.core.borrow_mut();
+                match input {
+                    Input::Closed => return,
+                    Input::Tick => core.on_tick(),
+                    Input::Completion(completion) => {
+                        if let Completion::JournalFailed {
+                            op,
+                            retryable: false,
+                        } = completion
+                        {
+                            drop(core);
+                            self.fail_stop(&format!("the metadata journal failed at op {op}"));
+                            return;
+                        }
+                        core.on_io_done(completion)
+                    }
+                    Input::Message(Inbound { from, message }) => core.on_message(from, message),
+                    Input::Request((client, request, operation, reply)) => {
+                        if let Some(refusal) = self.budget_refusal(core.metadata(), &operation) {
+                            reply.send(refusal);
+                            continue;
+                        }
+                        let token = self.token_next;
+                        self.token_next += 1;
+                        self.waiting.insert(token, reply);
+                        core.on_request(ClientRequest {
+                            token,
+                            client,
+                            request,
+                            operation,
+                            timestamp_us: wall_clock_us(),
+                        })
+                    }
+                }
+            };
+            self.perform(actions).await;
+            self.publish_status();
+        }
+    }
+
+    /// Waits for the next input; ticks, completions and peer messages before new requests, so a
+    /// burst of clients never starves the protocol.
+    async fn next_input(&self, ticker: &mut compio::time::Interval) -> Input {
+        let requests = self.shard.metadata_requests();
+        let message = async {
+            match &self.inbound {
+                Some(inbound) => inbound.recv().await.ok(),
+                None => std::future::pending().await,
+            }
+        };
+        futures_util::select_biased! {
+            completion = self.completions.recv().fuse() => match completion {
+                Ok(completion) => Input::Completion(completion),
+                Err(_) => Input::Closed,
+            },
+            _ = ticker.tick().fuse() => Input::Tick,
+            message = message.fuse() => match message {
+                Some(message) => Input::Message(message),
+                None => Input::Closed,
+            },
+            request = requests.recv().fuse() => match request {
+                Ok(request) => Input::Request(request),
+                Err(_) => Input::Closed,
+            },
+        }
+    }
+
+    /// A CreateTopic that would take this replica past its open-file budget is refused before
+    /// the core sees it (a local resource, not replicated state).
+    fn budget_refusal(
+        &self,
+        metadata: &MetadataState,
+        operation: &PrepareOperation,
+    ) -> Option<ShardReply> {
+        let PrepareOperation::Metadata(op @ MetadataOp::CreateTopic { .. }) = operation else {
+            return None;
+        };
+        let after = metadata.namespaces().len() as u64 + metadata.namespaces_of(op).len() as u64;
+        self.shard
+            .partitions_refusal(after)
+            .map(|refusal| ShardReply::error(ErrorCode::ResourceExhausted, refusal))
+    }
+
+    /// Performs `actions` in order (module docs); each I/O action's completion comes back
+    /// through the completion channel.
+    async fn perform(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::Send { to, message } => self.send(to, &message),
+                Action::WriteJournal { prepare } => {
+                    // The writer drains the channel; it only stops when the driver goes away.
+                    let _ = self.journal_writes.send(prepare).await;
+                }
+                Action::TruncateJournal { op } => self.truncate_journal(op).await,
+                Action::ReadJournal { op } => self.read_journal(op),
+                Action::WriteSuperblock {
+                    view,
+                    log_view,
+                    commit_max,
+                } => self.write_superblock(view, log_view, commit_max).await,
+                Action::Apply {
+                    op,
+                    operation,
+                    applied,
+                } => self.apply(op, &operation, applied).await,
+                Action::Reply { token, reply } => self.reply(token, reply),
+                Action::Checkpoint {
+                    op,
+                    metadata,
+                    client_table,
+                } => self.checkpoint(op, metadata, client_table),
+            }
+        }
+    }
+
+    fn send(&self, to: ReplicaIndex, message: &Message) {
+        let Some(bus) = &self.bus else {
+            tracing::error!(to, "the core sent a message with no replica links; dropped");
+            return;
+        };
+        let config = &self.shard.config;
+        bus.send(to, encode_message(config.cluster, config.replica, message));
+    }
+
+    async fn truncate_journal(&self, op: u64) {
+        let completion = match truncate_journal_after(&self.store, op).await {
+            Ok(()) => Completion::JournalTruncated { op },
+            Err(error) => {
+                tracing::error!(op, %error, "journal truncate failed");
+                Completion::JournalFailed {
+                    op,
+                    retryable: false,
+                }
+            }
+        };
+        self.complete(completion).await;
+    }
+
+    /// Reads the prepare at `op` (off the loop); a missing or damaged record reads as `None`.
+    fn read_journal(&self, op: u64) {
+        let store = Rc::clone(&self.store);
+        let completions = self.completions_tx.clone();
+        compio::runtime::spawn(async move {
+            let prepare = read_journal_at(&store, op).await;
+            let _ = completions
+                .send(Completion::JournalRead { op, prepare })
+                .await;
+        })
+        .detach();
+    }
+
+    async fn write_superblock(&self, view: u32, log_view: u32, commit_max: u64) {
+        let result = {
+            let mut superblock = self.store.superblock().lock().await;
+            let old = *superblock.state();
+            let new = storage::superblock::SuperblockState {
+                view: view.max(old.view),
+                log_view: log_view.max(old.log_view),
+                commit_max: commit_max.max(old.commit_max),
+                ..old
+            };
+            superblock.write(new).await
+        };
+        match result {
+            Ok(()) => {
+                self.complete(Completion::SuperblockWritten { view, log_view })
+                    .await;
+            }
+            Err(error) => self.fail_stop(&format!(
+                "superblock write of view {view} log_view {log_view} failed: {error}"
+            )),
+        }
+    }
+
+    async fn complete(&self, completion: Completion) {
+        let _ = self.completions_tx.send(completion).await;
+    }
+
+    /// Applies committed prepare `op` on every shard's copy. Register touches only the client
+    /// table, which lives in the core; a rejected change applies nowhere.
+    async fn apply(&mut self, op: u64, operation: &PrepareOperation, applied: bool) {
+        self.apply_failures.clear();
+        let PrepareOperation::Metadata(change) = operation else {
+            return;
+        };
+        if !applied {
+            return;
+        }
+        // A replayed CreateTopic (journaled before this boot) finds its own directories with
+        // their data; a new one removes leftovers of a deleted topic with the same ids.
+        let fresh = op > self.replay_through;
+        self.apply_failures = self.shard.fan_out(op, change, fresh).await;
+        if self.apply_failures.is_empty() {
+            tracing::info!(op, ?change, "metadata committed");
+        } else {
+            tracing::error!(
+                op, ?change, failures = ?self.apply_failures,
+                "metadata committed, but not every partition could be opened; each is retried on \
+                 its next send or poll"
+            );
+        }
+    }
+
+    fn reply(&mut self, token: ClientToken, reply: ClientReply) {
+        let Some(waiting) = self.waiting.remove(&token) else {
+            // The request's connection went away (or the token is not ours): nothing to answer.
+            return;
+        };
+        let failures = std::mem::take(&mut self.apply_failures);
+        let reply = match reply {
+            ClientReply::Committed(cached) if cached.error_code == 0 && !failures.is_empty() => {
+                crate::unopened::commit_reply(&failures)
+            }
+            other => client_reply(other, |primary| self.client_address_of(primary)),
+        };
+        waiting.send(reply);
+    }
+
+    /// The client address of replica `replica`: ours, or what its Hello announced.
+    fn client_address_of(&self, replica: ReplicaIndex) -> Option<String> {
+        if replica == self.shard.config.replica {
+            return Some(self.shard.client_address());
+        }
+        self.bus
+            .as_ref()
+            .and_then(|bus| bus.client_address(replica))
+    }
+
+    /// Runs the checkpoint off the loop (the core asks for one at a time and keeps going), so
+    /// heartbeats and commits continue while the snapshot is written.
+    fn checkpoint(&self, op: u64, metadata: Arc<MetadataState>, client_table: ClientTableSnapshot) {
+        let shard = Rc::clone(&self.shard);
+        let completions = self.completions_tx.clone();
+        compio::runtime::spawn(async move {
+            let completion = match shard.checkpoint_state(op, metadata, client_table).await {
+                Ok(journal_first_op) => Completion::CheckpointDone {
+                    op,
+                    journal_first_op,
+                },
+                Err(_) => Completion::CheckpointFailed { op },
+            };
+            let _ = completions.send(completion).await;
+        })
+        .detach();
+    }
+
+    /// Publishes (view, primary, commit) to every shard when it changed (`Shard::set_status`).
+    fn publish_status(&mut self) {
+        let status = {
+            let core = self.core.borrow();
+            let primary = core.primary();
+            ReplicaStatus {
+                view: core.view(),
+                replica: core.config().replica,
+                primary: (core.status() == crate::vsr::message::Status::Normal).then_some(primary),
+                is_primary: core.is_primary(),
+                commit: core.commit_min(),
+                primary_address: self.client_address_of(primary).unwrap_or_default(),
+                generation: 0,
+            }
+        };
+        let changed = self.published.as_ref().is_none_or(|published| {
+            published.view != status.view
+                || published.primary != status.primary
+                || published.is_primary != status.is_primary
+                || published.primary_address != status.primary_address
+        });
+        self.shard.set_status(status.clone(), changed);
+        self.published = Some(status);
+    }
+
+    fn fail_stop(&self, reason: &str) {
+        tracing::error!(
+            reason,
+            "stopping the server: shard 0's durable state cannot be written (fail-stop); restart \
+             it once the cause is fixed"
+        );
+        self.shard.stop_server(reason.to_owned());
+    }
+}
+
+/// Converts the core's reply to the connection's (`NotPrimary`: the view, the primary's index,
+/// and its client address from `address_of`, empty when unknown or during a view change).
+pub fn client_reply(
+    reply: ClientReply,
+    address_of: impl Fn(ReplicaIndex) -> Option<String>,
+) -> ShardReply {
+    match reply {
+        ClientReply::Committed(cached) => ShardReply::Cached(cached),
+        ClientReply::Registered { session } => ShardReply::Registered { session },
+        ClientReply::Error { code, message } => ShardReply::Error { code, message },
+        ClientReply::Evicted { reason } => ShardReply::Evicted { reason },
+        ClientReply::NotPrimary { view, primary } => ShardReply::NotPrimary {
+            view,
+            primary,
+            address: primary.and_then(address_of).unwrap_or_default(),
+        },
+    }
+}
+
+/// Appends the prepares the driver queues, consecutive ones under one journal lock, and reports
+/// each. A failure that rolled back (space refused) is retryable; any other leaves the journal
+/// poisoned until restart.
+async fn journal_writer(
+    store: Rc<ReplicaStore>,
+    prepares: AsyncRx<Array<Prepare>>,
+    completions: MAsyncTx<Array<Completion>>,
+) {
+    // A refused write is retried by the core on every tick: log the first refusal and the
+    // recovery, not each attempt.
+    let mut refusing = false;
+    while let Ok(first) = prepares.recv().await {
+        let mut batch = vec![first];
+        while let Ok(next) = prepares.try_recv() {
+            batch.push(next);
+        }
+        let result = store.journal().lock().await.append_batch(&batch).await;
+        let retryable = match &result {
+            Ok(()) => {
+                if refusing {
+                    tracing::info!(op = batch[0].op, "metadata journal writes succeed again");
+                    refusing = false;
+                }
+                false
+            }
+            // The whole batch shares one outcome: a refused write rolled every record back;
+            // any other failure poisoned the journal.
+            Err(error @ JournalError::StorageFull { .. }) => {
+                if !refusing {
+                    tracing::warn!(
+                        op = batch[0].op, %error,
+                        "metadata journal write refused for lack of space; retried until space \
+                         is freed (logged again once it succeeds)"
+                    );
+                    refusing = true;
+                }
+                true
+            }
+            Err(error) => {
+                tracing::error!(op = batch[0].op, %error, "metadata journal write failed");
+                false
+            }
+        };
+        for prepare in &batch {
+            let op = prepare.op;
+            let completion = if result.is_ok() {
+                Completion::JournalWritten {
+                    op,
+                    checksum: JournalHeader::for_prepare(prepare).checksum,
+                }
+            } else {
+                Completion::JournalFailed { op, retryable }
+            };
+            let _ = completions.send(completion).await;
+        }
+    }
+}
+
+/// Durably drops every journal record above `op`.
+async fn truncate_journal_after(store: &ReplicaStore, op: u64) -> Result<(), JournalError> {
+    store
+        .journal()
+        .lock()
+        .await
+        .truncate_after(op)
+        .await
+        .map(|_| ())
+}
+
+/// The prepare at `op`, if the journal holds it intact (a read error reads as missing: the core
+/// repairs it from peers).
+async fn read_journal_at(store: &ReplicaStore, op: u64) -> Option<Prepare> {
+    match store.journal().lock().await.read(op).await {
+        Ok(prepare) => prepare,
+        Err(error) => {
+            tracing::warn!(op, %error, "journal read failed; the op reads as missing");
+            None
+        }
+    }
+}
+
+/// Encodes a replica message as one bus frame (the wire codec).
+fn encode_message(cluster: u128, from: ReplicaIndex, message: &Message) -> Vec<u8> {
+    crate::vsr::wire::encode(cluster, from, message)
+}
+
+/// Decodes a verified frame's body (the wire codec).
+fn message_decoder() -> Decoder<Message> {
+    Rc::new(|header: &bus::Header, body: &[u8]| {
+        crate::vsr::wire::decode_body(header, body).map_err(|error| error.to_string())
+    })
+}
+
+/// The wall clock in microseconds since the Unix epoch (0 before 1970): the primary stamps it
+/// into a prepare (the core never reads a clock).
+fn wall_clock_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_primary_carries_view_primary_and_its_address() {
+        let reply = client_reply(
+            ClientReply::NotPrimary {
+                view: 4,
+                primary: Some(1),
+            },
+            |replica| (replica == 1).then(|| "10.0.0.2:7000".to_owned()),
+        );
+        assert!(matches!(
+            reply,
+            ShardReply::NotPrimary { view: 4, primary: Some(1), ref address } if address == "10.0.0.2:7000"
+        ));
+        let unknown = client_reply(
+            ClientReply::NotPrimary {
+                view: 5,
+                primary: None,
+            },
+            |_| Some("never asked".to_owned()),
+        );
+        assert!(matches!(
+            unknown,
+            ShardReply::NotPrimary { view: 5, primary: None, ref address } if address.is_empty()
+        ));
+    }
+
+    fn single_replica_config(data_dir: &std::path::Path) -> crate::config::ServerConfig {
+        let mut config = crate::config::ServerConfig::new(data_dir.to_path_buf());
+        config.listen = "127.0.0.1:0".parse().unwrap();
+        config.topology.shards = runtime::ShardCountArg::Count(2);
+        config.topology.pin = false;
+        config
+    }
+
+    /// Today's behaviour through the driver and the core with `replica_count = 1`: Register and
+    /// CreateStream/CreateTopic commit, a retried request gets its cached reply (applied once),
+    /// and a restart keeps every change.
+    #[test]
+    fn one_replica_commits_and_a_restart_keeps_the_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = crate::RunningServer::start(single_replica_config(dir.path())).unwrap();
+        let addr = server.local_addr;
+        let runtime = compio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let mut client = bus::Client::connect(addr).await.unwrap();
+            let session = client.register().await.unwrap();
+            assert!(session > 0);
+            client.create_stream(1, "orders").await.unwrap();
+            client.create_topic(1, 1, "eu", 2).await.unwrap();
+            let refused = client.create_stream(1, "orders").await.unwrap_err();
+            assert!(
+                refused.to_string().contains("already exists"),
+                "a second CreateStream of id 1 is refused: {refused}"
+            );
+        });
+        server.stop_handle().stop();
+        server.join().unwrap();
+
+        let server = crate::RunningServer::start(single_replica_config(dir.path())).unwrap();
+        let addr = server.local_addr;
+        let metadata = runtime.block_on(async {
+            let mut client = bus::Client::connect(addr).await.unwrap();
+            client.register().await.unwrap();
+            client.get_metadata().await.unwrap()
+        });
+        server.stop_handle().stop();
+        server.join().unwrap();
+        assert_eq!(
+            (metadata.view, metadata.replica, metadata.primary),
+            (0, 0, 0),
+            "a single replica is the primary of view 0"
+        );
+        // Register, CreateStream, CreateTopic before the restart, a second Register after it.
+        assert!(metadata.commit >= 4, "commit {}", metadata.commit);
+        assert_eq!(metadata.streams.len(), 1);
+        assert_eq!(metadata.streams[0].name, "orders");
+        assert_eq!(metadata.streams[0].topics.len(), 1);
+        assert_eq!(metadata.streams[0].topics[0].partitions.len(), 2);
+    }
+
+    fn cluster_config(
+        data_dir: &std::path::Path,
+        replica: u8,
+        addresses: &[std::net::SocketAddr],
+    ) -> crate::config::ServerConfig {
+        let mut config = single_replica_config(data_dir);
+        config.cluster = 7;
+        config.replica = replica;
+        config.addresses = addresses.to_vec();
+        config
+    }
+
+    /// Asks every running replica for its metadata until `done` holds for the answers; panics
+    /// naming what they last showed after `attempts` rounds 20 ms apart (a liveness bound, not
+    /// a timing assertion: the cluster has seconds to converge).
+    fn wait_for_all(
+        runtime: &compio::runtime::Runtime,
+        addresses: &[std::net::SocketAddr],
+        done: impl Fn(&[bus::Metadata]) -> bool,
+        what: &str,
+    ) -> Vec<bus::Metadata> {
+        let mut last = Vec::new();
+        for _ in 0..500 {
+            last = runtime.block_on(async {
+                let mut all = Vec::new();
+                for address in addresses {
+                    let Ok(mut client) = bus::Client::connect(*address).await else {
+                        continue;
+                    };
+                    if let Ok(metadata) = client.get_metadata().await {
+                        all.push(metadata);
+                    }
+                }
+                all
+            });
+            if last.len() == addresses.len() && done(&last) {
+                return last;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        panic!("{what}: the replicas did not converge; last seen: {last:#?}");
+    }
+
+    /// Three replicas in one process: they elect a primary, a change made through any replica's
+    /// address (the client follows NotPrimary) is applied on all three, and after the primary
+    /// stops the other two elect a new one and keep committing.
+    #[test]
+    fn three_replicas_elect_commit_and_fail_over() {
+        let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let addresses: Vec<std::net::SocketAddr> = (0..3)
+            .map(|_| {
+                std::net::TcpListener::bind("127.0.0.1:0")
+                    .unwrap()
+                    .local_addr()
+                    .unwrap()
+            })
+            .collect();
+        let mut servers: Vec<Option<crate::RunningServer>> = (0..3u8)
+            .map(|replica| {
+                let config = cluster_config(dirs[usize::from(replica)].path(), replica, &addresses);
+                Some(crate::RunningServer::start(config).unwrap())
+            })
+            .collect();
+        let clients: Vec<std::net::SocketAddr> = servers
+            .iter()
+            .map(|server| server.as_ref().unwrap().local_addr)
+            .collect();
+        let runtime = compio::runtime::Runtime::new().unwrap();
+        // Every replica in one view, its primary's, with the status normal (a replica in a view
+        // change reports no primary: `primary` is then the view's, which the others disagree
+        // with only while they are in another view).
+        let elected = wait_for_all(
+            &runtime,
+            &clients,
+            |all| {
+                all.windows(2)
+                    .all(|pair| (pair[0].view, pair[0].primary) == (pair[1].view, pair[1].primary))
+            },
+            "election",
+        );
+        runtime.block_on(async {
+            // Through a backup's address: the client follows NotPrimary to the primary.
+            let backup = (elected[0].primary + 1) % 3;
+            let mut client = bus::Client::connect_any(&[clients[usize::from(backup)]])
+                .await
+                .unwrap();
+            client.register().await.unwrap();
+            client.create_stream(1, "orders").await.unwrap();
+        });
+        let committed = wait_for_all(
+            &runtime,
+            &clients,
+            |all| all.iter().all(|metadata| metadata.streams.len() == 1),
+            "the first change on every replica",
+        );
+        let old_primary = committed[0].primary;
+
+        let stopped = servers[usize::from(old_primary)].take().unwrap();
+        stopped.stop_handle().stop();
+        stopped.join().unwrap();
+        let survivors: Vec<std::net::SocketAddr> = (0..3u8)
+            .filter(|replica| *replica != old_primary)
+            .map(|replica| clients[usize::from(replica)])
+            .collect();
+        wait_for_all(
+            &runtime,
+            &survivors,
+            |all| {
+                all.iter().all(|metadata| {
+                    metadata.primary != old_primary && metadata.view > committed[0].view
+                })
+            },
+            "a new primary",
+        );
+        runtime.block_on(async {
+            let mut client = bus::Client::connect_any(&survivors).await.unwrap();
+            client.register().await.unwrap();
+            client.create_stream(2, "after").await.unwrap();
+        });
+        wait_for_all(
+            &runtime,
+            &survivors,
+            |all| all.iter().all(|metadata| metadata.streams.len() == 2),
+            "a change in the new view on both survivors",
+        );
+        for server in servers.into_iter().flatten() {
+            server.stop_handle().stop();
+            server.join().unwrap();
+        }
+    }
+}
