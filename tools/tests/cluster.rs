@@ -1,0 +1,571 @@
+//! Three real `shardline serve` processes on 127.0.0.1 forming one VSR cluster (issue 8, "Tests
+//! it must have"): changes through any replica's address, kill -9 of the primary or a backup,
+//! the restarted replica catching up by repair (also with its last journal record torn), a
+//! retried request answered with its original reply after failover, identity refusals, and
+//! malformed replica frames that do not stop a replica.
+//!
+//! Each replica runs `--shards 1 --no-pin` with its own data directory, client port and replica
+//! address. Waits poll with a deadline (a loaded 2-core host is slow); nothing asserts a time.
+
+mod common;
+
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{BIN, Server};
+
+const CLUSTER: &str = "7";
+/// Longest wait for a cluster condition (election, catch-up) before the test fails.
+const CONVERGE_DEADLINE: Duration = Duration::from_secs(60);
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Cluster {
+    _root: tempfile::TempDir,
+    dirs: Vec<PathBuf>,
+    clients: Vec<SocketAddr>,
+    replicas: Vec<SocketAddr>,
+    servers: Vec<Option<Server>>,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let root = tempfile::tempdir().unwrap();
+        let dirs: Vec<PathBuf> = (0..3).map(|i| root.path().join(format!("r{i}"))).collect();
+        let clients: Vec<SocketAddr> = (0..3)
+            .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())))
+            .collect();
+        let replicas: Vec<SocketAddr> = (0..3)
+            .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())))
+            .collect();
+        let mut cluster = Cluster {
+            _root: root,
+            dirs,
+            clients,
+            replicas,
+            servers: vec![None, None, None],
+        };
+        for index in 0..3 {
+            cluster.start_replica(index);
+        }
+        cluster
+    }
+
+    fn addresses(&self) -> String {
+        self.replicas
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn serve_args(&self, index: usize) -> Vec<String> {
+        vec![
+            "--shards".into(),
+            "1".into(),
+            "--no-pin".into(),
+            "--cluster".into(),
+            CLUSTER.into(),
+            "--replica".into(),
+            index.to_string(),
+            "--addresses".into(),
+            self.addresses(),
+        ]
+    }
+
+    fn start_replica(&mut self, index: usize) {
+        let args = self.serve_args(index);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let listen = self.clients[index].to_string();
+        let deadline = Instant::now() + CONVERGE_DEADLINE;
+        let server = loop {
+            match Server::try_start_on(Command::new(BIN), &self.dirs[index], &listen, &args) {
+                Ok(server) => break server,
+                // The port of a replica just killed may not be free yet.
+                Err(stderr) if Instant::now() < deadline => {
+                    eprintln!("replica {index} did not start yet: {stderr}");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(stderr) => panic!("replica {index} did not start:\n{stderr}"),
+            }
+        };
+        self.servers[index] = Some(server);
+    }
+
+    fn kill9(&mut self, index: usize) {
+        self.servers[index]
+            .take()
+            .expect("replica is running")
+            .kill9();
+    }
+
+    /// Every client address, comma-separated: the CLI tries them in turn and follows NotPrimary.
+    fn all_clients(&self) -> String {
+        self.clients
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn stderr(&self, index: usize) -> String {
+        self.servers[index]
+            .as_ref()
+            .map(Server::stderr)
+            .unwrap_or_default()
+    }
+
+    /// The index of the replica that all running replicas agree is the primary of a view with
+    /// status normal, once they do.
+    fn wait_for_primary(&self, running: &[usize]) -> usize {
+        let deadline = Instant::now() + CONVERGE_DEADLINE;
+        loop {
+            let views: Vec<Option<serde_json::Value>> =
+                running.iter().map(|&i| metadata(self.clients[i])).collect();
+            let primaries: Vec<Option<u64>> = views
+                .iter()
+                .map(|m| m.as_ref().and_then(|m| m["primary"].as_u64()))
+                .collect();
+            if let Some(Some(primary)) = primaries.first()
+                && primaries.iter().all(|p| *p == Some(*primary))
+                && running.contains(&(*primary as usize))
+            {
+                return *primary as usize;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no agreed primary among {running:?}: {primaries:?}\n{}",
+                self.stderrs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until every replica in `running` shows the same streams and commit number, and
+    /// returns that metadata.
+    fn wait_converged(&self, running: &[usize]) -> serde_json::Value {
+        let deadline = Instant::now() + CONVERGE_DEADLINE;
+        loop {
+            let all: Vec<Option<serde_json::Value>> =
+                running.iter().map(|&i| metadata(self.clients[i])).collect();
+            if all.iter().all(Option::is_some) {
+                let all: Vec<serde_json::Value> = all.into_iter().map(Option::unwrap).collect();
+                let first = &all[0];
+                if all
+                    .iter()
+                    .all(|m| m["streams"] == first["streams"] && m["commit"] == first["commit"])
+                {
+                    return first.clone();
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "replicas {running:?} did not converge\n{}",
+                self.stderrs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn stderrs(&self) -> String {
+        (0..3)
+            .map(|i| format!("--- replica {i} stderr ---\n{}", tail(&self.stderr(i), 40)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// `shardline metadata --addr ADDR` as JSON, or `None` if it fails (replica down or busy).
+fn metadata(addr: SocketAddr) -> Option<serde_json::Value> {
+    let output = Command::new(BIN)
+        .args(["metadata", "--addr", &addr.to_string()])
+        .output()
+        .unwrap();
+    if !output.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&output.stdout).ok()
+}
+
+/// Runs the CLI with `args`; panics with its stderr unless it succeeds.
+fn cli(args: &[&str]) {
+    let output = Command::new(BIN).args(args).output().unwrap();
+    assert!(
+        output.status.success(),
+        "shardline {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+fn stream_names(metadata: &serde_json::Value) -> Vec<String> {
+    metadata["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Creates stream `id` named `s{id}` with one topic, through the address list.
+fn create_stream_and_topic(cluster: &Cluster, id: u32) {
+    let addrs = cluster.all_clients();
+    cli(&[
+        "stream",
+        "create",
+        &id.to_string(),
+        &format!("s{id}"),
+        "--addr",
+        &addrs,
+    ]);
+    cli(&[
+        "topic",
+        "create",
+        &id.to_string(),
+        "1",
+        "events",
+        "--addr",
+        &addrs,
+    ]);
+}
+
+fn expected_names(ids: impl IntoIterator<Item = u32>) -> Vec<String> {
+    ids.into_iter().map(|id| format!("s{id}")).collect()
+}
+
+fn others(excluded: usize) -> Vec<usize> {
+    (0..3).filter(|&i| i != excluded).collect()
+}
+
+/// Kill -9 of `victim` (the primary or a backup), more changes, restart: every acknowledged
+/// change is on all three exactly once.
+fn kill_commit_restart(victim_is_primary: bool, damage: impl Fn(&Path)) {
+    let mut cluster = Cluster::start();
+    let primary = cluster.wait_for_primary(&[0, 1, 2]);
+    for id in 1..=3 {
+        create_stream_and_topic(&cluster, id);
+    }
+    cluster.wait_converged(&[0, 1, 2]);
+    let victim = if victim_is_primary {
+        primary
+    } else {
+        (primary + 1) % 3
+    };
+    cluster.kill9(victim);
+    let survivors = others(victim);
+    let new_primary = cluster.wait_for_primary(&survivors);
+    if victim_is_primary {
+        assert_ne!(new_primary, victim);
+    }
+    for id in 4..=6 {
+        create_stream_and_topic(&cluster, id);
+    }
+    damage(&cluster.dirs[victim]);
+    cluster.start_replica(victim);
+    let converged = cluster.wait_converged(&[0, 1, 2]);
+    let mut names = stream_names(&converged);
+    names.sort();
+    assert_eq!(names, expected_names(1..=6), "{converged:#}");
+    for stream in converged["streams"].as_array().unwrap() {
+        assert_eq!(stream["topics"].as_array().unwrap().len(), 1, "{stream:#}");
+    }
+}
+
+#[test]
+fn issue8_cluster_kill_9_of_the_primary_elects_a_new_one_and_the_restarted_replica_repairs() {
+    kill_commit_restart(true, |_| {});
+}
+
+#[test]
+fn issue8_cluster_kill_9_of_a_backup_keeps_committing_and_it_catches_up() {
+    kill_commit_restart(false, |_| {});
+}
+
+/// The journal segment with the highest first op under `data_dir/journal`.
+fn last_journal_segment(data_dir: &Path) -> PathBuf {
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(data_dir.join("journal"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .collect();
+    segments.sort();
+    segments.pop().expect("a journal segment")
+}
+
+#[test]
+fn issue8_cluster_restarted_replica_with_a_torn_last_journal_record_repairs_from_peers() {
+    kill_commit_restart(true, |data_dir| {
+        let segment = last_journal_segment(data_dir);
+        let size = std::fs::metadata(&segment).unwrap().len();
+        assert!(size > 40, "{} holds a record", segment.display());
+        // A torn write: the last record loses its final bytes.
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&segment)
+            .unwrap();
+        file.set_len(size - 17).unwrap();
+    });
+}
+
+/// One metadata request with a fixed client id and request number on a fresh connection.
+fn raw_request(
+    addr: SocketAddr,
+    client: u128,
+    request: u64,
+    operation: bus::Operation,
+    namespace: bus::Namespace,
+    body: &[u8],
+) -> Option<(bus::Header, Vec<u8>)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .ok()?;
+    let mut header = bus::Header::new(bus::Command::Request, operation);
+    header.client = client;
+    header.request = request;
+    header.namespace = namespace.0;
+    stream
+        .write_all(&bus::encode_frame(&mut header, body))
+        .ok()?;
+    let mut head = [0u8; bus::HEADER_SIZE];
+    stream.read_exact(&mut head).ok()?;
+    let reply: bus::Header = bytemuck::pod_read_unaligned(&head);
+    let mut reply_body = vec![0u8; (reply.size as usize).saturating_sub(bus::HEADER_SIZE)];
+    stream.read_exact(&mut reply_body).ok()?;
+    Some((reply, reply_body))
+}
+
+/// Sends the request to the primary of the cluster, following NotPrimary by trying each
+/// address, until a reply other than NotPrimary/Busy/ShuttingDown comes back.
+fn request_at_primary(
+    cluster: &Cluster,
+    client: u128,
+    request: u64,
+    operation: bus::Operation,
+    namespace: bus::Namespace,
+    body: &[u8],
+) -> (bus::Header, Vec<u8>) {
+    let deadline = Instant::now() + CONVERGE_DEADLINE;
+    loop {
+        for (index, &addr) in cluster.clients.iter().enumerate() {
+            if cluster.servers[index].is_none() {
+                continue;
+            }
+            if let Some((header, reply_body)) =
+                raw_request(addr, client, request, operation, namespace, body)
+            {
+                let code = bus::ErrorCode::from_u32(header.error_code);
+                if !matches!(
+                    code,
+                    Some(
+                        bus::ErrorCode::NotPrimary
+                            | bus::ErrorCode::Busy
+                            | bus::ErrorCode::ShuttingDown
+                    )
+                ) {
+                    return (header, reply_body);
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no primary answered request {request} of client {client:#x}\n{}",
+            cluster.stderrs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn issue8_cluster_retried_request_after_failover_gets_its_original_reply() {
+    let mut cluster = Cluster::start();
+    let primary = cluster.wait_for_primary(&[0, 1, 2]);
+    let client = 0x5eed_0001_u128;
+    let (registered, _) = request_at_primary(
+        &cluster,
+        client,
+        0,
+        bus::Operation::Register,
+        bus::Namespace(0),
+        &[],
+    );
+    assert_eq!(registered.error_code, 0);
+    let stream = bus::Namespace::new(42, 0, 0);
+    let (first, first_body) = request_at_primary(
+        &cluster,
+        client,
+        1,
+        bus::Operation::CreateStream,
+        stream,
+        b"orders",
+    );
+    assert_eq!(
+        first.error_code,
+        0,
+        "{}",
+        String::from_utf8_lossy(&first_body)
+    );
+    cluster.kill9(primary);
+    cluster.wait_for_primary(&others(primary));
+    // The same client and request number, resent to the new primary: the original reply, not a
+    // second apply (which would answer StreamAlreadyExists).
+    let (retried, retried_body) = request_at_primary(
+        &cluster,
+        client,
+        1,
+        bus::Operation::CreateStream,
+        stream,
+        b"orders",
+    );
+    assert_eq!(
+        retried.error_code,
+        0,
+        "{}",
+        String::from_utf8_lossy(&retried_body)
+    );
+    assert_eq!(
+        (retried.operation, retried.offset, retried.count),
+        (first.operation, first.offset, first.count)
+    );
+    let converged = cluster.wait_converged(&others(primary));
+    assert_eq!(stream_names(&converged), vec!["orders".to_owned()]);
+}
+
+#[test]
+fn issue8_cluster_data_directory_refuses_another_cluster_id_or_replica_index() {
+    let mut cluster = Cluster::start();
+    cluster.wait_for_primary(&[0, 1, 2]);
+    cluster.kill9(2);
+    let dir = cluster.dirs[2].clone();
+    let listen = cluster.clients[2].to_string();
+    let addresses = cluster.addresses();
+    for (flag, value, named) in [("--cluster", "8", "8"), ("--replica", "1", "1")] {
+        let mut args = vec![
+            "--shards",
+            "1",
+            "--no-pin",
+            "--cluster",
+            CLUSTER,
+            "--replica",
+            "2",
+            "--addresses",
+            &addresses,
+        ];
+        let at = args.iter().position(|a| *a == flag).unwrap();
+        args[at + 1] = value;
+        let stderr = match Server::try_start_on(Command::new(BIN), &dir, &listen, &args) {
+            Ok(server) => panic!(
+                "replica 2's directory booted with {flag} {value}:\n{}",
+                server.stderr()
+            ),
+            Err(stderr) => stderr,
+        };
+        assert!(
+            stderr.contains(named) && stderr.to_lowercase().contains("refus"),
+            "{flag} {value}: {stderr}"
+        );
+    }
+}
+
+/// Connects to replica `index`'s replica address and writes `bytes`; the replica may close.
+fn send_to_replica_port(cluster: &Cluster, index: usize, bytes: &[u8]) {
+    let mut stream =
+        TcpStream::connect_timeout(&cluster.replicas[index], Duration::from_secs(5)).unwrap();
+    let _ = stream.write_all(bytes);
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let mut sink = [0u8; 512];
+    let _ = stream.read(&mut sink);
+}
+
+/// A replica-bus frame with a valid checksum: `command`, `cluster`, `replica`, and `body`.
+fn replica_frame(command: u8, cluster: u128, replica: u8, body: &[u8]) -> Vec<u8> {
+    let mut header = bus::Header::new(bus::Command::Hello, bus::Operation::Ping);
+    header.command = command;
+    header.operation = 0;
+    header.cluster = cluster;
+    header.replica = replica;
+    bus::encode_frame(&mut header, body)
+}
+
+#[test]
+fn issue8_cluster_malformed_replica_frames_are_refused_and_the_replica_keeps_running() {
+    let mut cluster = Cluster::start();
+    let primary = cluster.wait_for_primary(&[0, 1, 2]);
+    let target = (primary + 1) % 3;
+    // Garbage: no valid header checksum.
+    send_to_replica_port(&cluster, target, &[0xAB; 300]);
+    // A header whose checksum does not match.
+    let mut bad_checksum = replica_frame(bus::Command::Hello as u8, 7, 0, b"127.0.0.1:1");
+    bad_checksum[100] ^= 0xFF;
+    send_to_replica_port(&cluster, target, &bad_checksum);
+    // Hello from another cluster, and from an unknown replica index.
+    send_to_replica_port(
+        &cluster,
+        target,
+        &replica_frame(bus::Command::Hello as u8, 8, 0, b"127.0.0.1:1"),
+    );
+    send_to_replica_port(
+        &cluster,
+        target,
+        &replica_frame(bus::Command::Hello as u8, 7, 9, b"127.0.0.1:1"),
+    );
+    // An unknown command after a valid Hello from a known index.
+    let mut hello_then_unknown =
+        replica_frame(bus::Command::Hello as u8, 7, primary as u8, b"127.0.0.1:1");
+    hello_then_unknown.extend(replica_frame(200, 7, primary as u8, &[]));
+    send_to_replica_port(&cluster, target, &hello_then_unknown);
+    // A prepare whose parent chain is broken (its body is not a record of the log).
+    let mut hello_then_prepare =
+        replica_frame(bus::Command::Hello as u8, 7, primary as u8, b"127.0.0.1:1");
+    hello_then_prepare.extend(replica_frame(
+        bus::Command::Prepare as u8,
+        7,
+        primary as u8,
+        &[0x11; 96],
+    ));
+    send_to_replica_port(&cluster, target, &hello_then_prepare);
+
+    // The cluster still commits, and the attacked replica still follows.
+    for id in 1..=2 {
+        create_stream_and_topic(&cluster, id);
+    }
+    let converged = cluster.wait_converged(&[0, 1, 2]);
+    assert_eq!(stream_names(&converged), expected_names(1..=2));
+    assert!(
+        cluster.servers[target]
+            .as_mut()
+            .unwrap()
+            .child
+            .try_wait()
+            .unwrap()
+            .is_none()
+    );
+    let stderr = cluster.stderr(target);
+    for reason in [
+        "hello from cluster 0x8",
+        "hello from replica index 9, outside 0..3",
+        "malformed frame",
+        "replica keeps running",
+    ] {
+        assert!(
+            stderr.contains(reason),
+            "the refusal {reason:?} is logged: {}",
+            tail(&stderr, 40)
+        );
+    }
+}
