@@ -19,7 +19,7 @@ use common::{BIN, Server};
 
 const CLUSTER: &str = "7";
 /// Longest wait for a cluster condition (election, catch-up) before the test fails.
-const CONVERGE_DEADLINE: Duration = Duration::from_secs(60);
+const CONVERGE_DEADLINE: Duration = Duration::from_mins(1);
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
