@@ -806,14 +806,8 @@ mod tests {
     #[test]
     fn three_replicas_elect_commit_and_fail_over() {
         let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-        let addresses: Vec<std::net::SocketAddr> = (0..3)
-            .map(|_| {
-                std::net::TcpListener::bind("127.0.0.1:0")
-                    .unwrap()
-                    .local_addr()
-                    .unwrap()
-            })
-            .collect();
+        let addresses: Vec<std::net::SocketAddr> =
+            (0..3).map(|_| crate::test_support::unused_addr()).collect();
         let mut servers: Vec<Option<crate::RunningServer>> = (0..3u8)
             .map(|replica| {
                 let config = cluster_config(dirs[usize::from(replica)].path(), replica, &addresses);

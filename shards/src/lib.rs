@@ -18,6 +18,8 @@ pub mod resources;
 pub mod server;
 pub mod shard;
 pub mod store;
+#[cfg(test)]
+mod test_support;
 pub mod unopened;
 pub mod vsr;
 

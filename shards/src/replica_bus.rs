@@ -701,14 +701,8 @@ mod tests {
     fn two_buses_exchange_frames_and_learn_client_addresses() {
         compio::runtime::Runtime::new().unwrap().block_on(async {
             // Reserve two ports, then free them for the buses.
-            let ports: Vec<SocketAddr> = (0..2)
-                .map(|_| {
-                    std::net::TcpListener::bind("127.0.0.1:0")
-                        .unwrap()
-                        .local_addr()
-                        .unwrap()
-                })
-                .collect();
+            let ports: Vec<SocketAddr> =
+                (0..2).map(|_| crate::test_support::unused_addr()).collect();
             let (tx0, rx0) = crossfire::mpsc::bounded_async::<Inbound<u32>>(16);
             let (tx1, rx1) = crossfire::mpsc::bounded_async::<Inbound<u32>>(16);
             let bus0 = ReplicaBus::start(config(0, ports.clone()), test_decoder(), tx0)

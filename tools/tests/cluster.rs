@@ -10,7 +10,7 @@
 mod common;
 
 use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -22,11 +22,7 @@ const CLUSTER: &str = "7";
 const CONVERGE_DEADLINE: Duration = Duration::from_mins(1);
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    common::unused_port()
 }
 
 struct Cluster {
