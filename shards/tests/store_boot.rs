@@ -157,10 +157,17 @@ fn a_legacy_single_replica_directory_keeps_booting_and_replays() {
         assert_eq!(boot.recovered.journal_first_op, 1);
     });
     block_on(async {
-        // The single-replica commit path replays them.
-        let (replica, metadata) = shards::store::replay::open(&single).await.unwrap();
-        assert_eq!(replica.commit_min(), 3);
-        assert_eq!(metadata.streams.keys().copied().collect::<Vec<_>>(), [2, 3]);
+        // The core, opened as a single replica, commits and applies them at once.
+        let boot = recover(&single).await.unwrap();
+        let (core, _actions) = shards::vsr::replica::Replica::open(
+            shards::driver::core_config(&single),
+            boot.recovered,
+        );
+        assert_eq!(core.commit_min(), 3);
+        assert_eq!(
+            core.metadata().streams.keys().copied().collect::<Vec<_>>(),
+            [2, 3]
+        );
     });
     // Asking it to be a replica of a cluster refuses.
     let (field, ..) = identity_error(block_on(recover(&config(dir.path(), 0, 0, 3))).unwrap_err());

@@ -16,7 +16,6 @@
 pub mod boot;
 mod checkpoint;
 pub mod failpoint;
-pub mod replay;
 
 pub use checkpoint::{CheckpointDone, CheckpointError};
 
@@ -43,9 +42,6 @@ pub struct ReplicaStore {
     /// Held for one superblock write; guards the superblock handle itself. Taken after
     /// `checkpoint_lock` when both are needed.
     superblock_lock: Mutex<Superblock>,
-    /// The highest op `replay::open` applied (the driver's store leaves it at the checkpoint:
-    /// the core holds the commit number).
-    commit_min: Cell<u64>,
     /// The op of the latest checkpoint recorded in the superblock (or found newer at boot).
     checkpoint_op: Cell<u64>,
 }
@@ -54,7 +50,6 @@ impl std::fmt::Debug for ReplicaStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReplicaStore")
             .field("data_dir", &self.data_dir)
-            .field("commit_min", &self.commit_min.get())
             .field("checkpoint_op", &self.checkpoint_op.get())
             .finish_non_exhaustive()
     }
@@ -75,7 +70,6 @@ impl ReplicaStore {
             journal: Mutex::new(journal),
             checkpoint_lock: Mutex::new(()),
             superblock_lock: Mutex::new(superblock),
-            commit_min: Cell::new(checkpoint_op),
             checkpoint_op: Cell::new(checkpoint_op),
         }
     }
@@ -89,11 +83,6 @@ impl ReplicaStore {
     /// superblock writes.
     pub fn superblock(&self) -> &Mutex<Superblock> {
         &self.superblock_lock
-    }
-
-    /// The highest op applied to the state machine and client table.
-    pub fn commit_min(&self) -> u64 {
-        self.commit_min.get()
     }
 
     /// The op of the latest checkpoint.
