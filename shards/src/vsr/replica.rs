@@ -181,6 +181,12 @@ pub struct Replica {
     /// Prepares from the checkpoint before the latest one up to `op` (after a restart: from
     /// `checkpoint_op + 1`), contiguous and chained.
     log: BTreeMap<u64, Entry>,
+    /// The checksum of the prepare at `op` when the log does not hold it (a restart from a
+    /// checkpoint at `op`), learned from a peer's committed header: the parent of the next
+    /// prepare this replica makes as primary.
+    top_checksum: Option<u128>,
+    /// The last tick a header for `op` was asked for (`top_checksum` unknown).
+    top_asked: Option<u64>,
 
     // Primary (section 4.1).
     /// Who holds each uncommitted op durably (`PrepareOk`, own after `JournalWritten`).
@@ -352,6 +358,8 @@ impl Replica {
             metadata: Arc::new(recovered.metadata),
             client_table: recovered.client_table,
             log,
+            top_checksum: None,
+            top_asked: None,
             oks: BTreeMap::new(),
             in_flight: BTreeMap::new(),
             queue: VecDeque::new(),
@@ -944,7 +952,12 @@ impl Replica {
     /// backup. The caller handles the token.
     fn prepare(&mut self, request: ClientRequest, actions: &mut Vec<Action>) -> Result<(), String> {
         let op = self.op + 1;
-        let parent = self.log.get(&self.op).map_or(0, |entry| entry.checksum);
+        let parent = self
+            .log
+            .get(&self.op)
+            .map(|entry| entry.checksum)
+            .or(self.top_checksum)
+            .unwrap_or(0);
         let key = request_key(&request);
         let body = PrepareBody::new(
             request.client,
