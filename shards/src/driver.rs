@@ -278,10 +278,13 @@ impl Driver {
                         if let Completion::JournalFailed {
                             op,
                             retryable: false,
-                        } = completion
+                            reason,
+                        } = &completion
                         {
                             drop(core);
-                            self.fail_stop(&format!("the metadata journal failed at op {op}"));
+                            self.fail_stop(&format!(
+                                "the metadata journal failed at op {op}: {reason}"
+                            ));
                             return;
                         }
                         core.on_io_done(completion)
@@ -402,6 +405,7 @@ impl Driver {
                 Completion::JournalFailed {
                     op,
                     retryable: false,
+                    reason: error.to_string(),
                 }
             }
         };
@@ -587,6 +591,11 @@ async fn journal_writer(
             batch.push(next);
         }
         let result = store.journal().lock().await.append_batch(&batch).await;
+        let reason = result
+            .as_ref()
+            .err()
+            .map(journal_failure_reason)
+            .unwrap_or_default();
         let retryable = match &result {
             Ok(()) => {
                 if refusing {
@@ -621,11 +630,26 @@ async fn journal_writer(
                     checksum: JournalHeader::for_prepare(prepare).checksum,
                 }
             } else {
-                Completion::JournalFailed { op, retryable }
+                Completion::JournalFailed {
+                    op,
+                    retryable,
+                    reason: reason.clone(),
+                }
             };
             let _ = completions.send(completion).await;
         }
     }
+}
+
+/// What a failed journal write tells the clients it refuses: the error (the journal file, the
+/// failed step, the free bytes), and for a write past the file-size limit how to raise it.
+fn journal_failure_reason(error: &JournalError) -> String {
+    if let JournalError::StorageFull { source, .. } = error
+        && let Some(note) = crate::shard::file_size_limit_note(source)
+    {
+        return format!("{error}: {note}");
+    }
+    error.to_string()
 }
 
 /// Durably drops every journal record above `op`.

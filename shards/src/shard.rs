@@ -308,7 +308,7 @@ fn verdict_reply(
 /// For a write refused with `EFBIG`: the file-size limit is the cause, not free space (the
 /// storage error's own text says "retry once space is freed", which never helps then). `None`
 /// for any other errno.
-fn file_size_limit_note(source: &std::io::Error) -> Option<String> {
+pub(crate) fn file_size_limit_note(source: &std::io::Error) -> Option<String> {
     if source.raw_os_error() != Some(libc::EFBIG) {
         return None;
     }

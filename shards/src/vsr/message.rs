@@ -207,7 +207,13 @@ pub enum Completion {
     JournalRead { op: u64, prepare: Option<Prepare> },
     /// A journal write or truncate failed; `retryable` is true when nothing changed (space
     /// refused and rolled back), false when the journal is unusable until restart.
-    JournalFailed { op: u64, retryable: bool },
+    /// `reason` is the driver's description of the failure, naming the journal file and, for a
+    /// refused write, the free space (the core adds it to the clients' error replies).
+    JournalFailed {
+        op: u64,
+        retryable: bool,
+        reason: String,
+    },
     /// The superblock now durably holds this view and log_view.
     SuperblockWritten { view: u32, log_view: u32 },
     /// A checkpoint at `op` is durable; the journal now starts at `journal_first_op`.

@@ -582,8 +582,12 @@ impl Replica {
             Completion::JournalRead { op, prepare } => {
                 self.on_journal_read(op, prepare, &mut actions);
             }
-            Completion::JournalFailed { op, retryable } => {
-                self.on_journal_failed(op, retryable, &mut actions);
+            Completion::JournalFailed {
+                op,
+                retryable,
+                reason,
+            } => {
+                self.on_journal_failed(op, retryable, &reason, &mut actions);
             }
             Completion::SuperblockWritten { view, log_view } => {
                 self.superblock_durable = self.superblock_durable.max((view, log_view));
@@ -1273,19 +1277,26 @@ impl Replica {
             .all(|(_, entry)| entry.durable)
     }
 
-    fn on_journal_failed(&mut self, op: u64, retryable: bool, actions: &mut Vec<Action>) {
+    fn on_journal_failed(
+        &mut self,
+        op: u64,
+        retryable: bool,
+        reason: &str,
+        actions: &mut Vec<Action>,
+    ) {
         if retryable {
             if self.config.replica_count == 1 {
-                self.roll_back_refused(op, actions);
+                self.roll_back_refused(op, reason, actions);
                 return;
             }
             tracing::warn!(
                 op,
+                reason,
                 "journal write refused (retryable); retrying on the next tick"
             );
             // The prepare may already be at backups: its op is never reused in this view, so
             // the write is retried; its clients are told now instead of waiting for space.
-            self.answer_storage_full(op, actions);
+            self.answer_storage_full(op, reason, actions);
             let from = self.journal_retry_from.map_or(op, |from| from.min(op));
             self.journal_retry_from = Some(from.max(1));
             return;
@@ -1303,7 +1314,9 @@ impl Replica {
                     token,
                     ClientReply::Error {
                         code: bus::ErrorCode::StorageFailure,
-                        message: format!("the metadata journal failed at op {op}"),
+                        message: format!(
+                            "metadata not persisted: the journal failed at op {op}: {reason}"
+                        ),
                     },
                 );
             }
@@ -1314,7 +1327,7 @@ impl Replica {
     /// A single replica whose journal refused the write at `op` for lack of space (rolled back,
     /// nothing durable): drops that prepare and every later one (their op numbers are reused
     /// once space returns) and answers their clients, and the queued ones, `StorageFull`.
-    fn roll_back_refused(&mut self, op: u64, actions: &mut Vec<Action>) {
+    fn roll_back_refused(&mut self, op: u64, reason: &str, actions: &mut Vec<Action>) {
         let from = op.max(self.commit_min + 1);
         if from > self.op {
             return;
@@ -1325,7 +1338,7 @@ impl Replica {
             "metadata journal full: the write was refused and rolled back; the change is not \
              applied"
         );
-        self.answer_storage_full(from, actions);
+        self.answer_storage_full(from, reason, actions);
         self.log.split_off(&from);
         self.op = from - 1;
         self.verified_op = self.verified_op.min(self.op);
@@ -1336,13 +1349,13 @@ impl Replica {
         for request in std::mem::take(&mut self.queue) {
             let key = request_key(&request);
             for token in self.waiting.remove(&key).unwrap_or_default() {
-                reply(actions, token, storage_full(from));
+                reply(actions, token, storage_full(from, reason));
             }
         }
     }
 
     /// Answers `StorageFull` to the clients waiting on prepares at or above `op`.
-    fn answer_storage_full(&mut self, op: u64, actions: &mut Vec<Action>) {
+    fn answer_storage_full(&mut self, op: u64, reason: &str, actions: &mut Vec<Action>) {
         let keys: Vec<(u128, u64)> = self
             .in_flight
             .iter()
@@ -1351,7 +1364,7 @@ impl Replica {
             .collect();
         for key in keys {
             for token in self.waiting.remove(&key).unwrap_or_default() {
-                reply(actions, token, storage_full(op));
+                reply(actions, token, storage_full(op, reason));
             }
         }
     }
@@ -1538,13 +1551,14 @@ fn request_key(request: &ClientRequest) -> (u128, u64) {
     }
 }
 
-fn storage_full(op: u64) -> ClientReply {
+/// `reason`: the driver's text, naming the journal file and the free space.
+fn storage_full(op: u64, reason: &str) -> ClientReply {
     ClientReply::Error {
         code: bus::ErrorCode::StorageFull,
         message: format!(
             "metadata journal full: the write of op {op} was refused for lack of space and \
              rolled back, so the change is not applied (with replicas it may still commit once \
-             space returns: retry to learn its outcome); free space and retry"
+             space returns: retry to learn its outcome): {reason}"
         ),
     }
 }

@@ -1339,6 +1339,7 @@ fn vsr_4_1_single_replica_journal_full_answers_storage_full_and_reuses_the_op() 
     let actions = replica.on_io_done(Completion::JournalFailed {
         op: 1,
         retryable: true,
+        reason: "journal/00000000000000000001.wal: 0 bytes free".to_owned(),
     });
     let full: Vec<ClientToken> = actions
         .iter()
@@ -1348,9 +1349,16 @@ fn vsr_4_1_single_replica_journal_full_answers_storage_full_and_reuses_the_op() 
                 reply:
                     ClientReply::Error {
                         code: bus::ErrorCode::StorageFull,
-                        ..
+                        message,
                     },
-            } => Some(*token),
+            } => {
+                // The client learns which file and how much space: the driver's reason.
+                assert!(
+                    message.ends_with("00000000000000000001.wal: 0 bytes free"),
+                    "{message}"
+                );
+                Some(*token)
+            }
             _ => None,
         })
         .collect();
@@ -1363,7 +1371,8 @@ fn vsr_4_1_single_replica_journal_full_answers_storage_full_and_reuses_the_op() 
         replica
             .on_io_done(Completion::JournalFailed {
                 op: 2,
-                retryable: true
+                retryable: true,
+                reason: String::new(),
             })
             .is_empty()
     );
