@@ -3,3 +3,4 @@
 pub mod arg_values;
 pub mod bench;
 pub mod output;
+pub mod sim;

@@ -48,6 +48,8 @@ enum Command {
     Metadata(client_cmds::AddrArgs),
     /// Check a data file offline, read-only: superblock, snapshot, wal, segment or metadata (exit 1 on damage).
     Inspect(inspect::InspectArgs),
+    /// Simulate a cluster by seed: the real consensus core against a faulty network, disk and clock.
+    Sim(shardline::sim::SimArgs),
 }
 
 /// A writer that drops its failures: every write reports the whole buffer written. Log lines are
@@ -119,6 +121,11 @@ fn main() -> std::process::ExitCode {
         Command::Poll(args) => client_cmds::poll(&args),
         Command::Metadata(args) => client_cmds::metadata(&args),
         Command::Inspect(args) => return inspect::run(&args),
+        Command::Sim(args) => match shardline::sim::run(&args) {
+            Ok(0) => Ok(()),
+            Ok(_) => return std::process::ExitCode::FAILURE,
+            Err(error) => Err(error.into()),
+        },
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
