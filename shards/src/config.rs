@@ -21,6 +21,15 @@ pub const CONNECTION_IDLE_TIMEOUT_MIN: std::time::Duration = std::time::Duration
 pub const CONNECTION_IDLE_TIMEOUT_MAX: std::time::Duration = std::time::Duration::from_hours(24);
 /// Smallest segment size (bytes); tests roll segments with small values.
 pub const SEGMENT_SIZE_MIN: u64 = 4096;
+/// Replica counts a cluster may have (`--addresses` lists this many): 1, or 3 and 5, which
+/// tolerate 1 and 2 failed replicas (VSR needs 2f + 1; an even count tolerates no more than the
+/// odd count below it).
+pub const REPLICA_COUNTS: [usize; 3] = [1, 3, 5];
+/// Shortest consensus tick: timers finer than a millisecond only burn CPU.
+pub const TICK_MIN: std::time::Duration = std::time::Duration::from_millis(1);
+/// Longest consensus tick: beyond one second a failover takes tens of seconds with default
+/// tick counts.
+pub const TICK_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 const _: () = assert!(MESSAGE_SIZE_MIN as usize > bus::HEADER_SIZE + bus::BATCH_HEADER_SIZE);
 const _: () = assert!(MESSAGE_SIZE_MAX >= bus::limits::MESSAGE_SIZE_MAX_DEFAULT);
@@ -189,6 +198,110 @@ impl ServerConfig {
                 "must name a directory".to_owned(),
             ));
         }
+        self.validate_cluster()
+    }
+
+    /// The cluster keys' rules (issue 8 section 3), each error naming flag, value and rule.
+    fn validate_cluster(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &'static str, value: String, rule: String| ConfigError::Invalid {
+            flag: flag_of(key),
+            key,
+            value,
+            rule,
+        };
+        let addresses = || {
+            self.addresses
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        if !self.addresses.is_empty() && !REPLICA_COUNTS.contains(&self.addresses.len()) {
+            return Err(invalid(
+                "addresses",
+                addresses(),
+                format!(
+                    "must list 1, 3 or 5 replica addresses (the replica count; VSR needs 2f+1 \
+                     replicas to survive f failures), not {}",
+                    self.addresses.len()
+                ),
+            ));
+        }
+        if usize::from(self.replica) >= self.addresses.len().max(1) {
+            return Err(invalid(
+                "replica",
+                self.replica.to_string(),
+                format!(
+                    "must be below the replica count {} (the number of --addresses; 0 without \
+                     them)",
+                    self.replica_count()
+                ),
+            ));
+        }
+        for (index, address) in self.addresses.iter().enumerate() {
+            if address.port() == 0 {
+                return Err(invalid(
+                    "addresses",
+                    addresses(),
+                    format!(
+                        "replica {index}'s address {address} has port 0: peers must know the \
+                         port to connect to"
+                    ),
+                ));
+            }
+            if let Some(first) = self.addresses[..index].iter().position(|a| a == address) {
+                return Err(invalid(
+                    "addresses",
+                    addresses(),
+                    format!(
+                        "replicas {first} and {index} share the address {address}: each \
+                         replica needs its own"
+                    ),
+                ));
+            }
+        }
+        if let Some(own) = self.addresses.get(usize::from(self.replica))
+            && *own == self.listen
+        {
+            return Err(invalid(
+                "listen",
+                self.listen.to_string(),
+                format!(
+                    "is also this replica's (--replica {}) replica address in --addresses: \
+                     clients and replicas need different addresses",
+                    self.replica
+                ),
+            ));
+        }
+        if !(TICK_MIN..=TICK_MAX).contains(&self.tick) {
+            return Err(invalid(
+                "tick",
+                self.tick.as_millis().to_string(),
+                format!(
+                    "must be between {} and {} ms",
+                    TICK_MIN.as_millis(),
+                    TICK_MAX.as_millis()
+                ),
+            ));
+        }
+        if self.heartbeat_ticks == 0 {
+            return Err(invalid(
+                "heartbeat_ticks",
+                "0".to_owned(),
+                "must be at least 1 tick".to_owned(),
+            ));
+        }
+        if self.view_change_timeout_ticks <= self.heartbeat_ticks {
+            return Err(invalid(
+                "view_change_timeout_ticks",
+                self.view_change_timeout_ticks.to_string(),
+                format!(
+                    "must be greater than --heartbeat-ticks ({}): a backup that starts a view \
+                     change before the next heartbeat could arrive deposes a healthy primary",
+                    self.heartbeat_ticks
+                ),
+            ));
+        }
         Ok(())
     }
 }
@@ -205,6 +318,13 @@ fn flag_of(key: &'static str) -> &'static str {
         "checkpoint_interval" => "--checkpoint-interval",
         "shards" => "--shards",
         "data_dir" => "--data-dir",
+        "listen" => "--listen",
+        "cluster" => "--cluster",
+        "replica" => "--replica",
+        "addresses" => "--addresses",
+        "tick" => "--tick-ms",
+        "heartbeat_ticks" => "--heartbeat-ticks",
+        "view_change_timeout_ticks" => "--view-change-timeout-ticks",
         _ => key,
     }
 }
@@ -283,6 +403,131 @@ mod tests {
                 storage::limits::SEGMENT_SIZE_MAX_LIMIT
             )
         );
+    }
+
+    fn cluster_config(replica: u8, ports: &[u16]) -> ServerConfig {
+        let mut config = ServerConfig::new(PathBuf::from("/tmp/x"));
+        config.replica = replica;
+        config.addresses = ports
+            .iter()
+            .map(|port| SocketAddr::from(([127, 0, 0, 1], *port)))
+            .collect();
+        config
+    }
+
+    fn error_of(config: &ServerConfig) -> String {
+        config.validate().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn cluster_of_one_three_or_five_is_valid() {
+        for ports in [
+            &[7001][..],
+            &[7001, 7002, 7003],
+            &[7001, 7002, 7003, 7004, 7005],
+        ] {
+            for replica in 0..ports.len() as u8 {
+                cluster_config(replica, ports).validate().unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn replica_count_must_be_one_three_or_five() {
+        for ports in [
+            &[7001, 7002][..],
+            &[7001, 7002, 7003, 7004],
+            &[1, 2, 3, 4, 5, 6],
+        ] {
+            let message = error_of(&cluster_config(0, ports));
+            assert!(
+                message.starts_with("invalid --addresses value \"127.0.0.1:")
+                    && message.contains(&format!(
+                        "must list 1, 3 or 5 replica addresses (the replica count; VSR needs \
+                         2f+1 replicas to survive f failures), not {}",
+                        ports.len()
+                    )),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn replica_must_be_below_the_count() {
+        assert_eq!(
+            error_of(&cluster_config(3, &[7001, 7002, 7003])),
+            "invalid --replica value \"3\": must be below the replica count 3 (the number of \
+             --addresses; 0 without them)"
+        );
+        assert_eq!(
+            error_of(&cluster_config(1, &[])),
+            "invalid --replica value \"1\": must be below the replica count 1 (the number of \
+             --addresses; 0 without them)"
+        );
+    }
+
+    #[test]
+    fn addresses_must_be_distinct_and_have_a_port() {
+        assert_eq!(
+            error_of(&cluster_config(0, &[7001, 7002, 7001])),
+            "invalid --addresses value \"127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7001\": \
+             replicas 0 and 2 share the address 127.0.0.1:7001: each replica needs its own"
+        );
+        assert_eq!(
+            error_of(&cluster_config(0, &[7001, 0, 7003])),
+            "invalid --addresses value \"127.0.0.1:7001,127.0.0.1:0,127.0.0.1:7003\": replica \
+             1's address 127.0.0.1:0 has port 0: peers must know the port to connect to"
+        );
+    }
+
+    #[test]
+    fn own_replica_address_must_differ_from_listen() {
+        let mut config = cluster_config(1, &[7001, 7002, 7003]);
+        config.listen = SocketAddr::from(([127, 0, 0, 1], 7002));
+        assert_eq!(
+            error_of(&config),
+            "invalid --listen value \"127.0.0.1:7002\": is also this replica's (--replica 1) \
+             replica address in --addresses: clients and replicas need different addresses"
+        );
+        // Another replica's address may equal it (that replica runs on another host).
+        config.replica = 0;
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn tick_must_be_between_1_and_1000_ms() {
+        let mut config = cluster_config(0, &[7001, 7002, 7003]);
+        for ms in [0, 1001] {
+            config.tick = std::time::Duration::from_millis(ms);
+            assert_eq!(
+                error_of(&config),
+                format!("invalid --tick-ms value \"{ms}\": must be between 1 and 1000 ms")
+            );
+        }
+        for ms in [1, 1000] {
+            config.tick = std::time::Duration::from_millis(ms);
+            config.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn heartbeat_must_be_a_tick_and_view_change_timeout_longer() {
+        let mut config = cluster_config(0, &[7001, 7002, 7003]);
+        config.heartbeat_ticks = 0;
+        assert_eq!(
+            error_of(&config),
+            "invalid --heartbeat-ticks value \"0\": must be at least 1 tick"
+        );
+        config.heartbeat_ticks = 10;
+        config.view_change_timeout_ticks = 10;
+        assert_eq!(
+            error_of(&config),
+            "invalid --view-change-timeout-ticks value \"10\": must be greater than \
+             --heartbeat-ticks (10): a backup that starts a view change before the next \
+             heartbeat could arrive deposes a healthy primary"
+        );
+        config.view_change_timeout_ticks = 11;
+        config.validate().unwrap();
     }
 
     #[test]

@@ -112,6 +112,12 @@ pub const VIEW_CHANGE_TIMEOUT_TICKS_DEFAULT: u64 = 30;
 /// Prepares a primary keeps in flight (prepared, not yet committed): concurrent clients' changes
 /// share fsyncs, and a view change carries at most this many uncommitted prepares.
 pub const PIPELINE_PREPARE_MAX: usize = 8;
+/// Largest replica-bus frame (bytes, header included; `vsr::wire`): a DoViewChange or StartView
+/// of `PIPELINE_PREPARE_MAX` journal records of the largest body
+/// (`storage::limits::JOURNAL_RECORD_SIZE_MAX`) behind its 4-byte count, about 8 MiB. A peer's
+/// frame announcing more is refused before its body is read.
+pub const REPLICA_MESSAGE_SIZE_MAX: u32 =
+    (bus::HEADER_SIZE + 4 + PIPELINE_PREPARE_MAX * storage::limits::JOURNAL_RECORD_SIZE_MAX) as u32;
 
 const _: () =
     assert!(SHUTDOWN_DRAIN_DEADLINE.as_secs() < runtime::launcher::SHUTDOWN_DEADLINE.as_secs());

@@ -18,6 +18,7 @@ pub mod message;
 pub mod prepare;
 pub mod replica;
 pub mod snapshot;
+pub mod wire;
 
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
