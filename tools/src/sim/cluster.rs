@@ -17,6 +17,7 @@ use std::fmt::Write as _;
 use shards::vsr::message::{Action, ClientReply, ClientRequest, Message};
 use shards::vsr::prepare::PrepareBody;
 use shards::vsr::replica::{CoreConfig, Replica};
+use shards::vsr::wire;
 use storage::journal::JournalHeader;
 
 use super::SimConfig;
@@ -37,9 +38,13 @@ const PARTITION_TICKS_MAX: u64 = 400;
 /// What crosses the simulated network.
 #[derive(Debug, Clone)]
 enum Payload {
-    Replica(Message),
+    /// One replica frame as `shards::vsr::wire::encode` made it (256-byte bus header + body).
+    Replica(Vec<u8>),
     Request(ClientRequest),
-    Reply { token: u64, reply: ClientReply },
+    Reply {
+        token: u64,
+        reply: ClientReply,
+    },
 }
 
 /// Faults injected in one run, by kind.
@@ -403,10 +408,27 @@ impl World {
         payload: Payload,
     ) -> Result<(), Violation> {
         match payload {
-            Payload::Replica(message) => {
-                let Some(core) = self.nodes[to].core.as_mut() else {
+            Payload::Replica(frame) => {
+                if self.nodes[to].core.is_none() {
                     return Ok(());
-                };
+                }
+                let (sender, message) =
+                    wire::decode(&frame, self.config.cluster, self.config.replica_count).map_err(
+                        |error| Violation {
+                            rule: "wire",
+                            detail: format!(
+                                "r{from}->r{to}: a frame replica {from} encoded does not decode: \
+                                 {error}"
+                            ),
+                        },
+                    )?;
+                if usize::from(sender) != from {
+                    return Err(Violation {
+                        rule: "wire",
+                        detail: format!("r{from}->r{to}: the frame names sender {sender}"),
+                    });
+                }
+                let core = self.nodes[to].core.as_mut().expect("up");
                 self.trace
                     .event(self.tick, &format!("r{from}->r{to} {}", describe(&message)));
                 let actions = core.on_message(from as u8, message);
@@ -509,7 +531,8 @@ impl World {
         for action in actions {
             match action {
                 Action::Send { to, message } => {
-                    self.send(replica, usize::from(to), Payload::Replica(message));
+                    let frame = wire::encode(self.config.cluster, replica as u8, &message);
+                    self.send(replica, usize::from(to), Payload::Replica(frame));
                 }
                 Action::Reply { token, reply } => {
                     let Some(&(client_index, _)) = self.tokens.get(&token) else {
@@ -629,6 +652,16 @@ impl World {
         if self.tick > 0 {
             node.catching_up_to = Some(self.checker.commit_max());
         }
+        // The state restored from the snapshot (and any journal replay) must match what every
+        // other replica had at that commit point.
+        let core = node.core.as_ref().expect("just opened");
+        let (commit_min, digest) = (core.commit_min(), core.state_digest());
+        self.checker
+            .on_digest(replica as u8, commit_min, digest)
+            .map_err(|violation| Violation {
+                detail: format!("after recovery: {}", violation.detail),
+                ..violation
+            })?;
         self.perform(replica, actions)
     }
 
@@ -818,13 +851,10 @@ impl World {
         self.in_liveness_phase
     }
 
-    /// Test hook: report a forged commit to the checker, as a broken core would, so a test can
-    /// show that the checker catches it.
-    ///
-    /// # Errors
-    /// The violation the checker reports.
-    pub fn forge_commit(&mut self, replica: u8, op: u64, checksum: u128) -> Result<(), Violation> {
-        self.checker.on_commit(replica, op, checksum)
+    /// Test hook: the checker, so a test can feed it what a broken core would do (a forged
+    /// commit, a reply nobody committed) and see the run fail.
+    pub fn checker_mut(&mut self) -> &mut Checker {
+        &mut self.checker
     }
 }
 

@@ -7,8 +7,8 @@
 //! first violated rule and the last events. `--seeds A..B` runs each seed on its own thread (one
 //! seed is one job; the threads share nothing, so each seed stays deterministic).
 //!
-//! Replica messages travel as typed `Message` values: the replica wire codec
-//! (`shards::vsr::wire`) is not on this branch yet.
+//! Replica messages cross the simulated network as frames of the real replica codec
+//! (`shards::vsr::wire`: a 256-byte checksummed bus header and a body), decoded on delivery.
 
 pub mod checker;
 pub mod cluster;
