@@ -132,8 +132,25 @@ impl SeedReport {
     }
 }
 
+thread_local! {
+    /// Where the last panic on this thread happened, if [`quiet_panic_hook`] is installed.
+    static PANIC_LOCATION: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Replaces the process's panic hook with one that prints nothing and records the panic's
+/// location for the seed's report (a core panic is a finding reported as the rule
+/// `core-panic`, not a crash of `shardline sim`).
+fn quiet_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let location = info
+            .location()
+            .map(|location| format!("{}:{}", location.file(), location.line()));
+        PANIC_LOCATION.with(|slot| *slot.borrow_mut() = location);
+    }));
+}
+
 fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
+    let message = payload
         .downcast_ref::<String>()
         .cloned()
         .or_else(|| {
@@ -141,7 +158,11 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
                 .downcast_ref::<&str>()
                 .map(|text| (*text).to_owned())
         })
-        .unwrap_or_else(|| "non-text panic payload".to_owned())
+        .unwrap_or_else(|| "non-text panic payload".to_owned());
+    match PANIC_LOCATION.with(|slot| slot.borrow_mut().take()) {
+        Some(location) => format!("{message} (at {location})"),
+        None => message,
+    }
 }
 
 /// Runs seed `seed` under `config`. A panic of the core (an assertion) is reported as the rule
@@ -423,6 +444,7 @@ impl SimArgs {
 /// when the returned count of failures is not 0.
 pub fn run(args: &SimArgs) -> std::io::Result<usize> {
     let config = args.config();
+    quiet_panic_hook();
     let seeds = match (&args.seeds, args.seed) {
         (Some(range), _) => range.clone(),
         (None, Some(seed)) => seed..seed.saturating_add(1),
