@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use shards::vsr::message::{Action, ClientReply, ClientRequest, Message};
+use shards::vsr::message::{Action, ClientReply, ClientRequest, Completion, Message};
 use shards::vsr::prepare::PrepareBody;
 use shards::vsr::replica::{CoreConfig, Replica};
 use shards::vsr::wire;
@@ -372,8 +372,10 @@ impl World {
                         detail: format!("replica {replica}: {}", violation.detail),
                     })?;
             for completion in completions {
-                self.trace
-                    .event(self.tick, &format!("r{replica} io_done {completion:?}"));
+                self.trace.event(
+                    self.tick,
+                    &format!("r{replica} io_done {}", describe_completion(&completion)),
+                );
                 let core = self.nodes[replica].core.as_mut().expect("up");
                 let actions = core.on_io_done(completion);
                 self.perform(replica, actions)?;
@@ -855,6 +857,15 @@ impl World {
     /// commit, a reply nobody committed) and see the run fail.
     pub fn checker_mut(&mut self) -> &mut Checker {
         &mut self.checker
+    }
+}
+
+fn describe_completion(completion: &Completion) -> String {
+    match completion {
+        Completion::JournalRead { op, prepare } => {
+            format!("journal_read op{op} found={}", prepare.is_some())
+        }
+        other => format!("{other:?}"),
     }
 }
 
