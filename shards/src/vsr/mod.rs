@@ -11,6 +11,7 @@
 //! journal, never reply to a duplicate by applying it again, never let a failed checkpoint step
 //! invalidate the previous checkpoint, and never take its locks out of order.
 
+pub mod apply;
 pub mod boot;
 pub mod client_table;
 pub mod failpoint;

@@ -5,14 +5,43 @@
 //! driver runs it in `serve`, and `shardline sim` runs the very same code against a simulated
 //! network, disk and clock (issue 8 section 1).
 //!
-//! INTERFACE SKELETON: the bodies are filled in by the core's implementation.
-#![allow(clippy::needless_pass_by_value)]
+//! Layout: this file holds the state, the inputs, the normal case (section 4.1) and the apply
+//! path; `replica/view_change.rs` the view change (section 4.2); `replica/repair.rs` the
+//! repair of missing or forked prepares (issue 8 section 2, section 4.3 style catch-up).
+//!
+//! Invariants (checked by the tests and the simulator):
+//! - The in-memory log holds every prepare in `(lowest held, op]`, contiguous and chained: each
+//!   prepare's body names the checksum of the prepare below it. The journal mirrors it (writes
+//!   are appended in op order; a fork is cut with `TruncateJournal` before the rewrite).
+//! - `commit_min <= verified_op <= op` and `commit_min <= commit_max`: a replica applies only ops
+//!   that are both known committed (`commit_max`) and on the current primary's chain
+//!   (`verified_op`), in op order, each exactly once.
+//! - A committed op is never truncated; a replica acts on a view (sends `StartViewChange`,
+//!   `DoViewChange`, `PrepareOk` in it, or prepares in it) only after the superblock holds it.
+//! - A backup never applies a client's change before it is committed, and never answers a
+//!   client other than `NotPrimary`.
 
-use storage::journal::Prepare;
+mod repair;
+#[cfg(test)]
+mod tests;
+mod view_change;
 
-use super::client_table::ClientTable;
-use super::message::{Action, ClientRequest, Completion, Message, ReplicaIndex, Status};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use storage::journal::{JournalHeader, Prepare};
+
+use super::apply::{self, Applied};
+use super::client_table::{ClientTable, Lookup};
+use super::message::{
+    Action, ClientReply, ClientRequest, ClientToken, Completion, Message, ReplicaIndex, Status,
+};
+use super::prepare::{PrepareBody, PrepareOperation};
 use crate::metadata::MetadataState;
+
+/// Client requests a primary queues while its pipeline is full; beyond it a request gets
+/// `Busy`.
+pub const REQUEST_QUEUE_MAX: usize = 1024;
 
 /// Fixed parameters of one replica's core.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,6 +59,8 @@ pub struct CoreConfig {
     pub view_change_timeout_ticks: u64,
     /// `--clients-table-max`.
     pub clients_table_max: usize,
+    /// Committed ops between two checkpoints (`--checkpoint-interval`), at least 1.
+    pub checkpoint_interval: u64,
     /// Seeds the core's own PRNG (view-change backoff). The driver passes something random; the
     /// simulator passes a value derived from its seed.
     pub seed: u64,
@@ -56,43 +87,504 @@ pub struct Recovered {
     pub journal_first_op: u64,
 }
 
+/// One prepare the replica holds, with its identity.
+#[derive(Debug, Clone)]
+struct Entry {
+    prepare: Prepare,
+    /// `JournalHeader::for_prepare(&prepare).checksum`.
+    checksum: u128,
+    /// The checksum of the prepare below, as the body names it (0: unknown/legacy, or op 1).
+    parent: u128,
+    /// The journal reported the write durable (`Completion::JournalWritten`).
+    durable: bool,
+}
+
+impl Entry {
+    /// Checks and identifies `prepare`; `None` (with the reason) when its body is too large for
+    /// a journal record or does not decode as a prepare body.
+    fn new(prepare: Prepare) -> Result<Entry, String> {
+        if prepare.body.len() > storage::limits::JOURNAL_BODY_SIZE_MAX as usize {
+            return Err(format!(
+                "prepare at op {} has a {}-byte body, above the journal's limit",
+                prepare.op,
+                prepare.body.len()
+            ));
+        }
+        if prepare.op == 0 {
+            return Err("prepare at op 0".to_owned());
+        }
+        let body = PrepareBody::decode(&prepare.body)
+            .map_err(|reason| format!("prepare at op {}: body: {reason}", prepare.op))?;
+        let parent = body
+            .parent_checksum()
+            .map_err(|reason| format!("prepare at op {}: {reason}", prepare.op))?;
+        let checksum = JournalHeader::for_prepare(&prepare).checksum;
+        Ok(Entry {
+            prepare,
+            checksum,
+            parent,
+            durable: false,
+        })
+    }
+}
+
+/// A `DoViewChange` as the new primary keeps it (section 4.2 step 3).
+#[derive(Debug, Clone)]
+struct DoViewChange {
+    log_view: u32,
+    op: u64,
+    commit: u64,
+    prepares: Vec<Prepare>,
+}
+
+/// The log the new primary of a view chose and is installing (section 4.2 step 3).
+#[derive(Debug, Clone, Copy)]
+struct Install {
+    /// The chosen log's highest op.
+    op: u64,
+    /// The checksum of the chosen log's prepare at `op`, when the chosen DVC carried it.
+    checksum: Option<u128>,
+    /// Who sent the chosen log (asked first for repairs).
+    source: ReplicaIndex,
+}
+
+/// A repair request in flight.
+#[derive(Debug, Clone, Copy)]
+struct Requested {
+    checksum: u128,
+    attempts: u32,
+    last_tick: u64,
+}
+
 /// One replica's consensus state. `!Send` is not required, but only one driver owns it.
 #[derive(Debug)]
 pub struct Replica {
     config: CoreConfig,
+    quorum: usize,
+    status: Status,
+    view: u32,
+    log_view: u32,
+    /// The highest op in the log.
+    op: u64,
+    /// The highest op applied.
+    commit_min: u64,
+    /// The highest op known committed.
+    commit_max: u64,
+    /// The highest op whose prepare (and so, by the parent chain, every one below it) is known
+    /// to be on the current primary's log; a backup applies up to `min(commit_max, verified)`.
+    verified_op: u64,
+    checkpoint_op: u64,
+    checkpoint_in_progress: Option<u64>,
+    journal_first_op: u64,
+    metadata: Arc<MetadataState>,
+    client_table: ClientTable,
+    /// Prepares in `(checkpoint_op - 1, op]` (the one at the checkpoint is kept as an anchor
+    /// when it is held), contiguous.
+    log: BTreeMap<u64, Entry>,
+
+    // Primary (section 4.1).
+    /// Who holds each uncommitted op durably (`PrepareOk`, own after `JournalWritten`).
+    oks: BTreeMap<u64, BTreeSet<ReplicaIndex>>,
+    /// `(client, request)` of every prepared op above `commit_min` -> its op (a retry attaches
+    /// its token instead of preparing again).
+    in_flight: BTreeMap<(u128, u64), u64>,
+    /// Requests waiting for room in the pipeline.
+    queue: VecDeque<ClientRequest>,
+    /// Tokens waiting for the commit of `(client, request)`.
+    waiting: BTreeMap<(u128, u64), Vec<ClientToken>>,
+
+    // Timers, in ticks.
+    now: u64,
+    primary_deadline: u64,
+    view_change_deadline: u64,
+    heartbeat_due: u64,
+    /// Last tick a StartView was sent to a replica found in an older view.
+    start_view_sent: BTreeMap<ReplicaIndex, u64>,
+    /// Last tick this replica asked a newer view's primary for a StartView.
+    start_view_asked: u64,
+
+    // View change (section 4.2).
+    svc_sent: bool,
+    svc_from: BTreeSet<ReplicaIndex>,
+    dvc_sent: bool,
+    dvcs: BTreeMap<ReplicaIndex, DoViewChange>,
+    install: Option<Install>,
+    /// The commit number of the StartView this backup adopted (it PrepareOks above it).
+    start_view_commit: u64,
+
+    // Persistence: (view, log_view) asked for and known durable.
+    superblock_requested: (u32, u32),
+    superblock_durable: (u32, u32),
+
+    // Repair.
+    /// Checksums known to be on the current primary's (or the chosen) log, by op.
+    targets: BTreeMap<u64, u128>,
+    /// Verified prepares not yet connected to the log.
+    pending: BTreeMap<u64, Entry>,
+    requested: BTreeMap<u64, Requested>,
+    /// Peers waiting for a journal read: op -> (peer, checksum).
+    reads: BTreeMap<u64, Vec<(ReplicaIndex, u128)>>,
+    state_transfer_warned: bool,
+    fork_warned: bool,
+
+    // Journal.
+    journal_retry_from: Option<u64>,
+    stopped: bool,
+    rng: u64,
 }
 
 impl Replica {
     /// Starts the core from what recovery found. Returns the first actions (e.g. a superblock
     /// write that moves a restarted primary into a view change, or the Apply of journaled ops a
     /// single replica may commit at once).
+    ///
+    /// - `replica_count == 1`: every journaled prepare was committed by its fsync: all are
+    ///   applied now; the replica is the primary, status normal.
+    /// - otherwise: prepares up to `recovered.commit_max` were committed and applied before the
+    ///   crash and are applied again; the rest stay an uncommitted log. A replica that was the
+    ///   primary of `recovered.view` moves to `view + 1` (it may have lost prepares it sent but
+    ///   had not made durable: reusing their op numbers in the same view would fork the log); one
+    ///   whose `log_view < view` resumes the view change; any other is a backup in its view.
+    /// - a journal whose highest record is above the last valid prepare is truncated there
+    ///   (`TruncateJournal`); the missing ops are repaired from peers.
+    ///
+    /// # Panics
+    /// If the config is inconsistent: `replica_count` 0, `replica >= replica_count`, or a zero
+    /// `pipeline_max`, `heartbeat_ticks`, `view_change_timeout_ticks`, `checkpoint_interval`.
     pub fn open(config: CoreConfig, recovered: Recovered) -> (Replica, Vec<Action>) {
-        let _ = recovered;
-        todo!("core implementation: {config:?}")
+        assert!(
+            config.replica_count >= 1,
+            "replica_count must be at least 1"
+        );
+        assert!(
+            config.replica < config.replica_count,
+            "replica index {} is not below replica_count {}",
+            config.replica,
+            config.replica_count
+        );
+        assert!(config.pipeline_max >= 1, "pipeline_max must be at least 1");
+        assert!(
+            config.heartbeat_ticks >= 1,
+            "heartbeat_ticks must be at least 1"
+        );
+        assert!(
+            config.view_change_timeout_ticks >= 1,
+            "view_change_timeout_ticks must be at least 1"
+        );
+        assert!(
+            config.checkpoint_interval >= 1,
+            "checkpoint_interval must be at least 1"
+        );
+        let mut actions = Vec::new();
+        let mut log = BTreeMap::new();
+        let mut last_valid = recovered.checkpoint_op;
+        let mut last_checksum = None;
+        for prepare in recovered.prepares {
+            if prepare.op != last_valid + 1 {
+                tracing::warn!(
+                    op = prepare.op,
+                    expected = last_valid + 1,
+                    "recovered journal is not contiguous; keeping the prefix and repairing"
+                );
+                break;
+            }
+            let entry = match Entry::new(prepare) {
+                Ok(entry) => entry,
+                Err(reason) => {
+                    tracing::warn!(%reason, "recovered prepare unusable; truncating and repairing");
+                    break;
+                }
+            };
+            if let Some(below) = last_checksum
+                && entry.parent != 0
+                && entry.parent != below
+            {
+                tracing::warn!(
+                    op = entry.prepare.op,
+                    "recovered prepare does not chain to the one below; truncating and repairing"
+                );
+                break;
+            }
+            last_checksum = Some(entry.checksum);
+            last_valid = entry.prepare.op;
+            log.insert(
+                last_valid,
+                Entry {
+                    durable: true,
+                    ..entry
+                },
+            );
+        }
+        if recovered.journal_last_op > last_valid {
+            actions.push(Action::TruncateJournal { op: last_valid });
+        }
+        let single = config.replica_count == 1;
+        let apply_to = if single {
+            last_valid
+        } else {
+            recovered
+                .commit_max
+                .clamp(recovered.checkpoint_op, last_valid)
+        };
+        let rng = config.seed ^ 0x9e37_79b9_7f4a_7c15;
+        let quorum = usize::from(config.replica_count) / 2 + 1;
+        let mut replica = Replica {
+            quorum,
+            status: Status::Normal,
+            view: recovered.view,
+            log_view: recovered.log_view,
+            op: last_valid,
+            commit_min: recovered.checkpoint_op,
+            commit_max: recovered.commit_max.max(apply_to),
+            verified_op: apply_to,
+            checkpoint_op: recovered.checkpoint_op,
+            checkpoint_in_progress: None,
+            journal_first_op: recovered.journal_first_op,
+            metadata: Arc::new(recovered.metadata),
+            client_table: recovered.client_table,
+            log,
+            oks: BTreeMap::new(),
+            in_flight: BTreeMap::new(),
+            queue: VecDeque::new(),
+            waiting: BTreeMap::new(),
+            now: 0,
+            primary_deadline: 0,
+            view_change_deadline: 0,
+            heartbeat_due: 0,
+            start_view_sent: BTreeMap::new(),
+            start_view_asked: 0,
+            svc_sent: false,
+            svc_from: BTreeSet::new(),
+            dvc_sent: false,
+            dvcs: BTreeMap::new(),
+            install: None,
+            start_view_commit: 0,
+            superblock_requested: (recovered.view, recovered.log_view),
+            superblock_durable: (recovered.view, recovered.log_view),
+            targets: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            requested: BTreeMap::new(),
+            reads: BTreeMap::new(),
+            state_transfer_warned: false,
+            fork_warned: false,
+            journal_retry_from: None,
+            stopped: false,
+            rng,
+            config,
+        };
+        if single {
+            replica.commit_max = replica.op;
+            replica.verified_op = replica.op;
+            replica.apply_committed(&mut actions);
+            replica.log_view = replica.view;
+            return (replica, actions);
+        }
+        replica.apply_committed(&mut actions);
+        tracing::info!(
+            replica = replica.config.replica,
+            view = replica.view,
+            log_view = replica.log_view,
+            op = replica.op,
+            commit_min = replica.commit_min,
+            "consensus core opened"
+        );
+        if replica.primary_of(replica.view) == replica.config.replica {
+            let next = replica.view + 1;
+            replica.start_view_change(next, &mut actions);
+        } else if replica.log_view < replica.view {
+            let view = replica.view;
+            replica.enter_view_change(view, &mut actions);
+        } else {
+            replica.reset_primary_deadline();
+        }
+        (replica, actions)
     }
 
     /// A message from peer `from` (already checked for cluster id and checksum by the wire
-    /// codec).
+    /// codec). Messages from an index `>= replica_count` or from this replica are ignored, and
+    /// so are messages of an older view, except that a primary answers them with a
+    /// `StartView` (VSR Revisited section 4.3 style catch-up) and repair requests are served in
+    /// any view.
     pub fn on_message(&mut self, from: ReplicaIndex, message: Message) -> Vec<Action> {
-        let _ = (from, message);
-        todo!()
+        let mut actions = Vec::new();
+        if self.stopped || from >= self.config.replica_count || from == self.config.replica {
+            return actions;
+        }
+        if message.view() < self.view {
+            self.answer_older_view(from, &mut actions);
+        }
+        match message {
+            Message::Prepare { prepare } => self.on_prepare(from, prepare, &mut actions),
+            Message::PrepareOk { view, op, checksum } => {
+                self.on_prepare_ok(from, view, op, checksum, &mut actions);
+            }
+            Message::Commit {
+                view,
+                commit,
+                commit_checksum,
+            } => self.on_commit(from, view, commit, commit_checksum, &mut actions),
+            Message::StartViewChange { view } => {
+                self.on_start_view_change(from, view, &mut actions);
+            }
+            Message::DoViewChange {
+                view,
+                log_view,
+                op,
+                commit,
+                prepares,
+            } => self.on_do_view_change(
+                from,
+                view,
+                DoViewChange {
+                    log_view,
+                    op,
+                    commit,
+                    prepares,
+                },
+                &mut actions,
+            ),
+            Message::StartView {
+                view,
+                op,
+                commit,
+                prepares,
+            } => self.on_start_view(from, view, op, commit, prepares, &mut actions),
+            Message::RequestPrepare { op, checksum, .. } => {
+                self.on_request_prepare(from, op, checksum, &mut actions);
+            }
+            Message::RequestHeaders { op_min, op_max, .. } => {
+                self.on_request_headers(from, op_min, op_max, &mut actions);
+            }
+            Message::Headers { headers, .. } => self.on_headers(&headers, &mut actions),
+        }
+        self.request_repairs(&mut actions);
+        actions
     }
 
-    /// A client request (Register or a metadata change). A backup answers `NotPrimary`.
+    /// A client request (Register or a metadata change). A backup answers `NotPrimary`; a
+    /// primary answers a duplicate from the client table, attaches a retry of a request in the
+    /// pipeline to it, prepares a new one (VSR Revisited section 4.1 steps 1-3), or queues it
+    /// while the pipeline is full (`Busy` beyond [`REQUEST_QUEUE_MAX`]).
     pub fn on_request(&mut self, request: ClientRequest) -> Vec<Action> {
-        let _ = request;
-        todo!()
+        let mut actions = Vec::new();
+        if self.stopped {
+            reply(
+                &mut actions,
+                request.token,
+                ClientReply::Error {
+                    code: bus::ErrorCode::StorageFailure,
+                    message: "the metadata journal failed; this replica stopped".to_owned(),
+                },
+            );
+        } else if !self.is_primary() {
+            let primary = (self.status == Status::Normal).then(|| self.primary());
+            reply(
+                &mut actions,
+                request.token,
+                ClientReply::NotPrimary {
+                    view: self.view,
+                    primary,
+                },
+            );
+        } else {
+            self.accept_request(request, &mut actions);
+        }
+        actions
     }
 
-    /// One tick of the driver's clock.
+    /// One tick of the driver's clock: heartbeats and prepare resends (primary), the primary
+    /// timeout (backup), the view-change timeout, repair retries, journal write retries.
     pub fn on_tick(&mut self) -> Vec<Action> {
-        todo!()
+        let mut actions = Vec::new();
+        if self.stopped {
+            return actions;
+        }
+        self.now += 1;
+        if let Some(from) = self.journal_retry_from.take() {
+            self.retry_journal(from, &mut actions);
+        }
+        if self.config.replica_count > 1 {
+            match self.status {
+                Status::Normal if self.is_primary() => {
+                    if self.now >= self.heartbeat_due {
+                        self.heartbeat_due = self.now + self.config.heartbeat_ticks;
+                        self.send_commit_heartbeat(&mut actions);
+                        self.resend_prepares(&mut actions);
+                    }
+                }
+                Status::Normal => {
+                    if self.now >= self.primary_deadline {
+                        tracing::info!(
+                            replica = self.config.replica,
+                            view = self.view,
+                            "no message from the primary within the timeout; starting a view change"
+                        );
+                        let next = self.view + 1;
+                        self.start_view_change(next, &mut actions);
+                    }
+                }
+                Status::ViewChange => {
+                    if self.now >= self.view_change_deadline {
+                        tracing::info!(
+                            replica = self.config.replica,
+                            view = self.view,
+                            "view change did not complete within the timeout; trying the next view"
+                        );
+                        let next = self.view + 1;
+                        self.start_view_change(next, &mut actions);
+                    } else if self.now.is_multiple_of(self.config.heartbeat_ticks) {
+                        self.resend_view_change(&mut actions);
+                    }
+                }
+            }
+            self.retry_repairs(&mut actions);
+        }
+        actions
     }
 
     /// The outcome of an I/O action this core asked for.
     pub fn on_io_done(&mut self, completion: Completion) -> Vec<Action> {
-        let _ = completion;
-        todo!()
+        let mut actions = Vec::new();
+        if self.stopped {
+            return actions;
+        }
+        match completion {
+            Completion::JournalWritten { op, checksum } => {
+                self.on_journal_written(op, checksum, &mut actions);
+            }
+            Completion::JournalTruncated { .. } => {}
+            Completion::JournalRead { op, prepare } => {
+                self.on_journal_read(op, prepare, &mut actions);
+            }
+            Completion::JournalFailed { op, retryable } => {
+                self.on_journal_failed(op, retryable, &mut actions);
+            }
+            Completion::SuperblockWritten { view, log_view } => {
+                self.superblock_durable = self.superblock_durable.max((view, log_view));
+                self.after_persist(&mut actions);
+            }
+            Completion::CheckpointDone {
+                op,
+                journal_first_op,
+            } => {
+                self.checkpoint_in_progress = None;
+                self.checkpoint_op = self.checkpoint_op.max(op);
+                self.journal_first_op = journal_first_op;
+                // Keep the prepare at the checkpoint: it anchors the chain of the next op.
+                let floor = self.checkpoint_op.min(self.commit_min);
+                self.log = self.log.split_off(&floor);
+                self.maybe_checkpoint(&mut actions);
+            }
+            Completion::CheckpointFailed { op } => {
+                tracing::warn!(
+                    op,
+                    "checkpoint failed; the previous one stays valid, retried at the next commit"
+                );
+                self.checkpoint_in_progress = None;
+            }
+        }
+        self.request_repairs(&mut actions);
+        actions
     }
 
     pub fn config(&self) -> &CoreConfig {
@@ -100,65 +592,758 @@ impl Replica {
     }
 
     pub fn view(&self) -> u32 {
-        todo!()
+        self.view
     }
 
     pub fn log_view(&self) -> u32 {
-        todo!()
+        self.log_view
     }
 
     pub fn status(&self) -> Status {
-        todo!()
+        self.status
     }
 
     /// The primary of the current view: `view % replica_count`.
     pub fn primary(&self) -> ReplicaIndex {
-        todo!()
+        self.primary_of(self.view)
     }
 
     /// Whether this replica is the primary of its view with status normal.
     pub fn is_primary(&self) -> bool {
-        todo!()
+        self.status == Status::Normal && self.primary() == self.config.replica
     }
 
     /// The highest op applied to the state machine.
     pub fn commit_min(&self) -> u64 {
-        todo!()
+        self.commit_min
     }
 
     /// The highest op known committed.
     pub fn commit_max(&self) -> u64 {
-        todo!()
+        self.commit_max
     }
 
     /// The highest op in the log (prepared, maybe not committed).
     pub fn op(&self) -> u64 {
-        todo!()
+        self.op
     }
 
     pub fn checkpoint_op(&self) -> u64 {
-        todo!()
+        self.checkpoint_op
+    }
+
+    /// Whether a non-retryable journal failure stopped this core (the driver exits).
+    pub fn is_stopped(&self) -> bool {
+        self.stopped
     }
 
     /// The state machine at `commit_min`.
-    pub fn metadata(&self) -> &std::sync::Arc<MetadataState> {
-        todo!()
+    pub fn metadata(&self) -> &Arc<MetadataState> {
+        &self.metadata
     }
 
     pub fn client_table(&self) -> &ClientTable {
-        todo!()
+        &self.client_table
     }
 
     /// XXH3-64 of the state machine and the client table at `commit_min` (the simulator compares
-    /// replicas with it).
+    /// replicas with it): the snapshot payload encoding at `commit_min`.
     pub fn state_digest(&self) -> u64 {
-        todo!()
+        let bytes = super::snapshot::encode_payload(
+            self.commit_min,
+            &self.metadata,
+            &self.client_table.to_snapshot(),
+        );
+        twox_hash::XxHash3_64::oneshot(&bytes)
     }
 
     /// The checksum of the prepare this replica committed at `op`, if it still holds it in
     /// memory (the simulator's "same prepare at the same op" check).
     pub fn committed_checksum(&self, op: u64) -> Option<u128> {
-        let _ = op;
-        todo!()
+        if op > self.commit_min {
+            return None;
+        }
+        self.log.get(&op).map(|entry| entry.checksum)
     }
+
+    fn primary_of(&self, view: u32) -> ReplicaIndex {
+        (view % u32::from(self.config.replica_count)) as ReplicaIndex
+    }
+
+    /// The other replicas, ascending.
+    fn peers(&self) -> impl Iterator<Item = ReplicaIndex> + use<> {
+        let me = self.config.replica;
+        (0..self.config.replica_count).filter(move |&index| index != me)
+    }
+
+    fn broadcast(&self, message: &Message, actions: &mut Vec<Action>) {
+        for to in self.peers() {
+            actions.push(Action::Send {
+                to,
+                message: message.clone(),
+            });
+        }
+    }
+
+    /// The next value of the core's xorshift64* PRNG (view-change backoff only).
+    fn next_random(&mut self) -> u64 {
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A timeout in `timeout..2*timeout` ticks (issue 8 section 3: randomized, so two backups do
+    /// not collide forever).
+    fn random_timeout(&mut self) -> u64 {
+        let timeout = self.config.view_change_timeout_ticks;
+        timeout + self.next_random() % timeout
+    }
+
+    fn reset_primary_deadline(&mut self) {
+        self.primary_deadline = self.now + self.random_timeout();
+    }
+
+    /// Asks the driver to persist the current view and log_view (and `commit_min` as the
+    /// superblock's `commit_max`: what was applied, so a restart applies exactly those again)
+    /// unless that write is already asked for.
+    fn persist(&mut self, actions: &mut Vec<Action>) {
+        let state = (self.view, self.log_view);
+        if self.superblock_requested == state {
+            return;
+        }
+        self.superblock_requested = state;
+        actions.push(Action::WriteSuperblock {
+            view: self.view,
+            log_view: self.log_view,
+            commit_max: self.commit_min,
+        });
+    }
+
+    /// Whether the superblock durably holds the current view (and log_view).
+    fn view_durable(&self) -> bool {
+        self.superblock_durable >= (self.view, self.log_view)
+    }
+
+    // ---- Normal case, primary (section 4.1) ----
+
+    fn accept_request(&mut self, request: ClientRequest, actions: &mut Vec<Action>) {
+        let client = request.client;
+        if client == 0 {
+            reply(
+                actions,
+                request.token,
+                ClientReply::Error {
+                    code: bus::ErrorCode::InvalidArgument,
+                    message: "client id 0 is reserved".to_owned(),
+                },
+            );
+            return;
+        }
+        let key = match &request.operation {
+            PrepareOperation::Register => {
+                if let Some(session) = self.client_table.session(client) {
+                    let session = session.session;
+                    tracing::debug!(
+                        client = format_args!("{client:#034x}"),
+                        session,
+                        "client already registered"
+                    );
+                    reply(actions, request.token, ClientReply::Registered { session });
+                    return;
+                }
+                (client, 0)
+            }
+            PrepareOperation::Metadata(change) => {
+                match self.client_table.lookup(client, request.request) {
+                    Lookup::New => {}
+                    Lookup::Cached(cached) => {
+                        let answer = if cached.request_checksum == apply::change_checksum(change) {
+                            ClientReply::Committed(cached)
+                        } else {
+                            ClientReply::Error {
+                                code: bus::ErrorCode::InvalidArgument,
+                                message: apply::reused_request_message(
+                                    client,
+                                    request.request,
+                                    change,
+                                ),
+                            }
+                        };
+                        reply(actions, request.token, answer);
+                        return;
+                    }
+                    Lookup::Stale {
+                        oldest_cached_request,
+                    } => {
+                        reply(
+                            actions,
+                            request.token,
+                            ClientReply::Error {
+                                code: bus::ErrorCode::RequestStale,
+                                message: apply::stale_request_message(
+                                    client,
+                                    request.request,
+                                    oldest_cached_request,
+                                ),
+                            },
+                        );
+                        return;
+                    }
+                    Lookup::NoSession => {
+                        reply(
+                            actions,
+                            request.token,
+                            ClientReply::Evicted {
+                                reason: apply::no_session_reason(
+                                    client,
+                                    self.config.clients_table_max,
+                                ),
+                            },
+                        );
+                        return;
+                    }
+                }
+                (client, request.request)
+            }
+        };
+        // A retry of a request already prepared or queued: answer it at commit.
+        let prepared = self
+            .in_flight
+            .get(&key)
+            .and_then(|op| self.log.get(op))
+            .and_then(|entry| PrepareBody::decode(&entry.prepare.body).ok())
+            .map(|body| body.operation);
+        let queued = self
+            .queue
+            .iter()
+            .find(|queued| request_key(queued) == key)
+            .map(|queued| queued.operation.clone());
+        if let Some(operation) = prepared.or(queued) {
+            if operation == request.operation {
+                self.waiting.entry(key).or_default().push(request.token);
+            } else {
+                reply(
+                    actions,
+                    request.token,
+                    ClientReply::Error {
+                        code: bus::ErrorCode::InvalidArgument,
+                        message: format!(
+                            "request {} of client {client:#034x} is being committed with other \
+                             arguments; request numbers must not be reused",
+                            request.request
+                        ),
+                    },
+                );
+            }
+            return;
+        }
+        if self.queue.is_empty() && self.pipeline_has_room() {
+            let token = request.token;
+            if let Err(message) = self.prepare(request, actions) {
+                reply(
+                    actions,
+                    token,
+                    ClientReply::Error {
+                        code: bus::ErrorCode::InvalidArgument,
+                        message,
+                    },
+                );
+                return;
+            }
+            self.waiting.entry(key).or_default().push(token);
+        } else if self.queue.len() < REQUEST_QUEUE_MAX {
+            self.waiting.entry(key).or_default().push(request.token);
+            self.queue.push_back(request);
+        } else {
+            reply(
+                actions,
+                request.token,
+                ClientReply::Error {
+                    code: bus::ErrorCode::Busy,
+                    message: format!(
+                        "the metadata pipeline ({} prepares) and its queue ({REQUEST_QUEUE_MAX} \
+                         requests) are full; retry later",
+                        self.config.pipeline_max
+                    ),
+                },
+            );
+        }
+    }
+
+    fn pipeline_has_room(&self) -> bool {
+        self.op - self.commit_max.min(self.op) < self.config.pipeline_max as u64
+    }
+
+    /// Prepares `request` at `op + 1` (section 4.1 step 3): journals it and sends it to every
+    /// backup. The caller handles the token.
+    fn prepare(&mut self, request: ClientRequest, actions: &mut Vec<Action>) -> Result<(), String> {
+        let op = self.op + 1;
+        let parent = self.log.get(&self.op).map_or(0, |entry| entry.checksum);
+        let key = request_key(&request);
+        let body = PrepareBody::new(
+            request.client,
+            key.1,
+            request.operation,
+            request.timestamp_us,
+            parent,
+        );
+        let prepare = Prepare {
+            op,
+            view: self.view,
+            commit: self.commit_max,
+            body: body.encode(),
+        };
+        let entry = Entry::new(prepare)?;
+        let message = Message::Prepare {
+            prepare: entry.prepare.clone(),
+        };
+        actions.push(Action::WriteJournal {
+            prepare: entry.prepare.clone(),
+        });
+        self.log.insert(op, entry);
+        self.op = op;
+        self.verified_op = op;
+        self.in_flight.insert(key, op);
+        self.oks.insert(op, BTreeSet::new());
+        self.broadcast(&message, actions);
+        Ok(())
+    }
+
+    /// Prepares queued requests while the pipeline has room.
+    fn drain_queue(&mut self, actions: &mut Vec<Action>) {
+        while self.is_primary() && self.pipeline_has_room() {
+            let Some(request) = self.queue.pop_front() else {
+                return;
+            };
+            let key = request_key(&request);
+            if let Err(message) = self.prepare(request, actions) {
+                for token in self.waiting.remove(&key).unwrap_or_default() {
+                    reply(
+                        actions,
+                        token,
+                        ClientReply::Error {
+                            code: bus::ErrorCode::InvalidArgument,
+                            message: message.clone(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn on_prepare_ok(
+        &mut self,
+        from: ReplicaIndex,
+        view: u32,
+        op: u64,
+        checksum: u128,
+        actions: &mut Vec<Action>,
+    ) {
+        if view != self.view || !self.is_primary() || op <= self.commit_max {
+            return;
+        }
+        if self
+            .log
+            .get(&op)
+            .is_none_or(|entry| entry.checksum != checksum)
+        {
+            return;
+        }
+        self.oks.entry(op).or_default().insert(from);
+        self.advance_commit(actions);
+    }
+
+    /// Primary: commits ops in order while each has a quorum (section 4.1 step 5), applies
+    /// them, and prepares queued requests into the room made.
+    fn advance_commit(&mut self, actions: &mut Vec<Action>) {
+        while self.commit_max < self.op
+            && self
+                .oks
+                .get(&(self.commit_max + 1))
+                .is_some_and(|oks| oks.len() >= self.quorum)
+        {
+            self.commit_max += 1;
+            self.oks.remove(&self.commit_max);
+        }
+        self.apply_committed(actions);
+        self.drain_queue(actions);
+    }
+
+    fn send_commit_heartbeat(&self, actions: &mut Vec<Action>) {
+        let commit_checksum = self.log.get(&self.commit_max).map_or(0, |e| e.checksum);
+        self.broadcast(
+            &Message::Commit {
+                view: self.view,
+                commit: self.commit_max,
+                commit_checksum,
+            },
+            actions,
+        );
+    }
+
+    /// Primary: re-sends every uncommitted prepare to the backups that have not acknowledged it
+    /// (the network loses messages).
+    fn resend_prepares(&self, actions: &mut Vec<Action>) {
+        for (op, entry) in self.log.range(self.commit_max + 1..) {
+            let oks = self.oks.get(op);
+            for to in self.peers() {
+                if oks.is_none_or(|oks| !oks.contains(&to)) {
+                    actions.push(Action::Send {
+                        to,
+                        message: Message::Prepare {
+                            prepare: entry.prepare.clone(),
+                        },
+                    });
+                }
+            }
+        }
+    }
+
+    // ---- Normal case, backup (section 4.1 step 4) ----
+
+    fn on_prepare(&mut self, from: ReplicaIndex, prepare: Prepare, actions: &mut Vec<Action>) {
+        let entry = match Entry::new(prepare) {
+            Ok(entry) => entry,
+            Err(reason) => {
+                tracing::warn!(from, %reason, "refusing a malformed prepare");
+                return;
+            }
+        };
+        let op = entry.prepare.op;
+        let view = entry.prepare.view;
+        // A repair answer: any view, any sender, as long as its checksum is one we wait for.
+        if self.targets.get(&op) == Some(&entry.checksum) {
+            self.accept_verified(entry, actions);
+            self.after_log_change(actions);
+            return;
+        }
+        if view > self.view {
+            self.ask_for_start_view(from, actions);
+            return;
+        }
+        if view != self.view || from != self.primary() || self.is_primary() {
+            return;
+        }
+        if self.status != Status::Normal {
+            self.ask_for_start_view(from, actions);
+            return;
+        }
+        self.reset_primary_deadline();
+        self.commit_max = self.commit_max.max(entry.prepare.commit);
+        if op <= self.commit_min {
+            // Already committed here; the primary may still count it (a new view re-collects).
+            if self.view_durable()
+                && self
+                    .log
+                    .get(&op)
+                    .is_none_or(|e| e.checksum == entry.checksum)
+            {
+                self.send_prepare_ok(op, entry.checksum, actions);
+            }
+        } else if let Some(held) = self.log.get(&op)
+            && held.checksum == entry.checksum
+        {
+            let durable = held.durable;
+            self.verified_op = self.verified_op.max(op);
+            self.prune_targets();
+            if durable && self.view_durable() {
+                self.send_prepare_ok(op, entry.checksum, actions);
+            }
+        } else {
+            self.accept_verified(entry, actions);
+        }
+        self.after_log_change(actions);
+    }
+
+    fn on_commit(
+        &mut self,
+        from: ReplicaIndex,
+        view: u32,
+        commit: u64,
+        commit_checksum: u128,
+        actions: &mut Vec<Action>,
+    ) {
+        if view > self.view {
+            self.ask_for_start_view(from, actions);
+            return;
+        }
+        if view != self.view || from != self.primary() || self.is_primary() {
+            return;
+        }
+        if self.status != Status::Normal {
+            self.ask_for_start_view(from, actions);
+            return;
+        }
+        self.reset_primary_deadline();
+        self.commit_max = self.commit_max.max(commit);
+        if commit > self.commit_min && commit_checksum != 0 {
+            if self
+                .log
+                .get(&commit)
+                .is_some_and(|entry| entry.checksum == commit_checksum)
+            {
+                self.verified_op = self.verified_op.max(commit);
+                self.prune_targets();
+            } else {
+                self.targets.insert(commit, commit_checksum);
+            }
+        }
+        self.after_log_change(actions);
+    }
+
+    fn send_prepare_ok(&self, op: u64, checksum: u128, actions: &mut Vec<Action>) {
+        actions.push(Action::Send {
+            to: self.primary(),
+            message: Message::PrepareOk {
+                view: self.view,
+                op,
+                checksum,
+            },
+        });
+    }
+
+    /// Backup: PrepareOks every durable, verified op above `above` (after a StartView, or once
+    /// the superblock holds the view).
+    fn send_prepare_oks_above(&self, above: u64, actions: &mut Vec<Action>) {
+        if self.status != Status::Normal || self.is_primary() || !self.view_durable() {
+            return;
+        }
+        for (&op, entry) in self
+            .log
+            .range(above + 1..)
+            .take_while(|(op, _)| **op <= self.verified_op)
+        {
+            if entry.durable {
+                self.send_prepare_ok(op, entry.checksum, actions);
+            }
+        }
+    }
+
+    fn on_journal_written(&mut self, op: u64, checksum: u128, actions: &mut Vec<Action>) {
+        let Some(entry) = self.log.get_mut(&op) else {
+            return;
+        };
+        if entry.checksum != checksum {
+            return;
+        }
+        entry.durable = true;
+        if self.status != Status::Normal {
+            return;
+        }
+        if self.primary() == self.config.replica {
+            if op > self.commit_max {
+                self.oks.entry(op).or_default().insert(self.config.replica);
+                self.advance_commit(actions);
+            }
+        } else if op <= self.verified_op && self.view_durable() {
+            self.send_prepare_ok(op, checksum, actions);
+        }
+    }
+
+    fn on_journal_failed(&mut self, op: u64, retryable: bool, actions: &mut Vec<Action>) {
+        if retryable {
+            tracing::warn!(
+                op,
+                "journal write refused (retryable); retrying on the next tick"
+            );
+            let from = self.journal_retry_from.map_or(op, |from| from.min(op));
+            self.journal_retry_from = Some(from.max(1));
+            return;
+        }
+        tracing::error!(
+            op,
+            replica = self.config.replica,
+            "journal failed and is unusable until restart; this replica stops acting"
+        );
+        self.stopped = true;
+        for (_, tokens) in std::mem::take(&mut self.waiting) {
+            for token in tokens {
+                reply(
+                    actions,
+                    token,
+                    ClientReply::Error {
+                        code: bus::ErrorCode::StorageFailure,
+                        message: format!("the metadata journal failed at op {op}"),
+                    },
+                );
+            }
+        }
+        self.queue.clear();
+    }
+
+    /// Rewrites every held prepare from `from` up (after a retryable failure, nothing of it is
+    /// durable): truncates above `from - 1` first, so the journal's next op is `from`.
+    fn retry_journal(&mut self, from: u64, actions: &mut Vec<Action>) {
+        let lowest = self.log.keys().next().copied().unwrap_or(self.op + 1);
+        let from = from.max(lowest).max(self.commit_min.min(self.op) + 1);
+        if from > self.op {
+            return;
+        }
+        actions.push(Action::TruncateJournal { op: from - 1 });
+        for entry in self.log.range_mut(from..).map(|(_, entry)| entry) {
+            entry.durable = false;
+            actions.push(Action::WriteJournal {
+                prepare: entry.prepare.clone(),
+            });
+        }
+    }
+
+    /// After the log or the commit number changed: apply what is now committed and verified.
+    fn after_log_change(&mut self, actions: &mut Vec<Action>) {
+        self.install_pending(actions);
+        self.apply_committed(actions);
+        if self.install.is_some() {
+            self.check_install(actions);
+        }
+    }
+
+    // ---- Apply (section 4.1 step 5, 4.2 step 4) ----
+
+    /// Applies every op in `(commit_min, min(commit_max, verified_op, op)]`, in order.
+    fn apply_committed(&mut self, actions: &mut Vec<Action>) {
+        let bound = self.commit_max.min(self.verified_op).min(self.op);
+        while self.commit_min < bound {
+            let op = self.commit_min + 1;
+            let Some(entry) = self.log.get(&op) else {
+                tracing::error!(op, "committed op not held in memory; cannot apply");
+                return;
+            };
+            let body = entry.prepare.body.clone();
+            self.commit_min = op;
+            self.apply_one(op, &body, actions);
+            self.maybe_checkpoint(actions);
+        }
+    }
+
+    fn apply_one(&mut self, op: u64, body: &[u8], actions: &mut Vec<Action>) {
+        let decoded = PrepareBody::decode(body).and_then(|body| Ok((body.client_id()?, body)));
+        let (client, body) = match decoded {
+            Ok(decoded) => decoded,
+            Err(reason) => {
+                // Every replica holds the same bytes, so every replica skips it.
+                tracing::error!(op, %reason, "committed prepare body does not decode; skipped");
+                return;
+            }
+        };
+        let applied = apply::apply_prepare(
+            Arc::make_mut(&mut self.metadata),
+            &mut self.client_table,
+            op,
+            client,
+            &body,
+        );
+        if let Applied::Registered {
+            evicted: Some(evicted),
+            ..
+        } = &applied
+        {
+            tracing::info!(
+                client = format_args!("{evicted:#034x}"),
+                clients_table_max = self.config.clients_table_max,
+                "client session evicted: the client table is full; the client is told on its \
+                 next request"
+            );
+        }
+        actions.push(Action::Apply {
+            op,
+            operation: body.operation.clone(),
+            applied: applied.changed_metadata() || matches!(applied, Applied::Registered { .. }),
+        });
+        let key = (
+            client,
+            match body.operation {
+                PrepareOperation::Register => 0,
+                PrepareOperation::Metadata(_) => body.request,
+            },
+        );
+        if self.in_flight.get(&key) == Some(&op) {
+            self.in_flight.remove(&key);
+        }
+        let Some(tokens) = self.waiting.remove(&key) else {
+            return;
+        };
+        let answer = match applied {
+            Applied::Registered { session, .. } | Applied::AlreadyRegistered { session } => {
+                ClientReply::Registered { session }
+            }
+            Applied::Changed { reply } | Applied::Rejected { reply } => {
+                ClientReply::Committed(reply)
+            }
+            Applied::Duplicate { lookup } => self.duplicate_answer(client, &body, lookup),
+        };
+        for token in tokens {
+            reply(actions, token, answer.clone());
+        }
+    }
+
+    /// The answer to a request whose prepare committed as a duplicate.
+    fn duplicate_answer(&self, client: u128, body: &PrepareBody, lookup: Lookup) -> ClientReply {
+        let PrepareOperation::Metadata(change) = &body.operation else {
+            unreachable!("a Register never commits as a duplicate");
+        };
+        match lookup {
+            Lookup::Cached(cached) if cached.request_checksum == apply::change_checksum(change) => {
+                ClientReply::Committed(cached)
+            }
+            Lookup::Cached(_) => ClientReply::Error {
+                code: bus::ErrorCode::InvalidArgument,
+                message: apply::reused_request_message(client, body.request, change),
+            },
+            Lookup::Stale {
+                oldest_cached_request,
+            } => ClientReply::Error {
+                code: bus::ErrorCode::RequestStale,
+                message: apply::stale_request_message(client, body.request, oldest_cached_request),
+            },
+            Lookup::New | Lookup::NoSession => ClientReply::Evicted {
+                reason: apply::no_session_reason(client, self.config.clients_table_max),
+            },
+        }
+    }
+
+    fn maybe_checkpoint(&mut self, actions: &mut Vec<Action>) {
+        if self.checkpoint_in_progress.is_some()
+            || self.commit_min < self.checkpoint_op + self.config.checkpoint_interval
+        {
+            return;
+        }
+        self.checkpoint_in_progress = Some(self.commit_min);
+        actions.push(Action::Checkpoint {
+            op: self.commit_min,
+            metadata: Arc::clone(&self.metadata),
+            client_table: self.client_table.to_snapshot(),
+        });
+    }
+
+    /// A deposed primary (or one whose journal stopped) answers every waiting client: the
+    /// client retries at the new primary, whose client table deduplicates.
+    fn release_clients(&mut self, actions: &mut Vec<Action>) {
+        let answer = ClientReply::NotPrimary {
+            view: self.view,
+            primary: None,
+        };
+        for (_, tokens) in std::mem::take(&mut self.waiting) {
+            for token in tokens {
+                reply(actions, token, answer.clone());
+            }
+        }
+        self.queue.clear();
+        self.in_flight.clear();
+        self.oks.clear();
+    }
+}
+
+/// The key a client request is deduplicated by: `(client, request)`, request 0 for Register.
+fn request_key(request: &ClientRequest) -> (u128, u64) {
+    match request.operation {
+        PrepareOperation::Register => (request.client, 0),
+        PrepareOperation::Metadata(_) => (request.client, request.request),
+    }
+}
+
+fn reply(actions: &mut Vec<Action>, token: ClientToken, reply: ClientReply) {
+    actions.push(Action::Reply { token, reply });
 }

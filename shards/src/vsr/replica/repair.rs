@@ -1,0 +1,464 @@
+//! Repair (issue 8 section 2): a replica missing prepares (a gap, a fork, a torn or corrupt
+//! journal record) fetches them from peers with `RequestPrepare` / `RequestHeaders`.
+//!
+//! Trust comes from the parent-checksum chain, never from the sender: `targets` holds the
+//! checksums known to be on the current primary's log (a prepare or a `Commit` checksum the
+//! primary sent, the chosen log of a view change, and the parents those name, link by link).
+//! A prepare is accepted from anyone if its checksum is a target; it waits in `pending` until
+//! it connects to the log by its parent, then replaces everything above the connection point
+//! (`TruncateJournal`, then `WriteJournal` in op order). An op no peer can supply after several
+//! rounds is logged once as needing state transfer (issue 9); the replica keeps trying.
+
+use super::{Entry, Replica, Requested};
+use crate::vsr::message::{Action, Message, PrepareHeader, ReplicaIndex, Status};
+
+/// Prepares (and headers) requested at once.
+const REPAIR_BATCH: usize = 16;
+/// Headers in one `Headers` answer at most.
+pub const HEADERS_MAX: u64 = 64;
+/// Peers waiting on one journal read at most.
+const READERS_MAX: usize = 8;
+
+impl Replica {
+    /// Forgets every repair in progress (a new view: trust is relative to its primary).
+    pub(super) fn clear_repair(&mut self) {
+        self.targets.clear();
+        self.pending.clear();
+        self.requested.clear();
+    }
+
+    fn pending_max(&self) -> usize {
+        4 * self.config.pipeline_max + 64
+    }
+
+    /// Records `entry` as on the trusted chain: its checksum and its parent become targets,
+    /// and unless the log already holds it, it waits in `pending` for its connection.
+    pub(super) fn accept_verified(&mut self, entry: Entry, _actions: &mut [Action]) {
+        let op = entry.prepare.op;
+        if op <= self.commit_min {
+            return;
+        }
+        self.targets.insert(op, entry.checksum);
+        if entry.parent != 0 && op - 1 > self.commit_min {
+            self.targets.entry(op - 1).or_insert(entry.parent);
+        }
+        if self
+            .log
+            .get(&op)
+            .is_some_and(|held| held.checksum == entry.checksum)
+        {
+            self.prune_targets();
+            return;
+        }
+        if self.pending.len() >= self.pending_max()
+            && self
+                .pending
+                .last_key_value()
+                .is_some_and(|(&highest, _)| op > highest)
+        {
+            return;
+        }
+        self.pending.insert(op, entry);
+        while self.pending.len() > self.pending_max() {
+            self.pending.pop_last();
+        }
+    }
+
+    /// Drops targets that are committed or satisfied: the highest target the log matches
+    /// verifies every op below it (the log is chained).
+    pub(super) fn prune_targets(&mut self) {
+        self.targets = self.targets.split_off(&(self.commit_min + 1));
+        let satisfied = self
+            .targets
+            .iter()
+            .rev()
+            .find(|(op, checksum)| {
+                self.log
+                    .get(op)
+                    .is_some_and(|entry| entry.checksum == **checksum)
+            })
+            .map(|(&op, _)| op);
+        if let Some(op) = satisfied {
+            self.verified_op = self.verified_op.max(op);
+            self.targets = self.targets.split_off(&(op + 1));
+        }
+        let targets = &self.targets;
+        self.requested
+            .retain(|op, requested| targets.get(op) == Some(&requested.checksum));
+        if self.requested.is_empty() {
+            self.state_transfer_warned = false;
+        }
+    }
+
+    pub(super) fn has_unsatisfied_targets(&self) -> bool {
+        self.targets.iter().any(|(op, checksum)| {
+            *op > self.commit_min
+                && self
+                    .log
+                    .get(op)
+                    .is_none_or(|entry| entry.checksum != *checksum)
+        })
+    }
+
+    /// Connects pending prepares to the log: from the lowest, if its parent is the log's
+    /// prepare below it (or that op is committed and no longer held), everything above the
+    /// connection point that differs is truncated and the chain is appended.
+    pub(super) fn install_pending(&mut self, actions: &mut Vec<Action>) {
+        loop {
+            self.pending = self.pending.split_off(&(self.commit_min + 1));
+            let Some((&low, first)) = self.pending.first_key_value() else {
+                self.prune_targets();
+                return;
+            };
+            let below = low - 1;
+            let linked = first.parent == 0
+                || match self.log.get(&below) {
+                    Some(held) => held.checksum == first.parent,
+                    None => below <= self.commit_min && below < self.log_floor(),
+                };
+            if !linked {
+                if below <= self.commit_min && self.log.contains_key(&below) {
+                    if !self.fork_warned {
+                        self.fork_warned = true;
+                        tracing::error!(
+                            op = low,
+                            commit_min = self.commit_min,
+                            replica = self.config.replica,
+                            "a verified prepare does not chain to this replica's committed op \
+                             below it; ignoring it (a committed op is never replaced)"
+                        );
+                    }
+                    self.pending.remove(&low);
+                    continue;
+                }
+                return;
+            }
+            let mut op = low;
+            while let Some(candidate) = self.pending.get(&op) {
+                if self
+                    .log
+                    .get(&op)
+                    .is_some_and(|held| held.checksum == candidate.checksum)
+                {
+                    self.pending.remove(&op);
+                    self.verified_op = self.verified_op.max(op);
+                    op += 1;
+                } else {
+                    break;
+                }
+            }
+            if !self.pending.contains_key(&op) {
+                self.prune_targets();
+                continue;
+            }
+            if self.op >= op && !self.truncate_log(op - 1, actions) {
+                self.pending.remove(&op);
+                continue;
+            }
+            if self.op + 1 < op {
+                // Cannot happen: op - 1 is held or committed, so the log reaches it.
+                return;
+            }
+            while let Some(entry) = self.pending.remove(&op) {
+                let broken = entry.parent != 0
+                    && self
+                        .log
+                        .get(&(op - 1))
+                        .is_some_and(|held| held.checksum != entry.parent);
+                if broken {
+                    break;
+                }
+                self.append_log(entry, actions);
+                self.verified_op = self.verified_op.max(op);
+                op += 1;
+            }
+            self.prune_targets();
+        }
+    }
+
+    /// The lowest op the in-memory log holds (`op + 1` when it holds none).
+    fn log_floor(&self) -> u64 {
+        self.log.keys().next().copied().unwrap_or(self.op + 1)
+    }
+
+    /// Drops every prepare above `to` from the log and the journal. Refuses (and logs) when
+    /// that would drop a committed op.
+    pub(super) fn truncate_log(&mut self, to: u64, actions: &mut Vec<Action>) -> bool {
+        if to < self.commit_min {
+            if !self.fork_warned {
+                self.fork_warned = true;
+                tracing::error!(
+                    to,
+                    commit_min = self.commit_min,
+                    replica = self.config.replica,
+                    "refusing to truncate committed ops"
+                );
+            }
+            return false;
+        }
+        if to >= self.op {
+            return true;
+        }
+        self.log.split_off(&(to + 1));
+        self.op = to;
+        self.verified_op = self.verified_op.min(to).max(self.commit_min);
+        self.oks.retain(|&op, _| op <= to);
+        self.in_flight.retain(|_, op| *op <= to);
+        actions.push(Action::TruncateJournal { op: to });
+        true
+    }
+
+    fn append_log(&mut self, entry: Entry, actions: &mut Vec<Action>) {
+        let op = entry.prepare.op;
+        debug_assert_eq!(op, self.op + 1, "the log grows by one op at a time");
+        actions.push(Action::WriteJournal {
+            prepare: entry.prepare.clone(),
+        });
+        self.log.insert(
+            op,
+            Entry {
+                durable: false,
+                ..entry
+            },
+        );
+        self.op = op;
+    }
+
+    /// The peer asked on `attempt` (0-based): the primary (or the chosen log's sender during a
+    /// view change) first, then the others in turn.
+    fn repair_peer(&self, attempt: u32) -> ReplicaIndex {
+        let me = self.config.replica;
+        let preferred = match (self.install, self.status) {
+            (Some(install), _) if install.source != me => install.source,
+            (_, Status::Normal) if self.primary() != me => self.primary(),
+            _ => self.peers().next().expect("replica_count > 1 has a peer"),
+        };
+        let mut order = vec![preferred];
+        order.extend(self.peers().filter(|&peer| peer != preferred));
+        order[attempt as usize % order.len()]
+    }
+
+    /// Targets the log does not match and no pending prepare covers, lowest first.
+    fn wanted(&self) -> Vec<(u64, u128)> {
+        self.targets
+            .iter()
+            .filter(|(op, checksum)| {
+                **op > self.commit_min
+                    && !self.pending.contains_key(op)
+                    && self
+                        .log
+                        .get(op)
+                        .is_none_or(|entry| entry.checksum != **checksum)
+            })
+            .map(|(&op, &checksum)| (op, checksum))
+            .take(REPAIR_BATCH)
+            .collect()
+    }
+
+    /// Sends the first request for every wanted prepare not yet asked for.
+    pub(super) fn request_repairs(&mut self, actions: &mut Vec<Action>) {
+        if self.config.replica_count == 1 || self.stopped {
+            return;
+        }
+        for (op, checksum) in self.wanted() {
+            if self
+                .requested
+                .get(&op)
+                .is_some_and(|requested| requested.checksum == checksum)
+            {
+                continue;
+            }
+            self.requested.insert(
+                op,
+                Requested {
+                    checksum,
+                    attempts: 0,
+                    last_tick: self.now,
+                },
+            );
+            self.send_repair_request(op, checksum, 0, actions);
+        }
+    }
+
+    /// On a tick: re-sends requests unanswered for a heartbeat interval, to the next peer.
+    pub(super) fn retry_repairs(&mut self, actions: &mut Vec<Action>) {
+        let interval = self.config.heartbeat_ticks.max(2);
+        let due: Vec<(u64, Requested)> = self
+            .requested
+            .iter()
+            .filter(|(_, requested)| self.now >= requested.last_tick + interval)
+            .take(REPAIR_BATCH)
+            .map(|(&op, &requested)| (op, requested))
+            .collect();
+        let rounds_before_warning = 3 * u32::from(self.config.replica_count - 1);
+        for (op, requested) in due {
+            let attempts = requested.attempts + 1;
+            self.requested.insert(
+                op,
+                Requested {
+                    attempts,
+                    last_tick: self.now,
+                    ..requested
+                },
+            );
+            if attempts >= rounds_before_warning
+                && op <= self.commit_max
+                && !self.state_transfer_warned
+            {
+                self.state_transfer_warned = true;
+                tracing::warn!(
+                    op,
+                    replica = self.config.replica,
+                    attempts,
+                    "no peer supplies committed op {op}: needs state transfer (issue 9); still \
+                     trying"
+                );
+            }
+            self.send_repair_request(op, requested.checksum, attempts, actions);
+        }
+        self.request_repairs(actions);
+    }
+
+    fn send_repair_request(
+        &self,
+        op: u64,
+        checksum: u128,
+        attempt: u32,
+        actions: &mut Vec<Action>,
+    ) {
+        let to = self.repair_peer(attempt);
+        actions.push(Action::Send {
+            to,
+            message: Message::RequestPrepare {
+                view: self.view,
+                op,
+                checksum,
+            },
+        });
+        // A gap beyond the log whose link below is unknown: ask for the headers below too, so
+        // the whole chain is known in one round trip instead of one op per round trip.
+        let below = op - 1;
+        if op > self.op + 1 && below > self.commit_min && !self.targets.contains_key(&below) {
+            actions.push(Action::Send {
+                to,
+                message: Message::RequestHeaders {
+                    view: self.view,
+                    op_min: (self.commit_min + 1).max(op.saturating_sub(HEADERS_MAX - 1)),
+                    op_max: op,
+                },
+            });
+        }
+    }
+
+    /// Serves a `RequestPrepare` from memory, or from the journal for an older op
+    /// (`ReadJournal`); nothing when the op was released by a checkpoint.
+    pub(super) fn on_request_prepare(
+        &mut self,
+        from: ReplicaIndex,
+        op: u64,
+        checksum: u128,
+        actions: &mut Vec<Action>,
+    ) {
+        let held = self.log.get(&op).or_else(|| self.pending.get(&op));
+        if let Some(entry) = held {
+            if checksum == 0 || entry.checksum == checksum {
+                actions.push(Action::Send {
+                    to: from,
+                    message: Message::Prepare {
+                        prepare: entry.prepare.clone(),
+                    },
+                });
+            }
+            return;
+        }
+        if op == 0 || op < self.journal_first_op || op >= self.log_floor() || op > self.op {
+            return;
+        }
+        let readers = self.reads.entry(op).or_default();
+        let first = readers.is_empty();
+        if readers.len() < READERS_MAX && !readers.contains(&(from, checksum)) {
+            readers.push((from, checksum));
+        }
+        if first {
+            actions.push(Action::ReadJournal { op });
+        }
+    }
+
+    pub(super) fn on_journal_read(
+        &mut self,
+        op: u64,
+        prepare: Option<storage::journal::Prepare>,
+        actions: &mut Vec<Action>,
+    ) {
+        let readers = self.reads.remove(&op).unwrap_or_default();
+        let Some(prepare) = prepare else {
+            return;
+        };
+        if prepare.op != op || prepare.body.len() > storage::limits::JOURNAL_BODY_SIZE_MAX as usize
+        {
+            return;
+        }
+        let actual = storage::journal::JournalHeader::for_prepare(&prepare).checksum;
+        for (to, checksum) in readers {
+            if checksum == 0 || checksum == actual {
+                actions.push(Action::Send {
+                    to,
+                    message: Message::Prepare {
+                        prepare: prepare.clone(),
+                    },
+                });
+            }
+        }
+    }
+
+    /// Serves a `RequestHeaders` from memory, ascending, at most [`HEADERS_MAX`].
+    pub(super) fn on_request_headers(
+        &mut self,
+        from: ReplicaIndex,
+        op_min: u64,
+        op_max: u64,
+        actions: &mut Vec<Action>,
+    ) {
+        if op_min > op_max {
+            return;
+        }
+        let headers: Vec<PrepareHeader> = self
+            .log
+            .range(op_min..=op_max)
+            .take(HEADERS_MAX as usize)
+            .map(|(&op, entry)| PrepareHeader {
+                op,
+                view: entry.prepare.view,
+                commit: entry.prepare.commit,
+                checksum: entry.checksum,
+                parent: entry.parent,
+            })
+            .collect();
+        if headers.is_empty() {
+            return;
+        }
+        actions.push(Action::Send {
+            to: from,
+            message: Message::Headers {
+                view: self.view,
+                headers,
+            },
+        });
+    }
+
+    /// Extends the targets down the chain the headers describe, from any target they match.
+    pub(super) fn on_headers(&mut self, headers: &[PrepareHeader], actions: &mut Vec<Action>) {
+        for header in headers.iter().rev() {
+            if header.op <= 1 || header.parent == 0 {
+                continue;
+            }
+            if self.targets.get(&header.op) == Some(&header.checksum)
+                && header.op - 1 > self.commit_min
+            {
+                self.targets.insert(header.op - 1, header.parent);
+            }
+        }
+        self.prune_targets();
+        self.after_log_change(actions);
+    }
+}

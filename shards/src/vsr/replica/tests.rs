@@ -1,0 +1,624 @@
+//! A tiny deterministic in-memory harness: replicas, a FIFO network with cut links, a journal
+//! and superblock per replica that complete at once, crash and restart. Test names cite the
+//! rule they check (VSR Revisited section, or issue 8 section).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use storage::journal::Prepare;
+
+use super::{CoreConfig, Recovered, Replica};
+use crate::metadata::{MetadataOp, MetadataState};
+use crate::vsr::client_table::{ClientTable, ClientTableSnapshot};
+use crate::vsr::message::{
+    Action, ClientReply, ClientRequest, ClientToken, Completion, Message, ReplicaIndex, Status,
+};
+use crate::vsr::prepare::PrepareOperation;
+
+#[derive(Debug, Default)]
+struct Disk {
+    journal: BTreeMap<u64, Prepare>,
+    /// (view, log_view, commit_max).
+    superblock: (u32, u32, u64),
+    checkpoint: Option<(u64, Arc<MetadataState>, ClientTableSnapshot)>,
+}
+
+struct Cluster {
+    replicas: Vec<Option<Replica>>,
+    disks: Vec<Disk>,
+    network: VecDeque<(ReplicaIndex, ReplicaIndex, Message)>,
+    io: VecDeque<(ReplicaIndex, Completion)>,
+    replies: Vec<(ReplicaIndex, ClientToken, ClientReply)>,
+    applied: Vec<Vec<u64>>,
+    /// Links (from, to) that drop every message.
+    cut: BTreeSet<(ReplicaIndex, ReplicaIndex)>,
+    next_token: ClientToken,
+}
+
+fn config(replica: ReplicaIndex, replica_count: u8) -> CoreConfig {
+    CoreConfig {
+        cluster: 1,
+        replica,
+        replica_count,
+        pipeline_max: 8,
+        heartbeat_ticks: 2,
+        view_change_timeout_ticks: 10,
+        clients_table_max: 64,
+        checkpoint_interval: 1000,
+        seed: u64::from(replica) + 1,
+    }
+}
+
+fn fresh() -> Recovered {
+    Recovered {
+        view: 0,
+        log_view: 0,
+        commit_max: 0,
+        checkpoint_op: 0,
+        metadata: MetadataState::new(),
+        client_table: ClientTable::new(64),
+        prepares: Vec::new(),
+        journal_last_op: 0,
+        journal_first_op: 1,
+    }
+}
+
+fn create_stream(stream_id: u32, name: &str) -> PrepareOperation {
+    PrepareOperation::Metadata(MetadataOp::CreateStream {
+        stream_id,
+        name: name.to_owned(),
+    })
+}
+
+impl Cluster {
+    fn new(replica_count: u8) -> Cluster {
+        let mut cluster = Cluster {
+            replicas: Vec::new(),
+            disks: (0..replica_count).map(|_| Disk::default()).collect(),
+            network: VecDeque::new(),
+            io: VecDeque::new(),
+            replies: Vec::new(),
+            applied: vec![Vec::new(); usize::from(replica_count)],
+            cut: BTreeSet::new(),
+            next_token: 1,
+        };
+        for index in 0..replica_count {
+            let (replica, actions) = Replica::open(config(index, replica_count), fresh());
+            cluster.replicas.push(Some(replica));
+            cluster.perform(index, actions);
+        }
+        // A fresh replica 0 cannot tell a first boot from a restart that lost unsynced
+        // prepares, so it moves to view 1 at once (see `Replica::open`).
+        cluster.settle();
+        cluster
+    }
+
+    /// Ticks until every live replica is normal in one view with one primary.
+    fn settle(&mut self) {
+        self.run();
+        for _ in 0..200 {
+            let live: Vec<&Replica> = self.replicas.iter().flatten().collect();
+            let view = live[0].view();
+            if self.primaries().len() == 1
+                && live
+                    .iter()
+                    .all(|r| r.status() == Status::Normal && r.view() == view)
+            {
+                return;
+            }
+            self.tick(1);
+        }
+        panic!("the cluster did not settle on a primary");
+    }
+
+    fn primary(&self) -> ReplicaIndex {
+        let primaries = self.primaries();
+        assert_eq!(primaries.len(), 1, "one primary");
+        primaries[0]
+    }
+
+    fn replica(&self, index: ReplicaIndex) -> &Replica {
+        self.replicas[usize::from(index)]
+            .as_ref()
+            .expect("replica is up")
+    }
+
+    fn perform(&mut self, index: ReplicaIndex, actions: Vec<Action>) {
+        let disk = &mut self.disks[usize::from(index)];
+        for action in actions {
+            match action {
+                Action::Send { to, message } => {
+                    assert_ne!(to, index, "a replica never sends to itself");
+                    if !self.cut.contains(&(index, to)) {
+                        self.network.push_back((index, to, message));
+                    }
+                }
+                Action::WriteJournal { prepare } => {
+                    let last = disk.journal.keys().next_back().copied();
+                    if let Some(last) = last {
+                        assert_eq!(prepare.op, last + 1, "journal writes are appends");
+                    }
+                    let checksum = storage::journal::JournalHeader::for_prepare(&prepare).checksum;
+                    let op = prepare.op;
+                    disk.journal.insert(op, prepare);
+                    self.io
+                        .push_back((index, Completion::JournalWritten { op, checksum }));
+                }
+                Action::TruncateJournal { op } => {
+                    disk.journal.split_off(&(op + 1));
+                    self.io
+                        .push_back((index, Completion::JournalTruncated { op }));
+                }
+                Action::ReadJournal { op } => {
+                    let prepare = disk.journal.get(&op).cloned();
+                    self.io
+                        .push_back((index, Completion::JournalRead { op, prepare }));
+                }
+                Action::WriteSuperblock {
+                    view,
+                    log_view,
+                    commit_max,
+                } => {
+                    assert!(
+                        (view, log_view) >= (disk.superblock.0, disk.superblock.1),
+                        "the superblock never goes back in view"
+                    );
+                    disk.superblock = (view, log_view, commit_max);
+                    self.io
+                        .push_back((index, Completion::SuperblockWritten { view, log_view }));
+                }
+                Action::Apply { op, .. } => {
+                    let applied = &mut self.applied[usize::from(index)];
+                    assert!(
+                        applied.last().is_none_or(|&last| op == last + 1),
+                        "replica {index} applies op {op} after {:?}",
+                        applied.last()
+                    );
+                    applied.push(op);
+                }
+                Action::Reply { token, reply } => self.replies.push((index, token, reply)),
+                Action::Checkpoint {
+                    op,
+                    metadata,
+                    client_table,
+                } => {
+                    disk.checkpoint = Some((op, metadata, client_table));
+                    self.io.push_back((
+                        index,
+                        Completion::CheckpointDone {
+                            op,
+                            journal_first_op: 1,
+                        },
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Delivers completions and messages until nothing is left (bounded).
+    fn run(&mut self) {
+        for _ in 0..100_000 {
+            if let Some((index, completion)) = self.io.pop_front() {
+                if let Some(replica) = self.replicas[usize::from(index)].as_mut() {
+                    let actions = replica.on_io_done(completion);
+                    self.perform(index, actions);
+                }
+                continue;
+            }
+            let Some((from, to, message)) = self.network.pop_front() else {
+                return;
+            };
+            if let Some(replica) = self.replicas[usize::from(to)].as_mut() {
+                let actions = replica.on_message(from, message);
+                self.perform(to, actions);
+            }
+        }
+        panic!("the cluster did not go quiet");
+    }
+
+    fn tick(&mut self, ticks: u64) {
+        for _ in 0..ticks {
+            for index in 0..self.replicas.len() as ReplicaIndex {
+                if let Some(replica) = self.replicas[usize::from(index)].as_mut() {
+                    let actions = replica.on_tick();
+                    self.perform(index, actions);
+                }
+            }
+            self.run();
+        }
+    }
+
+    fn request(
+        &mut self,
+        at: ReplicaIndex,
+        client: u128,
+        request: u64,
+        operation: PrepareOperation,
+    ) -> ClientToken {
+        let token = self.next_token;
+        self.next_token += 1;
+        let actions = self.replicas[usize::from(at)]
+            .as_mut()
+            .expect("replica is up")
+            .on_request(ClientRequest {
+                token,
+                client,
+                request,
+                operation,
+                timestamp_us: 1_000 * token,
+            });
+        self.perform(at, actions);
+        token
+    }
+
+    fn reply_to(&self, token: ClientToken) -> Option<&ClientReply> {
+        self.replies
+            .iter()
+            .find(|(_, t, _)| *t == token)
+            .map(|(_, _, reply)| reply)
+    }
+
+    fn crash(&mut self, index: ReplicaIndex) {
+        self.replicas[usize::from(index)] = None;
+        self.io.retain(|(i, _)| *i != index);
+        self.network.retain(|(_, to, _)| *to != index);
+    }
+
+    fn restart(&mut self, index: ReplicaIndex) -> Vec<Action> {
+        let disk = &self.disks[usize::from(index)];
+        let (checkpoint_op, metadata, client_table) = match &disk.checkpoint {
+            Some((op, metadata, table)) => (
+                *op,
+                (**metadata).clone(),
+                ClientTable::from_snapshot(table, 64).unwrap().0,
+            ),
+            None => (0, MetadataState::new(), ClientTable::new(64)),
+        };
+        let recovered = Recovered {
+            view: disk.superblock.0,
+            log_view: disk.superblock.1,
+            commit_max: disk.superblock.2,
+            checkpoint_op,
+            metadata,
+            client_table,
+            prepares: disk
+                .journal
+                .range(checkpoint_op + 1..)
+                .map(|(_, prepare)| prepare.clone())
+                .collect(),
+            journal_last_op: disk
+                .journal
+                .keys()
+                .next_back()
+                .copied()
+                .unwrap_or(checkpoint_op),
+            journal_first_op: 1,
+        };
+        let count = self.replicas.len() as u8;
+        let (replica, actions) = Replica::open(config(index, count), recovered);
+        self.replicas[usize::from(index)] = Some(replica);
+        self.applied[usize::from(index)] = (1..=checkpoint_op).collect();
+        self.perform(index, actions.clone());
+        actions
+    }
+
+    fn primaries(&self) -> Vec<ReplicaIndex> {
+        (0..self.replicas.len() as ReplicaIndex)
+            .filter(|&i| {
+                self.replicas[usize::from(i)]
+                    .as_ref()
+                    .is_some_and(Replica::is_primary)
+            })
+            .collect()
+    }
+
+    /// Every pair of live replicas agrees on the prepares both committed, and on the state at a
+    /// common commit point.
+    fn check_agreement(&self) {
+        let live: Vec<&Replica> = self.replicas.iter().flatten().collect();
+        for a in &live {
+            for b in &live {
+                let common = a.commit_min().min(b.commit_min());
+                for op in 1..=common {
+                    if let (Some(x), Some(y)) = (a.committed_checksum(op), b.committed_checksum(op))
+                    {
+                        assert_eq!(x, y, "replicas committed different prepares at op {op}");
+                    }
+                }
+                if a.commit_min() == b.commit_min() {
+                    assert_eq!(a.state_digest(), b.state_digest());
+                }
+            }
+        }
+    }
+}
+
+fn session_of(reply: Option<&ClientReply>) -> u64 {
+    match reply {
+        Some(ClientReply::Registered { session }) => *session,
+        other => panic!("expected Registered, got {other:?}"),
+    }
+}
+
+fn is_success(reply: Option<&ClientReply>) -> bool {
+    matches!(reply, Some(ClientReply::Committed(cached)) if cached.error_code == 0)
+}
+
+/// The primary and the two backups of a settled 3-replica cluster.
+fn roles(cluster: &Cluster) -> (ReplicaIndex, ReplicaIndex, ReplicaIndex) {
+    let p = cluster.primary();
+    let mut backups = (0..3).filter(|&i| i != p);
+    (p, backups.next().unwrap(), backups.next().unwrap())
+}
+
+#[test]
+fn vsr_4_1_normal_case_commits_register_and_create_stream_on_all_replicas() {
+    let mut cluster = Cluster::new(3);
+    let (p, _, _) = roles(&cluster);
+    let register = cluster.request(p, 7, 0, PrepareOperation::Register);
+    cluster.run();
+    assert_eq!(session_of(cluster.reply_to(register)), 1);
+    let create = cluster.request(p, 7, 1, create_stream(1, "orders"));
+    cluster.run();
+    assert!(is_success(cluster.reply_to(create)));
+    // The backups learn the commit from the heartbeat.
+    cluster.tick(4);
+    for index in 0..3 {
+        let replica = cluster.replica(index);
+        assert_eq!(replica.commit_min(), 2, "replica {index}");
+        assert!(replica.metadata().streams.contains_key(&1));
+        assert_eq!(cluster.applied[usize::from(index)], vec![1, 2]);
+    }
+    cluster.check_agreement();
+}
+
+#[test]
+fn vsr_4_1_pipeline_prepares_eight_concurrent_requests_before_any_commit() {
+    let mut cluster = Cluster::new(3);
+    let (p, _, _) = roles(&cluster);
+    let tokens: Vec<ClientToken> = (1..=8u128)
+        .map(|client| cluster.request(p, client, 0, PrepareOperation::Register))
+        .collect();
+    // All eight are prepared before a single PrepareOk came back.
+    assert_eq!(cluster.replica(p).op(), 8);
+    assert_eq!(cluster.replica(p).commit_max(), 0);
+    // A ninth waits in the queue until the pipeline has room.
+    let ninth = cluster.request(p, 9, 0, PrepareOperation::Register);
+    assert_eq!(cluster.replica(p).op(), 8);
+    cluster.run();
+    for (index, token) in tokens.iter().enumerate() {
+        assert_eq!(session_of(cluster.reply_to(*token)), index as u64 + 1);
+    }
+    assert_eq!(session_of(cluster.reply_to(ninth)), 9);
+    cluster.tick(4);
+    for index in 0..3 {
+        assert_eq!(cluster.replica(index).commit_min(), 9);
+    }
+    cluster.check_agreement();
+}
+
+#[test]
+fn vsr_4_1_client_table_answers_a_duplicate_with_the_cached_reply() {
+    let mut cluster = Cluster::new(3);
+    let (p, _, _) = roles(&cluster);
+    cluster.request(p, 7, 0, PrepareOperation::Register);
+    cluster.run();
+    // A retry while the request is in the pipeline attaches to it: one prepare, two replies.
+    let first = cluster.request(p, 7, 1, create_stream(1, "a"));
+    let retry = cluster.request(p, 7, 1, create_stream(1, "a"));
+    assert_eq!(cluster.replica(p).op(), 2);
+    cluster.run();
+    assert!(is_success(cluster.reply_to(first)));
+    assert_eq!(cluster.reply_to(first), cluster.reply_to(retry));
+    // After the commit: the cached reply, nothing prepared.
+    let late = cluster.request(p, 7, 1, create_stream(1, "a"));
+    assert_eq!(cluster.reply_to(late), cluster.reply_to(first));
+    assert_eq!(cluster.replica(p).op(), 2);
+    // Same number, other arguments: refused.
+    let other = cluster.request(p, 7, 1, create_stream(2, "b"));
+    assert!(matches!(
+        cluster.reply_to(other),
+        Some(ClientReply::Error {
+            code: bus::ErrorCode::InvalidArgument,
+            ..
+        })
+    ));
+    // Register again: the same session.
+    let again = cluster.request(p, 7, 0, PrepareOperation::Register);
+    assert_eq!(session_of(cluster.reply_to(again)), 1);
+    // No session: evicted.
+    let stranger = cluster.request(p, 8, 1, create_stream(3, "c"));
+    assert!(matches!(
+        cluster.reply_to(stranger),
+        Some(ClientReply::Evicted { .. })
+    ));
+    // Client id 0: refused.
+    let zero = cluster.request(p, 0, 0, PrepareOperation::Register);
+    assert!(matches!(
+        cluster.reply_to(zero),
+        Some(ClientReply::Error {
+            code: bus::ErrorCode::InvalidArgument,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn vsr_4_1_a_conflicting_pipelined_change_commits_as_a_rejection_on_every_replica() {
+    let mut cluster = Cluster::new(3);
+    let (p, _, b2) = roles(&cluster);
+    cluster.request(p, 7, 0, PrepareOperation::Register);
+    cluster.request(p, 8, 0, PrepareOperation::Register);
+    cluster.run();
+    let first = cluster.request(p, 7, 1, create_stream(1, "same"));
+    let second = cluster.request(p, 8, 1, create_stream(2, "same"));
+    cluster.run();
+    assert!(is_success(cluster.reply_to(first)));
+    match cluster.reply_to(second) {
+        Some(ClientReply::Committed(cached)) => {
+            assert_eq!(
+                cached.error_code,
+                bus::ErrorCode::StreamAlreadyExists as u32
+            );
+        }
+        other => panic!("expected a committed rejection, got {other:?}"),
+    }
+    cluster.tick(4);
+    cluster.check_agreement();
+    assert_eq!(cluster.replica(b2).metadata().streams.len(), 1);
+    assert_eq!(cluster.replica(b2).commit_min(), 4);
+}
+
+#[test]
+fn vsr_issue8_2_backup_answers_not_primary_with_the_primary() {
+    let mut cluster = Cluster::new(3);
+    let (p, b1, _) = roles(&cluster);
+    let view = cluster.replica(b1).view();
+    let token = cluster.request(b1, 7, 0, PrepareOperation::Register);
+    assert_eq!(
+        cluster.reply_to(token),
+        Some(&ClientReply::NotPrimary {
+            view,
+            primary: Some(p)
+        })
+    );
+    assert_eq!(cluster.replica(b1).op(), 0);
+}
+
+#[test]
+fn vsr_4_1_single_replica_commits_at_its_own_fsync() {
+    let mut cluster = Cluster::new(1);
+    assert!(cluster.replica(0).is_primary());
+    assert_eq!(cluster.replica(0).view(), 0);
+    let register = cluster.request(0, 7, 0, PrepareOperation::Register);
+    cluster.run();
+    assert_eq!(session_of(cluster.reply_to(register)), 1);
+    let create = cluster.request(0, 7, 1, create_stream(1, "a"));
+    cluster.run();
+    assert!(is_success(cluster.reply_to(create)));
+    // Restart: every journaled prepare is committed (its fsync was the commit).
+    cluster.crash(0);
+    cluster.applied[0].clear();
+    cluster.restart(0);
+    assert_eq!(cluster.replica(0).commit_min(), 2);
+    assert!(cluster.replica(0).is_primary());
+    assert!(cluster.replica(0).metadata().streams.contains_key(&1));
+}
+
+#[test]
+fn vsr_4_2_primary_crash_leads_to_a_view_change_and_the_new_primary_commits() {
+    let mut cluster = Cluster::new(3);
+    let (p, b1, b2) = roles(&cluster);
+    let view = cluster.replica(p).view();
+    let register = cluster.request(p, 7, 0, PrepareOperation::Register);
+    cluster.run();
+    assert_eq!(session_of(cluster.reply_to(register)), 1);
+    cluster.crash(p);
+    cluster.tick(60);
+    let primary = cluster.primary();
+    assert_ne!(primary, p);
+    assert!(cluster.replica(primary).view() > view);
+    let create = cluster.request(primary, 7, 1, create_stream(1, "a"));
+    cluster.run();
+    assert!(is_success(cluster.reply_to(create)));
+    cluster.tick(4);
+    cluster.check_agreement();
+    for index in [b1, b2] {
+        assert_eq!(cluster.replica(index).commit_min(), 2);
+    }
+}
+
+#[test]
+fn vsr_4_2_an_op_acknowledged_to_the_client_survives_the_view_change() {
+    let mut cluster = Cluster::new(3);
+    let (p, b1, b2) = roles(&cluster);
+    cluster.request(p, 7, 0, PrepareOperation::Register);
+    cluster.run();
+    cluster.tick(4);
+    // b2 hears nothing from the primary; b1 journals and acknowledges.
+    cluster.cut.insert((p, b2));
+    let create = cluster.request(p, 7, 1, create_stream(1, "kept"));
+    cluster.run();
+    assert!(is_success(cluster.reply_to(create)));
+    assert_eq!(cluster.replica(b2).op(), 1);
+    // The primary dies before any backup learns the commit.
+    cluster.crash(p);
+    cluster.cut.clear();
+    cluster.tick(60);
+    for index in [b1, b2] {
+        let replica = cluster.replica(index);
+        assert_eq!(replica.status(), Status::Normal);
+        assert_eq!(replica.commit_min(), 2, "replica {index}");
+        assert!(replica.metadata().streams.contains_key(&1));
+    }
+    cluster.check_agreement();
+    // A retry of the committed request at the new primary gets its original reply.
+    let primary = cluster.primary();
+    let retry = cluster.request(primary, 7, 1, create_stream(1, "kept"));
+    assert_eq!(cluster.reply_to(retry), cluster.reply_to(create));
+    assert_eq!(cluster.replica(primary).op(), 2);
+}
+
+#[test]
+fn vsr_issue8_2_a_lagging_backup_repairs_a_gap() {
+    let mut cluster = Cluster::new(3);
+    let (p, _, b2) = roles(&cluster);
+    cluster.request(p, 7, 0, PrepareOperation::Register);
+    cluster.run();
+    cluster.cut.insert((p, b2));
+    for request in 1..=5 {
+        cluster.request(
+            p,
+            7,
+            request,
+            create_stream(request as u32, &format!("s{request}")),
+        );
+        cluster.run();
+    }
+    assert_eq!(cluster.replica(p).commit_min(), 6);
+    assert_eq!(cluster.replica(b2).op(), 1);
+    cluster.cut.clear();
+    // The next prepare is ahead of b2's log: it repairs ops 2..=6 from peers.
+    cluster.request(p, 7, 6, create_stream(6, "s6"));
+    cluster.run();
+    cluster.tick(6);
+    assert_eq!(cluster.replica(b2).op(), 7);
+    assert_eq!(cluster.replica(b2).commit_min(), 7);
+    assert_eq!(
+        cluster.applied[usize::from(b2)],
+        (1..=7).collect::<Vec<u64>>()
+    );
+    cluster.check_agreement();
+}
+
+#[test]
+fn vsr_issue8_2_restart_of_a_former_primary_moves_to_the_next_view() {
+    let mut cluster = Cluster::new(3);
+    let (p, _, _) = roles(&cluster);
+    let view = cluster.replica(p).view();
+    cluster.request(p, 7, 0, PrepareOperation::Register);
+    cluster.run();
+    cluster.tick(4);
+    cluster.crash(p);
+    let actions = cluster.restart(p);
+    let replica = cluster.replica(p);
+    assert_eq!(replica.view(), view + 1);
+    assert_eq!(replica.status(), Status::ViewChange);
+    // The superblock's commit_max was 0 (no checkpoint or view change wrote it since): op 1 is
+    // kept as an uncommitted log until the new view's primary confirms it.
+    assert_eq!(replica.op(), 1);
+    assert!(matches!(
+        actions.first(),
+        Some(Action::WriteSuperblock { view: v, log_view: lv, .. }) if *v == view + 1 && *lv == view
+    ));
+    // Nothing is sent before the superblock holds the new view.
+    assert!(!actions.iter().any(|a| matches!(a, Action::Send { .. })));
+    cluster.settle();
+    cluster.tick(4);
+    assert_eq!(cluster.replica(p).commit_min(), 1);
+    cluster.check_agreement();
+    let primary = cluster.primary();
+    let create = cluster.request(primary, 7, 1, create_stream(1, "a"));
+    cluster.run();
+    assert!(is_success(cluster.reply_to(create)));
+}
