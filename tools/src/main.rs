@@ -111,7 +111,13 @@ fn error_line(error: &anyhow::Error) -> String {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log.as_deref());
+    // The simulator's cores log view changes and repairs by the thousand: only warnings and
+    // errors unless asked for more.
+    let log = match (&cli.command, cli.log.as_deref()) {
+        (Command::Sim(_), None) if std::env::var_os("RUST_LOG").is_none() => Some("warn"),
+        (_, log) => log,
+    };
+    init_logging(log);
     let result = match cli.command {
         Command::Serve(args) => serve::run(&args),
         Command::Bench(args) => shardline::bench::run(&args),

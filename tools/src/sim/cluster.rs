@@ -190,6 +190,7 @@ impl World {
         let mut prng = Prng::new(seed);
         let replica_count = usize::from(config.replica_count);
         let disk_faults = DiskFaults {
+            journal_retain_ops: config.journal_retain_ops,
             torn_write: config.torn_write,
             io_delay_ticks_min: 1,
             io_delay_ticks_max: 4,
@@ -249,6 +250,9 @@ impl World {
             partition: None,
             in_liveness_phase: false,
         };
+        if config.echo_trace {
+            world.trace.echo_to_stderr();
+        }
         world
             .trace
             .event(0, &format!("seed {seed} config {config:?}"));
@@ -269,6 +273,7 @@ impl World {
             heartbeat_ticks: shards::limits::HEARTBEAT_TICKS_DEFAULT,
             view_change_timeout_ticks: shards::limits::VIEW_CHANGE_TIMEOUT_TICKS_DEFAULT,
             clients_table_max: self.config.clients_table_max,
+            checkpoint_interval: self.config.checkpoint_interval,
             seed: self.nodes[replica].core_seed.next_u64(),
         }
     }

@@ -26,13 +26,17 @@ use storage::superblock::{SuperblockState, decode_copy, encode_copy, regression}
 
 use super::prng::Prng;
 
-/// Ops a checkpoint keeps in the journal below its op: a real journal releases whole segments,
-/// so peers can still repair a replica that lags a little behind a checkpoint.
-pub const JOURNAL_RETAIN_OPS: u64 = 64;
+/// Ops a checkpoint keeps in the journal below its op. A real journal releases whole segments, so
+/// peers can still repair a replica that lags behind a checkpoint; a replica whose gap is below
+/// every peer's journal needs state transfer, which is the next issue's, so the simulator keeps
+/// enough for its runs (a few hundred ops) never to need it.
+pub const JOURNAL_RETAIN_OPS: u64 = 4096;
 
-/// The disk's fault probabilities and latency.
+/// The disk's fault probabilities, latency and journal retention.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DiskFaults {
+    /// Ops a checkpoint keeps in the journal below its op ([`JOURNAL_RETAIN_OPS`] by default).
+    pub journal_retain_ops: u64,
     /// Probability that a crash tears the write in progress instead of losing it whole.
     pub torn_write: f64,
     /// Fewest ticks an I/O takes.
@@ -274,7 +278,7 @@ impl Disk {
                 self.write_superblock(next, "checkpoint-monotonic")?;
                 let journal_first_op = self
                     .journal_first_op
-                    .max((op + 1).saturating_sub(JOURNAL_RETAIN_OPS));
+                    .max((op + 1).saturating_sub(self.faults.journal_retain_ops));
                 self.release_below(journal_first_op);
                 Completion::CheckpointDone {
                     op,
@@ -511,6 +515,7 @@ mod tests {
     use super::*;
 
     const FAULTS: DiskFaults = DiskFaults {
+        journal_retain_ops: 64,
         torn_write: 0.0,
         io_delay_ticks_min: 1,
         io_delay_ticks_max: 3,
@@ -735,10 +740,10 @@ mod tests {
     fn a_checkpoint_writes_the_snapshot_and_pairing_and_releases_the_journal() {
         let mut prng = Prng::new(5);
         let mut disk = Disk::format(9, 0, 3, FAULTS);
-        let ops = 1..=JOURNAL_RETAIN_OPS + 10;
+        let ops = 1..=FAULTS.journal_retain_ops + 10;
         write_chain(&mut disk, &mut prng, ops.clone());
         let mut metadata = MetadataState::new();
-        let checkpoint_op = JOURNAL_RETAIN_OPS + 5;
+        let checkpoint_op = FAULTS.journal_retain_ops + 5;
         for op in 1..=checkpoint_op {
             metadata.apply(
                 op,

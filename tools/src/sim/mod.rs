@@ -33,6 +33,9 @@ use self::cluster::{FaultCounts, World};
 pub const TICKS_DEFAULT: u64 = 3000;
 /// Default `--requests`: metadata changes the clients send (besides their Registers).
 pub const REQUESTS_DEFAULT: u64 = 100;
+/// Committed ops between checkpoints in the simulator: small, so that most runs take several
+/// checkpoints and restart from a snapshot.
+pub const CHECKPOINT_INTERVAL: u64 = 16;
 /// Default `--clients`.
 pub const CLIENTS_DEFAULT: usize = 4;
 /// Default `--liveness-ticks`: after the heal, ticks within which the cluster must converge.
@@ -54,6 +57,10 @@ pub struct SimConfig {
     pub requests: u64,
     pub clients: usize,
     pub clients_table_max: usize,
+    /// Committed ops between two checkpoints of each replica (small, so runs checkpoint often).
+    pub checkpoint_interval: u64,
+    /// Ops each journal keeps below a checkpoint (`disk::JOURNAL_RETAIN_OPS` by default).
+    pub journal_retain_ops: u64,
     /// Per packet.
     pub packet_loss: f64,
     /// Per packet.
@@ -66,6 +73,8 @@ pub struct SimConfig {
     pub torn_write: f64,
     /// Per tick: a bit flips in a durable journal record.
     pub read_corruption: f64,
+    /// Print every event to stderr (does not change the run or its digest).
+    pub echo_trace: bool,
 }
 
 impl Default for SimConfig {
@@ -78,12 +87,15 @@ impl Default for SimConfig {
             requests: REQUESTS_DEFAULT,
             clients: CLIENTS_DEFAULT,
             clients_table_max: CLIENTS_TABLE_MAX,
+            checkpoint_interval: CHECKPOINT_INTERVAL,
+            journal_retain_ops: disk::JOURNAL_RETAIN_OPS,
             packet_loss: 0.02,
             packet_duplicate: 0.02,
             partition: 0.002,
             crash: 0.002,
             torn_write: 0.5,
             read_corruption: 0.001,
+            echo_trace: false,
         }
     }
 }
@@ -347,6 +359,10 @@ pub struct SimArgs {
     #[arg(long, value_name = "P", default_value_t = 0.001, value_parser = parse_probability)]
     pub read_corruption: f64,
 
+    /// Print every event of the run to stderr (with `--seed`; the trace the digest covers).
+    #[arg(long, conflicts_with = "seeds")]
+    pub trace: bool,
+
     /// Threads for `--seeds` (default: the CPUs this process may use).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub jobs: Option<u32>,
@@ -431,6 +447,7 @@ impl SimArgs {
             crash: self.crash,
             torn_write: self.torn_write,
             read_corruption: self.read_corruption,
+            echo_trace: self.trace,
             ..SimConfig::default()
         }
     }

@@ -13,6 +13,8 @@ pub const TRACE_TAIL_LEN: usize = 30;
 
 /// The digest and tail of a run's events.
 pub struct Trace {
+    /// Print every line to stderr as it is recorded (`shardline sim --trace`).
+    echo: bool,
     digest: XxHash3_64,
     tail: VecDeque<String>,
     event_count: u64,
@@ -36,10 +38,16 @@ impl Default for Trace {
 impl Trace {
     pub fn new() -> Trace {
         Trace {
+            echo: false,
             digest: XxHash3_64::new(),
             tail: VecDeque::with_capacity(TRACE_TAIL_LEN + 1),
             event_count: 0,
         }
+    }
+
+    /// Prints every later line to stderr as well.
+    pub fn echo_to_stderr(&mut self) {
+        self.echo = true;
     }
 
     /// Records one event line (at tick `tick`).
@@ -48,6 +56,9 @@ impl Trace {
         self.digest.write(line.as_bytes());
         self.digest.write(b"\n");
         self.event_count += 1;
+        if self.echo {
+            eprintln!("{line}");
+        }
         if self.tail.len() == TRACE_TAIL_LEN {
             self.tail.pop_front();
         }
