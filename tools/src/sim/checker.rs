@@ -10,6 +10,10 @@
 //! - `reply-stable`: every final reply to one request is identical (a retry gets the original).
 //! - `commit-lost`: (after the heal) the converged commit reaches every op ever committed.
 //!
+//! The world checks a few more itself: `session-kept` (a client is never answered Evicted while
+//! the client table has room), `recovery`, `superblock-monotonic`, `checkpoint-monotonic`,
+//! `wire`, `prepare-body`, `reply-token`, `core-panic` and `liveness`.
+//!
 //! It never touches a replica: it only judges what the world tells it.
 
 use std::collections::BTreeMap;

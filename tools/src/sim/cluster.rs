@@ -482,9 +482,9 @@ impl World {
         }
         if let ClientReply::Evicted { reason } = reply {
             return Err(Violation {
-                rule: "exactly-once",
+                rule: "session-kept",
                 detail: format!(
-                    "client {client_id:#x} was evicted ({reason}) with {} clients and a table of {}",
+                    "client {client_id:#x} request {request} was answered Evicted ({reason}) with {} clients and a table of {}",
                     self.clients.len(),
                     self.config.clients_table_max
                 ),
