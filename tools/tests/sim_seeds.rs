@@ -140,3 +140,47 @@ fn the_checker_catches_a_reply_nobody_committed_and_a_diverging_digest() {
         "state-digest"
     );
 }
+
+/// Seeds that once failed, with the replica count they failed under (the rest of the config is
+/// `SimConfig::default()`, the CLI's defaults) and the finding in /work/sim-findings.md.
+const REGRESSION_SEEDS: &[(u64, u8, &str)] = &[
+    (
+        19,
+        3,
+        "F1 session-kept: a new primary answered Evicted for a Register above its commit",
+    ),
+    (46, 3, "F1 session-kept"),
+    (369, 3, "F1 session-kept"),
+    (382, 3, "F1 session-kept"),
+    (47, 5, "F1 session-kept, 5 replicas"),
+    (
+        106,
+        3,
+        "F2 superblock-monotonic: a restarted replica wrote a lower commit_max",
+    ),
+    (364, 3, "F2 superblock-monotonic"),
+    (
+        167,
+        3,
+        "F3 agreement: stale view-1 prepares kept under a later log_view and committed",
+    ),
+];
+
+#[test]
+fn seeds_that_once_failed_pass() {
+    let failures: Vec<String> = REGRESSION_SEEDS
+        .iter()
+        .filter_map(|&(seed, replica_count, finding)| {
+            let config = SimConfig {
+                replica_count,
+                ..SimConfig::default()
+            };
+            let report = run_seed(&config, seed);
+            report
+                .failure
+                .is_some()
+                .then(|| format!("({finding})\n{}", failure_text(&report)))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
