@@ -215,6 +215,8 @@ pub struct Replica {
     // Persistence: (view, log_view) asked for and known durable.
     superblock_requested: (u32, u32),
     superblock_durable: (u32, u32),
+    /// The highest `commit_max` this core wrote or recovered: the superblock's never decreases.
+    superblock_commit: u64,
 
     // Repair.
     /// Checksums known to be on the current primary's (or the chosen) log, by op.
@@ -361,6 +363,7 @@ impl Replica {
             start_view_commit: 0,
             superblock_requested: (recovered.view, recovered.log_view),
             superblock_durable: (recovered.view, recovered.log_view),
+            superblock_commit: recovered.commit_max,
             targets: BTreeMap::new(),
             pending: BTreeMap::new(),
             requested: BTreeMap::new(),
@@ -410,7 +413,9 @@ impl Replica {
         if self.stopped || from >= self.config.replica_count || from == self.config.replica {
             return actions;
         }
-        if message.view() < self.view {
+        // A Prepare's view is the prepare's own (kept when a later primary re-sends it), not
+        // the sender's.
+        if message.view() < self.view && !matches!(message, Message::Prepare { .. }) {
             self.answer_older_view(from, &mut actions);
         }
         match message {
@@ -706,19 +711,22 @@ impl Replica {
         self.primary_deadline = self.now + self.random_timeout();
     }
 
-    /// Asks the driver to persist the current view and log_view (and `commit_min` as the
-    /// superblock's `commit_max`: what was applied, so a restart applies exactly those again)
-    /// unless that write is already asked for.
+    /// Asks the driver to persist the current view and log_view, unless that write is already
+    /// asked for. The superblock's `commit_max` is `commit_min` (what was applied: every journaled
+    /// prepare up to it is the committed one, so a restart may apply them again), or the value
+    /// written before when that is higher (it never decreases; a restart applies only the
+    /// journaled prepares up to it and repairs the rest).
     fn persist(&mut self, actions: &mut Vec<Action>) {
         let state = (self.view, self.log_view);
         if self.superblock_requested == state {
             return;
         }
         self.superblock_requested = state;
+        self.superblock_commit = self.superblock_commit.max(self.commit_min);
         actions.push(Action::WriteSuperblock {
             view: self.view,
             log_view: self.log_view,
-            commit_max: self.commit_min,
+            commit_max: self.superblock_commit,
         });
     }
 
@@ -792,6 +800,9 @@ impl Replica {
                         );
                         return;
                     }
+                    // The client's Register is prepared but not yet applied (a new primary
+                    // inherits uncommitted prepares): prepare this one after it.
+                    Lookup::NoSession if self.register_in_flight(client) => {}
                     Lookup::NoSession => {
                         reply(
                             actions,
@@ -871,6 +882,14 @@ impl Replica {
                 },
             );
         }
+    }
+
+    /// Whether a Register of `client` is prepared or queued and not yet applied.
+    fn register_in_flight(&self, client: u128) -> bool {
+        self.in_flight.contains_key(&(client, 0))
+            || self.queue.iter().any(|queued| {
+                queued.client == client && queued.operation == PrepareOperation::Register
+            })
     }
 
     fn pipeline_has_room(&self) -> bool {
@@ -1024,11 +1043,21 @@ impl Replica {
             self.ask_for_start_view(from, actions);
             return;
         }
-        if view != self.view || from != self.primary() || self.is_primary() {
+        if from != self.primary() || self.is_primary() {
             return;
         }
         if self.status != Status::Normal {
-            self.ask_for_start_view(from, actions);
+            if view == self.view {
+                self.ask_for_start_view(from, actions);
+            }
+            return;
+        }
+        if view < self.view {
+            // The prepare's own view is older: either this view's primary re-sends an inherited
+            // prepare (to re-collect PrepareOks), or a stale message of an older view whose
+            // primary had the same index. Either way it proves nothing about the current log:
+            // acknowledge it only if the log already holds it verified (or committed).
+            self.ack_held_prepare(&entry, actions);
             return;
         }
         self.reset_primary_deadline();
@@ -1056,6 +1085,22 @@ impl Replica {
             self.accept_verified(entry, actions);
         }
         self.after_log_change(actions);
+    }
+
+    /// A backup acknowledges a prepare of an older view the current primary re-sent, if its
+    /// log holds the same prepare durably and verified (or committed).
+    fn ack_held_prepare(&self, entry: &Entry, actions: &mut Vec<Action>) {
+        let op = entry.prepare.op;
+        let held = self.log.get(&op);
+        let acknowledged = if op <= self.commit_min {
+            held.is_none_or(|held| held.checksum == entry.checksum)
+        } else {
+            op <= self.verified_op
+                && held.is_some_and(|held| held.checksum == entry.checksum && held.durable)
+        };
+        if acknowledged && self.view_durable() {
+            self.send_prepare_ok(op, entry.checksum, actions);
+        }
     }
 
     fn on_commit(

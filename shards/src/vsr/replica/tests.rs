@@ -3,7 +3,6 @@
 //! rule they check (VSR Revisited section, or issue 8 section).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::Arc;
 
 use storage::journal::Prepare;
 
@@ -20,7 +19,7 @@ struct Disk {
     journal: BTreeMap<u64, Prepare>,
     /// (view, log_view, commit_max).
     superblock: (u32, u32, u64),
-    checkpoint: Option<(u64, Arc<MetadataState>, ClientTableSnapshot)>,
+    checkpoint: Option<(u64, MetadataState, ClientTableSnapshot)>,
 }
 
 struct Cluster {
@@ -32,6 +31,8 @@ struct Cluster {
     applied: Vec<Vec<u64>>,
     /// Links (from, to) that drop every message.
     cut: BTreeSet<(ReplicaIndex, ReplicaIndex)>,
+    /// Drops every message it matches.
+    drop_if: Option<fn(&Message) -> bool>,
     next_token: ClientToken,
 }
 
@@ -80,6 +81,7 @@ impl Cluster {
             replies: Vec::new(),
             applied: vec![Vec::new(); usize::from(replica_count)],
             cut: BTreeSet::new(),
+            drop_if: None,
             next_token: 1,
         };
         for index in 0..replica_count {
@@ -129,7 +131,9 @@ impl Cluster {
             match action {
                 Action::Send { to, message } => {
                     assert_ne!(to, index, "a replica never sends to itself");
-                    if !self.cut.contains(&(index, to)) {
+                    if !self.cut.contains(&(index, to))
+                        && !self.drop_if.is_some_and(|drop| drop(&message))
+                    {
                         self.network.push_back((index, to, message));
                     }
                 }
@@ -163,6 +167,10 @@ impl Cluster {
                         (view, log_view) >= (disk.superblock.0, disk.superblock.1),
                         "the superblock never goes back in view"
                     );
+                    assert!(
+                        commit_max >= disk.superblock.2,
+                        "the superblock's commit_max never decreases"
+                    );
                     disk.superblock = (view, log_view, commit_max);
                     self.io
                         .push_back((index, Completion::SuperblockWritten { view, log_view }));
@@ -182,7 +190,8 @@ impl Cluster {
                     metadata,
                     client_table,
                 } => {
-                    disk.checkpoint = Some((op, metadata, client_table));
+                    // A copy: holding the Arc would make every later apply copy the state.
+                    disk.checkpoint = Some((op, (*metadata).clone(), client_table));
                     self.io.push_back((
                         index,
                         Completion::CheckpointDone {
@@ -269,7 +278,7 @@ impl Cluster {
         let (checkpoint_op, metadata, client_table) = match &disk.checkpoint {
             Some((op, metadata, table)) => (
                 *op,
-                (**metadata).clone(),
+                metadata.clone(),
                 ClientTable::from_snapshot(table, 64).unwrap().0,
             ),
             None => (0, MetadataState::new(), ClientTable::new(64)),
@@ -621,4 +630,373 @@ fn vsr_issue8_2_restart_of_a_former_primary_moves_to_the_next_view() {
     let create = cluster.request(primary, 7, 1, create_stream(1, "a"));
     cluster.run();
     assert!(is_success(cluster.reply_to(create)));
+}
+
+#[test]
+fn vsr_issue8_2_restart_truncates_a_damaged_journal_tail_and_repairs_it() {
+    let mut cluster = Cluster::new(3);
+    let (p, b1, _) = roles(&cluster);
+    cluster.request(p, 7, 0, PrepareOperation::Register);
+    cluster.run();
+    for request in 1..=3 {
+        cluster.request(
+            p,
+            7,
+            request,
+            create_stream(request as u32, &format!("s{request}")),
+        );
+        cluster.run();
+    }
+    cluster.tick(4);
+    assert_eq!(cluster.replica(b1).commit_min(), 4);
+    // b1 restarts with its record at op 3 damaged: recovery hands over ops 1..=2 only.
+    cluster.crash(b1);
+    let damaged = cluster.disks[usize::from(b1)].journal.remove(&3).unwrap();
+    let last_op = *cluster.disks[usize::from(b1)]
+        .journal
+        .keys()
+        .next_back()
+        .unwrap();
+    cluster.disks[usize::from(b1)].journal.split_off(&3);
+    let mut recovered = fresh();
+    let superblock = cluster.disks[usize::from(b1)].superblock;
+    recovered.view = superblock.0;
+    recovered.log_view = superblock.1;
+    recovered.commit_max = superblock.2;
+    recovered.prepares = cluster.disks[usize::from(b1)]
+        .journal
+        .values()
+        .cloned()
+        .collect();
+    recovered.journal_last_op = last_op;
+    let (replica, actions) = Replica::open(config(b1, 3), recovered);
+    assert!(actions.contains(&Action::TruncateJournal { op: 2 }));
+    assert_eq!(replica.op(), 2);
+    cluster.replicas[usize::from(b1)] = Some(replica);
+    cluster.applied[usize::from(b1)] = Vec::new();
+    cluster.perform(b1, actions);
+    cluster.settle();
+    cluster.tick(10);
+    let replica = cluster.replica(b1);
+    assert_eq!(replica.op(), 4);
+    assert_eq!(replica.commit_min(), 4);
+    assert_eq!(
+        cluster.disks[usize::from(b1)].journal.get(&3),
+        Some(&damaged),
+        "the repaired prepare is the committed one"
+    );
+    cluster.check_agreement();
+}
+
+/// A backup holding an uncommitted prepare from an old view that the new view does not keep
+/// truncates it (section 4.2 step 5: the new primary's log wins above the commit point).
+#[test]
+fn vsr_4_2_start_view_truncates_a_backups_divergent_uncommitted_suffix() {
+    let mut cluster = Cluster::new(3);
+    let (p, b1, b2) = roles(&cluster);
+    cluster.request(p, 7, 0, PrepareOperation::Register);
+    cluster.run();
+    cluster.tick(4);
+    // Only b1 gets op 2; the primary never commits it (b2 and the primary's acks are cut).
+    cluster.cut.insert((p, b2));
+    cluster.cut.insert((b1, p));
+    let lost = cluster.request(p, 7, 1, create_stream(1, "lost"));
+    cluster.run();
+    assert!(cluster.reply_to(lost).is_none());
+    assert_eq!(cluster.replica(b1).op(), 2);
+    // The primary dies and its write of op 2 is lost with it (a crash before the fsync: it
+    // never counted itself for op 2); b1 is cut off while p and b2 form a new view.
+    cluster.crash(p);
+    cluster.disks[usize::from(p)].journal.remove(&2);
+    cluster.cut.clear();
+    for other in [p, b2] {
+        cluster.cut.insert((b1, other));
+        cluster.cut.insert((other, b1));
+    }
+    cluster.restart(p);
+    cluster.tick(80);
+    let primary = cluster.primaries()[0];
+    assert_ne!(primary, b1);
+    let kept = cluster.request(primary, 7, 1, create_stream(2, "kept"));
+    cluster.run();
+    assert!(
+        is_success(cluster.reply_to(kept)),
+        "{:?} primary {primary} view {} p {p} b1 {b1} b2 {b2}",
+        cluster.reply_to(kept),
+        cluster.replica(primary).view()
+    );
+    // b1 rejoins: its op 2 is replaced by the new view's op 2.
+    cluster.cut.clear();
+    cluster.tick(80);
+    let replica = cluster.replica(b1);
+    assert_eq!(replica.status(), Status::Normal);
+    assert_eq!(replica.commit_min(), 2);
+    assert!(replica.metadata().streams.contains_key(&2));
+    assert!(!replica.metadata().streams.contains_key(&1));
+    cluster.check_agreement();
+}
+
+/// A client of the soak test: one request outstanding, retried on `NotPrimary`, `Busy` or a
+/// silence, at the replica it last heard is primary.
+#[derive(Debug)]
+struct SoakClient {
+    id: u128,
+    /// The request outstanding: its number (0 = Register) and when it was last sent.
+    request: u64,
+    sent_tick: Option<u64>,
+    token: ClientToken,
+    guess: ReplicaIndex,
+    registered: bool,
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        self.0 >> 33
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+}
+
+/// Message loss, reordering and crashes of one replica at a time, then a healed network:
+/// replicas never commit different prepares at an op, every acknowledged create is applied
+/// exactly once, and everyone converges (issue 8 section 4's checks, in miniature).
+#[test]
+fn vsr_4_safety_and_liveness_under_loss_reorder_and_crashes() {
+    let seeds: u64 = std::env::var("VSR_SOAK_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(16);
+    for seed in 0..seeds {
+        soak(seed);
+    }
+}
+
+fn soak(seed: u64) {
+    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9) + 1);
+    let mut cluster = Cluster::new(3);
+    let mut clients: Vec<SoakClient> = (1..=4u128)
+        .map(|id| SoakClient {
+            id,
+            request: 0,
+            sent_tick: None,
+            token: 0,
+            guess: 0,
+            registered: false,
+        })
+        .collect();
+    // Streams whose create was acknowledged and whose delete was not.
+    let mut acknowledged: BTreeSet<u32> = BTreeSet::new();
+    let mut acknowledged_count = 0u64;
+    let mut down: Option<(ReplicaIndex, u64)> = None;
+    let fault_ticks = 1_500u64;
+    for tick in 0..fault_ticks + 600 {
+        let faults = tick < fault_ticks;
+        // Crash and restart one replica at a time.
+        if faults && down.is_none() && rng.chance(1) {
+            let victim = (rng.next() % 3) as ReplicaIndex;
+            cluster.crash(victim);
+            down = Some((victim, tick + 20 + rng.next() % 60));
+        }
+        if let Some((victim, at)) = down
+            && (tick >= at || !faults)
+        {
+            cluster.restart(victim);
+            down = None;
+        }
+        // Clients (quiet for the last ticks, so the commit point can settle).
+        for client in clients.iter_mut().filter(|_| tick < fault_ticks + 400) {
+            let due = client.sent_tick.is_none_or(|sent| tick >= sent + 40);
+            if !due {
+                continue;
+            }
+            if cluster.replicas[usize::from(client.guess)].is_none() {
+                client.guess = (client.guess + 1) % 3;
+                continue;
+            }
+            // Odd requests create a stream, even ones delete it again (the state stays small).
+            let stream_id = (client.id as u32) * 10_000 + (client.request as u32).div_ceil(2);
+            let operation = if !client.registered {
+                PrepareOperation::Register
+            } else if client.request % 2 == 1 {
+                create_stream(stream_id, &format!("s{stream_id}"))
+            } else {
+                PrepareOperation::Metadata(MetadataOp::DeleteStream { stream_id })
+            };
+            let request = if client.registered { client.request } else { 0 };
+            client.token = cluster.request(client.guess, client.id, request, operation);
+            client.sent_tick = Some(tick);
+        }
+        // Network: deliver in random order, dropping some.
+        let mut messages: Vec<_> = cluster.network.drain(..).collect();
+        while !messages.is_empty() {
+            let (from, to, message) = messages.swap_remove((rng.next() as usize) % messages.len());
+            if faults && rng.chance(10) {
+                continue;
+            }
+            if let Some(replica) = cluster.replicas[usize::from(to)].as_mut() {
+                let actions = replica.on_message(from, message);
+                cluster.perform(to, actions);
+            }
+            while let Some((index, completion)) = cluster.io.pop_front() {
+                if let Some(replica) = cluster.replicas[usize::from(index)].as_mut() {
+                    let actions = replica.on_io_done(completion);
+                    cluster.perform(index, actions);
+                }
+            }
+        }
+        for index in 0..3u8 {
+            if let Some(replica) = cluster.replicas[usize::from(index)].as_mut() {
+                let actions = replica.on_tick();
+                cluster.perform(index, actions);
+            }
+        }
+        while let Some((index, completion)) = cluster.io.pop_front() {
+            if let Some(replica) = cluster.replicas[usize::from(index)].as_mut() {
+                let actions = replica.on_io_done(completion);
+                cluster.perform(index, actions);
+            }
+        }
+        // Replies.
+        for (_, token, reply) in std::mem::take(&mut cluster.replies) {
+            let Some(client) = clients.iter_mut().find(|c| c.token == token) else {
+                continue;
+            };
+            match reply {
+                ClientReply::Registered { .. } => {
+                    client.registered = true;
+                    client.request = 1;
+                    client.sent_tick = Some(tick.saturating_sub(35));
+                }
+                ClientReply::Committed(cached) => {
+                    assert_eq!(
+                        cached.error_code,
+                        0,
+                        "seed {seed}: client {} request {} applied twice or rejected: {:?}",
+                        client.id,
+                        client.request,
+                        String::from_utf8_lossy(&cached.body)
+                    );
+                    let stream_id =
+                        (client.id as u32) * 10_000 + (client.request as u32).div_ceil(2);
+                    if client.request % 2 == 1 {
+                        acknowledged.insert(stream_id);
+                    } else {
+                        acknowledged.remove(&stream_id);
+                    }
+                    acknowledged_count += 1;
+                    client.request += 1;
+                    // Paced (the state machine's name check is linear in the stream count).
+                    client.sent_tick = Some(tick.saturating_sub(35));
+                }
+                ClientReply::NotPrimary { primary, .. } => {
+                    client.guess = primary.unwrap_or((client.guess + 1) % 3);
+                    client.sent_tick = Some(tick.saturating_sub(35));
+                }
+                ClientReply::Error {
+                    code: bus::ErrorCode::Busy,
+                    ..
+                } => {}
+                other => panic!("seed {seed}: unexpected reply {other:?}"),
+            }
+        }
+        if tick % 100 == 0 {
+            cluster.check_agreement();
+        }
+    }
+    cluster.check_agreement();
+    // Liveness: healed, everyone converges.
+    let live: Vec<&Replica> = cluster.replicas.iter().flatten().collect();
+    assert_eq!(live.len(), 3, "seed {seed}");
+    let commit = live[0].commit_min();
+    for replica in &live {
+        assert_eq!(
+            replica.commit_min(),
+            commit,
+            "seed {seed}: replicas converge"
+        );
+        assert_eq!(
+            replica.state_digest(),
+            live[0].state_digest(),
+            "seed {seed}"
+        );
+        assert_eq!(replica.status(), Status::Normal, "seed {seed}");
+    }
+    let streams: BTreeSet<u32> = live[0].metadata().streams.keys().copied().collect();
+    // A delete in flight at the end may have committed unacknowledged; a create in flight may
+    // have too: compare only what the clients know.
+    for client in &clients {
+        let current = (client.id as u32) * 10_000 + (client.request as u32).div_ceil(2);
+        let known: BTreeSet<u32> = acknowledged
+            .iter()
+            .copied()
+            .filter(|&id| id / 10_000 == client.id as u32 && id != current)
+            .collect();
+        let present: BTreeSet<u32> = streams
+            .iter()
+            .copied()
+            .filter(|&id| id / 10_000 == client.id as u32 && id != current)
+            .collect();
+        assert_eq!(known, present, "seed {seed}: client {} state", client.id);
+    }
+    assert!(
+        acknowledged_count > 100,
+        "seed {seed}: progress {acknowledged_count}"
+    );
+}
+
+/// sim finding F1: a new primary inherits a client's Register uncommitted; the client's next
+/// request must be prepared after it, not answered `Evicted` from the applied table.
+#[test]
+fn vsr_4_2_new_primary_prepares_a_request_behind_an_inherited_uncommitted_register() {
+    let mut cluster = Cluster::new(3);
+    let (p, _, _) = roles(&cluster);
+    cluster.tick(4);
+    let register = cluster.request(p, 7, 0, PrepareOperation::Register);
+    cluster.run();
+    assert_eq!(session_of(cluster.reply_to(register)), 1);
+    // The primary dies before a heartbeat carries commit 1; the new view cannot re-commit
+    // op 1 while PrepareOks are lost.
+    cluster.crash(p);
+    cluster.drop_if = Some(|message| matches!(message, Message::PrepareOk { .. }));
+    for _ in 0..100 {
+        if !cluster.primaries().is_empty() {
+            break;
+        }
+        cluster.tick(1);
+    }
+    let primary = cluster.primary();
+    assert_eq!(cluster.replica(primary).commit_min(), 0);
+    assert_eq!(cluster.replica(primary).op(), 1);
+    let create = cluster.request(primary, 7, 1, create_stream(1, "a"));
+    assert!(
+        cluster.reply_to(create).is_none(),
+        "{:?}",
+        cluster.reply_to(create)
+    );
+    assert_eq!(cluster.replica(primary).op(), 2);
+    cluster.drop_if = None;
+    cluster.tick(6);
+    let backup = (0..3).find(|&i| i != primary && i != p).unwrap();
+    assert!(
+        is_success(cluster.reply_to(create)),
+        "{:?} primary op {} commit {} status {:?}; backup op {} commit {} verified {} status {:?} view {}",
+        cluster.reply_to(create),
+        cluster.replica(primary).op(),
+        cluster.replica(primary).commit_max(),
+        cluster.replica(primary).status(),
+        cluster.replica(backup).op(),
+        cluster.replica(backup).commit_max(),
+        cluster.replica(backup).verified_op,
+        cluster.replica(backup).status(),
+        cluster.replica(backup).view(),
+    );
+    cluster.check_agreement();
 }
