@@ -164,6 +164,18 @@ const REGRESSION_SEEDS: &[(u64, u8, &str)] = &[
         3,
         "F3 agreement: stale view-1 prepares kept under a later log_view and committed",
     ),
+    (392, 3, "F3 agreement"),
+    (487, 5, "F3 agreement, 5 replicas"),
+    (
+        642,
+        5,
+        "F3 agreement, 5 replicas: one replica committed two prepares at one op",
+    ),
+    (
+        1048,
+        3,
+        "F4 liveness: a new primary chose a shorter log of the same log_view",
+    ),
 ];
 
 #[test]
