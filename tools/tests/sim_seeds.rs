@@ -6,19 +6,19 @@
 //!
 //! Sized for CI's debug build on 2 cores: see `CI_SEEDS` and `ci_config`.
 
-use shardline::sim::{SeedReport, SimConfig, run_seed, run_seed_with, run_seeds};
+use shardline::sim::{SeedReport, SimArgs, SimConfig, run_seed, run_seed_with, run_seeds};
 use shards::vsr::client_table::CachedReply;
 use shards::vsr::message::ClientReply;
 
 /// The seeds every CI run simulates.
-const CI_SEEDS: std::ops::Range<u64> = 0..200;
+const CI_SEEDS: std::ops::Range<u64> = 0..400;
 
 /// A shorter run than the CLI default (debug builds are ~20x slower than release), with the
 /// default fault probabilities raised so every kind of fault shows up in most seeds.
 fn ci_config() -> SimConfig {
     SimConfig {
-        ticks: 1200,
-        requests: 30,
+        ticks: 2000,
+        requests: 50,
         crash: 0.004,
         partition: 0.004,
         read_corruption: 0.002,
@@ -78,7 +78,7 @@ fn five_replicas_pass_too() {
         replica_count: 5,
         ..ci_config()
     };
-    for report in run_seeds(&config, 0..20, jobs(), |_| {}) {
+    for report in run_seeds(&config, 0..50, jobs(), |_| {}) {
         assert!(report.failure.is_none(), "{}", failure_text(&report));
     }
 }
@@ -141,57 +141,80 @@ fn the_checker_catches_a_reply_nobody_committed_and_a_diverging_digest() {
     );
 }
 
-/// Seeds that once failed, with the replica count they failed under (the rest of the config is
-/// `SimConfig::default()`, the CLI's defaults) and the finding in /work/sim-findings.md.
-const REGRESSION_SEEDS: &[(u64, u8, &str)] = &[
+/// Seeds that once failed, with the `shardline sim` flags they failed under (the rest are the
+/// CLI's defaults) and their finding in the simulator findings log (F1..): reproduce one with
+/// `shardline sim --seed SEED FLAGS --trace`.
+const REGRESSION_SEEDS: &[(u64, &str, &str)] = &[
     (
         19,
-        3,
+        "",
         "F1 session-kept: a new primary answered Evicted for a Register above its commit",
     ),
-    (46, 3, "F1 session-kept"),
-    (369, 3, "F1 session-kept"),
-    (382, 3, "F1 session-kept"),
-    (47, 5, "F1 session-kept, 5 replicas"),
+    (46, "", "F1 session-kept"),
+    (369, "", "F1 session-kept"),
+    (382, "", "F1 session-kept"),
+    (47, "--replicas 5", "F1 session-kept"),
     (
         106,
-        3,
+        "",
         "F2 superblock-monotonic: a restarted replica wrote a lower commit_max",
     ),
-    (364, 3, "F2 superblock-monotonic"),
+    (364, "", "F2 superblock-monotonic"),
     (
         167,
-        3,
-        "F3 agreement: stale view-1 prepares kept under a later log_view and committed",
+        "",
+        "F3 agreement: stale prepares kept under a later log_view, then committed",
     ),
-    (392, 3, "F3 agreement"),
-    (487, 5, "F3 agreement, 5 replicas"),
+    (392, "", "F3 agreement"),
+    (487, "--replicas 5", "F3 agreement"),
     (
         642,
-        5,
-        "F3 agreement, 5 replicas: one replica committed two prepares at one op",
+        "--replicas 5",
+        "F3 agreement: one replica committed two prepares at one op",
     ),
     (
         1048,
-        3,
+        "",
         "F4 liveness: a new primary chose a shorter log of the same log_view",
     ),
+    (
+        455,
+        "--partition 0.02",
+        "F3/F4 session-kept: a new primary started view 11 at op 0",
+    ),
+    (72, "--partition 0.02", "F3/F4 agreement"),
+    (
+        357,
+        "--packet-loss 0.3 --packet-duplicate 0.1",
+        "F3/F4 agreement",
+    ),
+    (16, "--crash 0.02 --torn-write 1", "F3/F4 liveness"),
 ];
+
+/// `shardline sim`'s flags, parsed as the CLI parses them.
+#[derive(Debug, clap::Parser)]
+struct Flags {
+    #[command(flatten)]
+    sim: SimArgs,
+}
+
+fn config_of(seed: u64, flags: &str) -> SimConfig {
+    let arguments = format!("sim --seed {seed} {flags}");
+    let flags = <Flags as clap::Parser>::try_parse_from(arguments.split_whitespace())
+        .unwrap_or_else(|error| panic!("{arguments}: {error}"));
+    flags.sim.config()
+}
 
 #[test]
 fn seeds_that_once_failed_pass() {
     let failures: Vec<String> = REGRESSION_SEEDS
         .iter()
-        .filter_map(|&(seed, replica_count, finding)| {
-            let config = SimConfig {
-                replica_count,
-                ..SimConfig::default()
-            };
-            let report = run_seed(&config, seed);
+        .filter_map(|&(seed, flags, finding)| {
+            let report = run_seed(&config_of(seed, flags), seed);
             report
                 .failure
                 .is_some()
-                .then(|| format!("({finding})\n{}", failure_text(&report)))
+                .then(|| format!("({finding}; flags {flags:?})\n{}", failure_text(&report)))
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
