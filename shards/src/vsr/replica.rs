@@ -178,8 +178,8 @@ pub struct Replica {
     journal_first_op: u64,
     metadata: Arc<MetadataState>,
     client_table: ClientTable,
-    /// Prepares in `(checkpoint_op - 1, op]` (the one at the checkpoint is kept as an anchor
-    /// when it is held), contiguous.
+    /// Prepares from the checkpoint before the latest one up to `op` (after a restart: from
+    /// `checkpoint_op + 1`), contiguous and chained.
     log: BTreeMap<u64, Entry>,
 
     // Primary (section 4.1).
@@ -211,6 +211,9 @@ pub struct Replica {
     install: Option<Install>,
     /// The commit number of the StartView this backup adopted (it PrepareOks above it).
     start_view_commit: u64,
+    /// The op of that StartView: `log_view` becomes the view only once the log is verified up
+    /// to it (until then the log is not the view's log, and a DoViewChange must not say so).
+    start_view_op: u64,
 
     // Persistence: (view, log_view) asked for and known durable.
     superblock_requested: (u32, u32),
@@ -361,6 +364,7 @@ impl Replica {
             dvcs: BTreeMap::new(),
             install: None,
             start_view_commit: 0,
+            start_view_op: 0,
             superblock_requested: (recovered.view, recovered.log_view),
             superblock_durable: (recovered.view, recovered.log_view),
             superblock_commit: recovered.commit_max,
@@ -573,10 +577,14 @@ impl Replica {
                 journal_first_op,
             } => {
                 self.checkpoint_in_progress = None;
+                // The driver's checkpoint recorded at least this op as committed.
+                self.superblock_commit = self.superblock_commit.max(op);
+                // Memory keeps the prepares from the previous checkpoint on (one to two
+                // intervals): a lagging peer repairs from them, headers included, without
+                // journal reads; and the prepare at the checkpoint anchors the next op's chain.
+                let floor = self.checkpoint_op.min(op);
                 self.checkpoint_op = self.checkpoint_op.max(op);
                 self.journal_first_op = journal_first_op;
-                // Keep the prepare at the checkpoint: it anchors the chain of the next op.
-                let floor = self.checkpoint_op.min(self.commit_min);
                 self.log = self.log.split_off(&floor);
                 self.maybe_checkpoint(&mut actions);
             }
@@ -730,9 +738,11 @@ impl Replica {
         });
     }
 
-    /// Whether the superblock durably holds the current view (and log_view).
-    fn view_durable(&self) -> bool {
-        self.superblock_durable >= (self.view, self.log_view)
+    /// Whether this backup may send PrepareOks: its log is the current view's (`log_view ==
+    /// view`) and the superblock durably says so (section 4.2 step 5: a replica acts in a view
+    /// only once the view is persisted).
+    fn can_acknowledge(&self) -> bool {
+        self.log_view == self.view && self.superblock_durable >= (self.view, self.view)
     }
 
     // ---- Normal case, primary (section 4.1) ----
@@ -1064,7 +1074,7 @@ impl Replica {
         self.commit_max = self.commit_max.max(entry.prepare.commit);
         if op <= self.commit_min {
             // Already committed here; the primary may still count it (a new view re-collects).
-            if self.view_durable()
+            if self.can_acknowledge()
                 && self
                     .log
                     .get(&op)
@@ -1078,7 +1088,7 @@ impl Replica {
             let durable = held.durable;
             self.verified_op = self.verified_op.max(op);
             self.prune_targets();
-            if durable && self.view_durable() {
+            if durable && self.can_acknowledge() {
                 self.send_prepare_ok(op, entry.checksum, actions);
             }
         } else {
@@ -1098,7 +1108,7 @@ impl Replica {
             op <= self.verified_op
                 && held.is_some_and(|held| held.checksum == entry.checksum && held.durable)
         };
-        if acknowledged && self.view_durable() {
+        if acknowledged && self.can_acknowledge() {
             self.send_prepare_ok(op, entry.checksum, actions);
         }
     }
@@ -1153,7 +1163,7 @@ impl Replica {
     /// Backup: PrepareOks every durable, verified op above `above` (after a StartView, or once
     /// the superblock holds the view).
     fn send_prepare_oks_above(&self, above: u64, actions: &mut Vec<Action>) {
-        if self.status != Status::Normal || self.is_primary() || !self.view_durable() {
+        if self.status != Status::Normal || self.is_primary() || !self.can_acknowledge() {
             return;
         }
         for (&op, entry) in self
@@ -1183,8 +1193,11 @@ impl Replica {
                 self.oks.entry(op).or_default().insert(self.config.replica);
                 self.advance_commit(actions);
             }
-        } else if op <= self.verified_op && self.view_durable() {
-            self.send_prepare_ok(op, checksum, actions);
+        } else {
+            if op <= self.verified_op && self.can_acknowledge() {
+                self.send_prepare_ok(op, checksum, actions);
+            }
+            self.apply_committed(actions);
         }
     }
 
@@ -1239,6 +1252,7 @@ impl Replica {
     /// After the log or the commit number changed: apply what is now committed and verified.
     fn after_log_change(&mut self, actions: &mut Vec<Action>) {
         self.install_pending(actions);
+        self.check_view_installed(actions);
         self.apply_committed(actions);
         if self.install.is_some() {
             self.check_install(actions);
@@ -1247,7 +1261,8 @@ impl Replica {
 
     // ---- Apply (section 4.1 step 5, 4.2 step 4) ----
 
-    /// Applies every op in `(commit_min, min(commit_max, verified_op, op)]`, in order.
+    /// Applies every op in `(commit_min, min(commit_max, verified_op, op)]`, in order, up to the
+    /// first whose journal write is not yet durable.
     fn apply_committed(&mut self, actions: &mut Vec<Action>) {
         let bound = self.commit_max.min(self.verified_op).min(self.op);
         while self.commit_min < bound {
@@ -1256,6 +1271,12 @@ impl Replica {
                 tracing::error!(op, "committed op not held in memory; cannot apply");
                 return;
             };
+            // Apply only what the journal holds durably: the superblock's commit_max (written
+            // from commit_min) promises a restart finds these very prepares in the journal,
+            // not an older one a lost truncate-and-rewrite would leave there.
+            if !entry.durable {
+                return;
+            }
             let body = entry.prepare.body.clone();
             self.commit_min = op;
             self.apply_one(op, &body, actions);

@@ -253,6 +253,20 @@ impl Replica {
             .max()
             .unwrap_or(0)
             .max(self.commit_max);
+        if best.op < commit {
+            // Every committed op is in the chosen log (quorum intersection); a chosen log
+            // shorter than the commit number means a DoViewChange lied about its log. Never
+            // prepare at a committed op: let this view time out.
+            tracing::error!(
+                replica = me,
+                view = self.view,
+                chosen = source,
+                op = best.op,
+                commit,
+                "the chosen log ends below the commit number; not starting this view"
+            );
+            return;
+        }
         self.commit_max = commit;
         let checksum = if source == me {
             self.log.get(&best.op).map(|entry| entry.checksum)
@@ -398,6 +412,28 @@ impl Replica {
         }
     }
 
+    /// A backup that adopted a StartView takes `log_view = view` once its log is verified up to
+    /// the StartView's op (the prepares it sent connect by the parent chain to what the backup
+    /// holds, repaired where needed), and persists it before acknowledging anything.
+    pub(super) fn check_view_installed(&mut self, actions: &mut Vec<Action>) {
+        if self.status != Status::Normal
+            || self.primary() == self.config.replica
+            || self.log_view == self.view
+            || self.op < self.start_view_op
+            || self.verified_op < self.start_view_op
+        {
+            return;
+        }
+        self.log_view = self.view;
+        tracing::info!(
+            replica = self.config.replica,
+            view = self.view,
+            op = self.op,
+            "log installed up to the StartView's op"
+        );
+        self.persist(actions);
+    }
+
     /// Section 4.2 step 5 (and 4.3 for a lagging replica): a backup adopts the view, truncates
     /// what the new primary's log does not hold, installs the prepares sent, repairs the rest,
     /// and PrepareOks every uncommitted op once the superblock holds the view.
@@ -417,10 +453,9 @@ impl Replica {
             tracing::warn!(from, view, %reason, "refusing a malformed StartView");
             return;
         }
-        let already = view == self.view && self.status == Status::Normal && self.log_view == view;
+        let already = view == self.view && self.status == Status::Normal;
         if !already {
             self.view = view;
-            self.log_view = view;
             self.status = Status::Normal;
             self.svc_sent = false;
             self.svc_from.clear();
@@ -434,6 +469,7 @@ impl Replica {
                 self.truncate_log(op, actions);
             }
             self.start_view_commit = commit;
+            self.start_view_op = op;
             self.persist(actions);
             tracing::info!(
                 replica = self.config.replica,
