@@ -189,7 +189,22 @@ const REGRESSION_SEEDS: &[(u64, &str, &str)] = &[
         "F3/F4 agreement",
     ),
     (16, "--crash 0.02 --torn-write 1", "F3/F4 liveness"),
+    (
+        433,
+        LOSSY,
+        "F5 session-kept: an isolated old primary answered Evicted",
+    ),
+    (143, LOSSY, "F5 session-kept"),
+    (
+        161,
+        LOSSY,
+        "F6 liveness: a primary committed op 103 but never applied it",
+    ),
+    (255, LOSSY, "F6 liveness"),
 ];
+
+/// The flags of the lossy-network scan that found F5 and F6.
+const LOSSY: &str = "--packet-loss 0.3 --packet-duplicate 0.1";
 
 /// `shardline sim`'s flags, parsed as the CLI parses them.
 #[derive(Debug, clap::Parser)]
