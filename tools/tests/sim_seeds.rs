@@ -201,7 +201,18 @@ const REGRESSION_SEEDS: &[(u64, &str, &str)] = &[
         "F6 liveness: a primary committed op 103 but never applied it",
     ),
     (255, LOSSY, "F6 liveness"),
+    (463, "--replicas 5 --packet-loss 0.2", "F5 session-kept"),
+    (
+        490,
+        FIVE_FAULTY,
+        "F7 liveness: a replica with an empty journal stops repairing",
+    ),
+    (68, FIVE_FAULTY, "F7 liveness"),
+    (449, FIVE_FAULTY, "F7 liveness"),
 ];
+
+/// Five replicas with frequent partitions and crashes (the scan that found F7).
+const FIVE_FAULTY: &str = "--replicas 5 --partition 0.02 --crash 0.01";
 
 /// The flags of the lossy-network scan that found F5 and F6.
 const LOSSY: &str = "--packet-loss 0.3 --packet-duplicate 0.1";
