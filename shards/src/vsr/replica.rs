@@ -1185,20 +1185,27 @@ impl Replica {
             return;
         }
         entry.durable = true;
-        if self.status != Status::Normal {
-            return;
-        }
-        if self.primary() == self.config.replica {
-            if op > self.commit_max {
-                self.oks.entry(op).or_default().insert(self.config.replica);
+        if self.status == Status::Normal {
+            if self.primary() == self.config.replica {
+                if op > self.commit_max {
+                    self.oks.entry(op).or_default().insert(self.config.replica);
+                }
                 self.advance_commit(actions);
-            }
-        } else {
-            if op <= self.verified_op && self.can_acknowledge() {
+            } else if op <= self.verified_op && self.can_acknowledge() {
                 self.send_prepare_ok(op, checksum, actions);
             }
-            self.apply_committed(actions);
         }
+        self.after_log_change(actions);
+    }
+
+    /// Whether every prepare in `(commit_min, op]` is durable in the journal (the newest are
+    /// the likeliest not to be, so the scan runs downward and stops at the first).
+    fn durable_through(&self, op: u64) -> bool {
+        self.log
+            .range(self.commit_min + 1..)
+            .rev()
+            .filter(|(held, _)| **held <= op)
+            .all(|(_, entry)| entry.durable)
     }
 
     fn on_journal_failed(&mut self, op: u64, retryable: bool, actions: &mut Vec<Action>) {

@@ -1023,11 +1023,12 @@ fn vsr_4_2_new_primary_prepares_a_request_behind_an_inherited_uncommitted_regist
     cluster.check_agreement();
 }
 
+/// A prepare of client 7's request `request` (a create) at `op`, committing nothing.
 fn prepare_at(op: u64, view: u32, parent: u128, request: u64) -> Prepare {
     Prepare {
         op,
         view,
-        commit: op - 1,
+        commit: 0,
         body: crate::vsr::prepare::PrepareBody::new(
             7,
             request,
@@ -1099,9 +1100,19 @@ fn vsr_4_2_start_view_with_a_gap_keeps_log_view_until_the_chain_connects() {
         log_view: 0,
     });
     // Repair answers arrive (a prepare of any view is accepted when its checksum is wanted).
-    let mut actions = replica.on_message(0, Message::Prepare { prepare: third });
-    actions.extend(replica.on_message(2, Message::Prepare { prepare: second }));
+    replica.on_message(0, Message::Prepare { prepare: third });
+    replica.on_message(2, Message::Prepare { prepare: second });
     assert_eq!(replica.op(), 4);
+    assert_eq!(
+        replica.log_view(),
+        0,
+        "the rewritten prepares are not durable yet"
+    );
+    let mut actions = Vec::new();
+    for op in 2..=4 {
+        let checksum = replica.log.get(&op).unwrap().checksum;
+        actions.extend(replica.on_io_done(Completion::JournalWritten { op, checksum }));
+    }
     assert_eq!(replica.log_view(), 3);
     assert!(actions.iter().any(|a| matches!(
         a,
@@ -1111,17 +1122,6 @@ fn vsr_4_2_start_view_with_a_gap_keeps_log_view_until_the_chain_connects() {
             ..
         }
     )));
-    for op in 2..=4 {
-        let written = replica
-            .log
-            .get(&op)
-            .map(|e| (e.prepare.clone(), e.checksum))
-            .unwrap();
-        replica.on_io_done(Completion::JournalWritten {
-            op,
-            checksum: written.1,
-        });
-    }
     let actions = replica.on_io_done(Completion::SuperblockWritten {
         view: 3,
         log_view: 3,
@@ -1174,4 +1174,110 @@ fn vsr_checkpoint_releases_memory_and_a_restarted_backup_catches_up() {
     cluster.tick(40);
     assert_eq!(cluster.replica(b1).commit_min(), 21);
     cluster.check_agreement();
+}
+
+/// Performs `actions` on a lone replica: journal writes and superblock writes complete at
+/// once; returns everything it asked for along the way.
+fn complete_io(replica: &mut Replica, actions: Vec<Action>) -> Vec<Action> {
+    let mut all = Vec::new();
+    let mut queue: VecDeque<Action> = actions.into();
+    while let Some(action) = queue.pop_front() {
+        let completion = match &action {
+            Action::WriteJournal { prepare } => Some(Completion::JournalWritten {
+                op: prepare.op,
+                checksum: checksum_of(prepare),
+            }),
+            Action::WriteSuperblock { view, log_view, .. } => Some(Completion::SuperblockWritten {
+                view: *view,
+                log_view: *log_view,
+            }),
+            _ => None,
+        };
+        all.push(action);
+        if let Some(completion) = completion {
+            queue.extend(replica.on_io_done(completion));
+        }
+    }
+    all
+}
+
+/// Section 4.2 step 3: the new primary takes the log with the highest log_view, and among
+/// those the highest op, even when its own log is longer.
+#[test]
+fn vsr_4_2_do_view_change_picks_highest_log_view_then_op() {
+    // Replica 1 holds ops 1..=3 of view 0 (log_view 0).
+    let (mut replica, _) = Replica::open(config(1, 3), fresh());
+    let mut parent = 0;
+    let mut own = Vec::new();
+    for op in 1..=3 {
+        let prepare = prepare_at(op, 0, parent, op);
+        parent = checksum_of(&prepare);
+        own.push(prepare.clone());
+        let actions = replica.on_message(0, Message::Prepare { prepare });
+        complete_io(&mut replica, actions);
+    }
+    assert_eq!(replica.op(), 3);
+    // View 4 (primary 4 % 3 = 1): replica 0 starts the view change.
+    let actions = replica.on_message(0, Message::StartViewChange { view: 4 });
+    complete_io(&mut replica, actions);
+    assert_eq!(replica.view(), 4);
+    assert_eq!(replica.status(), Status::ViewChange);
+    // Replica 2's log: log_view 2, only two ops, the first differing from replica 1's.
+    let other_first = prepare_at(1, 2, 0, 11);
+    let other_second = prepare_at(2, 2, checksum_of(&other_first), 12);
+    let actions = replica.on_message(
+        2,
+        Message::DoViewChange {
+            view: 4,
+            log_view: 2,
+            op: 2,
+            commit: 0,
+            prepares: vec![other_first.clone(), other_second.clone()],
+        },
+    );
+    let all = complete_io(&mut replica, actions);
+    assert!(all.contains(&Action::TruncateJournal { op: 0 }));
+    assert!(replica.is_primary());
+    assert_eq!(replica.log_view(), 4);
+    assert_eq!(replica.op(), 2);
+    assert_eq!(
+        replica.log.get(&2).map(|e| e.checksum),
+        Some(checksum_of(&other_second))
+    );
+    assert!(all.iter().any(|a| matches!(
+        a,
+        Action::Send {
+            message: Message::StartView { view: 4, op: 2, .. },
+            ..
+        }
+    )));
+
+    // Same log_view: the highest op wins over the new primary's own shorter log.
+    let (mut replica, _) = Replica::open(config(1, 3), fresh());
+    let actions = replica.on_message(
+        0,
+        Message::Prepare {
+            prepare: own[0].clone(),
+        },
+    );
+    complete_io(&mut replica, actions);
+    let actions = replica.on_message(0, Message::StartViewChange { view: 4 });
+    complete_io(&mut replica, actions);
+    let actions = replica.on_message(
+        2,
+        Message::DoViewChange {
+            view: 4,
+            log_view: 0,
+            op: 3,
+            commit: 0,
+            prepares: own.clone(),
+        },
+    );
+    complete_io(&mut replica, actions);
+    assert!(replica.is_primary());
+    assert_eq!(replica.op(), 3);
+    assert_eq!(
+        replica.log.get(&3).map(|e| e.checksum),
+        Some(checksum_of(&own[2]))
+    );
 }

@@ -343,6 +343,11 @@ impl Replica {
         {
             return;
         }
+        // log_view = view promises the journal holds this log: a crash must not leave an older
+        // prepare under it (a truncate-and-rewrite not yet durable).
+        if !self.durable_through(self.op) {
+            return;
+        }
         self.verified_op = self.op;
         self.log_view = self.view;
         self.persist(actions);
@@ -421,6 +426,7 @@ impl Replica {
             || self.log_view == self.view
             || self.op < self.start_view_op
             || self.verified_op < self.start_view_op
+            || !self.durable_through(self.start_view_op)
         {
             return;
         }
