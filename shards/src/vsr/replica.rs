@@ -192,6 +192,10 @@ pub struct Replica {
     queue: VecDeque<ClientRequest>,
     /// Tokens waiting for the commit of `(client, request)`.
     waiting: BTreeMap<(u128, u64), Vec<ClientToken>>,
+    /// Requests whose answer ("no session") waits for a confirmed lease.
+    deferred: Vec<ClientRequest>,
+    /// The tick each backup last acknowledged this primary in its view (lease).
+    acked_at: BTreeMap<ReplicaIndex, u64>,
 
     // Timers, in ticks.
     now: u64,
@@ -352,6 +356,8 @@ impl Replica {
             in_flight: BTreeMap::new(),
             queue: VecDeque::new(),
             waiting: BTreeMap::new(),
+            deferred: Vec::new(),
+            acked_at: BTreeMap::new(),
             now: 0,
             primary_deadline: 0,
             view_change_deadline: 0,
@@ -813,6 +819,17 @@ impl Replica {
                     // The client's Register is prepared but not yet applied (a new primary
                     // inherits uncommitted prepares): prepare this one after it.
                     Lookup::NoSession if self.register_in_flight(client) => {}
+                    // A primary cut off from its backups may be deposed already, and the
+                    // client registered in the newer view: "no session" is only answered by a
+                    // primary a quorum confirmed recently; until then the request waits.
+                    Lookup::NoSession if !self.lease_confirmed() => {
+                        if self.deferred.len() < REQUEST_QUEUE_MAX {
+                            self.deferred.push(request);
+                        } else {
+                            reply(actions, request.token, busy(self.config.pipeline_max));
+                        }
+                        return;
+                    }
                     Lookup::NoSession => {
                         reply(
                             actions,
@@ -879,18 +896,7 @@ impl Replica {
             self.waiting.entry(key).or_default().push(request.token);
             self.queue.push_back(request);
         } else {
-            reply(
-                actions,
-                request.token,
-                ClientReply::Error {
-                    code: bus::ErrorCode::Busy,
-                    message: format!(
-                        "the metadata pipeline ({} prepares) and its queue ({REQUEST_QUEUE_MAX} \
-                         requests) are full; retry later",
-                        self.config.pipeline_max
-                    ),
-                },
-            );
+            reply(actions, request.token, busy(self.config.pipeline_max));
         }
     }
 
@@ -900,6 +906,34 @@ impl Replica {
             || self.queue.iter().any(|queued| {
                 queued.client == client && queued.operation == PrepareOperation::Register
             })
+    }
+
+    /// Whether a quorum (this primary included) acknowledged it in its view within the last
+    /// `view_change_timeout_ticks / 2` ticks: no backup of that quorum starts a view change
+    /// within `view_change_timeout_ticks` of hearing its primary, so a newer view is unlikely
+    /// to exist (a lease; a backup that adopts a newer view from another's StartViewChange
+    /// shortens it, so this narrows the window of a stale answer rather than closing it).
+    fn lease_confirmed(&self) -> bool {
+        if self.config.replica_count == 1 {
+            return true;
+        }
+        let lease = (self.config.view_change_timeout_ticks / 2).max(1);
+        let fresh = self
+            .acked_at
+            .values()
+            .filter(|&&at| at + lease > self.now)
+            .count();
+        fresh + 1 >= self.quorum
+    }
+
+    /// Answers the requests that waited for a confirmed lease.
+    fn retry_deferred(&mut self, actions: &mut Vec<Action>) {
+        if self.deferred.is_empty() || !self.is_primary() || !self.lease_confirmed() {
+            return;
+        }
+        for request in std::mem::take(&mut self.deferred) {
+            self.accept_request(request, actions);
+        }
     }
 
     fn pipeline_has_room(&self) -> bool {
@@ -971,7 +1005,12 @@ impl Replica {
         checksum: u128,
         actions: &mut Vec<Action>,
     ) {
-        if view != self.view || !self.is_primary() || op <= self.commit_max {
+        if view != self.view || !self.is_primary() {
+            return;
+        }
+        self.acked_at.insert(from, self.now);
+        self.retry_deferred(actions);
+        if op <= self.commit_max {
             return;
         }
         if self
@@ -1133,6 +1172,16 @@ impl Replica {
             return;
         }
         self.reset_primary_deadline();
+        // Acknowledge the heartbeat (the primary's lease; below its commit number, it counts
+        // toward nothing else).
+        actions.push(Action::Send {
+            to: from,
+            message: Message::PrepareOk {
+                view,
+                op: commit,
+                checksum: commit_checksum,
+            },
+        });
         self.commit_max = self.commit_max.max(commit);
         if commit > self.commit_min && commit_checksum != 0 {
             if self
@@ -1403,9 +1452,13 @@ impl Replica {
                 reply(actions, token, answer.clone());
             }
         }
+        for request in std::mem::take(&mut self.deferred) {
+            reply(actions, request.token, answer.clone());
+        }
         self.queue.clear();
         self.in_flight.clear();
         self.oks.clear();
+        self.acked_at.clear();
     }
 }
 
@@ -1414,6 +1467,16 @@ fn request_key(request: &ClientRequest) -> (u128, u64) {
     match request.operation {
         PrepareOperation::Register => (request.client, 0),
         PrepareOperation::Metadata(_) => (request.client, request.request),
+    }
+}
+
+fn busy(pipeline_max: usize) -> ClientReply {
+    ClientReply::Error {
+        code: bus::ErrorCode::Busy,
+        message: format!(
+            "the metadata pipeline ({pipeline_max} prepares) and its queue ({REQUEST_QUEUE_MAX} \
+             requests) are full; retry later"
+        ),
     }
 }
 

@@ -290,7 +290,7 @@ impl Replica {
             .take(REPAIR_BATCH)
             .map(|(&op, &requested)| (op, requested))
             .collect();
-        let rounds_before_warning = 3 * u32::from(self.config.replica_count - 1);
+        let rounds_before_warning = 10 * u32::from(self.config.replica_count - 1);
         for (op, requested) in due {
             let attempts = requested.attempts + 1;
             self.requested.insert(

@@ -1281,3 +1281,41 @@ fn vsr_4_2_do_view_change_picks_highest_log_view_then_op() {
         Some(checksum_of(&own[2]))
     );
 }
+
+/// sim finding (session-kept, seed 433 under heavy loss): a primary cut off from its backups
+/// may be deposed while a client registers in the new view; it must not answer that client
+/// `Evicted` from its stale table. It holds the answer until a quorum confirms it, and
+/// answers `NotPrimary` once it learns the newer view.
+#[test]
+fn vsr_4_1_a_deposed_primary_does_not_answer_no_session_from_a_stale_table() {
+    let mut cluster = Cluster::new(3);
+    let (p, b1, b2) = roles(&cluster);
+    cluster.tick(4);
+    for other in [b1, b2] {
+        cluster.cut.insert((p, other));
+        cluster.cut.insert((other, p));
+    }
+    cluster.tick(80);
+    let primary = cluster
+        .primaries()
+        .into_iter()
+        .find(|&i| i != p)
+        .expect("the backups elect a new primary");
+    let register = cluster.request(primary, 9, 0, PrepareOperation::Register);
+    cluster.run();
+    assert_eq!(session_of(cluster.reply_to(register)), 1);
+    assert!(
+        cluster.replica(p).is_primary(),
+        "the old primary does not know yet"
+    );
+    let stale = cluster.request(p, 9, 1, create_stream(1, "a"));
+    cluster.tick(2);
+    assert_eq!(cluster.reply_to(stale), None);
+    cluster.cut.clear();
+    cluster.tick(20);
+    assert!(matches!(
+        cluster.reply_to(stale),
+        Some(ClientReply::NotPrimary { .. })
+    ));
+    cluster.check_agreement();
+}
