@@ -209,6 +209,14 @@ const REGRESSION_SEEDS: &[(u64, &str, &str)] = &[
     ),
     (68, FIVE_FAULTY, "F7 liveness"),
     (449, FIVE_FAULTY, "F7 liveness"),
+    (
+        122,
+        FIVE_FAULTY,
+        "F7 liveness: peers serve headers only for in-memory prepares",
+    ),
+    (412, FIVE_FAULTY, "F7 liveness"),
+    (157, FIVE_FAULTY, "F7 liveness"),
+    (478, LOSSY, "F5 session-kept"),
 ];
 
 /// Five replicas with frequent partitions and crashes (the scan that found F7).
