@@ -11,7 +11,7 @@ use shards::vsr::client_table::CachedReply;
 use shards::vsr::message::ClientReply;
 
 /// The seeds every CI run simulates.
-const CI_SEEDS: std::ops::Range<u64> = 0..400;
+const CI_SEEDS: std::ops::Range<u64> = 0..300;
 
 /// A shorter run than the CLI default (debug builds are ~20x slower than release), with the
 /// default fault probabilities raised so every kind of fault shows up in most seeds.
