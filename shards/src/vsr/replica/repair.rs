@@ -83,8 +83,14 @@ impl Replica {
             self.targets = self.targets.split_off(&(op + 1));
         }
         let targets = &self.targets;
-        self.requested
-            .retain(|op, requested| targets.get(op) == Some(&requested.checksum));
+        let commit_min = self.commit_min;
+        self.requested.retain(|op, requested| {
+            if requested.checksum == 0 {
+                *op > commit_min && !targets.contains_key(op)
+            } else {
+                targets.get(op) == Some(&requested.checksum)
+            }
+        });
         if self.requested.is_empty() {
             self.state_transfer_warned = false;
         }
@@ -278,6 +284,55 @@ impl Replica {
             );
             self.send_repair_request(op, checksum, 0, actions);
         }
+        if let Some(op) = self.anchor_wanted()
+            && !self.requested.contains_key(&op)
+        {
+            self.requested.insert(
+                op,
+                Requested {
+                    checksum: 0,
+                    attempts: 0,
+                    last_tick: self.now,
+                },
+            );
+            self.send_repair_request(op, 0, 0, actions);
+        }
+    }
+
+    /// A committed op this replica needs but knows no checksum for, so no chain to walk down
+    /// from: a backup behind `commit_max` whose primary's heartbeat carries no checksum (the
+    /// primary released that prepare), or a new primary whose chosen log came without its top
+    /// prepare. It asks for "any" prepare at that op (checksum 0), which a peer serves only when
+    /// it has committed the op itself: a committed prepare is the same everywhere.
+    fn anchor_wanted(&self) -> Option<u64> {
+        match (self.status, self.install) {
+            (Status::ViewChange, Some(install))
+                if install.checksum.is_none()
+                    && install.op > self.op
+                    && install.op <= self.commit_max =>
+            {
+                Some(install.op)
+            }
+            (Status::Normal, _)
+                if self.primary() != self.config.replica
+                    && self.commit_max > self.commit_min
+                    && self.commit_max > self.verified_op
+                    && self.targets.range(self.commit_max..).next().is_none()
+                    && !self.pending.contains_key(&self.commit_max) =>
+            {
+                Some(self.commit_max)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether `op` was asked for as "any committed prepare" (see [`Replica::anchor_wanted`]).
+    pub(super) fn anchor_requested(&self, op: u64) -> bool {
+        op <= self.commit_max
+            && self
+                .requested
+                .get(&op)
+                .is_some_and(|requested| requested.checksum == 0)
     }
 
     /// On a tick: re-sends requests unanswered for a heartbeat interval, to the next peer.
@@ -359,6 +414,11 @@ impl Replica {
         checksum: u128,
         actions: &mut Vec<Action>,
     ) {
+        // "Any" prepare (checksum 0) only for an op this replica committed: that one is the
+        // same on every replica; an uncommitted one may be a fork.
+        if checksum == 0 && op > self.commit_min {
+            return;
+        }
         let held = self.log.get(&op).or_else(|| self.pending.get(&op));
         if let Some(entry) = held {
             if checksum == 0 || entry.checksum == checksum {
