@@ -217,6 +217,11 @@ const REGRESSION_SEEDS: &[(u64, &str, &str)] = &[
     (412, FIVE_FAULTY, "F7 liveness"),
     (157, FIVE_FAULTY, "F7 liveness"),
     (478, LOSSY, "F5 session-kept"),
+    (
+        105,
+        "--replicas 5 --packet-loss 0.2",
+        "F8 agreement: a stale view-5 prepare installed in view 7",
+    ),
 ];
 
 /// Five replicas with frequent partitions and crashes (the scan that found F7).
