@@ -11,7 +11,7 @@ use shards::vsr::client_table::CachedReply;
 use shards::vsr::message::ClientReply;
 
 /// The seeds every CI run simulates.
-const CI_SEEDS: std::ops::Range<u64> = 0..300;
+const CI_SEEDS: std::ops::Range<u64> = 0..200;
 
 /// A shorter run than the CLI default (debug builds are ~20x slower than release), with the
 /// default fault probabilities raised so every kind of fault shows up in most seeds.
@@ -72,10 +72,27 @@ fn every_ci_seed_passes() {
     assert!(reports.iter().all(|report| report.commit > 0));
 }
 
+/// A lossy, often partitioned network with crashes (most findings came from such settings).
+#[test]
+fn harsh_networks_pass() {
+    let config = SimConfig {
+        packet_loss: 0.2,
+        packet_duplicate: 0.05,
+        partition: 0.01,
+        crash: 0.005,
+        ..ci_config()
+    };
+    for report in run_seeds(&config, 0..100, jobs(), |_| {}) {
+        assert!(report.failure.is_none(), "{}", failure_text(&report));
+    }
+}
+
 #[test]
 fn five_replicas_pass_too() {
     let config = SimConfig {
         replica_count: 5,
+        packet_loss: 0.1,
+        partition: 0.01,
         ..ci_config()
     };
     for report in run_seeds(&config, 0..50, jobs(), |_| {}) {
