@@ -1083,7 +1083,7 @@ impl Replica {
         let op = entry.prepare.op;
         let view = entry.prepare.view;
         // A repair answer: any view, any sender, as long as its checksum is one we wait for.
-        if self.targets.get(&op) == Some(&entry.checksum) || self.anchor_requested(op) {
+        if self.targets.get(&op) == Some(&entry.checksum) {
             self.accept_verified(entry, actions);
             self.after_log_change(actions);
             return;

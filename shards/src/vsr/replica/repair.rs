@@ -302,8 +302,9 @@ impl Replica {
     /// A committed op this replica needs but knows no checksum for, so no chain to walk down
     /// from: a backup behind `commit_max` whose primary's heartbeat carries no checksum (the
     /// primary released that prepare), or a new primary whose chosen log came without its top
-    /// prepare. It asks for "any" prepare at that op (checksum 0), which a peer serves only when
-    /// it has committed the op itself: a committed prepare is the same everywhere.
+    /// prepare. It asks peers for the headers up to that op (tracked as a request with checksum
+    /// 0): a peer answers headers only for ops it committed, and a committed prepare is the
+    /// same everywhere, so the answer is an anchor.
     fn anchor_wanted(&self) -> Option<u64> {
         match (self.status, self.install) {
             (Status::ViewChange, Some(install))
@@ -324,15 +325,6 @@ impl Replica {
             }
             _ => None,
         }
-    }
-
-    /// Whether `op` was asked for as "any committed prepare" (see [`Replica::anchor_wanted`]).
-    pub(super) fn anchor_requested(&self, op: u64) -> bool {
-        op <= self.commit_max
-            && self
-                .requested
-                .get(&op)
-                .is_some_and(|requested| requested.checksum == 0)
     }
 
     /// On a tick: re-sends requests unanswered for a heartbeat interval, to the next peer.
@@ -382,6 +374,19 @@ impl Replica {
         actions: &mut Vec<Action>,
     ) {
         let to = self.repair_peer(attempt);
+        if checksum == 0 {
+            // An anchor: no checksum known for this committed op. Peers answer headers only
+            // for ops they committed, so the answer names the committed prepare.
+            actions.push(Action::Send {
+                to,
+                message: Message::RequestHeaders {
+                    view: self.view,
+                    op_min: (self.commit_min + 1).max(op.saturating_sub(HEADERS_MAX - 1)),
+                    op_max: op,
+                },
+            });
+            return;
+        }
         actions.push(Action::Send {
             to,
             message: Message::RequestPrepare {
@@ -471,7 +476,8 @@ impl Replica {
         }
     }
 
-    /// Serves a `RequestHeaders` from memory, ascending, at most [`HEADERS_MAX`].
+    /// Serves a `RequestHeaders` from memory with the headers of committed ops (at or below
+    /// `commit_min`), ascending, at most [`HEADERS_MAX`].
     pub(super) fn on_request_headers(
         &mut self,
         from: ReplicaIndex,
@@ -479,6 +485,9 @@ impl Replica {
         op_max: u64,
         actions: &mut Vec<Action>,
     ) {
+        // Only committed ops: the requester trusts every header it gets (a committed prepare is
+        // the same on every replica, now and later).
+        let op_max = op_max.min(self.commit_min);
         if op_min > op_max {
             return;
         }
@@ -507,14 +516,15 @@ impl Replica {
     }
 
     /// Extends the targets down the chain the headers describe, from any target they match.
+    /// Headers name committed prepares (a peer sends only those): each becomes a target, and
+    /// so does its parent.
     pub(super) fn on_headers(&mut self, headers: &[PrepareHeader], actions: &mut Vec<Action>) {
         for header in headers.iter().rev() {
-            if header.op <= 1 || header.parent == 0 {
+            if header.op <= self.commit_min || header.op == 0 {
                 continue;
             }
-            if self.targets.get(&header.op) == Some(&header.checksum)
-                && header.op - 1 > self.commit_min
-            {
+            self.targets.insert(header.op, header.checksum);
+            if header.parent != 0 && header.op - 1 > self.commit_min {
                 self.targets.insert(header.op - 1, header.parent);
             }
         }
