@@ -231,7 +231,11 @@ const REGRESSION_SEEDS: &[(u64, &str, &str)] = &[
         FIVE_FAULTY,
         "F7 liveness: peers serve headers only for in-memory prepares",
     ),
-    (412, FIVE_FAULTY, "F7 liveness"),
+    (
+        412,
+        FIVE_FAULTY,
+        "F7 liveness; F9 RequestHeaders never answered",
+    ),
     (157, FIVE_FAULTY, "F7 liveness"),
     (478, LOSSY, "F5 session-kept"),
     (
