@@ -181,6 +181,12 @@ pub struct Replica {
     /// Prepares from the checkpoint before the latest one up to `op` (after a restart: from
     /// `checkpoint_op + 1`), contiguous and chained.
     log: BTreeMap<u64, Entry>,
+    /// The checksum of the prepare at `op` when the log does not hold it (a restart from a
+    /// checkpoint at `op`), learned from a peer's committed header: the parent of the next
+    /// prepare this replica makes as primary.
+    top_checksum: Option<u128>,
+    /// The last tick a header for `op` was asked for (`top_checksum` unknown).
+    top_asked: Option<u64>,
 
     // Primary (section 4.1).
     /// Who holds each uncommitted op durably (`PrepareOk`, own after `JournalWritten`).
@@ -352,6 +358,8 @@ impl Replica {
             metadata: Arc::new(recovered.metadata),
             client_table: recovered.client_table,
             log,
+            top_checksum: None,
+            top_asked: None,
             oks: BTreeMap::new(),
             in_flight: BTreeMap::new(),
             queue: VecDeque::new(),
@@ -408,7 +416,10 @@ impl Replica {
             let view = replica.view;
             replica.enter_view_change(view, &mut actions);
         } else {
+            // A restarted backup rejoins its view: the links to its peers take a moment to come
+            // back, so the first primary timeout is doubled before it suspects the primary.
             replica.reset_primary_deadline();
+            replica.primary_deadline += replica.config.view_change_timeout_ticks;
         }
         (replica, actions)
     }
@@ -944,7 +955,12 @@ impl Replica {
     /// backup. The caller handles the token.
     fn prepare(&mut self, request: ClientRequest, actions: &mut Vec<Action>) -> Result<(), String> {
         let op = self.op + 1;
-        let parent = self.log.get(&self.op).map_or(0, |entry| entry.checksum);
+        let parent = self
+            .log
+            .get(&self.op)
+            .map(|entry| entry.checksum)
+            .or(self.top_checksum)
+            .unwrap_or(0);
         let key = request_key(&request);
         let body = PrepareBody::new(
             request.client,
@@ -1259,10 +1275,17 @@ impl Replica {
 
     fn on_journal_failed(&mut self, op: u64, retryable: bool, actions: &mut Vec<Action>) {
         if retryable {
+            if self.config.replica_count == 1 {
+                self.roll_back_refused(op, actions);
+                return;
+            }
             tracing::warn!(
                 op,
                 "journal write refused (retryable); retrying on the next tick"
             );
+            // The prepare may already be at backups: its op is never reused in this view, so
+            // the write is retried; its clients are told now instead of waiting for space.
+            self.answer_storage_full(op, actions);
             let from = self.journal_retry_from.map_or(op, |from| from.min(op));
             self.journal_retry_from = Some(from.max(1));
             return;
@@ -1286,6 +1309,51 @@ impl Replica {
             }
         }
         self.queue.clear();
+    }
+
+    /// A single replica whose journal refused the write at `op` for lack of space (rolled back,
+    /// nothing durable): drops that prepare and every later one (their op numbers are reused
+    /// once space returns) and answers their clients, and the queued ones, `StorageFull`.
+    fn roll_back_refused(&mut self, op: u64, actions: &mut Vec<Action>) {
+        let from = op.max(self.commit_min + 1);
+        if from > self.op {
+            return;
+        }
+        tracing::warn!(
+            op = from,
+            dropped = self.op - from + 1,
+            "metadata journal full: the write was refused and rolled back; the change is not \
+             applied"
+        );
+        self.answer_storage_full(from, actions);
+        self.log.split_off(&from);
+        self.op = from - 1;
+        self.verified_op = self.verified_op.min(self.op);
+        self.commit_max = self.commit_max.min(self.op);
+        self.oks.retain(|&held, _| held < from);
+        self.in_flight.retain(|_, held| *held < from);
+        actions.push(Action::TruncateJournal { op: from - 1 });
+        for request in std::mem::take(&mut self.queue) {
+            let key = request_key(&request);
+            for token in self.waiting.remove(&key).unwrap_or_default() {
+                reply(actions, token, storage_full(from));
+            }
+        }
+    }
+
+    /// Answers `StorageFull` to the clients waiting on prepares at or above `op`.
+    fn answer_storage_full(&mut self, op: u64, actions: &mut Vec<Action>) {
+        let keys: Vec<(u128, u64)> = self
+            .in_flight
+            .iter()
+            .filter(|(_, held)| **held >= op)
+            .map(|(key, _)| *key)
+            .collect();
+        for key in keys {
+            for token in self.waiting.remove(&key).unwrap_or_default() {
+                reply(actions, token, storage_full(op));
+            }
+        }
     }
 
     /// Rewrites every held prepare from `from` up (after a retryable failure, nothing of it is
@@ -1467,6 +1535,17 @@ fn request_key(request: &ClientRequest) -> (u128, u64) {
     match request.operation {
         PrepareOperation::Register => (request.client, 0),
         PrepareOperation::Metadata(_) => (request.client, request.request),
+    }
+}
+
+fn storage_full(op: u64) -> ClientReply {
+    ClientReply::Error {
+        code: bus::ErrorCode::StorageFull,
+        message: format!(
+            "metadata journal full: the write of op {op} was refused for lack of space and \
+             rolled back, so the change is not applied (with replicas it may still commit once \
+             space returns: retry to learn its outcome); free space and retry"
+        ),
     }
 }
 

@@ -207,6 +207,7 @@ impl Replica {
         }
         self.log.split_off(&(to + 1));
         self.op = to;
+        self.top_checksum = None;
         self.verified_op = self.verified_op.min(to).max(self.commit_min);
         self.oks.retain(|&op, _| op <= to);
         self.in_flight.retain(|_, op| *op <= to);
@@ -228,6 +229,29 @@ impl Replica {
             },
         );
         self.op = op;
+        self.top_checksum = None;
+    }
+
+    /// A primary-to-be whose log does not hold its top prepare (a restart from a checkpoint at
+    /// `op`) asks peers for that committed op's header, at most once per heartbeat interval:
+    /// its next prepare must name it as parent.
+    pub(super) fn ask_top_checksum(&mut self, actions: &mut Vec<Action>) {
+        if self
+            .top_asked
+            .is_some_and(|asked| self.now < asked + self.config.heartbeat_ticks)
+        {
+            return;
+        }
+        let attempt = self.top_asked.map_or(0, |asked| asked as u32);
+        self.top_asked = Some(self.now);
+        actions.push(Action::Send {
+            to: self.repair_peer(attempt),
+            message: Message::RequestHeaders {
+                view: self.view,
+                op_min: self.op,
+                op_max: self.op,
+            },
+        });
     }
 
     /// The peer asked on `attempt` (0-based): the primary (or the chosen log's sender during a
@@ -306,6 +330,18 @@ impl Replica {
     /// 0): a peer answers headers only for ops it committed, and a committed prepare is the
     /// same everywhere, so the answer is an anchor.
     fn anchor_wanted(&self) -> Option<u64> {
+        // A pending chain whose lowest prepare names no parent (made by a primary that did not
+        // know it) above a gap: the committed ops below need headers to be fetched.
+        if let Some((&low, first)) = self.pending.first_key_value() {
+            let below = low - 1;
+            if first.parent == 0
+                && below > self.op
+                && below <= self.commit_max
+                && !self.targets.contains_key(&below)
+            {
+                return Some(below);
+            }
+        }
         match (self.status, self.install) {
             (Status::ViewChange, Some(install))
                 if install.checksum.is_none()
@@ -520,6 +556,9 @@ impl Replica {
     /// so does its parent.
     pub(super) fn on_headers(&mut self, headers: &[PrepareHeader], actions: &mut Vec<Action>) {
         for header in headers.iter().rev() {
+            if header.op == self.op && !self.log.contains_key(&self.op) {
+                self.top_checksum = Some(header.checksum);
+            }
             if header.op <= self.commit_min || header.op == 0 {
                 continue;
             }

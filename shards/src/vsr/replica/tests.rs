@@ -1319,3 +1319,66 @@ fn vsr_4_1_a_deposed_primary_does_not_answer_no_session_from_a_stale_table() {
     ));
     cluster.check_agreement();
 }
+
+/// Integrator I1: a single replica whose journal refuses a write for lack of space answers
+/// `StorageFull` at once, applies nothing, and reuses the op once space returns.
+#[test]
+fn vsr_4_1_single_replica_journal_full_answers_storage_full_and_reuses_the_op() {
+    let (mut replica, _) = Replica::open(config(0, 1), fresh());
+    let request = |token, client, operation| ClientRequest {
+        token,
+        client,
+        request: 0,
+        operation,
+        timestamp_us: 0,
+    };
+    let actions = replica.on_request(request(1, 7, PrepareOperation::Register));
+    assert!(matches!(actions.as_slice(), [Action::WriteJournal { .. }]));
+    let queued = replica.on_request(request(2, 8, PrepareOperation::Register));
+    assert!(matches!(queued.as_slice(), [Action::WriteJournal { .. }]));
+    let actions = replica.on_io_done(Completion::JournalFailed {
+        op: 1,
+        retryable: true,
+    });
+    let full: Vec<ClientToken> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Reply {
+                token,
+                reply:
+                    ClientReply::Error {
+                        code: bus::ErrorCode::StorageFull,
+                        ..
+                    },
+            } => Some(*token),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(full, vec![1, 2]);
+    assert!(actions.contains(&Action::TruncateJournal { op: 0 }));
+    assert_eq!(replica.op(), 0);
+    assert_eq!(replica.commit_min(), 0);
+    // The second write's failure (it could not follow the first) changes nothing more.
+    assert!(
+        replica
+            .on_io_done(Completion::JournalFailed {
+                op: 2,
+                retryable: true
+            })
+            .is_empty()
+    );
+    // Space is back: op 1 is reused and commits.
+    let actions = replica.on_request(request(3, 7, PrepareOperation::Register));
+    let Some(Action::WriteJournal { prepare }) = actions.first() else {
+        panic!("expected a journal write, got {actions:?}");
+    };
+    assert_eq!(prepare.op, 1);
+    let actions = replica.on_io_done(Completion::JournalWritten {
+        op: 1,
+        checksum: checksum_of(prepare),
+    });
+    assert!(actions.contains(&Action::Reply {
+        token: 3,
+        reply: ClientReply::Registered { session: 1 }
+    }));
+}

@@ -348,6 +348,11 @@ impl Replica {
         if !self.durable_through(self.op) {
             return;
         }
+        // The next prepare names its parent: learn the top prepare's checksum first.
+        if self.op > 0 && !self.log.contains_key(&self.op) && self.top_checksum.is_none() {
+            self.ask_top_checksum(actions);
+            return;
+        }
         self.verified_op = self.op;
         self.log_view = self.view;
         self.persist(actions);
