@@ -130,7 +130,7 @@ fn main() -> std::process::ExitCode {
         Command::Sim(args) => match shardline::sim::run(&args) {
             Ok(0) => Ok(()),
             Ok(_) => return std::process::ExitCode::FAILURE,
-            Err(error) => Err(error.into()),
+            Err(error) => Err(shardline::output::stdout_error(error)),
         },
     };
     match result {
