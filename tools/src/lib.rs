@@ -4,3 +4,4 @@ pub mod arg_values;
 pub mod bench;
 pub mod config_file;
 pub mod output;
+pub mod sim;

@@ -50,6 +50,8 @@ enum Command {
     Metadata(client_cmds::MetadataArgs),
     /// Check a data file offline, read-only: superblock, snapshot, wal, segment or metadata (exit 1 on damage).
     Inspect(inspect::InspectArgs),
+    /// Simulate a cluster by seed: the real consensus core against a faulty network, disk and clock.
+    Sim(shardline::sim::SimArgs),
 }
 
 /// A writer that drops its failures: every write reports the whole buffer written. Log lines are
@@ -121,7 +123,13 @@ fn main() -> std::process::ExitCode {
                 return std::process::ExitCode::from(2);
             }
         };
-    init_logging(cli.log.as_deref());
+    // The simulator's cores log view changes and repairs by the thousand: only warnings and
+    // errors unless asked for more.
+    let log = match (&cli.command, cli.log.as_deref()) {
+        (Command::Sim(_), None) if std::env::var_os("RUST_LOG").is_none() => Some("warn"),
+        (_, log) => log,
+    };
+    init_logging(log);
     let result = match cli.command {
         Command::Serve(args) => serve::run(&args, config_file.as_ref()),
         Command::Bench(args) => shardline::bench::run(&args),
@@ -131,6 +139,11 @@ fn main() -> std::process::ExitCode {
         Command::Poll(args) => client_cmds::poll(&args),
         Command::Metadata(args) => client_cmds::metadata(&args),
         Command::Inspect(args) => return inspect::run(&args),
+        Command::Sim(args) => match shardline::sim::run(&args) {
+            Ok(0) => Ok(()),
+            Ok(_) => return std::process::ExitCode::FAILURE,
+            Err(error) => Err(shardline::output::stdout_error(error)),
+        },
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
