@@ -43,6 +43,12 @@ use crate::metadata::MetadataState;
 /// `Busy`.
 pub const REQUEST_QUEUE_MAX: usize = 1024;
 
+/// The largest view a replica enters: one below `u32::MAX`, so moving to the next view never
+/// wraps around to a lower one (a view never decreases: VSR Revisited section 4.2, issue 8
+/// section 2). A message naming a higher view is ignored. Four billion view changes are out of
+/// reach of any real cluster; a forged or broken peer is not.
+pub const VIEW_MAX: u32 = u32::MAX - 1;
+
 /// Fixed parameters of one replica's core.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CoreConfig {
@@ -245,6 +251,8 @@ pub struct Replica {
     // Journal.
     journal_retry_from: Option<u64>,
     stopped: bool,
+    /// A message above [`VIEW_MAX`] was ignored and logged (logged once).
+    view_max_warned: bool,
     rng: u64,
 }
 
@@ -390,6 +398,7 @@ impl Replica {
             fork_warned: false,
             journal_retry_from: None,
             stopped: false,
+            view_max_warned: false,
             rng,
             config,
         };
@@ -410,8 +419,7 @@ impl Replica {
             "consensus core opened"
         );
         if replica.primary_of(replica.view) == replica.config.replica {
-            let next = replica.view + 1;
-            replica.start_view_change(next, &mut actions);
+            replica.start_next_view(&mut actions);
         } else if replica.log_view < replica.view {
             let view = replica.view;
             replica.enter_view_change(view, &mut actions);
@@ -432,6 +440,21 @@ impl Replica {
     pub fn on_message(&mut self, from: ReplicaIndex, message: Message) -> Vec<Action> {
         let mut actions = Vec::new();
         if self.stopped || from >= self.config.replica_count || from == self.config.replica {
+            return actions;
+        }
+        if message.view() > VIEW_MAX {
+            // No replica ever enters such a view (`start_next_view`): the sender is not one of
+            // ours, or it is broken. Taking it would leave no next view to move to.
+            if !self.view_max_warned {
+                self.view_max_warned = true;
+                tracing::warn!(
+                    replica = self.config.replica,
+                    from,
+                    view = message.view(),
+                    "ignoring a message whose view is above the largest view a replica enters \
+                     (u32::MAX - 1); logged once"
+                );
+            }
             return actions;
         }
         // A Prepare's view is the prepare's own (kept when a later primary re-sends it), not
@@ -545,8 +568,7 @@ impl Replica {
                             view = self.view,
                             "no message from the primary within the timeout; starting a view change"
                         );
-                        let next = self.view + 1;
-                        self.start_view_change(next, &mut actions);
+                        self.start_next_view(&mut actions);
                     }
                 }
                 Status::ViewChange => {
@@ -556,8 +578,7 @@ impl Replica {
                             view = self.view,
                             "view change did not complete within the timeout; trying the next view"
                         );
-                        let next = self.view + 1;
-                        self.start_view_change(next, &mut actions);
+                        self.start_next_view(&mut actions);
                     } else if self.now.is_multiple_of(self.config.heartbeat_ticks) {
                         self.resend_view_change(&mut actions);
                     }

@@ -1391,3 +1391,38 @@ fn vsr_4_1_single_replica_journal_full_answers_storage_full_and_reuses_the_op() 
         reply: ClientReply::Registered { session: 1 }
     }));
 }
+
+/// A view never decreases (VSR Revisited section 4.2): a message naming a view above
+/// `VIEW_MAX` (a forged or broken peer) is ignored, so `view + 1` can never wrap to 0.
+#[test]
+fn vsr_4_2_a_message_above_view_max_is_ignored_and_the_view_never_wraps() {
+    let mut cluster = Cluster::new(3);
+    let (p, b1, _) = roles(&cluster);
+    let view = cluster.replica(b1).view();
+    for message in [
+        Message::StartViewChange { view: u32::MAX },
+        Message::StartView {
+            view: u32::MAX,
+            op: 0,
+            commit: 0,
+            prepares: Vec::new(),
+        },
+        Message::Commit {
+            view: u32::MAX,
+            commit: 0,
+            commit_checksum: 0,
+        },
+    ] {
+        let actions = cluster.replicas[usize::from(b1)]
+            .as_mut()
+            .unwrap()
+            .on_message(p, message);
+        assert!(actions.is_empty(), "{actions:?}");
+        assert_eq!(cluster.replica(b1).view(), view);
+    }
+    // The cluster keeps committing in its view.
+    let token = cluster.request(p, 9, 0, PrepareOperation::Register);
+    cluster.run();
+    assert!(session_of(cluster.reply_to(token)) > 0);
+    assert_eq!(cluster.replica(b1).view(), view);
+}

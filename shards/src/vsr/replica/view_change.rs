@@ -16,6 +16,29 @@ impl Replica {
     /// Moves to `new_view` in status view-change (section 4.2 step 1: a timeout, or a
     /// `StartViewChange`/`DoViewChange` for a higher view). Clients waiting at a deposed primary
     /// are answered `NotPrimary`.
+    /// Moves to the view after this one (a primary timeout, a view change that did not
+    /// complete, or a restarted primary), unless that would pass [`super::VIEW_MAX`]: then the
+    /// replica stays where it is and says so (once per view).
+    pub(super) fn start_next_view(&mut self, actions: &mut Vec<Action>) {
+        match self
+            .view
+            .checked_add(1)
+            .filter(|&next| next <= super::VIEW_MAX)
+        {
+            Some(next) => self.start_view_change(next, actions),
+            None => {
+                if !self.view_max_warned {
+                    self.view_max_warned = true;
+                    tracing::error!(
+                        replica = self.config.replica,
+                        view = self.view,
+                        "view numbers exhausted: this replica cannot move past view u32::MAX - 1"
+                    );
+                }
+            }
+        }
+    }
+
     pub(super) fn start_view_change(&mut self, new_view: u32, actions: &mut Vec<Action>) {
         if self.config.replica_count == 1 {
             return;
