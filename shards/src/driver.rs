@@ -79,9 +79,6 @@ pub struct OpenedCore {
     /// What `Replica::open` returned. Its `Apply` actions (the journaled ops the core applied at
     /// open) are already in `core.metadata()`, which every shard starts from.
     pub first_actions: Vec<Action>,
-    /// The highest op the journal held at boot: applying an op up to it is a replay, whose
-    /// partition directories (and data) are its own.
-    pub replay_through: u64,
 }
 
 /// Opens the core from what boot recovered and creates the partition directories of the
@@ -98,7 +95,6 @@ pub async fn open_core(
     config: &crate::config::ServerConfig,
     recovered: Recovered,
 ) -> Result<OpenedCore, String> {
-    let replay_through = recovered.journal_last_op;
     let (core, first_actions) = Replica::open(core_config(config), recovered);
     let mut created = Vec::new();
     for action in &first_actions {
@@ -122,10 +118,24 @@ pub async fn open_core(
             );
         }
     }
+    let data_dir = config.data_dir.clone();
+    let swept =
+        compio::runtime::spawn_blocking(move || crate::shard::sweep_deleted_dirs(&data_dir))
+            .await
+            .map_err(|_| "deleted-directory sweep task failed".to_owned())?
+            .map_err(|error| {
+                format!("cannot finish removing deleted partition directories: {error}")
+            })?;
+    if swept > 0 {
+        tracing::info!(
+            swept,
+            "finished removing deleted partition directories a crash left"
+        );
+    }
     if !created.is_empty() {
         let data_dir = config.data_dir.clone();
         compio::runtime::spawn_blocking(move || {
-            crate::shard::prepare_partition_dirs(&data_dir, &created, false)
+            crate::shard::prepare_partition_dirs(&data_dir, &created)
         })
         .await
         .map_err(|_| "partition directory task failed".to_owned())?
@@ -135,7 +145,6 @@ pub async fn open_core(
     Ok(OpenedCore {
         core,
         first_actions,
-        replay_through,
     })
 }
 
@@ -166,8 +175,6 @@ pub struct Driver {
     apply_failures: Vec<OpenFailure>,
     /// The status last published to the shards.
     published: Option<ReplicaStatus>,
-    /// The highest op the journal held at boot: applying an op up to it is a replay.
-    replay_through: u64,
     /// What `Replica::open` returned, performed when the loop starts (the fan-out of replayed
     /// ops needs shard 0's pump running for the other shards' acks).
     first_actions: Vec<Action>,
@@ -198,7 +205,6 @@ impl Driver {
         let OpenedCore {
             core,
             first_actions,
-            replay_through,
         } = opened;
         let core = Rc::new(RefCell::new(core));
         shard.attach_core(Rc::clone(&core));
@@ -247,7 +253,6 @@ impl Driver {
             _journal_writer: journal_writer,
             apply_failures: Vec::new(),
             published: None,
-            replay_through,
         };
         driver.publish_status();
         Ok(driver)
@@ -462,10 +467,7 @@ impl Driver {
         if !applied {
             return;
         }
-        // A replayed CreateTopic (journaled before this boot) finds its own directories with
-        // their data; a new one removes leftovers of a deleted topic with the same ids.
-        let fresh = op > self.replay_through;
-        self.apply_failures = self.shard.fan_out(op, change, fresh).await;
+        self.apply_failures = self.shard.fan_out(op, change).await;
         if self.apply_failures.is_empty() {
             tracing::info!(op, ?change, "metadata committed");
         } else {

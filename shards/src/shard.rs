@@ -1033,24 +1033,20 @@ impl Shard {
     /// the reply comes after every shard applied it): creates the directories of new partitions
     /// (each replica creates them when it applies, issue 8 section 1), applies locally, sends
     /// `MetadataApply` to every other shard and waits for each ack, then removes the directories
-    /// of a deleted stream or topic. Returns the partitions that could not be opened. `fresh`:
-    /// the op was not journaled before this boot, so existing directories of its partitions are
-    /// leftovers of a deleted topic and are emptied (a replayed op keeps its own data).
+    /// of a deleted stream or topic. Returns the partitions that could not be opened. Existing
+    /// directories of a created topic keep their data: an op applied again after a restart or
+    /// a repair is the same committed op, and a deleted topic's data never keeps its live name
+    /// (see [`remove_deleted_dir`]).
     ///
     /// # Cancel safety
     /// Not cancel safe: a cut-short fan-out leaves other shards' copies behind (only at
     /// shutdown).
-    pub async fn fan_out(
-        self: &Rc<Self>,
-        op_number: u64,
-        op: &MetadataOp,
-        fresh: bool,
-    ) -> Vec<OpenFailure> {
+    pub async fn fan_out(self: &Rc<Self>, op_number: u64, op: &MetadataOp) -> Vec<OpenFailure> {
         if let MetadataOp::CreateTopic { .. } = op {
             let created = self.metadata.borrow().namespaces_of(op);
             let data_dir = self.config.data_dir.clone();
             let prepared = compio::runtime::spawn_blocking(move || {
-                prepare_partition_dirs(&data_dir, &created, fresh)
+                prepare_partition_dirs(&data_dir, &created)
             })
             .await;
             match prepared {
@@ -1103,7 +1099,7 @@ impl Shard {
             if let MetadataOp::DeleteTopic { topic_id, .. } = op {
                 dir = dir.join(topic_id.to_string());
             }
-            remove_dir_all(dir).await;
+            remove_deleted_dir(dir).await;
         }
         failures
     }
@@ -1202,7 +1198,7 @@ impl Shard {
                     {
                         tracing::warn!(shard = self.id.0, %namespace, error = %e, "closing a deleted partition failed");
                     }
-                    remove_dir_all(partition_dir(&self.config.data_dir, namespace)).await;
+                    remove_deleted_dir(partition_dir(&self.config.data_dir, namespace)).await;
                 }
             }
             MetadataOp::CreateStream { .. } => {}
@@ -1351,23 +1347,18 @@ fn log_checkpoint_failure(error: &crate::store::CheckpointError, checkpoint_op: 
 }
 
 /// Creates the directory of every partition of a committed CreateTopic as this replica applies
-/// it (issue 8 section 1), with `remove_leftovers` first removing those of a deleted topic whose
-/// removal a crash cut short (metadata is authoritative: their data must not reappear), and
-/// fsyncs the parents so the directories are durable before the partitions open. Blocking: run
-/// on the blocking pool.
+/// it (issue 8 section 1), and fsyncs the parents so the directories are durable before the
+/// partitions open. A directory that exists keeps its data: it can only be this same topic's,
+/// written when this replica applied the op before a restart (a committed op is applied again
+/// after a restart or a repair), because a deleted topic's directory loses its live name before
+/// its removal starts ([`remove_deleted_dir`]). Blocking: run on the blocking pool.
 pub fn prepare_partition_dirs(
     data_dir: &std::path::Path,
     namespaces: &[Namespace],
-    remove_leftovers: bool,
 ) -> Result<(), PartitionDirError> {
     let mut parents = std::collections::BTreeSet::new();
     for namespace in namespaces {
         let dir = partition_dir(data_dir, *namespace);
-        if remove_leftovers && dir.exists() {
-            tracing::warn!(%namespace, path = %dir.display(), "removing leftover partition data of a deleted topic");
-            std::fs::remove_dir_all(&dir)
-                .map_err(|e| PartitionDirError::new("remove leftover", &dir, &e))?;
-        }
         std::fs::create_dir_all(&dir).map_err(|e| PartitionDirError::new("create", &dir, &e))?;
         let mut parent = dir.parent();
         while let Some(path) = parent {
@@ -1424,13 +1415,17 @@ impl PartitionDirError {
     }
 }
 
-async fn remove_dir_all(dir: PathBuf) {
+/// The suffix a deleted stream's, topic's or partition's directory gets before its removal.
+pub const DELETED_DIR_SUFFIX: &str = ".deleted";
+
+/// Removes the directory of a deleted stream, topic or partition: first renames it to
+/// `NAME.deleted` and fsyncs its parent, so a crash during the removal never leaves the data
+/// under its live name (a later topic with the same ids would otherwise find it), then removes
+/// it. [`sweep_deleted_dirs`] finishes a removal a crash cut short. A missing directory is fine.
+/// Failures are logged: the change is committed either way.
+async fn remove_deleted_dir(dir: PathBuf) {
     let shown = dir.display().to_string();
-    let result = compio::runtime::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    })
-    .await;
+    let result = compio::runtime::spawn_blocking(move || remove_deleted_dir_blocking(&dir)).await;
     match result {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!(path = %shown, error = %e, "cannot remove directory"),
@@ -1438,9 +1433,105 @@ async fn remove_dir_all(dir: PathBuf) {
     }
 }
 
+fn remove_deleted_dir_blocking(dir: &std::path::Path) -> std::io::Result<()> {
+    let Some(name) = dir.file_name() else {
+        return Ok(());
+    };
+    let mut tombstone_name = name.to_os_string();
+    tombstone_name.push(DELETED_DIR_SUFFIX);
+    let tombstone = dir.with_file_name(tombstone_name);
+    match std::fs::rename(dir, &tombstone) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        // An earlier removal of the same name was cut short: finish it, then rename.
+        Err(_) if tombstone.exists() => {
+            std::fs::remove_dir_all(&tombstone)?;
+            std::fs::rename(dir, &tombstone)?;
+        }
+        Err(e) => return Err(e),
+    }
+    if let Some(parent) = dir.parent() {
+        std::fs::File::open(parent)?.sync_all()?;
+    }
+    match std::fs::remove_dir_all(&tombstone) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Finishes the removals a crash cut short: removes every `*.deleted` directory under
+/// `DATA_DIR/partitions` (stream, topic and partition levels). Blocking: run on the blocking
+/// pool at boot, before any partition opens.
+///
+/// # Errors
+/// The first directory that could not be read or removed.
+pub fn sweep_deleted_dirs(data_dir: &std::path::Path) -> std::io::Result<usize> {
+    fn sweep(dir: &std::path::Path, depth: usize, removed: &mut usize) -> std::io::Result<()> {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let entry = entry?;
+            if !entry.file_type()?.is_dir() {
+                continue;
+            }
+            let path = entry.path();
+            if entry
+                .file_name()
+                .to_str()
+                .is_some_and(|name| name.ends_with(DELETED_DIR_SUFFIX))
+            {
+                tracing::info!(path = %path.display(), "finishing the removal of a deleted directory");
+                std::fs::remove_dir_all(&path)?;
+                *removed += 1;
+            } else if depth < 2 {
+                sweep(&path, depth + 1, removed)?;
+            }
+        }
+        Ok(())
+    }
+    let mut removed = 0;
+    sweep(&data_dir.join(PARTITIONS_DIR_NAME), 0, &mut removed)?;
+    Ok(removed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A deleted directory loses its live name before its removal, a created one keeps what it
+    /// holds, and the boot sweep finishes a removal a crash cut short (the adversarial review
+    /// found a rejoining replica emptying its own partition when it applied its CreateTopic
+    /// again).
+    #[test]
+    fn issue8_a_deleted_dir_is_tombstoned_and_a_created_one_keeps_its_data() {
+        let data = tempfile::tempdir().unwrap();
+        let namespace = Namespace::new(1, 1, 0);
+        let dir = partition_dir(data.path(), namespace);
+        prepare_partition_dirs(data.path(), &[namespace]).unwrap();
+        std::fs::write(dir.join("00000000000000000000.log"), b"kept").unwrap();
+        // Applied again (restart, repair): the data stays.
+        prepare_partition_dirs(data.path(), &[namespace]).unwrap();
+        assert_eq!(
+            std::fs::read(dir.join("00000000000000000000.log")).unwrap(),
+            b"kept"
+        );
+        // A crash after the rename of a delete: the live name is gone, the sweep removes it.
+        let tombstone = dir.with_file_name(format!("0{DELETED_DIR_SUFFIX}"));
+        std::fs::rename(&dir, &tombstone).unwrap();
+        prepare_partition_dirs(data.path(), &[namespace]).unwrap();
+        assert!(!dir.join("00000000000000000000.log").exists());
+        assert_eq!(sweep_deleted_dirs(data.path()).unwrap(), 1);
+        assert!(!tombstone.exists());
+        // A whole delete: gone under both names.
+        std::fs::write(dir.join("x"), b"x").unwrap();
+        remove_deleted_dir_blocking(dir.parent().unwrap()).unwrap();
+        assert!(!dir.exists() && !tombstone.exists());
+        assert!(!data.path().join("partitions/1/1.deleted").exists());
+        assert_eq!(sweep_deleted_dirs(data.path()).unwrap(), 0);
+    }
 
     /// A stored entry is served to pollers as a wire batch: the two headers must be one layout.
     #[test]

@@ -667,7 +667,11 @@ pub async fn warn_about_orphan_partitions(data_dir: &Path, metadata: &MetadataSt
                     .and_then(|n| n.parse::<u16>().ok());
                 let named =
                     matches!((stream_id, topic_id), (Some(s), Some(t)) if known.contains(&(s, t)));
-                if !named {
+                let tombstone = topic
+                    .file_name()
+                    .to_str()
+                    .is_some_and(|n| n.ends_with(crate::shard::DELETED_DIR_SUFFIX));
+                if !named && !tombstone {
                     orphans.push(topic.path());
                 }
             }
@@ -687,9 +691,10 @@ pub async fn warn_about_orphan_partitions(data_dir: &Path, metadata: &MetadataSt
         tracing::warn!(
             orphan_count = orphans.len(),
             first = %shown.join(", "),
-            "partition directories that no topic names (a deletion interrupted by a crash, or a \
-             creation that never committed): left in place; creating a topic with the same ids \
-             removes them, or delete them by hand"
+            "partition directories that no topic names yet: left in place with their data. A \
+             cluster replica that is catching up names them again when it applies their \
+             CreateTopic (nothing to do); otherwise they are a topic whose deletion an older \
+             build left unfinished: once this replica has caught up, remove them by hand"
         );
     }
 }
