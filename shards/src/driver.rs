@@ -212,13 +212,12 @@ impl Driver {
             (None, None)
         } else {
             let (tx, rx) = crossfire::mpsc::bounded_async::<Inbound<Message>>(INBOUND_QUEUE_MAX);
-            let bus_config = BusConfig {
-                cluster: config.cluster,
-                replica: config.replica,
-                addresses: config.addresses.clone(),
+            let bus_config = BusConfig::new(
+                config.cluster,
+                config.replica,
+                config.addresses.clone(),
                 client_address,
-                frame_size_max: crate::limits::REPLICA_MESSAGE_SIZE_MAX,
-            };
+            );
             let bus = ReplicaBus::start(bus_config, message_decoder(), tx)
                 .await
                 .map_err(|e| {

@@ -118,6 +118,35 @@ pub const PIPELINE_PREPARE_MAX: usize = 8;
 /// frame announcing more is refused before its body is read.
 pub const REPLICA_MESSAGE_SIZE_MAX: u32 =
     (bus::HEADER_SIZE + 4 + PIPELINE_PREPARE_MAX * storage::limits::JOURNAL_RECORD_SIZE_MAX) as u32;
+/// Once a replica-link frame's header arrived, the rest of the frame (its body, up to
+/// `REPLICA_MESSAGE_SIZE_MAX`, about 8 MiB) must arrive within this long, or the link closes: a
+/// healthy peer on any working network sends 8 MiB in well under a second, and a stalled sender
+/// must not pin a partly received body indefinitely.
+pub const REPLICA_FRAME_REST_TIMEOUT: Duration = Duration::from_secs(10);
+/// A replica-link body is read in chunks of this many bytes into a buffer that grows as they
+/// arrive, so a header announcing 8 MiB costs memory only for what was actually sent.
+pub const REPLICA_BODY_READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Inbound replica links per peer counted into the cap below: the peer's current link plus its
+/// reconnect (the new link arrives before the old one is noticed closed).
+pub const REPLICA_INBOUND_LINKS_PER_PEER: usize = 2;
+/// Inbound replica links allowed beyond `REPLICA_INBOUND_LINKS_PER_PEER` per replica: room for
+/// connections that have not sent their Hello yet (a probe, a refused peer retrying).
+pub const REPLICA_INBOUND_LINKS_SPARE: usize = 4;
+/// Largest number of inbound replica links (Hello pending or established) a replica holds at
+/// once; one more is closed on accept with a rate-limited log line. Together with the
+/// one-link-per-peer-index rule and `REPLICA_FRAME_REST_TIMEOUT` this bounds what unknown
+/// connections can pin: at most this many partly received frames of `REPLICA_MESSAGE_SIZE_MAX`.
+pub const fn replica_inbound_links_max(replica_count: usize) -> usize {
+    replica_count * REPLICA_INBOUND_LINKS_PER_PEER + REPLICA_INBOUND_LINKS_SPARE
+}
+/// A replica link's up/down lines are logged the first time, then at most once per this
+/// interval per peer with how many were not logged (a peer that refuses our link would
+/// otherwise log several lines a second for as long as it runs).
+pub const REPLICA_LINK_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// An outbound replica link that goes down within this long of its Hello was most likely closed
+/// by the peer refusing the Hello (different cluster id or `--addresses`); such a link does not
+/// reset the reconnect backoff, so a refusing peer is retried about once a second, not 20 times.
+pub const REPLICA_LINK_REFUSED_WINDOW: Duration = Duration::from_secs(1);
 
 const _: () =
     assert!(SHUTDOWN_DRAIN_DEADLINE.as_secs() < runtime::launcher::SHUTDOWN_DEADLINE.as_secs());

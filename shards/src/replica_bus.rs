@@ -5,11 +5,20 @@
 //! per peer, and a dead connection in one direction never stalls the other.
 //!
 //! The first frame on every connection is a `Hello` (cluster id, replica index, the sender's
-//! client address). A connection whose Hello names another cluster, an index outside
-//! `0..replica_count`, or our own index is closed with one log line (rate-limited per reason).
-//! Every later frame is a 256-byte checksummed `bus` header plus body, size-limited, decoded by
-//! the caller's decoder (the wire codec, `crate::vsr::wire`); a frame that fails any check closes
-//! that one link with one log line, and the peer reconnects.
+//! client address, the checksum of the sender's `--addresses` list). A connection whose Hello
+//! names another cluster, an index outside `0..replica_count`, or our own index, or whose list
+//! checksum differs from ours (a replica started with a different `--addresses`), is closed with
+//! one log line (rate-limited per reason). Every later frame is a 256-byte checksummed `bus`
+//! header plus body, size-limited, decoded by the caller's decoder (the wire codec,
+//! `crate::vsr::wire`); a frame that fails any check closes that one link with one log line, and
+//! the peer reconnects.
+//!
+//! Bounded memory against misbehaving or hostile connections: at most
+//! `limits::replica_inbound_links_max(replica_count)` inbound links at once (more are closed on
+//! accept), at most one established link per peer index (a newer link whose Hello passed every
+//! check replaces the older one, which is closed), a body is read in chunks as it arrives (never
+//! allocated in full from the header's `size`), and once a header arrived the rest of its frame
+//! must arrive within `limits::REPLICA_FRAME_REST_TIMEOUT`.
 //!
 //! Never blocks shard 0: sends go into a bounded per-peer queue (`try_send`: a full queue drops
 //! the frame and counts it; the protocol retries on its own timers); inbound messages go to the
@@ -28,7 +37,16 @@ use crossfire::mpsc::Array;
 use crossfire::{AsyncRx, MAsyncTx};
 use socket2::{Domain, Protocol, Socket, Type};
 
+use compio::BufResult;
+use compio::buf::{IntoInner, IoBuf};
+use compio::io::AsyncRead;
+use futures_util::future::{AbortHandle, Abortable};
+
+use crate::limits::{
+    REPLICA_BODY_READ_CHUNK_BYTES, REPLICA_LINK_LOG_INTERVAL, REPLICA_LINK_REFUSED_WINDOW,
+};
 use crate::vsr::message::ReplicaIndex;
+use crate::vsr::wire::{HELLO_ADDRESS_BYTES_MAX, addresses_checksum, addresses_text};
 
 /// Frames a peer's outbound queue holds before further sends to it are dropped.
 pub const PEER_QUEUE_FRAMES_MAX: usize = 1024;
@@ -43,6 +61,9 @@ const BIND_RETRY_SLEEP: Duration = Duration::from_millis(50);
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// The same refusal reason is logged at most once per this interval.
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// Largest first frame accepted (bytes): a Hello is a header plus a client address, so a
+/// connection announcing more is refused before any of its body is read.
+const HELLO_FRAME_SIZE_MAX: u32 = (bus::HEADER_SIZE + HELLO_ADDRESS_BYTES_MAX) as u32;
 
 /// The first frame on a replica link: who is speaking.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,16 +72,23 @@ pub struct Hello {
     pub replica: ReplicaIndex,
     /// The sender's client listen address (`--listen`), for `NotPrimary` replies.
     pub client_address: String,
+    /// `wire::addresses_checksum` of the sender's `--addresses` list.
+    pub addresses_checksum: u64,
 }
 
 impl Hello {
     /// The Hello frame (`crate::vsr::wire::encode_hello`): header `command = Hello`,
-    /// `cluster`, `replica`; body = the client address as UTF-8.
+    /// `cluster`, `replica`, `offset = addresses_checksum`; body = the client address as UTF-8.
     ///
     /// # Panics
     /// An address longer than `wire::HELLO_ADDRESS_BYTES_MAX` (a config bug).
     pub fn encode(&self) -> Vec<u8> {
-        crate::vsr::wire::encode_hello(self.cluster, self.replica, &self.client_address)
+        crate::vsr::wire::encode_hello(
+            self.cluster,
+            self.replica,
+            &self.client_address,
+            self.addresses_checksum,
+        )
     }
 
     /// The Hello a verified frame carries.
@@ -73,12 +101,13 @@ impl Hello {
                 command: header.command,
             });
         }
-        let client_address = crate::vsr::wire::decode_hello_body(header, body)
+        let fields = crate::vsr::wire::decode_hello_body(header, body)
             .map_err(|error| LinkRefusal::Malformed(error.to_string()))?;
         Ok(Hello {
             cluster: header.cluster,
             replica: header.replica,
-            client_address,
+            client_address: fields.client_address,
+            addresses_checksum: fields.addresses_checksum,
         })
     }
 }
@@ -104,6 +133,21 @@ pub enum LinkRefusal {
     Malformed(String),
     #[error("no hello within {0:?}")]
     HelloTimeout(Duration),
+    #[error(
+        "replica {index}'s --addresses differ from this replica's: every replica must be started \
+         with the same --addresses list in the same order (this replica's list: {ours})"
+    )]
+    AddressesDiffer { index: u8, ours: String },
+    #[error(
+        "frame stalled: {received} of its {expected} body bytes within {timeout:?} of its header"
+    )]
+    FrameRestTimeout {
+        timeout: Duration,
+        received: usize,
+        expected: usize,
+    },
+    #[error("{max} inbound replica links are open already (2 per replica plus a few spare)")]
+    TooManyLinks { max: usize },
 }
 
 impl LinkRefusal {
@@ -118,21 +162,27 @@ impl LinkRefusal {
             LinkRefusal::OwnIndex { .. } => "own_index",
             LinkRefusal::Malformed(_) => "malformed",
             LinkRefusal::HelloTimeout(_) => "hello_timeout",
+            LinkRefusal::AddressesDiffer { .. } => "addresses_differ",
+            LinkRefusal::FrameRestTimeout { .. } => "frame_rest_timeout",
+            LinkRefusal::TooManyLinks { .. } => "too_many_links",
         }
     }
 }
 
 /// Checks a peer's Hello against this replica's identity (issue 8 section 2: a frame from
-/// another cluster or an unknown index is dropped with a log line).
+/// another cluster or an unknown index is dropped with a log line) and its configuration (the
+/// same `--addresses` list: `addresses_checksum` is `wire::addresses_checksum(addresses)`).
 ///
 /// # Errors
-/// `WrongCluster`, `UnknownReplica` (index not below `replica_count`), `OwnIndex`.
+/// `WrongCluster`, `UnknownReplica` (index not below `addresses.len()`), `OwnIndex`,
+/// `AddressesDiffer`, in that order.
 pub fn check_hello(
     hello: &Hello,
     cluster: u128,
     replica: ReplicaIndex,
-    replica_count: u8,
+    addresses: &[SocketAddr],
 ) -> Result<(), LinkRefusal> {
+    let replica_count = u8::try_from(addresses.len()).unwrap_or(u8::MAX);
     if hello.cluster != cluster {
         return Err(LinkRefusal::WrongCluster {
             ours: cluster,
@@ -148,6 +198,12 @@ pub fn check_hello(
     if hello.replica == replica {
         return Err(LinkRefusal::OwnIndex {
             index: hello.replica,
+        });
+    }
+    if hello.addresses_checksum != addresses_checksum(addresses) {
+        return Err(LinkRefusal::AddressesDiffer {
+            index: hello.replica,
+            ours: addresses_text(addresses),
         });
     }
     Ok(())
@@ -174,11 +230,33 @@ pub struct BusConfig {
     pub client_address: String,
     /// Largest frame (header included) accepted from a peer, bytes.
     pub frame_size_max: u32,
+    /// Once a frame's header arrived, the rest of it must arrive within this long or the link
+    /// closes (`limits::REPLICA_FRAME_REST_TIMEOUT`; tests pass less).
+    pub frame_rest_timeout: Duration,
+    /// Most inbound links held at once, Hello pending or established
+    /// (`limits::replica_inbound_links_max`); one more is closed on accept.
+    pub inbound_links_max: usize,
 }
 
 impl BusConfig {
-    fn replica_count(&self) -> u8 {
-        u8::try_from(self.addresses.len()).unwrap_or(u8::MAX)
+    /// The production configuration: frames up to `limits::REPLICA_MESSAGE_SIZE_MAX`, the
+    /// limits' rest-of-frame deadline and inbound link cap for `addresses.len()` replicas.
+    pub fn new(
+        cluster: u128,
+        replica: ReplicaIndex,
+        addresses: Vec<SocketAddr>,
+        client_address: String,
+    ) -> BusConfig {
+        let inbound_links_max = crate::limits::replica_inbound_links_max(addresses.len());
+        BusConfig {
+            cluster,
+            replica,
+            addresses,
+            client_address,
+            frame_size_max: crate::limits::REPLICA_MESSAGE_SIZE_MAX,
+            frame_rest_timeout: crate::limits::REPLICA_FRAME_REST_TIMEOUT,
+            inbound_links_max,
+        }
     }
 }
 
@@ -189,8 +267,16 @@ pub struct BusCounters {
     pub send_dropped: Cell<u64>,
     /// Inbound messages dropped because the driver's channel was full.
     pub receive_dropped: Cell<u64>,
-    /// Connections closed for a refused Hello or a malformed frame.
+    /// Connections closed for a refused Hello, a malformed or stalled frame, or over the cap.
     pub links_refused: Cell<u64>,
+    /// Refusals that were logged (the others fell within `REFUSAL_LOG_INTERVAL` of their
+    /// reason's last line).
+    pub refusals_logged: Cell<u64>,
+    /// The last refusal that was logged, as its log line gives the reason.
+    pub last_logged_refusal: RefCell<Option<String>>,
+    /// Established inbound links closed because a newer link from the same replica index
+    /// passed its Hello.
+    pub links_replaced: Cell<u64>,
 }
 
 /// State shared by the link tasks.
@@ -203,6 +289,12 @@ struct Shared<M: 'static> {
     counters: BusCounters,
     /// Last time each refusal kind was logged.
     refusal_logged: RefCell<ahash::AHashMap<&'static str, std::time::Instant>>,
+    /// Inbound links open now (Hello pending or established).
+    inbound_links: Cell<usize>,
+    /// Per peer index: the established inbound link's id and the handle that closes it.
+    peer_links: RefCell<Vec<Option<(u64, AbortHandle)>>>,
+    /// Id of the next established inbound link.
+    next_link_id: Cell<u64>,
 }
 
 impl<M: 'static> Shared<M> {
@@ -217,6 +309,11 @@ impl<M: 'static> Shared<M> {
             .is_none_or(|last| now.duration_since(*last) >= REFUSAL_LOG_INTERVAL);
         if due {
             logged.insert(refusal.kind(), now);
+            let counters = &self.counters;
+            counters
+                .refusals_logged
+                .set(counters.refusals_logged.get() + 1);
+            *counters.last_logged_refusal.borrow_mut() = Some(refusal.to_string());
             tracing::warn!(
                 %peer, replica = self.config.replica, reason = %refusal,
                 "replica link closed (repeats of this reason are not logged for 10 s); the replica keeps running"
@@ -268,6 +365,9 @@ impl<M: 'static> ReplicaBus<M> {
             client_addresses: RefCell::new(vec![None; replica_count]),
             counters: BusCounters::default(),
             refusal_logged: RefCell::default(),
+            inbound_links: Cell::new(0),
+            peer_links: RefCell::new((0..replica_count).map(|_| None).collect()),
+            next_link_id: Cell::new(0),
             config,
         });
         let mut tasks = vec![compio::runtime::spawn(accept_loop(
@@ -329,6 +429,11 @@ impl<M: 'static> ReplicaBus<M> {
     pub fn counters(&self) -> &BusCounters {
         &self.shared.counters
     }
+
+    /// Inbound links open now (Hello pending or established).
+    pub fn inbound_links(&self) -> usize {
+        self.shared.inbound_links.get()
+    }
 }
 
 impl<M: 'static> Drop for ReplicaBus<M> {
@@ -370,13 +475,26 @@ fn bind_listener(address: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::from_std(socket.into())
 }
 
-/// Accepts inbound links; each is served by its own task until it closes.
+/// Accepts inbound links; each is served by its own task until it closes. A connection beyond
+/// `config.inbound_links_max` is closed at once (one rate-limited log line).
 async fn accept_loop<M: 'static>(shared: Rc<Shared<M>>, listener: TcpListener) {
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
+                let max = shared.config.inbound_links_max;
+                if shared.inbound_links.get() >= max {
+                    shared.refuse(peer, &LinkRefusal::TooManyLinks { max });
+                    drop(stream);
+                    continue;
+                }
                 let _ = stream.set_nodelay(true);
-                compio::runtime::spawn(serve_inbound(Rc::clone(&shared), stream, peer)).detach();
+                let slot = InboundSlot::take(&shared);
+                let task = serve_inbound(Rc::clone(&shared), stream, peer);
+                compio::runtime::spawn(async move {
+                    let _slot = slot;
+                    task.await;
+                })
+                .detach();
             }
             Err(error) => {
                 tracing::warn!(%error, "replica listener accept failed");
@@ -386,26 +504,113 @@ async fn accept_loop<M: 'static>(shared: Rc<Shared<M>>, listener: TcpListener) {
     }
 }
 
-/// Reads one inbound link: the Hello, then frames until the peer closes or a frame is refused.
+/// One counted inbound link; dropping it (the link's task ended or was cancelled) frees the slot.
+struct InboundSlot<M: 'static> {
+    shared: Rc<Shared<M>>,
+}
+
+impl<M: 'static> InboundSlot<M> {
+    fn take(shared: &Rc<Shared<M>>) -> InboundSlot<M> {
+        shared.inbound_links.set(shared.inbound_links.get() + 1);
+        InboundSlot {
+            shared: Rc::clone(shared),
+        }
+    }
+}
+
+impl<M: 'static> Drop for InboundSlot<M> {
+    fn drop(&mut self) {
+        let links = &self.shared.inbound_links;
+        links.set(links.get().saturating_sub(1));
+    }
+}
+
+/// Reads one frame whose body arrives in chunks of `REPLICA_BODY_READ_CHUNK_BYTES` into a
+/// buffer that grows with what was received (never allocated in full from the header's `size`).
+/// Waits for the header without a deadline; once it arrived, the body must arrive within
+/// `rest_timeout`.
+///
+/// Returns `None` on a clean close before the first header byte.
+///
+/// # Errors
+/// `Malformed` (the header fails `Header::validate_prefix` with `frame_size_max`, the stream
+/// fails or ends inside the frame, the body checksum does not match), `FrameRestTimeout`.
+///
+/// # Cancel safety
+/// Not cancel safe: a dropped read loses partial bytes; the link must then be closed.
+async fn read_frame_within(
+    stream: &mut TcpStream,
+    frame_size_max: u32,
+    rest_timeout: Duration,
+) -> Result<Option<bus::Frame>, LinkRefusal> {
+    let header = match bus::read_header(stream, frame_size_max).await {
+        Ok(header) => header,
+        Err(FrameError::Closed) => return Ok(None),
+        Err(error) => return Err(LinkRefusal::Malformed(error.to_string())),
+    };
+    let expected = header.body_size();
+    let mut body: Vec<u8> = Vec::new();
+    // Bytes of the body received so far (the buffer itself is lent to the read in flight).
+    let mut received = 0;
+    let read = async {
+        while received < expected {
+            let want = (expected - received).min(REPLICA_BODY_READ_CHUNK_BYTES);
+            body.reserve(want);
+            let BufResult(result, slice) = stream
+                .read(std::mem::take(&mut body).slice(received..received + want))
+                .await;
+            body = slice.into_inner();
+            match result? {
+                0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                read => received += read,
+            }
+        }
+        Ok::<(), std::io::Error>(())
+    };
+    match compio::time::timeout(rest_timeout, read).await {
+        Err(_) => {
+            return Err(LinkRefusal::FrameRestTimeout {
+                timeout: rest_timeout,
+                received,
+                expected,
+            });
+        }
+        Ok(Err(error)) => {
+            return Err(LinkRefusal::Malformed(format!(
+                "frame body ended after {received} of {expected} bytes: {error}"
+            )));
+        }
+        Ok(Ok(())) => {}
+    }
+    if !header.valid_checksum_body(&body) {
+        return Err(LinkRefusal::Malformed(FrameError::BodyChecksum.to_string()));
+    }
+    Ok(Some(bus::Frame { header, body }))
+}
+
+/// Reads one inbound link: the Hello, then frames until the peer closes, a frame is refused, or
+/// a newer link from the same peer index replaces this one.
 async fn serve_inbound<M: 'static>(shared: Rc<Shared<M>>, mut stream: TcpStream, peer: SocketAddr) {
-    let frame_size_max = shared.config.frame_size_max;
-    let hello =
-        match compio::time::timeout(HELLO_TIMEOUT, bus::read_frame(&mut stream, frame_size_max))
-            .await
-        {
-            Err(_) => Err(LinkRefusal::HelloTimeout(HELLO_TIMEOUT)),
-            Ok(Err(FrameError::Closed)) => return,
-            Ok(Err(error)) => Err(LinkRefusal::Malformed(error.to_string())),
-            Ok(Ok(frame)) => Hello::decode(&frame.header, &frame.body).and_then(|hello| {
-                check_hello(
-                    &hello,
-                    shared.config.cluster,
-                    shared.config.replica,
-                    shared.config.replica_count(),
-                )
-                .map(|()| hello)
-            }),
-        };
+    let rest_timeout = shared.config.frame_rest_timeout;
+    let hello = match compio::time::timeout(
+        HELLO_TIMEOUT,
+        read_frame_within(&mut stream, HELLO_FRAME_SIZE_MAX, rest_timeout),
+    )
+    .await
+    {
+        Err(_) => Err(LinkRefusal::HelloTimeout(HELLO_TIMEOUT)),
+        Ok(Ok(None)) => return,
+        Ok(Err(refusal)) => Err(refusal),
+        Ok(Ok(Some(frame))) => Hello::decode(&frame.header, &frame.body).and_then(|hello| {
+            check_hello(
+                &hello,
+                shared.config.cluster,
+                shared.config.replica,
+                &shared.config.addresses,
+            )
+            .map(|()| hello)
+        }),
+    };
     let hello = match hello {
         Ok(hello) => hello,
         Err(refusal) => {
@@ -414,21 +619,61 @@ async fn serve_inbound<M: 'static>(shared: Rc<Shared<M>>, mut stream: TcpStream,
         }
     };
     let from = hello.replica;
+    let slot = usize::from(from);
+    let id = shared.next_link_id.get();
+    shared.next_link_id.set(id + 1);
+    let (handle, registration) = AbortHandle::new_pair();
+    let older = shared.peer_links.borrow_mut()[slot].replace((id, handle));
+    if let Some((_, older)) = older {
+        older.abort();
+        let counters = &shared.counters;
+        counters
+            .links_replaced
+            .set(counters.links_replaced.get() + 1);
+        tracing::info!(%peer, from, "replica link replaced: a newer link from the same replica passed its Hello; the older one is closed");
+    }
     tracing::info!(%peer, from, client_address = %hello.client_address, "replica link up (inbound)");
-    shared.client_addresses.borrow_mut()[usize::from(from)] = Some(hello.client_address);
+    shared.client_addresses.borrow_mut()[slot] = Some(hello.client_address);
+    let served = Abortable::new(read_frames(&shared, &mut stream, peer, from), registration).await;
+    let mut links = shared.peer_links.borrow_mut();
+    if links[slot]
+        .as_ref()
+        .is_some_and(|(current, _)| *current == id)
+    {
+        links[slot] = None;
+    }
+    drop(links);
+    if served.is_err() {
+        tracing::debug!(%peer, from, "older replica link closed");
+    }
+}
+
+/// The frames of an established inbound link from replica `from`, delivered to the driver until
+/// the peer closes or a frame is refused.
+///
+/// # Cancel safety
+/// Not cancel safe (a partly read frame is lost): cancelling it closes the link.
+async fn read_frames<M: 'static>(
+    shared: &Shared<M>,
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    from: ReplicaIndex,
+) {
+    let frame_size_max = shared.config.frame_size_max;
+    let rest_timeout = shared.config.frame_rest_timeout;
     loop {
-        let frame = match bus::read_frame(&mut stream, frame_size_max).await {
-            Ok(frame) => frame,
-            Err(FrameError::Closed) => {
+        let frame = match read_frame_within(stream, frame_size_max, rest_timeout).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => {
                 tracing::info!(%peer, from, "replica link closed by peer");
                 return;
             }
-            Err(error) => {
-                shared.refuse(peer, &LinkRefusal::Malformed(error.to_string()));
+            Err(refusal) => {
+                shared.refuse(peer, &refusal);
                 return;
             }
         };
-        if let Err(refusal) = check_frame(&shared, from, &frame.header) {
+        if let Err(refusal) = check_frame(shared, from, &frame.header) {
             shared.refuse(peer, &refusal);
             return;
         }
@@ -476,10 +721,36 @@ fn check_frame<M: 'static>(
     }
 }
 
+/// A log line printed the first time, then at most once per `REPLICA_LINK_LOG_INTERVAL` with
+/// how many were not printed in between.
+#[derive(Debug, Default)]
+struct LogThrottle {
+    last: Option<std::time::Instant>,
+    suppressed: u64,
+}
+
+impl LogThrottle {
+    /// Whether to print the line now; `Some(n)`: print it, `n` were suppressed since the last.
+    fn due(&mut self, now: std::time::Instant) -> Option<u64> {
+        let due = self
+            .last
+            .is_none_or(|last| now.duration_since(last) >= REPLICA_LINK_LOG_INTERVAL);
+        if due {
+            self.last = Some(now);
+            Some(std::mem::take(&mut self.suppressed))
+        } else {
+            self.suppressed += 1;
+            None
+        }
+    }
+}
+
 /// Keeps one outbound link to `address` up: connect (backoff 50 ms doubling to 1 s), send our
 /// Hello, then write queued frames until a write fails; then reconnect. Frames queued while the
 /// link is down wait in the bounded queue (the oldest are not replaced: the queue drops new
-/// ones when full).
+/// ones when full). A link that goes down within `REPLICA_LINK_REFUSED_WINDOW` of its Hello was
+/// most likely refused by the peer: it keeps the backoff growing and is logged as such. The
+/// up/down lines are rate-limited per peer (`LogThrottle`).
 async fn connect_loop<M: 'static>(
     shared: Rc<Shared<M>>,
     address: SocketAddr,
@@ -489,10 +760,14 @@ async fn connect_loop<M: 'static>(
         cluster: shared.config.cluster,
         replica: shared.config.replica,
         client_address: shared.config.client_address.clone(),
+        addresses_checksum: addresses_checksum(&shared.config.addresses),
     }
     .encode();
     let mut backoff = RECONNECT_BACKOFF_MIN;
     let mut logged_down = false;
+    let mut up_log = LogThrottle::default();
+    let mut down_log = LogThrottle::default();
+    let mut refused_log = LogThrottle::default();
     loop {
         let mut stream = match TcpStream::connect(address).await {
             Ok(stream) => stream,
@@ -516,10 +791,12 @@ async fn connect_loop<M: 'static>(
             backoff = (backoff * 2).min(RECONNECT_BACKOFF_MAX);
             continue;
         }
-        tracing::info!(%address, "replica link up (outbound)");
-        backoff = RECONNECT_BACKOFF_MIN;
+        let up_at = std::time::Instant::now();
+        if let Some(suppressed) = up_log.due(up_at) {
+            tracing::info!(%address, not_logged_since_last = suppressed, "replica link up (outbound)");
+        }
         logged_down = false;
-        loop {
+        let error = loop {
             let Ok(mut frame) = queue.recv().await else {
                 return; // The bus was dropped.
             };
@@ -530,12 +807,28 @@ async fn connect_loop<M: 'static>(
                     Err(_) => break,
                 }
             }
-            let written = bus::write_frame(&mut stream, frame).await.0;
-            if let Err(error) = written {
-                tracing::info!(%address, %error, "replica link down; reconnecting");
-                let _ = stream.shutdown().await;
-                break;
+            if let Err(error) = bus::write_frame(&mut stream, frame).await.0 {
+                break error;
             }
+        };
+        let _ = stream.shutdown().await;
+        let now = std::time::Instant::now();
+        if now.duration_since(up_at) < REPLICA_LINK_REFUSED_WINDOW {
+            if let Some(suppressed) = refused_log.due(now) {
+                tracing::warn!(
+                    %address, %error, not_logged_since_last = suppressed,
+                    "replica closed our link right after our Hello: it most likely refused it \
+                     (a different cluster id or --addresses list; that replica's log names the \
+                     reason); retrying"
+                );
+            }
+            compio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(RECONNECT_BACKOFF_MAX);
+        } else {
+            if let Some(suppressed) = down_log.due(now) {
+                tracing::info!(%address, %error, not_logged_since_last = suppressed, "replica link down; reconnecting");
+            }
+            backoff = RECONNECT_BACKOFF_MIN;
         }
     }
 }
@@ -547,12 +840,26 @@ mod tests {
 
     const CLUSTER: u128 = 7;
 
-    fn hello(cluster: u128, replica: u8) -> Hello {
+    /// A Hello from `replica` of `cluster` whose sender was configured with `addresses`.
+    fn hello_with(cluster: u128, replica: u8, addresses: &[SocketAddr]) -> Hello {
         Hello {
             cluster,
             replica,
             client_address: "127.0.0.1:9000".to_owned(),
+            addresses_checksum: addresses_checksum(addresses),
         }
+    }
+
+    /// Three replica addresses (never listened on).
+    fn three() -> Vec<SocketAddr> {
+        ["127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect()
+    }
+
+    fn hello(cluster: u128, replica: u8) -> Hello {
+        hello_with(cluster, replica, &three())
     }
 
     #[test]
@@ -562,25 +869,53 @@ mod tests {
         assert!(header.validate_prefix(1 << 20).is_ok());
         let decoded = Hello::decode(&header, &frame[bus::HEADER_SIZE..]).unwrap();
         assert_eq!(decoded, hello(CLUSTER, 2));
-        assert_eq!(check_hello(&decoded, CLUSTER, 0, 3), Ok(()));
+        assert_eq!(check_hello(&decoded, CLUSTER, 0, &three()), Ok(()));
         assert_eq!(
-            check_hello(&hello(8, 1), CLUSTER, 0, 3),
+            check_hello(&hello(8, 1), CLUSTER, 0, &three()),
             Err(LinkRefusal::WrongCluster {
                 ours: CLUSTER,
                 theirs: 8
             })
         );
         assert_eq!(
-            check_hello(&hello(CLUSTER, 3), CLUSTER, 0, 3),
+            check_hello(&hello(CLUSTER, 3), CLUSTER, 0, &three()),
             Err(LinkRefusal::UnknownReplica {
                 index: 3,
                 replica_count: 3
             })
         );
         assert_eq!(
-            check_hello(&hello(CLUSTER, 0), CLUSTER, 0, 3),
+            check_hello(&hello(CLUSTER, 0), CLUSTER, 0, &three()),
             Err(LinkRefusal::OwnIndex { index: 0 })
         );
+        // A typo in the sender's list: its 127.0.0.1:7102 is 127.0.0.1:7103.
+        let mut typo = three();
+        typo[1] = "127.0.0.1:7103".parse().unwrap();
+        let refusal = check_hello(&hello_with(CLUSTER, 2, &typo), CLUSTER, 0, &three());
+        assert_eq!(
+            refusal,
+            Err(LinkRefusal::AddressesDiffer {
+                index: 2,
+                ours: "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103".to_owned()
+            })
+        );
+        assert_eq!(
+            refusal.unwrap_err().to_string(),
+            "replica 2's --addresses differ from this replica's: every replica must be started \
+             with the same --addresses list in the same order (this replica's list: \
+             127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103)"
+        );
+    }
+
+    #[test]
+    fn log_throttle_logs_the_first_then_once_per_interval_with_a_count() {
+        let mut throttle = LogThrottle::default();
+        let now = std::time::Instant::now();
+        assert_eq!(throttle.due(now), Some(0));
+        assert_eq!(throttle.due(now), None);
+        assert_eq!(throttle.due(now + REPLICA_LINK_LOG_INTERVAL / 2), None);
+        assert_eq!(throttle.due(now + REPLICA_LINK_LOG_INTERVAL), Some(2));
+        assert_eq!(throttle.due(now + REPLICA_LINK_LOG_INTERVAL), None);
     }
 
     /// A test message: the frame's `view` field, decoded only for command Commit.
@@ -610,6 +945,37 @@ mod tests {
             addresses,
             client_address: format!("client-of-{replica}"),
             frame_size_max: 1 << 20,
+            frame_rest_timeout: crate::limits::REPLICA_FRAME_REST_TIMEOUT,
+            inbound_links_max: crate::limits::replica_inbound_links_max(3),
+        }
+    }
+
+    /// A bus of replica 0 of three whose peers are never listened on (their connectors retry
+    /// in the background, which must not disturb anything), with `edit` applied to its config.
+    /// Returns the bus, its inbound channel, and the address list its peers must announce.
+    async fn lone_bus(
+        edit: impl FnOnce(&mut BusConfig),
+    ) -> (
+        ReplicaBus<u32>,
+        AsyncRx<Array<Inbound<u32>>>,
+        Vec<SocketAddr>,
+    ) {
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let closed_port: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let addresses = vec![any, closed_port, closed_port];
+        let (inbound_tx, inbound_rx) = crossfire::mpsc::bounded_async::<Inbound<u32>>(16);
+        let mut config = config(0, addresses.clone());
+        edit(&mut config);
+        let bus = ReplicaBus::start(config, test_decoder(), inbound_tx)
+            .await
+            .unwrap();
+        (bus, inbound_rx, addresses)
+    }
+
+    /// Yields to the bus's tasks until `done` holds (no deadline: a hang is the failure).
+    async fn until(mut done: impl FnMut() -> bool) {
+        while !done() {
+            compio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
@@ -652,6 +1018,8 @@ mod tests {
             .unwrap();
             let address = bus.local_addr();
 
+            let addresses = vec![any, closed_port, closed_port];
+            let hello = |cluster, replica| hello_with(cluster, replica, &addresses);
             // Wrong cluster, unknown index, own index: each closed.
             for bad in [hello(8, 1), hello(CLUSTER, 3), hello(CLUSTER, 0)] {
                 let mut stream = write_raw(address, &[bad.encode()]).await;
@@ -720,6 +1088,173 @@ mod tests {
             assert_eq!((at0.from, at0.message), (1, 6));
             assert_eq!(bus1.client_address(0).as_deref(), Some("client-of-0"));
             assert_eq!(bus0.client_address(1).as_deref(), Some("client-of-1"));
+        });
+    }
+
+    #[test]
+    fn a_stalled_body_closes_the_link_after_the_deadline() {
+        compio::runtime::Runtime::new().unwrap().block_on(async {
+            let (bus, inbound_rx, addresses) = lone_bus(|config| {
+                config.frame_rest_timeout = Duration::from_millis(50);
+            })
+            .await;
+            // A valid header announcing a 100 KiB body, then 10 bytes of it, then nothing.
+            let mut header = Header::new(Command::Commit, bus::Operation::Ping);
+            header.operation = 0;
+            header.cluster = CLUSTER;
+            header.replica = 1;
+            let frame = bus::encode_frame(&mut header, &vec![0u8; 100 * 1024]);
+            let mut stream = write_raw(
+                bus.local_addr(),
+                &[
+                    hello_with(CLUSTER, 1, &addresses).encode(),
+                    frame[..bus::HEADER_SIZE + 10].to_vec(),
+                ],
+            )
+            .await;
+            wait_closed(&mut stream).await;
+            assert_eq!(bus.counters().links_refused.get(), 1);
+            let logged = bus.counters().last_logged_refusal.borrow().clone().unwrap();
+            assert!(
+                logged.starts_with("frame stalled: ")
+                    && logged.contains("of its 102400 body bytes"),
+                "{logged}"
+            );
+            assert!(inbound_rx.try_recv().is_err());
+            until(|| bus.inbound_links() == 0).await;
+        });
+    }
+
+    #[test]
+    fn links_beyond_the_cap_are_refused_on_accept() {
+        compio::runtime::Runtime::new().unwrap().block_on(async {
+            let (bus, inbound_rx, addresses) = lone_bus(|config| {
+                config.inbound_links_max = 2;
+            })
+            .await;
+            let address = bus.local_addr();
+            let mut from_1 =
+                write_raw(address, &[hello_with(CLUSTER, 1, &addresses).encode()]).await;
+            let _from_2 = write_raw(address, &[hello_with(CLUSTER, 2, &addresses).encode()]).await;
+            until(|| bus.inbound_links() == 2).await;
+
+            let mut third = write_raw(address, &[]).await;
+            wait_closed(&mut third).await;
+            assert_eq!(bus.counters().links_refused.get(), 1);
+            let logged = bus.counters().last_logged_refusal.borrow().clone().unwrap();
+            assert!(
+                logged.contains("2 inbound replica links are open"),
+                "{logged}"
+            );
+            assert_eq!(bus.inbound_links(), 2);
+
+            // The links held stay up.
+            from_1
+                .write_all(message_frame(CLUSTER, 1, Command::Commit, 3))
+                .await
+                .0
+                .unwrap();
+            let got = inbound_rx.recv().await.unwrap();
+            assert_eq!((got.from, got.message), (1, 3));
+
+            // One closes; its slot is free again for a new link.
+            drop(from_1);
+            until(|| bus.inbound_links() == 1).await;
+            let _again = write_raw(
+                address,
+                &[
+                    hello_with(CLUSTER, 1, &addresses).encode(),
+                    message_frame(CLUSTER, 1, Command::Commit, 4),
+                ],
+            )
+            .await;
+            let got = inbound_rx.recv().await.unwrap();
+            assert_eq!((got.from, got.message), (1, 4));
+        });
+    }
+
+    #[test]
+    fn a_second_hello_from_the_same_index_replaces_the_first_link() {
+        compio::runtime::Runtime::new().unwrap().block_on(async {
+            let (bus, inbound_rx, addresses) = lone_bus(|_| {}).await;
+            let address = bus.local_addr();
+            let mut first = write_raw(
+                address,
+                &[
+                    hello_with(CLUSTER, 1, &addresses).encode(),
+                    message_frame(CLUSTER, 1, Command::Commit, 1),
+                ],
+            )
+            .await;
+            let got = inbound_rx.recv().await.unwrap();
+            assert_eq!((got.from, got.message), (1, 1));
+
+            let mut second = write_raw(
+                address,
+                &[
+                    hello_with(CLUSTER, 1, &addresses).encode(),
+                    message_frame(CLUSTER, 1, Command::Commit, 2),
+                ],
+            )
+            .await;
+            let got = inbound_rx.recv().await.unwrap();
+            assert_eq!((got.from, got.message), (1, 2));
+            wait_closed(&mut first).await;
+            assert_eq!(bus.counters().links_replaced.get(), 1);
+            assert_eq!(bus.counters().links_refused.get(), 0);
+            until(|| bus.inbound_links() == 1).await;
+
+            second
+                .write_all(message_frame(CLUSTER, 1, Command::Commit, 3))
+                .await
+                .0
+                .unwrap();
+            let got = inbound_rx.recv().await.unwrap();
+            assert_eq!((got.from, got.message), (1, 3));
+
+            // A link from another index does not replace it.
+            let _other = write_raw(address, &[hello_with(CLUSTER, 2, &addresses).encode()]).await;
+            until(|| bus.inbound_links() == 2).await;
+            assert_eq!(bus.counters().links_replaced.get(), 1);
+        });
+    }
+
+    #[test]
+    fn a_hello_with_another_address_list_is_refused_and_logged_once() {
+        compio::runtime::Runtime::new().unwrap().block_on(async {
+            let (bus, inbound_rx, addresses) = lone_bus(|_| {}).await;
+            let address = bus.local_addr();
+            // Replica 2 started with a typo in its list.
+            let mut typo = addresses.clone();
+            typo[2] = "127.0.0.1:10".parse().unwrap();
+            for attempt in 1..=2u64 {
+                let mut stream = write_raw(
+                    address,
+                    &[
+                        hello_with(CLUSTER, 2, &typo).encode(),
+                        message_frame(CLUSTER, 2, Command::Commit, 9),
+                    ],
+                )
+                .await;
+                wait_closed(&mut stream).await;
+                assert_eq!(bus.counters().links_refused.get(), attempt);
+            }
+            assert_eq!(bus.counters().refusals_logged.get(), 1, "rate-limited");
+            let logged = bus.counters().last_logged_refusal.borrow().clone().unwrap();
+            assert_eq!(
+                logged,
+                format!(
+                    "replica 2's --addresses differ from this replica's: every replica must be \
+                     started with the same --addresses list in the same order (this replica's \
+                     list: {})",
+                    addresses_text(&addresses)
+                )
+            );
+            assert!(
+                inbound_rx.try_recv().is_err(),
+                "nothing from the refused links"
+            );
+            assert_eq!(bus.client_address(2), None);
         });
     }
 }

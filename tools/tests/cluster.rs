@@ -519,11 +519,17 @@ fn replica_frame(command: u8, cluster: u128, replica: u8, body: &[u8]) -> Vec<u8
     bus::encode_frame(&mut header, body)
 }
 
+/// A Hello from `replica` of `cluster` announcing `addresses_checksum` as its list's checksum.
+fn hello_frame(cluster: u128, replica: u8, addresses_checksum: u64) -> Vec<u8> {
+    shards::vsr::wire::encode_hello(cluster, replica, "127.0.0.1:1", addresses_checksum)
+}
+
 #[test]
 fn issue8_cluster_malformed_replica_frames_are_refused_and_the_replica_keeps_running() {
     let mut cluster = Cluster::start();
     let primary = cluster.wait_for_primary(&[0, 1, 2]);
     let target = (primary + 1) % 3;
+    let list = shards::vsr::wire::addresses_checksum(&cluster.replicas);
     // Garbage: no valid header checksum.
     send_to_replica_port(&cluster, target, &[0xAB; 300]);
     // A header whose checksum does not match.
@@ -541,14 +547,14 @@ fn issue8_cluster_malformed_replica_frames_are_refused_and_the_replica_keeps_run
         target,
         &replica_frame(bus::Command::Hello as u8, 7, 9, b"127.0.0.1:1"),
     );
+    // A Hello from a replica configured with another --addresses list.
+    send_to_replica_port(&cluster, target, &hello_frame(7, primary as u8, list ^ 1));
     // An unknown command after a valid Hello from a known index.
-    let mut hello_then_unknown =
-        replica_frame(bus::Command::Hello as u8, 7, primary as u8, b"127.0.0.1:1");
+    let mut hello_then_unknown = hello_frame(7, primary as u8, list);
     hello_then_unknown.extend(replica_frame(200, 7, primary as u8, &[]));
     send_to_replica_port(&cluster, target, &hello_then_unknown);
     // A prepare whose parent chain is broken (its body is not a record of the log).
-    let mut hello_then_prepare =
-        replica_frame(bus::Command::Hello as u8, 7, primary as u8, b"127.0.0.1:1");
+    let mut hello_then_prepare = hello_frame(7, primary as u8, list);
     hello_then_prepare.extend(replica_frame(
         bus::Command::Prepare as u8,
         7,
@@ -576,6 +582,8 @@ fn issue8_cluster_malformed_replica_frames_are_refused_and_the_replica_keeps_run
     for reason in [
         "hello from cluster 0x8",
         "hello from replica index 9, outside 0..3",
+        "--addresses differ from this replica's: every replica must be started with the same \
+         --addresses list in the same order",
         "malformed frame",
         "replica keeps running",
     ] {

@@ -19,9 +19,15 @@
 //! | RequestPrepare   | op                 |                          |                    | checksum                     | empty |
 //! | RequestHeaders   | op_min             | op_max                   |                    |                              | empty |
 //! | Headers          |                    |                          |                    |                              | header list |
-//! | Hello            |                    |                          |                    |                              | client address |
+//! | Hello            | addresses_checksum |                          |                    |                              | client address |
 //!
 //! u128 values in `reserved[0..16]` are little-endian like every other field.
+//!
+//! A Hello's `addresses_checksum` is [`addresses_checksum`] of the sender's configured replica
+//! address list: XXH3-64 (seed 0) of the canonical `--addresses` text, each address formatted
+//! as `SocketAddr`'s `Display` and comma-joined in index order (`127.0.0.1:7101,127.0.0.1:7102`).
+//! The receiver refuses a Hello whose list checksum differs from its own (`replica_bus`): two
+//! replicas that disagree on who is at which index cannot form a working cluster.
 //!
 //! Bodies:
 //! - *journal record*: the prepare exactly as the journal stores it (`storage/FORMAT.md`
@@ -188,22 +194,52 @@ pub fn encode(cluster: u128, from: ReplicaIndex, message: &Message) -> Vec<u8> {
     seal(header, &body)
 }
 
+/// The canonical text of a replica address list: each address's `Display` form, comma-joined
+/// in index order (`127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103`).
+pub fn addresses_text(addresses: &[std::net::SocketAddr]) -> String {
+    addresses
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The checksum a Hello carries of the sender's replica address list: XXH3-64 (seed 0) of
+/// [`addresses_text`].
+pub fn addresses_checksum(addresses: &[std::net::SocketAddr]) -> u64 {
+    twox_hash::XxHash3_64::oneshot(addresses_text(addresses).as_bytes())
+}
+
+/// What a Hello announces: the sender's client address and its address-list checksum.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelloFields {
+    /// The sender's client listen address (possibly empty).
+    pub client_address: String,
+    /// [`addresses_checksum`] of the sender's `--addresses` list (header `offset`).
+    pub addresses_checksum: u64,
+}
+
 /// Encodes the Hello frame that opens a replica link: `replica` of `cluster`, announcing its
-/// client address `client_addr` (so peers can point clients at it in `NotPrimary` replies).
+/// client address `client_addr` (so peers can point clients at it in `NotPrimary` replies) and
+/// the [`addresses_checksum`] of its configured replica address list (in header `offset`).
 ///
 /// # Panics
 /// If `client_addr` is longer than [`HELLO_ADDRESS_BYTES_MAX`] bytes (config validation bounds
 /// addresses long before).
-pub fn encode_hello(cluster: u128, replica: ReplicaIndex, client_addr: &str) -> Vec<u8> {
+pub fn encode_hello(
+    cluster: u128,
+    replica: ReplicaIndex,
+    client_addr: &str,
+    addresses_checksum: u64,
+) -> Vec<u8> {
     assert!(
         client_addr.len() <= HELLO_ADDRESS_BYTES_MAX,
         "hello address of {} bytes exceeds HELLO_ADDRESS_BYTES_MAX",
         client_addr.len()
     );
-    seal(
-        replica_header(Command::Hello, cluster, replica),
-        client_addr.as_bytes(),
-    )
+    let mut header = replica_header(Command::Hello, cluster, replica);
+    header.offset = addresses_checksum;
+    seal(header, client_addr.as_bytes())
 }
 
 /// Checks a frame's header alone, before its body is read (the driver reads 256 bytes, calls
@@ -347,8 +383,8 @@ pub fn decode_body(header: &Header, body: &[u8]) -> Result<Message, WireError> {
     Ok(message)
 }
 
-/// Decodes a Hello frame (`bytes` is exactly the frame): the sender's index and the client
-/// address it announced (possibly empty).
+/// Decodes a Hello frame (`bytes` is exactly the frame): the sender's index, the client
+/// address it announced (possibly empty) and its address-list checksum.
 ///
 /// # Errors
 /// The header checks of [`check_header`], `TruncatedHeader`, `SizeMismatch`, `BodyChecksum`,
@@ -358,16 +394,17 @@ pub fn decode_hello(
     bytes: &[u8],
     expected_cluster: u128,
     replica_count: u8,
-) -> Result<(ReplicaIndex, String), WireError> {
+) -> Result<(ReplicaIndex, HelloFields), WireError> {
     let (header, body) = split_frame(bytes, expected_cluster, replica_count)?;
     Ok((header.replica, decode_hello_body(&header, body)?))
 }
 
-/// Decodes the body of a Hello whose header passed [`check_header`].
+/// Decodes the body of a Hello whose header passed [`check_header`], with the header's
+/// address-list checksum.
 ///
 /// # Errors
 /// As [`decode_hello`], less the header checks.
-pub fn decode_hello_body(header: &Header, body: &[u8]) -> Result<String, WireError> {
+pub fn decode_hello_body(header: &Header, body: &[u8]) -> Result<HelloFields, WireError> {
     check_body(header, body)?;
     if header.command != Command::Hello as u8 {
         return Err(WireError::UnexpectedCommand {
@@ -382,11 +419,15 @@ pub fn decode_hello_body(header: &Header, body: &[u8]) -> Result<String, WireErr
             reason: format!("{} bytes, at most {HELLO_ADDRESS_BYTES_MAX}", body.len()),
         });
     }
-    std::str::from_utf8(body)
+    let client_address = std::str::from_utf8(body)
         .map(str::to_owned)
         .map_err(|error| WireError::HelloAddress {
             reason: format!("not UTF-8: {error}"),
-        })
+        })?;
+    Ok(HelloFields {
+        client_address,
+        addresses_checksum: header.offset,
+    })
 }
 
 fn command_of(message: &Message) -> Command {
@@ -799,12 +840,34 @@ mod tests {
 
     #[test]
     fn hello_round_trips_and_is_bounded() {
-        for address in ["127.0.0.1:7001", "", &"h".repeat(HELLO_ADDRESS_BYTES_MAX)] {
-            let frame = encode_hello(CLUSTER, 4, address);
+        let addresses: Vec<std::net::SocketAddr> = ["127.0.0.1:7101", "127.0.0.1:7102"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        assert_eq!(addresses_text(&addresses), "127.0.0.1:7101,127.0.0.1:7102");
+        let list = addresses_checksum(&addresses);
+        assert_eq!(
+            list,
+            twox_hash::XxHash3_64::oneshot(b"127.0.0.1:7101,127.0.0.1:7102")
+        );
+        assert_ne!(list, addresses_checksum(&addresses[..1]));
+        for (address, checksum) in [
+            ("127.0.0.1:7001", list),
+            ("", 0),
+            (&"h".repeat(HELLO_ADDRESS_BYTES_MAX), u64::MAX),
+        ] {
+            let frame = encode_hello(CLUSTER, 4, address, checksum);
             assert_eq!(header_of(&frame).command, Command::Hello as u8);
+            assert_eq!(header_of(&frame).offset, checksum, "where the table says");
             assert_eq!(
                 decode_hello(&frame, CLUSTER, 5),
-                Ok((4, address.to_owned()))
+                Ok((
+                    4,
+                    HelloFields {
+                        client_address: address.to_owned(),
+                        addresses_checksum: checksum,
+                    }
+                ))
             );
             assert!(matches!(
                 decode(&frame, CLUSTER, 5),
@@ -815,7 +878,7 @@ mod tests {
             ));
         }
         let long = "h".repeat(HELLO_ADDRESS_BYTES_MAX + 1);
-        let frame = encode_hello(CLUSTER, 0, "");
+        let frame = encode_hello(CLUSTER, 0, "", list);
         let frame = resealed(&frame, long.as_bytes(), |_| {});
         assert!(matches!(
             decode_hello(&frame, CLUSTER, 1),
