@@ -239,8 +239,8 @@ pub enum ClientError {
     /// any.
     #[error(
         "no reply from {addr} within the request timeout of {} ms ({} attempt{} over {addresses}){}: \
-         is a majority of the replicas up? (a cluster answers a change only once a majority has it) \
-         The request may or may not have been applied: resending it with the same request number \
+         is a majority of the replicas up? (a cluster answers a change only once a majority has it); \
+         the request may or may not have been applied: resending it with the same request number \
          (as this client's own retries do) learns its outcome",
         timeout.as_millis(),
         attempt_count,
