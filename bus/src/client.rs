@@ -36,6 +36,14 @@
 //! call fails with `NoPrimary`, naming the addresses and the last error. With several addresses
 //! a connection failure also moves to the next address before the retry.
 //!
+//! Deadlines: every call (`request` and the operations over it) has a deadline,
+//! `with_request_timeout` (default `REQUEST_TIMEOUT_DEFAULT`), counted from the call's start over
+//! its Register (if one goes first), every attempt, wait and redirect. A replica that cannot reach
+//! a majority holds a request without answering; the deadline ends such a call with
+//! `RequestTimeout`. The connection the call was waiting on is closed then (dropped, never read
+//! again), so a late reply can never be taken as the answer to a later request: the next call
+//! reconnects first.
+//!
 //! Idempotent sends (`send_stamped`, used by `producer::Producer`): a `SendMessages` whose header
 //! names a producer (`producer != 0`, the batch carrying the same `ProducerStamp`) is deduplicated
 //! by the owner shard, so it is resent like a session-tracked request: after `Busy`,
@@ -59,8 +67,8 @@ use crate::command::{Command, ErrorCode, Operation};
 use crate::frame::{Frame, FrameError, read_frame};
 use crate::header::{HEADER_SIZE, Header};
 use crate::limits::{
-    CONNECT_BACKOFF_MAX, MESSAGE_SIZE_MAX_DEFAULT, NOT_PRIMARY_REDIRECT_MAX, RETRY_BACKOFF_MAX,
-    RETRY_BACKOFF_MIN, RETRY_BUDGET_DEFAULT,
+    CONNECT_BACKOFF_MAX, MESSAGE_SIZE_MAX_DEFAULT, NOT_PRIMARY_REDIRECT_MAX,
+    REQUEST_TIMEOUT_DEFAULT, RETRY_BACKOFF_MAX, RETRY_BACKOFF_MIN, RETRY_BUDGET_DEFAULT,
 };
 use crate::namespace::Namespace;
 use crate::wire::Metadata;
@@ -70,7 +78,9 @@ use crate::wire::Metadata;
 /// `NotPrimary`. Not `Sync`; use one per task.
 #[derive(Debug)]
 pub struct Client {
-    stream: TcpStream,
+    /// The connection to `addr`; `None` once a call that timed out dropped it (the next attempt
+    /// reconnects).
+    stream: Option<TcpStream>,
     /// Where `stream` goes; reconnects keep the client id.
     addr: SocketAddr,
     /// Every address the client was given, in order (at least one); `addr` is one of them or a
@@ -90,6 +100,8 @@ pub struct Client {
     max_message_size: u32,
     /// How long one call keeps retrying before it returns its last error.
     retry_budget: Duration,
+    /// Deadline of one call, from its start to its reply (see the module doc).
+    request_timeout: Duration,
     /// A request was started and its reply not fully read: the stream position is unknown, so the
     /// next attempt reconnects first.
     broken: bool,
@@ -216,6 +228,48 @@ pub enum ClientError {
         redirect_count: u32,
         last: Box<ClientError>,
     },
+    /// No reply came within the call's deadline (`with_request_timeout`, counted from the call's
+    /// start over every attempt, wait and redirect): the server at `addr` holds the request
+    /// without answering, as a replica that cannot reach a majority of its cluster does, or
+    /// answered nothing usable in time. The request may or may not have been applied: the
+    /// client's own retries resend it with the same request number, which the server
+    /// deduplicates and answers with the outcome; a new call uses a new number (a change applied
+    /// before is then refused, e.g. `StreamAlreadyExists`). The connection was closed; the next
+    /// call reconnects. `last` is the error of the last failed attempt before the deadline, if
+    /// any.
+    #[error(
+        "no reply from {addr} within the request timeout of {} ms ({} attempt{} over {addresses}){}: \
+         is a majority of the replicas up? (a cluster answers a change only once a majority has it); \
+         the request may or may not have been applied: resending it with the same request number \
+         (as this client's own retries do) learns its outcome",
+        timeout.as_millis(),
+        attempt_count,
+        if *attempt_count == 1 { "" } else { "s" },
+        last.as_ref().map_or_else(String::new, |last| format!("; last error: {last}"))
+    )]
+    RequestTimeout {
+        /// The address the client was waiting on when the deadline passed.
+        addr: SocketAddr,
+        /// Every address the client knows, comma-separated.
+        addresses: String,
+        /// The call's deadline, `Client::request_timeout`.
+        timeout: Duration,
+        /// Attempts started (sends, or reconnects before one), the one cut short included.
+        attempt_count: u32,
+        last: Option<Box<ClientError>>,
+    },
+}
+
+/// The message of a `NotPrimary` answer without the primary's address (its body is empty): the
+/// replica is in a view change, or does not know where the primary is.
+pub const NO_PRIMARY_KNOWN: &str = "no primary known (a view change may be under way)";
+
+/// What one call's attempts reached so far; kept outside the retry loop so that a call cut short
+/// by its deadline can still report it.
+#[derive(Debug, Default)]
+struct Progress {
+    attempt_count: u32,
+    last: Option<ClientError>,
 }
 
 impl ClientError {
@@ -368,7 +422,7 @@ impl Client {
     /// A client on `stream`, which goes to `addrs[addr_index]`.
     fn on_stream(stream: TcpStream, addrs: Vec<SocketAddr>, addr_index: usize) -> Client {
         Client {
-            stream,
+            stream: Some(stream),
             addr: addrs[addr_index],
             addrs,
             addr_index,
@@ -377,6 +431,7 @@ impl Client {
             session: None,
             max_message_size: MESSAGE_SIZE_MAX_DEFAULT,
             retry_budget: RETRY_BUDGET_DEFAULT,
+            request_timeout: REQUEST_TIMEOUT_DEFAULT,
             broken: false,
         }
     }
@@ -540,6 +595,32 @@ impl Client {
         self
     }
 
+    /// Sets the deadline of each call (`request` and every operation over it): from the call's
+    /// start to its reply, across its Register (when one goes first), retries, waits and
+    /// `NotPrimary` redirects. When it passes the call returns `RequestTimeout` and the
+    /// connection is closed. Default `REQUEST_TIMEOUT_DEFAULT`; `Duration::MAX` (or any
+    /// duration past the clock's range) sets none.
+    ///
+    /// # Panics
+    /// If `request_timeout` is zero (no call could be answered).
+    #[must_use]
+    pub fn with_request_timeout(mut self, request_timeout: Duration) -> Client {
+        assert!(!request_timeout.is_zero(), "request timeout of 0");
+        self.request_timeout = request_timeout;
+        self
+    }
+
+    /// The deadline of each call, from its start to its reply.
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// When a call started now must be answered; `None` when `request_timeout` reaches past the
+    /// clock's range.
+    fn deadline(&self) -> Option<Instant> {
+        Instant::now().checked_add(self.request_timeout)
+    }
+
     /// The address the client sends to now (the primary it last found, or the address it will
     /// reconnect to).
     pub fn addr(&self) -> SocketAddr {
@@ -582,9 +663,16 @@ impl Client {
     /// # Cancel safety
     /// Not cancel safe: if dropped, the server may or may not have opened a session, and
     /// `session()` is unchanged; the next call reconnects if the connection was left mid-frame.
+    /// The same holds after `RequestTimeout`.
     pub async fn register(&mut self) -> Result<u64, ClientError> {
+        let deadline = self.deadline();
+        self.register_until(deadline).await
+    }
+
+    /// `register`, answered by `deadline` (`None`: no deadline).
+    async fn register_until(&mut self, deadline: Option<Instant>) -> Result<u64, ClientError> {
         let header = Client::request_header(Operation::Register, Namespace(0));
-        let frame = self.send(header, Vec::new()).await?;
+        let frame = self.send(header, Vec::new(), deadline).await?;
         Ok(frame.header.offset)
     }
 
@@ -606,10 +694,15 @@ impl Client {
     /// - `Server { code, message }`: the reply carries `error_code` != 0; `message` is its body.
     ///   `Busy`/`ShuttingDown` only once the retry budget ran out.
     /// - `Evicted { reason }`: the server answered with an Eviction; the session is cleared.
+    /// - `NoPrimary`: no server answered as the primary (see the variant).
+    /// - `RequestTimeout`: no reply within `request_timeout` of the call's start; the request
+    ///   may or may not have been applied.
     ///
     /// # Cancel safety
     /// Not cancel safe: a dropped call may or may not have been applied, and its request number
-    /// is used up; the next call reconnects if the connection was left mid-frame.
+    /// is used up; the next call reconnects if the connection was left mid-frame. A call ended
+    /// by `RequestTimeout` is cancelled the same way, and its connection is closed, so its late
+    /// reply is never read.
     pub async fn request(&mut self, header: Header, body: &[u8]) -> Result<Frame, ClientError> {
         self.exchange(header, body.to_vec()).await
     }
@@ -620,10 +713,11 @@ impl Client {
         self.check_size(body.len())?;
         let tracked =
             Operation::from_u8(header.operation).is_some_and(Operation::is_session_tracked);
+        let deadline = self.deadline();
         if tracked && self.session.is_none() {
-            self.register().await?;
+            self.register_until(deadline).await?;
         }
-        self.send(header, body).await
+        self.send(header, body, deadline).await
     }
 
     /// `Frame(SizeTooLarge)` if a request with a body of `body_size` bytes exceeds
@@ -641,9 +735,14 @@ impl Client {
         Ok(())
     }
 
-    /// Numbers and seals one request, sends it with retries, and keeps the session in step with
-    /// the answer (Register sets it, Eviction clears it).
-    async fn send(&mut self, mut header: Header, body: Vec<u8>) -> Result<Frame, ClientError> {
+    /// Numbers and seals one request, sends it with retries until `deadline` (`None`: none), and
+    /// keeps the session in step with the answer (Register sets it, Eviction clears it).
+    async fn send(
+        &mut self,
+        mut header: Header,
+        body: Vec<u8>,
+        deadline: Option<Instant>,
+    ) -> Result<Frame, ClientError> {
         self.check_size(body.len())?;
         let register = header.operation == Operation::Register as u8;
         header.client = self.id;
@@ -655,7 +754,24 @@ impl Client {
         };
         header.timestamp_us = now_us();
         header.set_checksums(&body);
-        let result = self.send_with_retries(&header, body).await;
+        let mut progress = Progress::default();
+        let result = match deadline {
+            None => self.send_with_retries(&header, body, &mut progress).await,
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                // A deadline already spent (by the Register before) sends nothing.
+                let answer = if left.is_zero() {
+                    None
+                } else {
+                    let retries = self.send_with_retries(&header, body, &mut progress);
+                    compio::time::timeout(left, retries).await.ok()
+                };
+                match answer {
+                    Some(result) => result,
+                    None => Err(self.timed_out(progress)),
+                }
+            }
+        };
         match &result {
             Ok(frame) if register => self.session = Some(frame.header.offset),
             Err(ClientError::Evicted { .. }) => self.session = None,
@@ -667,10 +783,16 @@ impl Client {
     /// Sends the sealed `header` and `body` until an attempt succeeds, fails in a way the
     /// operation's `RetryPolicy` does not retry, or the next wait would overrun the retry budget.
     /// Every attempt sends the same bytes.
+    /// `progress` follows the attempts, for `timed_out` when the caller's deadline cuts this short.
+    ///
+    /// # Cancel safety
+    /// Cancellable: a dropped call leaves `broken` set unless the connection is clean (see
+    /// `timed_out`).
     async fn send_with_retries(
         &mut self,
         header: &Header,
         body: Vec<u8>,
+        progress: &mut Progress,
     ) -> Result<Frame, ClientError> {
         let policy = RetryPolicy::of(header);
         let started = Instant::now();
@@ -681,6 +803,7 @@ impl Client {
         let mut moved_at_once = false;
         loop {
             attempt_count += 1;
+            progress.attempt_count = attempt_count;
             let (result, returned) = self.attempt(header, buffers).await;
             buffers = returned;
             let (error, written) = match result {
@@ -719,10 +842,26 @@ impl Client {
                 addr = %self.addr, request = header.request, operation = header.operation,
                 wait_ms = wait.as_millis() as u64, %error, "retrying request"
             );
+            progress.last = Some(error);
             if !wait.is_zero() {
                 compio::time::sleep(wait).await;
                 backoff = backoff.saturating_mul(2).min(RETRY_BACKOFF_MAX);
             }
+        }
+    }
+
+    /// The error of a call whose deadline passed after `progress`; closes the connection, so
+    /// that the reply the server may still send is never read (the next attempt reconnects).
+    fn timed_out(&mut self, progress: Progress) -> ClientError {
+        self.stream = None;
+        self.broken = true;
+        tracing::debug!(addr = %self.addr, attempt_count = progress.attempt_count, "request timed out");
+        ClientError::RequestTimeout {
+            addr: self.addr,
+            addresses: address_list(&self.addrs),
+            timeout: self.request_timeout,
+            attempt_count: progress.attempt_count,
+            last: progress.last.map(Box::new),
         }
     }
 
@@ -798,23 +937,28 @@ impl Client {
         header: &Header,
         buffers: [Vec<u8>; 2],
     ) -> (Result<Frame, (ClientError, bool)>, [Vec<u8>; 2]) {
-        if self.broken {
+        if self.broken || self.stream.is_none() {
+            // The old connection (if any) is dropped here, unread.
+            self.stream = None;
             match open(self.addr).await {
                 Ok(stream) => {
-                    self.stream = stream;
+                    self.stream = Some(stream);
                     self.broken = false;
                 }
                 Err(error) => return (Err((error, false)), buffers),
             }
         }
         self.broken = true;
+        let Some(stream) = self.stream.as_mut() else {
+            unreachable!("connected above");
+        };
         // One vectored write: the body (a batch, possibly megabytes) is never copied.
-        let BufResult(result, buffers) = self.stream.write_vectored_all(buffers).await;
+        let BufResult(result, buffers) = stream.write_vectored_all(buffers).await;
         if let Err(error) = result {
             // The server may have answered before it closed (a `MessageTooLarge` refusal stops
             // reading the request): that answer says more than the failed write. The connection
             // is dead, so this read ends at once.
-            if let Ok(frame) = read_frame(&mut self.stream, self.max_message_size).await
+            if let Ok(frame) = read_frame(stream, self.max_message_size).await
                 && frame.header.error_code != 0
                 && let Err(answer) = self.validate(header, frame)
             {
@@ -823,7 +967,7 @@ impl Client {
             }
             return (Err((FrameError::Io(error).into(), true)), buffers);
         }
-        let result = match read_frame(&mut self.stream, self.max_message_size).await {
+        let result = match read_frame(stream, self.max_message_size).await {
             Ok(frame) => self.validate(header, frame),
             Err(error) => Err(error.into()),
         };
@@ -876,7 +1020,11 @@ impl Client {
                 // server may not have.)
                 self.broken = true;
             }
-            let message = String::from_utf8_lossy(&frame.body).into_owned();
+            let message = if code == ErrorCode::NotPrimary && frame.body.is_empty() {
+                NO_PRIMARY_KNOWN.to_owned()
+            } else {
+                String::from_utf8_lossy(&frame.body).into_owned()
+            };
             return Err(ClientError::Server { code, message });
         }
         Ok(frame)

@@ -41,6 +41,14 @@ pub const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// naming each other costs at least 8 backoffs before the call fails.
 pub const NOT_PRIMARY_REDIRECT_MAX: u32 = 16;
 
+/// Default deadline of one client call (`Client::with_request_timeout`, `shardline --timeout`):
+/// from the call's start to its reply, across retries and `NotPrimary` redirects. A replica that
+/// cannot reach a majority holds a request without answering, so without a deadline the call
+/// would wait forever. 30 s, as `RETRY_BUDGET_DEFAULT`, outlasts a view change (a few hundred ms
+/// with default timers), a server restart with a short WAL replay and an fsync on a slow disk,
+/// and reports a cluster without a majority while a person is still watching.
+pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+
 /// Default for how long `Client::connect_with_timeout` keeps retrying a refused first connect
 /// (`shardline --connect-timeout`): covers a server that is starting or restarting (bind,
 /// recovery, ready barrier) while a script already runs its client, and reports a server that is
@@ -65,4 +73,6 @@ const _: () = assert!(RETRY_BACKOFF_MIN.as_nanos() > 0);
 const _: () = assert!(RETRY_BACKOFF_MIN.as_nanos() <= RETRY_BACKOFF_MAX.as_nanos());
 const _: () = assert!(RETRY_BACKOFF_MAX.as_nanos() * 4 <= RETRY_BUDGET_DEFAULT.as_nanos());
 const _: () = assert!(RETRY_BACKOFF_MIN.as_nanos() <= CONNECT_BACKOFF_MAX.as_nanos());
+// The default deadline of a call leaves room for the retries its retry budget allows.
+const _: () = assert!(REQUEST_TIMEOUT_DEFAULT.as_nanos() >= RETRY_BUDGET_DEFAULT.as_nanos());
 const _: () = assert!(CONNECT_BACKOFF_MAX.as_nanos() * 4 <= CONNECT_TIMEOUT_DEFAULT.as_nanos());

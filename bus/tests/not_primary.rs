@@ -352,3 +352,54 @@ fn a_single_address_client_returns_to_its_address_when_the_named_primary_dies() 
         assert_eq!(calls.get(), 2);
     });
 }
+
+#[test]
+fn an_empty_not_primary_says_no_primary_is_known() {
+    run(async {
+        let only = fake(backup(None)).await;
+        let mut client = Client::connect(only.addr)
+            .await
+            .unwrap()
+            .with_retry_budget(Duration::from_millis(50));
+        let error = client.ping().await.unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.ends_with(
+                "last error: server error NotPrimary (19): no primary known (a view change may be \
+                 under way)"
+            ),
+            "{message}"
+        );
+        assert_eq!(
+            bus::client::NO_PRIMARY_KNOWN,
+            "no primary known (a view change may be under way)"
+        );
+    });
+}
+
+#[test]
+fn a_view_change_that_never_ends_is_cut_by_the_request_timeout() {
+    run(async {
+        // Retry budget and redirects would go on for about 10 s; the deadline ends the call first.
+        let a = fake(backup(None)).await;
+        let b = fake(backup(None)).await;
+        let mut client = Client::connect_any(&[a.addr, b.addr])
+            .await
+            .unwrap()
+            .with_retry_budget(Duration::from_hours(1))
+            .with_request_timeout(Duration::from_millis(100));
+        let error = client.ping().await.unwrap_err();
+        let ClientError::RequestTimeout {
+            last, addresses, ..
+        } = &error
+        else {
+            panic!("expected RequestTimeout, got {error:?}");
+        };
+        assert_eq!(*addresses, format!("{},{}", a.addr, b.addr));
+        assert!(
+            last.as_ref()
+                .is_some_and(|last| last.to_string().contains(bus::client::NO_PRIMARY_KNOWN)),
+            "{error}"
+        );
+    });
+}

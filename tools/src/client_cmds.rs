@@ -34,14 +34,48 @@ pub struct AddrArgs {
         value_name = "DURATION"
     )]
     pub connect_timeout: Duration,
+    /// Deadline of each request, from sending it to its reply, across the client's retries and
+    /// its moves to the primary (the connect before is bounded by --connect-timeout), e.g.
+    /// `30s`, `500ms` or `30` (seconds). Past it the command fails: no reply came (in a
+    /// cluster: is a majority of the replicas up?), and a change may or may not have been
+    /// applied.
+    #[arg(
+        long,
+        env = "SHARDLINE_TIMEOUT",
+        default_value = "30s",
+        value_parser = parse_request_timeout,
+        value_name = "DURATION"
+    )]
+    pub timeout: Duration,
 }
 
 /// Largest `--connect-timeout`: one hour (a longer wait is a supervisor's job).
 const CONNECT_TIMEOUT_MAX: Duration = Duration::from_hours(1);
+/// Largest `--timeout`: one hour, as `CONNECT_TIMEOUT_MAX` (a request a majority of replicas
+/// does not answer within an hour needs an operator, not a longer wait).
+const REQUEST_TIMEOUT_MAX: Duration = Duration::from_hours(1);
 
 /// `--connect-timeout`: `N` or `Ns` (seconds) or `Nms` (milliseconds), at most
 /// `CONNECT_TIMEOUT_MAX`.
 fn parse_connect_timeout(text: &str) -> Result<Duration, String> {
+    parse_duration(text, "connect timeout", CONNECT_TIMEOUT_MAX)
+}
+
+/// `--timeout`: as `--connect-timeout` (`parse_duration`), at most `REQUEST_TIMEOUT_MAX` and
+/// above 0 (a request needs some time to be answered).
+fn parse_request_timeout(text: &str) -> Result<Duration, String> {
+    let timeout = parse_duration(text, "request timeout", REQUEST_TIMEOUT_MAX)?;
+    if timeout.is_zero() {
+        return Err(format!(
+            "{text:?} leaves a request no time to be answered: use e.g. 30s or 500ms"
+        ));
+    }
+    Ok(timeout)
+}
+
+/// A duration flag: `N` or `Ns` (seconds) or `Nms` (milliseconds), at most `max`; `what` names
+/// the flag's timeout in the error.
+fn parse_duration(text: &str, what: &str, max: Duration) -> Result<Duration, String> {
     let (digits, unit_ms) = if let Some(digits) = text.strip_suffix("ms") {
         (digits, 1)
     } else {
@@ -51,10 +85,10 @@ fn parse_connect_timeout(text: &str) -> Result<Duration, String> {
         format!("{text:?} is not a duration: use seconds (5, 5s) or milliseconds (300ms)")
     })?;
     let timeout = Duration::from_millis(value.saturating_mul(unit_ms));
-    if timeout > CONNECT_TIMEOUT_MAX {
+    if timeout > max {
         return Err(format!(
-            "{text:?} exceeds the largest connect timeout, {} s",
-            CONNECT_TIMEOUT_MAX.as_secs()
+            "{text:?} exceeds the largest {what}, {} s",
+            max.as_secs()
         ));
     }
     Ok(timeout)
@@ -177,11 +211,12 @@ fn block_on<T>(future: impl Future<Output = anyhow::Result<T>>) -> anyhow::Resul
 }
 
 /// Connects to the first address of `--addr` that accepts, retrying refused connects (each
-/// address in turn) for `--connect-timeout`.
+/// address in turn) for `--connect-timeout`; each request of the client then has `--timeout`.
 async fn connect(args: &AddrArgs) -> anyhow::Result<Client> {
     let addr = &args.addr;
     Client::connect_any_with_timeout(&addr.0, args.connect_timeout)
         .await
+        .map(|client| client.with_request_timeout(args.timeout))
         .map_err(connect_error)
         .with_context(|| {
             format!(
@@ -742,6 +777,34 @@ mod tests {
             String::from_utf8(render(PollOutput::Json)).unwrap(),
             "{\"offset\":40,\"timestamp_us\":1000000,\"id\":7,\"payload\":\"hi\\tthere\"}\n\
              {\"offset\":41,\"timestamp_us\":1000005,\"id\":8,\"payload_hex\":\"ff00\"}\n"
+        );
+    }
+
+    #[test]
+    fn request_timeout_parses_like_the_connect_timeout_and_refuses_zero() {
+        assert_eq!(
+            parse_request_timeout("30s"),
+            Ok(bus::limits::REQUEST_TIMEOUT_DEFAULT),
+            "--timeout's default is the library's"
+        );
+        assert_eq!(parse_request_timeout("1"), Ok(Duration::from_secs(1)));
+        assert_eq!(
+            parse_request_timeout("500ms"),
+            Ok(Duration::from_millis(500))
+        );
+        assert_eq!(
+            parse_request_timeout("0ms"),
+            Err(
+                "\"0ms\" leaves a request no time to be answered: use e.g. 30s or 500ms".to_owned()
+            )
+        );
+        assert_eq!(
+            parse_request_timeout("2h"),
+            Err("\"2h\" is not a duration: use seconds (5, 5s) or milliseconds (300ms)".to_owned())
+        );
+        assert_eq!(
+            parse_request_timeout("3601s"),
+            Err("\"3601s\" exceeds the largest request timeout, 3600 s".to_owned())
         );
     }
 

@@ -62,6 +62,24 @@ fn fake_backup(primary: Option<SocketAddr>) -> (SocketAddr, Received) {
     (addr, received)
 }
 
+/// A fake replica that cannot reach a majority: on its own thread, it accepts connections and
+/// reads requests but never answers. Returns its address.
+fn fake_silent_replica() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            std::thread::spawn(move || {
+                // Read (and drop) whatever comes until the client closes the connection.
+                let mut sink = [0u8; 4096];
+                while matches!(stream.read(&mut sink), Ok(count) if count > 0) {}
+            });
+        }
+    });
+    addr
+}
+
 fn dead_address() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap()
@@ -131,4 +149,54 @@ fn no_primary_in_the_list_is_a_clear_error() {
         "{stderr}"
     );
     assert!(!received.lock().unwrap().is_empty());
+}
+
+#[test]
+fn a_request_no_replica_answers_ends_at_the_timeout_with_a_clear_error() {
+    // Two replicas of three down, the third holding the request: the command must not hang.
+    let silent = fake_silent_replica();
+    let list = format!("{silent},{},{}", dead_address(), dead_address());
+    let output = shardline(&[
+        "stream",
+        "create",
+        "9",
+        "x",
+        "--timeout",
+        "1s",
+        "--addr",
+        &list,
+    ]);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stderr = stderr_of(&output);
+    for part in [
+        &format!("error: no reply from {silent} within the request timeout of 1000 ms"),
+        "is a majority of the replicas up?",
+        "may or may not have been applied",
+    ] {
+        assert!(stderr.contains(part), "{part:?} missing from: {stderr}");
+    }
+    assert!(output.stdout.is_empty(), "nothing was created: {output:?}");
+}
+
+#[test]
+fn timeout_is_on_every_client_command_and_its_help_says_what_it_bounds() {
+    for command in [
+        &["stream", "create"][..],
+        &["stream", "delete"],
+        &["topic", "create"],
+        &["topic", "delete"],
+        &["send"],
+        &["poll"],
+        &["metadata"],
+    ] {
+        let output = shardline(&[command, &["--help"]].concat());
+        assert!(output.status.success(), "{command:?}: {output:?}");
+        let help = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            help.contains("--timeout <DURATION>")
+                && help.contains("Deadline of each request")
+                && help.contains("SHARDLINE_TIMEOUT"),
+            "{command:?}: {help}"
+        );
+    }
 }
