@@ -231,11 +231,17 @@ impl ServerConfig {
             return Err(invalid(
                 "replica",
                 self.replica.to_string(),
-                format!(
-                    "must be below the replica count {} (the number of --addresses; 0 without \
-                     them)",
-                    self.replica_count()
-                ),
+                if self.addresses.is_empty() {
+                    "a replica index needs --addresses (one replica address per replica, this \
+                     one's at index --replica); without them the server is a single replica, \
+                     index 0"
+                        .to_owned()
+                } else {
+                    format!(
+                        "must be below the replica count {} (the number of --addresses)",
+                        self.replica_count()
+                    )
+                },
             ));
         }
         for (index, address) in self.addresses.iter().enumerate() {
@@ -260,16 +266,20 @@ impl ServerConfig {
                 ));
             }
         }
-        if let Some(own) = self.addresses.get(usize::from(self.replica))
-            && *own == self.listen
-        {
+        if let Some(index) = self.addresses.iter().position(|a| *a == self.listen) {
+            // Another replica's address too: binding it means running on that replica's host
+            // and port (or naming an address this host does not have).
+            let whose = if index == usize::from(self.replica) {
+                format!("this replica's (--replica {index})")
+            } else {
+                format!("replica {index}'s")
+            };
             return Err(invalid(
                 "listen",
                 self.listen.to_string(),
                 format!(
-                    "is also this replica's (--replica {}) replica address in --addresses: \
-                     clients and replicas need different addresses",
-                    self.replica
+                    "is also {whose} replica address in --addresses: clients and replicas need \
+                     different addresses"
                 ),
             ));
         }
@@ -457,12 +467,13 @@ mod tests {
         assert_eq!(
             error_of(&cluster_config(3, &[7001, 7002, 7003])),
             "invalid --replica value \"3\": must be below the replica count 3 (the number of \
-             --addresses; 0 without them)"
+             --addresses)"
         );
         assert_eq!(
             error_of(&cluster_config(1, &[])),
-            "invalid --replica value \"1\": must be below the replica count 1 (the number of \
-             --addresses; 0 without them)"
+            "invalid --replica value \"1\": a replica index needs --addresses (one replica \
+             address per replica, this one's at index --replica); without them the server is a \
+             single replica, index 0"
         );
     }
 
@@ -489,9 +500,13 @@ mod tests {
             "invalid --listen value \"127.0.0.1:7002\": is also this replica's (--replica 1) \
              replica address in --addresses: clients and replicas need different addresses"
         );
-        // Another replica's address may equal it (that replica runs on another host).
+        // Another replica's address is refused too (a new user set --listen to it by mistake).
         config.replica = 0;
-        config.validate().unwrap();
+        assert_eq!(
+            error_of(&config),
+            "invalid --listen value \"127.0.0.1:7002\": is also replica 1's replica address in \
+             --addresses: clients and replicas need different addresses"
+        );
     }
 
     #[test]

@@ -238,7 +238,21 @@ fn read_text(path: &Path) -> Result<String, ConfigFileError> {
             "{size} bytes, more than the {CONFIG_FILE_SIZE_MAX}-byte limit of a config file"
         )));
     }
-    std::fs::read_to_string(path).map_err(|error| read_error(error.to_string()))
+    // The size above is 0 for a device, a FIFO or a /proc file: bound the read itself too.
+    let file = std::fs::File::open(path).map_err(|error| read_error(error.to_string()))?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(file, CONFIG_FILE_SIZE_MAX + 1),
+        &mut bytes,
+    )
+    .map_err(|error| read_error(error.to_string()))?;
+    if bytes.len() as u64 > CONFIG_FILE_SIZE_MAX {
+        return Err(read_error(format!(
+            "more than the {CONFIG_FILE_SIZE_MAX}-byte limit of a config file (a device or a \
+             pipe?)"
+        )));
+    }
+    String::from_utf8(bytes).map_err(|error| read_error(format!("not UTF-8 text: {error}")))
 }
 
 /// What a value of a flag that takes one must be, for `BadType`.
@@ -349,6 +363,15 @@ mod tests {
             Err(ParseFailure::File(error)) => error,
             other => panic!("expected a file error, got {other:?}"),
         }
+    }
+
+    /// Adversarial review: `--config /dev/zero` grew the process by gigabytes (a device's size
+    /// reads as 0, so the size check alone let the read run unbounded).
+    #[test]
+    fn a_device_as_config_file_is_refused_at_the_size_limit() {
+        let error = read_text(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert!(error.contains("/dev/zero"), "{error}");
+        assert!(error.contains("byte limit of a config file"), "{error}");
     }
 
     #[test]

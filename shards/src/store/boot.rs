@@ -46,8 +46,8 @@ pub enum BootError {
     /// flags. Names both values and the flag that sets the configured one.
     #[error(
         "{path}: the data directory was formatted for {field} {formatted}, but {flag} gives \
-         {configured}; refusing to boot: start it with {flag} {formatted}, or give this replica a \
-         new data directory"
+         {configured}; refusing to boot: {}, or give this replica a new data directory",
+        identity_fix(field, flag, formatted)
     )]
     Identity {
         path: PathBuf,
@@ -322,6 +322,18 @@ async fn open_superblock(config: &ServerConfig) -> Result<Superblock, BootError>
     }
 }
 
+/// How to start a directory formatted for `field` = `formatted` as what it is.
+fn identity_fix(field: &str, flag: &str, formatted: &str) -> String {
+    if field == "replica count" {
+        format!(
+            "start it with {formatted} replica addresses in --addresses (none for a single \
+             replica)"
+        )
+    } else {
+        format!("start it with {flag} {formatted}")
+    }
+}
+
 /// Issue 8 section 3: a data directory is formatted for one (cluster, replica index, replica
 /// count) and boots only with the same. A directory from before clusters was formatted as
 /// (0, 0, 1), which is what a server without `--cluster`, `--replica` and `--addresses` has, so
@@ -354,8 +366,7 @@ pub fn check_identity(
             "replica count",
             formatted.replica_count.to_string(),
             config.replica_count().to_string(),
-            "--addresses (SHARDLINE_ADDRESSES; the replica count is the number of addresses, 1 \
-             without them)",
+            "the number of --addresses (SHARDLINE_ADDRESSES; 1 without them)",
         ));
     }
     if formatted.replica_id != config.replica {
