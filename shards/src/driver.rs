@@ -9,10 +9,11 @@
 //!   journal lock and reports `JournalWritten` per op.
 //! - `TruncateJournal`, `ReadJournal`: the journal's API.
 //! - `WriteSuperblock`: view, log_view, commit_max under the superblock lock.
-//! - `Apply`: the fan-out to every shard's copy ([`Shard::fan_out`]), awaited before the next
-//!   action, so a `Reply` never precedes the apply it reports.
-//! - `Reply`: converted to a [`ShardReply`] ([`client_reply`]) and sent to the waiting request.
-//! - `Checkpoint`: today's checkpoint steps with the state the action carries.
+//! - `Apply`, `Reply`, `Checkpoint`: queued, in order, to the applier task, so the loop keeps
+//!   writing the journal and answering peers while a change fans out: the applier performs the
+//!   fan-out to every shard's copy ([`Shard::fan_out`]), then sends each reply (converted to a
+//!   [`ShardReply`] by [`client_reply`]) only after every apply queued before it, and starts
+//!   each checkpoint (with the state the action carries) after the applies before it.
 //!
 //! With no `--addresses` the same loop runs the core with `replica_count = 1` and no links.
 //!
@@ -171,8 +172,9 @@ pub struct Driver {
     completions_tx: MAsyncTx<Array<Completion>>,
     completions: AsyncRx<Array<Completion>>,
     _journal_writer: compio::runtime::JoinHandle<()>,
-    /// Partitions the last `Apply` could not open (reported by the `Reply` after it).
-    apply_failures: Vec<OpenFailure>,
+    /// The applier's queue: `Apply`, `Reply` and `Checkpoint` in the core's order.
+    applies: MAsyncTx<Array<ApplierStep>>,
+    _applier: compio::runtime::JoinHandle<()>,
     /// The status last published to the shards.
     published: Option<ReplicaStatus>,
     /// What `Replica::open` returned, performed when the loop starts (the fan-out of replayed
@@ -237,6 +239,13 @@ impl Driver {
             journal_rx,
             completions_tx.clone(),
         ));
+        let (applies, applies_rx) =
+            crossfire::mpsc::bounded_async::<ApplierStep>(APPLIER_QUEUE_MAX);
+        let applier = compio::runtime::spawn(applier(
+            Rc::clone(&shard),
+            applies_rx,
+            completions_tx.clone(),
+        ));
         let mut driver = Driver {
             first_actions,
             shard,
@@ -250,7 +259,8 @@ impl Driver {
             completions_tx,
             completions,
             _journal_writer: journal_writer,
-            apply_failures: Vec::new(),
+            applies,
+            _applier: applier,
             published: None,
         };
         driver.publish_status();
@@ -381,13 +391,27 @@ impl Driver {
                     op,
                     operation,
                     applied,
-                } => self.apply(op, &operation, applied).await,
-                Action::Reply { token, reply } => self.reply(token, reply),
+                } => {
+                    self.to_applier(ApplierStep::Apply {
+                        op,
+                        operation,
+                        applied,
+                    })
+                    .await;
+                }
+                Action::Reply { token, reply } => self.reply(token, reply).await,
                 Action::Checkpoint {
                     op,
                     metadata,
                     client_table,
-                } => self.checkpoint(op, metadata, client_table),
+                } => {
+                    self.to_applier(ApplierStep::Checkpoint {
+                        op,
+                        metadata,
+                        client_table,
+                    })
+                    .await;
+                }
             }
         }
     }
@@ -456,41 +480,26 @@ impl Driver {
         let _ = self.completions_tx.send(completion).await;
     }
 
-    /// Applies committed prepare `op` on every shard's copy. Register touches only the client
-    /// table, which lives in the core; a rejected change applies nowhere.
-    async fn apply(&mut self, op: u64, operation: &PrepareOperation, applied: bool) {
-        self.apply_failures.clear();
-        let PrepareOperation::Metadata(change) = operation else {
-            return;
-        };
-        if !applied {
-            return;
-        }
-        self.apply_failures = self.shard.fan_out(op, change).await;
-        if self.apply_failures.is_empty() {
-            tracing::info!(op, ?change, "metadata committed");
-        } else {
-            tracing::error!(
-                op, ?change, failures = ?self.apply_failures,
-                "metadata committed, but not every partition could be opened; each is retried on \
-                 its next send or poll"
-            );
-        }
+    /// Queues a step for the applier (waits only when its queue is full).
+    async fn to_applier(&self, step: ApplierStep) {
+        // The applier drains the queue; it only stops when the driver goes away.
+        let _ = self.applies.send(step).await;
     }
 
-    fn reply(&mut self, token: ClientToken, reply: ClientReply) {
+    /// Converts the core's reply for `token` and queues it behind the applies before it.
+    async fn reply(&mut self, token: ClientToken, reply: ClientReply) {
         let Some(waiting) = self.waiting.remove(&token) else {
             // The request's connection went away (or the token is not ours): nothing to answer.
             return;
         };
-        let failures = std::mem::take(&mut self.apply_failures);
-        let reply = match reply {
-            ClientReply::Committed(cached) if cached.error_code == 0 && !failures.is_empty() => {
-                crate::unopened::commit_reply(&failures)
-            }
-            other => client_reply(other, |primary| self.client_address_of(primary)),
-        };
-        waiting.send(reply);
+        let committed = matches!(&reply, ClientReply::Committed(cached) if cached.error_code == 0);
+        let reply = client_reply(reply, |primary| self.client_address_of(primary));
+        self.to_applier(ApplierStep::Reply {
+            waiting,
+            reply,
+            committed,
+        })
+        .await;
     }
 
     /// The client address of replica `replica`: ours, or what its Hello announced.
@@ -501,24 +510,6 @@ impl Driver {
         self.bus
             .as_ref()
             .and_then(|bus| bus.client_address(replica))
-    }
-
-    /// Runs the checkpoint off the loop (the core asks for one at a time and keeps going), so
-    /// heartbeats and commits continue while the snapshot is written.
-    fn checkpoint(&self, op: u64, metadata: Arc<MetadataState>, client_table: ClientTableSnapshot) {
-        let shard = Rc::clone(&self.shard);
-        let completions = self.completions_tx.clone();
-        compio::runtime::spawn(async move {
-            let completion = match shard.checkpoint_state(op, metadata, client_table).await {
-                Ok(journal_first_op) => Completion::CheckpointDone {
-                    op,
-                    journal_first_op,
-                },
-                Err(_) => Completion::CheckpointFailed { op },
-            };
-            let _ = completions.send(completion).await;
-        })
-        .detach();
     }
 
     /// Publishes (view, primary, commit) to every shard when it changed (`Shard::set_status`).
@@ -696,6 +687,113 @@ fn wall_clock_us() -> u64 {
         .map_or(0, |elapsed| {
             u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
         })
+}
+
+/// Applier queue capacity: the core emits at most one `Apply` and a few `Reply`s per committed op
+/// and commits at most a pipeline's worth per input, so this many steps mean the fan-out is far
+/// behind; the driver then waits (back-pressure) instead of growing memory.
+const APPLIER_QUEUE_MAX: usize = 4096;
+
+/// What the applier does, in the core's order.
+enum ApplierStep {
+    /// Apply committed op `op` on every shard (`Action::Apply`).
+    Apply {
+        op: u64,
+        operation: PrepareOperation,
+        applied: bool,
+    },
+    /// Answer a client, after the applies queued before it.
+    Reply {
+        waiting: TxOneshot<ShardReply>,
+        reply: ShardReply,
+        /// A successful committed change: partitions the apply before it could not open turn it
+        /// into the "committed, not every partition opened" reply.
+        committed: bool,
+    },
+    /// Take a checkpoint of this state once the applies before it are done (so its partition
+    /// directories exist), off the applier too.
+    Checkpoint {
+        op: u64,
+        metadata: Arc<MetadataState>,
+        client_table: ClientTableSnapshot,
+    },
+}
+
+/// Performs `Apply`, `Reply` and `Checkpoint` in order, apart from the driver's loop: the
+/// fan-out to every shard (partition opens, directory creation and removal with their fsyncs)
+/// takes milliseconds, and the loop must keep writing the journal and answering peers meanwhile
+/// (a backup applying a DeleteStream delayed its PrepareOk for the next op by the whole removal;
+/// heartbeats paused). A reply still leaves only after every apply before it (DESIGN section 4).
+async fn applier(
+    shard: Rc<Shard>,
+    steps: AsyncRx<Array<ApplierStep>>,
+    completions: MAsyncTx<Array<Completion>>,
+) {
+    let mut failures: Vec<OpenFailure> = Vec::new();
+    while let Ok(step) = steps.recv().await {
+        match step {
+            ApplierStep::Apply {
+                op,
+                operation,
+                applied,
+            } => {
+                failures.clear();
+                let PrepareOperation::Metadata(change) = operation else {
+                    // Register touches only the client table, which lives in the core.
+                    continue;
+                };
+                if !applied {
+                    continue;
+                }
+                failures = shard.fan_out(op, &change).await;
+                if failures.is_empty() {
+                    tracing::info!(op, ?change, "metadata committed");
+                } else {
+                    tracing::error!(
+                        op,
+                        ?change,
+                        ?failures,
+                        "metadata committed, but not every partition could be opened; each is \
+                         retried on its next send or poll"
+                    );
+                }
+            }
+            ApplierStep::Reply {
+                waiting,
+                reply,
+                committed,
+            } => {
+                let failed = std::mem::take(&mut failures);
+                let reply = if committed && !failed.is_empty() {
+                    crate::unopened::commit_reply(&failed)
+                } else {
+                    reply
+                };
+                waiting.send(reply);
+            }
+            ApplierStep::Checkpoint {
+                op,
+                metadata,
+                client_table,
+            } => {
+                // Off the applier too: the snapshot write takes a while, and applies go on.
+                let shard = Rc::clone(&shard);
+                let completions = completions.clone();
+                compio::runtime::spawn(async move {
+                    let completion = match shard.checkpoint_state(op, metadata, client_table).await
+                    {
+                        Ok(journal_first_op) => Completion::CheckpointDone {
+                            op,
+                            journal_first_op,
+                        },
+                        Err(_) => Completion::CheckpointFailed { op },
+                    };
+                    let _ = completions.send(completion).await;
+                })
+                .detach();
+            }
+        }
+    }
 }
 
 #[cfg(test)]
