@@ -195,8 +195,9 @@ pub fn encode(cluster: u128, from: ReplicaIndex, message: &Message) -> Vec<u8> {
 }
 
 /// The canonical text of a replica address list: each address's `Display` form, comma-joined
-/// in index order (`127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103`).
-pub fn addresses_text(addresses: &[std::net::SocketAddr]) -> String {
+/// in index order (`127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103`). Generic over the address
+/// type so this pure module names no socket type.
+pub fn addresses_text<A: std::fmt::Display>(addresses: &[A]) -> String {
     addresses
         .iter()
         .map(ToString::to_string)
@@ -206,7 +207,7 @@ pub fn addresses_text(addresses: &[std::net::SocketAddr]) -> String {
 
 /// The checksum a Hello carries of the sender's replica address list: XXH3-64 (seed 0) of
 /// [`addresses_text`].
-pub fn addresses_checksum(addresses: &[std::net::SocketAddr]) -> u64 {
+pub fn addresses_checksum<A: std::fmt::Display>(addresses: &[A]) -> u64 {
     twox_hash::XxHash3_64::oneshot(addresses_text(addresses).as_bytes())
 }
 
@@ -840,10 +841,7 @@ mod tests {
 
     #[test]
     fn hello_round_trips_and_is_bounded() {
-        let addresses: Vec<std::net::SocketAddr> = ["127.0.0.1:7101", "127.0.0.1:7102"]
-            .iter()
-            .map(|a| a.parse().unwrap())
-            .collect();
+        let addresses = ["127.0.0.1:7101", "127.0.0.1:7102"];
         assert_eq!(addresses_text(&addresses), "127.0.0.1:7101,127.0.0.1:7102");
         let list = addresses_checksum(&addresses);
         assert_eq!(
