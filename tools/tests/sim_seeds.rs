@@ -243,6 +243,11 @@ const REGRESSION_SEEDS: &[(u64, &str, &str)] = &[
         "--replicas 5 --packet-loss 0.2",
         "F8 agreement: a stale view-5 prepare installed in view 7",
     ),
+    (
+        1547,
+        LOSSY,
+        "F10 agreement: a DVC from a log cut at a corrupt record dropped an acked op",
+    ),
 ];
 
 /// Five replicas with frequent partitions and crashes (the scan that found F7).

@@ -253,6 +253,10 @@ pub struct Replica {
     stopped: bool,
     /// A message above [`VIEW_MAX`] was ignored and logged (logged once).
     view_max_warned: bool,
+    /// `(log_view, op)`: recovery found damaged journal records up to `op` above the valid
+    /// prefix, in `log_view`. They may be prepares this replica acknowledged; until its log
+    /// reaches `op` in that log_view, or it installs a newer view, it sends no DoViewChange.
+    lost_acked: Option<(u32, u64)>,
     rng: u64,
 }
 
@@ -338,8 +342,10 @@ impl Replica {
                 },
             );
         }
+        let mut lost_acked = None;
         if recovered.journal_last_op > last_valid {
             actions.push(Action::TruncateJournal { op: last_valid });
+            lost_acked = Some((recovered.log_view, recovered.journal_last_op));
         }
         let single = config.replica_count == 1;
         let apply_to = if single {
@@ -399,6 +405,7 @@ impl Replica {
             journal_retry_from: None,
             stopped: false,
             view_max_warned: false,
+            lost_acked,
             rng,
             config,
         };

@@ -1426,3 +1426,39 @@ fn vsr_4_2_a_message_above_view_max_is_ignored_and_the_view_never_wraps() {
     assert!(session_of(cluster.reply_to(token)) > 0);
     assert_eq!(cluster.replica(b1).view(), view);
 }
+
+/// sim finding F10 (seed 1547): a replica whose recovery cut its journal at a damaged record
+/// may have acknowledged prepares above the cut; its DoViewChange would claim a log without
+/// them, and a quorum counting it could drop a committed op (section 4.2 step 3; 4.3: a
+/// recovering replica takes no part in a view change). It sends no DoViewChange until its log
+/// reaches the lost op again or it installs a newer view.
+#[test]
+fn vsr_4_3_a_replica_that_lost_journal_records_sends_no_do_view_change() {
+    let first = prepare_at(1, 0, 0, 1);
+    let do_view_changes = |journal_last_op: u64| {
+        let mut recovered = fresh();
+        recovered.prepares = vec![first.clone()];
+        recovered.journal_last_op = journal_last_op;
+        // Replica 2: a backup in view 0; view 4's primary is replica 1.
+        let (mut replica, actions) = Replica::open(config(2, 3), recovered);
+        complete_io(&mut replica, actions);
+        let actions = replica.on_message(0, Message::StartViewChange { view: 4 });
+        let all = complete_io(&mut replica, actions);
+        assert_eq!(replica.status(), Status::ViewChange);
+        all.iter()
+            .filter(|a| {
+                matches!(
+                    a,
+                    Action::Send {
+                        message: Message::DoViewChange { .. },
+                        ..
+                    }
+                )
+            })
+            .count()
+    };
+    // Intact journal: the DoViewChange goes to the new primary.
+    assert_eq!(do_view_changes(1), 1);
+    // Records 2..=3 were damaged (maybe acknowledged): no DoViewChange.
+    assert_eq!(do_view_changes(3), 0);
+}

@@ -209,6 +209,26 @@ impl Replica {
         {
             return;
         }
+        // A DoViewChange claims "my log holds every prepare I acknowledged up to log_view"
+        // (VSR Revisited 4.2 step 3: every committed op is in at least one DVC of the quorum;
+        // 4.3: a replica that lost state it may have acknowledged takes no part in a view
+        // change until it has recovered it). Recovery cut this log at a damaged record, so
+        // prepares above it that this replica may have PrepareOk'd are gone: counting this DVC
+        // in a quorum could drop a committed op (seed 1547). Stay out until the log reaches
+        // the lost op again in that log_view, or a newer view is installed (its StartView came
+        // from a quorum that did not need this replica).
+        if let Some((log_view, op)) = self.lost_acked {
+            if self.log_view == log_view && self.op < op {
+                tracing::debug!(
+                    replica = self.config.replica,
+                    view = self.view,
+                    lost_op = op,
+                    "not sending a DoViewChange: recovery lost journal records it may have acked"
+                );
+                return;
+            }
+            self.lost_acked = None;
+        }
         self.dvc_sent = true;
         if self.primary() == self.config.replica {
             let own = self.own_do_view_change();
