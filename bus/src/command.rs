@@ -37,6 +37,16 @@ pub enum Command {
     Headers = 12,
     /// The first frame on a replica link: cluster id, replica index, client address.
     Hello = 13,
+    /// State transfer (DESIGN section 10, issue 9): a lagging replica asks the primary for its
+    /// checkpoint. Header only.
+    RequestStateTransfer = 14,
+    /// State transfer: the primary's answer, a refusal (header only) or an offer whose body is
+    /// the manifest.
+    StateTransferTarget = 15,
+    /// State transfer: ask for one chunk of one artifact of the offer. Header only.
+    RequestStateChunk = 16,
+    /// State transfer: one chunk of one artifact.
+    StateChunk = 17,
 }
 
 /// Header `operation` of a client Request/Reply (v1).
@@ -110,7 +120,7 @@ pub enum ErrorCode {
 
 impl Command {
     /// Every command, in numeric order.
-    pub const ALL: [Command; 13] = [
+    pub const ALL: [Command; 17] = [
         Command::Request,
         Command::Reply,
         Command::Eviction,
@@ -124,6 +134,10 @@ impl Command {
         Command::RequestHeaders,
         Command::Headers,
         Command::Hello,
+        Command::RequestStateTransfer,
+        Command::StateTransferTarget,
+        Command::RequestStateChunk,
+        Command::StateChunk,
     ];
 
     /// The command numbered `value`, or `None` for a number no command has.
@@ -142,6 +156,10 @@ impl Command {
             11 => Some(Command::RequestHeaders),
             12 => Some(Command::Headers),
             13 => Some(Command::Hello),
+            14 => Some(Command::RequestStateTransfer),
+            15 => Some(Command::StateTransferTarget),
+            16 => Some(Command::RequestStateChunk),
+            17 => Some(Command::StateChunk),
             _ => None,
         }
     }
@@ -331,8 +349,9 @@ mod tests {
     #[test]
     fn wire_numbers_of_commands_and_operations_are_stable() {
         let commands: Vec<u8> = Command::ALL.iter().map(|&c| c as u8).collect();
-        assert_eq!(commands, (1..=13).collect::<Vec<u8>>());
+        assert_eq!(commands, (1..=17).collect::<Vec<u8>>());
         assert_eq!(Command::Hello as u8, 13);
+        assert_eq!(Command::StateChunk as u8, 17);
         let operations: Vec<u8> = Operation::ALL.iter().map(|&o| o as u8).collect();
         assert_eq!(operations, (1..=9).collect::<Vec<u8>>());
         assert_eq!(Command::Eviction as u8, 3);

@@ -412,6 +412,9 @@ impl Driver {
                     })
                     .await;
                 }
+                Action::InstallCheckpoint { checkpoint_op, .. } => {
+                    tracing::error!(checkpoint_op, "state transfer install: not built yet");
+                }
             }
         }
     }

@@ -6,6 +6,7 @@
 //! `storage` never touches sockets and never depends on `bus`. Byte layouts and crash cases:
 //! `storage/FORMAT.md`.
 
+pub mod codec;
 pub mod durable;
 pub mod entry;
 pub mod fault;

@@ -15,6 +15,7 @@ use storage::journal::Prepare;
 
 use super::client_table::{CachedReply, ClientTableSnapshot};
 use super::prepare::PrepareOperation;
+use super::transfer::{ArtifactKind, TransferTarget};
 use crate::metadata::MetadataState;
 
 /// Index of a replica in `0..replica_count`.
@@ -83,6 +84,36 @@ pub enum Message {
         view: u32,
         headers: Vec<PrepareHeader>,
     },
+    /// State transfer (DESIGN section 10, issue 9 section 1): the sender's gap is below every
+    /// peer's retained journal; it asks for the checkpoint. `nonce` names this attempt (a
+    /// rebooted requester picks a fresh one). Routed to the serving side
+    /// (`super::transfer::server`), not to the core. Header only on the wire.
+    RequestStateTransfer { view: u32, nonce: u64 },
+    /// The answer to `RequestStateTransfer{nonce}`: a refusal with its reason, or the offer of
+    /// the checkpoint at `checkpoint_op` with its manifest. Routed to the core's receiver.
+    StateTransferTarget {
+        view: u32,
+        nonce: u64,
+        target: TransferTarget,
+    },
+    /// Send me `len` bytes (at least 1; the server may send fewer) of `artifact` of the offer of
+    /// transfer `nonce`, from byte `offset`. Routed to the serving side. Header only.
+    RequestStateChunk {
+        view: u32,
+        nonce: u64,
+        artifact: ArtifactKind,
+        offset: u64,
+        len: u32,
+    },
+    /// Bytes `offset..offset + payload.len()` of `artifact` of the offer of transfer `nonce`
+    /// (never empty). Routed to the core's receiver.
+    StateChunk {
+        view: u32,
+        nonce: u64,
+        artifact: ArtifactKind,
+        offset: u64,
+        payload: Vec<u8>,
+    },
 }
 
 impl Message {
@@ -97,8 +128,21 @@ impl Message {
             | Message::StartView { view, .. }
             | Message::RequestPrepare { view, .. }
             | Message::RequestHeaders { view, .. }
-            | Message::Headers { view, .. } => *view,
+            | Message::Headers { view, .. }
+            | Message::RequestStateTransfer { view, .. }
+            | Message::StateTransferTarget { view, .. }
+            | Message::RequestStateChunk { view, .. }
+            | Message::StateChunk { view, .. } => *view,
         }
+    }
+
+    /// Whether the serving side of state transfer (`super::transfer::server::OfferServer`)
+    /// handles this message instead of the core.
+    pub fn is_state_transfer_request(&self) -> bool {
+        matches!(
+            self,
+            Message::RequestStateTransfer { .. } | Message::RequestStateChunk { .. }
+        )
     }
 }
 
@@ -192,6 +236,20 @@ pub enum Action {
         metadata: Arc<MetadataState>,
         client_table: ClientTableSnapshot,
     },
+    /// State transfer install (DESIGN section 10, issue 9 section 4): make the fetched and
+    /// verified checkpoint at `checkpoint_op` this replica's, under `checkpoint_lock` then
+    /// `superblock_lock`: the snapshot by durable replace, then the superblock pairing (with
+    /// `commit_max` at least `checkpoint_op`), then the journal restarted empty so its next op is
+    /// `checkpoint_op + 1` (every record at or below it dropped, and the stale suffix above it
+    /// too: the core repairs the tail from peers), then every shard's copy of the metadata
+    /// replaced (partition directories of the installed metadata created). The core checked
+    /// every part restorable before asking. Completes with
+    /// [`Completion::CheckpointInstalled`] or [`Completion::InstallFailed`].
+    InstallCheckpoint {
+        checkpoint_op: u64,
+        metadata: Arc<MetadataState>,
+        client_table: ClientTableSnapshot,
+    },
 }
 
 /// The outcome of an I/O action, fed back through
@@ -220,6 +278,14 @@ pub enum Completion {
     CheckpointDone { op: u64, journal_first_op: u64 },
     /// The checkpoint at `op` did not complete; the previous one stays valid.
     CheckpointFailed { op: u64 },
+    /// The transferred checkpoint at `checkpoint_op` is durable (snapshot in place, journal
+    /// restarted above it, shards restored). `degraded`: the superblock pairing write failed
+    /// after the snapshot was in place; the install still succeeded (boot accepts a snapshot
+    /// newer than its pairing) and the next checkpoint repairs the pairing.
+    CheckpointInstalled { checkpoint_op: u64, degraded: bool },
+    /// The install at `checkpoint_op` changed nothing durable (the snapshot write failed): the
+    /// previous checkpoint and journal stay as they were. `reason` names the file and error.
+    InstallFailed { checkpoint_op: u64, reason: String },
 }
 
 /// Status of a replica (VSR Revisited section 4).

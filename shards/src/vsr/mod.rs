@@ -11,4 +11,5 @@ pub mod message;
 pub mod prepare;
 pub mod replica;
 pub mod snapshot;
+pub mod transfer;
 pub mod wire;

@@ -37,6 +37,7 @@ use super::message::{
     Action, ClientReply, ClientRequest, ClientToken, Completion, Message, ReplicaIndex, Status,
 };
 use super::prepare::{PrepareBody, PrepareOperation};
+use super::transfer::{Availability, UnavailableReason};
 use crate::metadata::MetadataState;
 
 /// Client requests a primary queues while its pipeline is full; beyond it a request gets
@@ -512,6 +513,12 @@ impl Replica {
                 self.on_request_headers(from, op_min, op_max, &mut actions);
             }
             Message::Headers { headers, .. } => self.on_headers(&headers, &mut actions),
+            // Served by `super::transfer::server` (the driver routes them there); the receiver
+            // helper routes the answers to the receiver.
+            Message::RequestStateTransfer { .. }
+            | Message::RequestStateChunk { .. }
+            | Message::StateTransferTarget { .. }
+            | Message::StateChunk { .. } => {}
         }
         self.request_repairs(&mut actions);
         actions
@@ -606,7 +613,10 @@ impl Replica {
             Completion::JournalWritten { op, checksum } => {
                 self.on_journal_written(op, checksum, &mut actions);
             }
-            Completion::JournalTruncated { .. } => {}
+            // Receiver helper: adopt the installed state on CheckpointInstalled.
+            Completion::JournalTruncated { .. }
+            | Completion::CheckpointInstalled { .. }
+            | Completion::InstallFailed { .. } => {}
             Completion::JournalRead { op, prepare } => {
                 self.on_journal_read(op, prepare, &mut actions);
             }
@@ -692,6 +702,27 @@ impl Replica {
 
     pub fn checkpoint_op(&self) -> u64 {
         self.checkpoint_op
+    }
+
+    /// Whether this replica serves a state transfer now, and of which checkpoint (DESIGN
+    /// section 10, issue 9 section 3): only the primary of its view, in normal status, caught
+    /// up (it applied every op it knows committed), with a durable checkpoint (`checkpoint_op`
+    /// moves only on `CheckpointDone`, after the snapshot and its pairing are on disk).
+    /// Otherwise the reason, checked in that order.
+    pub fn transfer_availability(&self) -> Availability {
+        if self.primary() != self.config.replica {
+            Availability::Unavailable(UnavailableReason::NotPrimary)
+        } else if self.status != Status::Normal {
+            Availability::Unavailable(UnavailableReason::ViewChange)
+        } else if self.commit_min < self.commit_max {
+            Availability::Unavailable(UnavailableReason::NotCaughtUp)
+        } else if self.checkpoint_op == 0 {
+            Availability::Unavailable(UnavailableReason::NoCheckpointYet)
+        } else {
+            Availability::Available {
+                checkpoint_op: self.checkpoint_op,
+            }
+        }
     }
 
     /// Whether a non-retryable journal failure stopped this core (the driver exits).

@@ -190,6 +190,10 @@ pub fn encode(cluster: u128, from: ReplicaIndex, message: &Message) -> Vec<u8> {
             header.next_offset = *op_max;
         }
         Message::Headers { headers, .. } => encode_headers(headers, &mut body),
+        Message::RequestStateTransfer { .. }
+        | Message::StateTransferTarget { .. }
+        | Message::RequestStateChunk { .. }
+        | Message::StateChunk { .. } => todo!("wire helper: state transfer encoding"),
     }
     seal(header, &body)
 }
@@ -373,7 +377,14 @@ pub fn decode_body(header: &Header, body: &[u8]) -> Result<Message, WireError> {
             view,
             headers: reader.headers()?,
         },
-        Command::Request | Command::Reply | Command::Eviction | Command::Hello => {
+        Command::Request
+        | Command::Reply
+        | Command::Eviction
+        | Command::Hello
+        | Command::RequestStateTransfer
+        | Command::StateTransferTarget
+        | Command::RequestStateChunk
+        | Command::StateChunk => {
             return Err(WireError::UnexpectedCommand {
                 command,
                 expected: "replica messages 4..=12",
@@ -442,6 +453,10 @@ fn command_of(message: &Message) -> Command {
         Message::RequestPrepare { .. } => Command::RequestPrepare,
         Message::RequestHeaders { .. } => Command::RequestHeaders,
         Message::Headers { .. } => Command::Headers,
+        Message::RequestStateTransfer { .. } => Command::RequestStateTransfer,
+        Message::StateTransferTarget { .. } => Command::StateTransferTarget,
+        Message::RequestStateChunk { .. } => Command::RequestStateChunk,
+        Message::StateChunk { .. } => Command::StateChunk,
     }
 }
 

@@ -165,6 +165,33 @@ fn describe(message: &Message) -> String {
             op_max,
         } => format!("request_headers v{view} op{op_min}..={op_max}"),
         Message::Headers { view, headers } => format!("headers v{view} n{}", headers.len()),
+        Message::RequestStateTransfer { view, nonce } => {
+            format!("request_state_transfer v{view} nonce{nonce:#x}")
+        }
+        Message::StateTransferTarget { view, nonce, .. } => {
+            format!("state_transfer_target v{view} nonce{nonce:#x}")
+        }
+        Message::RequestStateChunk {
+            view,
+            artifact,
+            offset,
+            len,
+            ..
+        } => format!(
+            "request_state_chunk v{view} {} @{offset}+{len}",
+            artifact.name()
+        ),
+        Message::StateChunk {
+            view,
+            artifact,
+            offset,
+            payload,
+            ..
+        } => format!(
+            "state_chunk v{view} {} @{offset}+{}",
+            artifact.name(),
+            payload.len()
+        ),
     }
 }
 
@@ -589,7 +616,8 @@ impl World {
                 Action::TruncateJournal { .. }
                 | Action::ReadJournal { .. }
                 | Action::WriteSuperblock { .. }
-                | Action::Checkpoint { .. } => {
+                | Action::Checkpoint { .. }
+                | Action::InstallCheckpoint { .. } => {
                     self.trace
                         .event(self.tick, &format!("r{replica} {}", describe_io(&action)));
                     self.nodes[replica]
@@ -884,6 +912,9 @@ fn describe_io(action: &Action) -> String {
             commit_max,
         } => format!("write_superblock v{view} lv{log_view} commit_max {commit_max}"),
         Action::Checkpoint { op, .. } => format!("checkpoint op{op}"),
+        Action::InstallCheckpoint { checkpoint_op, .. } => {
+            format!("install_checkpoint op{checkpoint_op}")
+        }
         other => format!("{other:?}"),
     }
 }

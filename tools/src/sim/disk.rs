@@ -191,6 +191,7 @@ impl Disk {
                 log_view: *log_view,
                 commit_max: *commit_max,
             },
+            Action::InstallCheckpoint { .. } => todo!("sim helper: simulated install"),
             Action::Checkpoint {
                 op,
                 metadata,

@@ -200,6 +200,22 @@ impl Cluster {
                         },
                     ));
                 }
+                Action::InstallCheckpoint {
+                    checkpoint_op,
+                    metadata,
+                    client_table,
+                } => {
+                    disk.checkpoint = Some((checkpoint_op, (*metadata).clone(), client_table));
+                    disk.journal.clear();
+                    disk.superblock.2 = disk.superblock.2.max(checkpoint_op);
+                    self.io.push_back((
+                        index,
+                        Completion::CheckpointInstalled {
+                            checkpoint_op,
+                            degraded: false,
+                        },
+                    ));
+                }
             }
         }
     }
