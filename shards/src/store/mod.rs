@@ -15,6 +15,7 @@
 
 pub mod boot;
 mod checkpoint;
+pub mod install;
 pub mod failpoint;
 
 pub use checkpoint::{CheckpointDone, CheckpointError};
