@@ -32,6 +32,7 @@ impl ReplicaStore {
     ///
     /// # Errors
     /// See [`InstallError`].
+    #[allow(clippy::unused_async)]
     pub async fn install_checkpoint(
         &self,
         checkpoint_op: u64,
