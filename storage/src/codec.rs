@@ -39,6 +39,18 @@ pub enum DecodeError {
     TrailingBytes { position: usize, count: usize },
 }
 
+impl DecodeError {
+    /// The byte position the error points at (for `NoTrailer`, 0).
+    pub fn position(&self) -> usize {
+        match *self {
+            DecodeError::Truncated { position, .. }
+            | DecodeError::TrailerMismatch { position, .. }
+            | DecodeError::TrailingBytes { position, .. } => position,
+            DecodeError::NoTrailer { .. } => 0,
+        }
+    }
+}
+
 /// A bounds-checked little-endian cursor over a byte slice.
 #[derive(Debug, Clone)]
 pub struct Reader<'a> {

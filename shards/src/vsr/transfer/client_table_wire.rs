@@ -91,6 +91,23 @@ pub enum ClientTableWireError {
     NonZeroPadding { position: usize, value: u8 },
 }
 
+impl ClientTableWireError {
+    /// The byte position in the encoding the error points at, when one field is to blame.
+    pub fn position(&self) -> Option<usize> {
+        match self {
+            ClientTableWireError::Decode(error) => Some(error.position()),
+            ClientTableWireError::Magic { .. } => Some(0),
+            ClientTableWireError::TooManySessions { .. } => Some(8),
+            ClientTableWireError::NonZeroPadding { position, .. } => Some(*position),
+            ClientTableWireError::ClientIdZero { .. }
+            | ClientTableWireError::ClientIdUnparsable { .. }
+            | ClientTableWireError::DuplicateClient { .. }
+            | ClientTableWireError::ReplyRingTooLong { .. }
+            | ClientTableWireError::ReplyBodyTooLong { .. } => None,
+        }
+    }
+}
+
 /// Longest encoding of a table of `clients_max` sessions with full reply rings of the longest
 /// bodies (bytes): an exact upper bound, reached by such a table. Saturates at `u64::MAX`.
 pub fn encoded_len_max(clients_max: usize) -> u64 {

@@ -166,6 +166,27 @@ pub enum ManifestError {
     TotalTooLong { total: u64, total_len_max: u64 },
 }
 
+impl ManifestError {
+    /// The byte position in the encoding the error points at, when one field is to blame.
+    pub fn position(&self) -> Option<usize> {
+        match self {
+            ManifestError::Decode(error) => Some(error.position()),
+            ManifestError::Magic { .. } => Some(0),
+            ManifestError::Version { .. } => Some(8),
+            ManifestError::EntryCount { .. } => Some(10),
+            ManifestError::EntryLength { .. } => Some(12),
+            ManifestError::NonZeroReserved { position, .. } => Some(*position),
+            ManifestError::UnknownKind { index, .. } => {
+                Some(MANIFEST_HEADER_SIZE + index * MANIFEST_ENTRY_SIZE)
+            }
+            ManifestError::DuplicateKind { .. }
+            | ManifestError::ZeroLength { .. }
+            | ManifestError::ArtifactTooLong { .. }
+            | ManifestError::TotalTooLong { .. } => None,
+        }
+    }
+}
+
 fn check_entry_count(count: usize) -> Result<(), ManifestError> {
     if count == 0 || count > MANIFEST_ENTRY_COUNT_MAX {
         return Err(ManifestError::EntryCount { count });
