@@ -1217,7 +1217,7 @@ fn issue9_inspect_clients_clean_lists_sessions() {
     assert!(stdout.contains("trailer ok"), "{stdout}");
     assert!(
         stdout.contains(
-            "  0x00000000000000000000000000000abc          1          1          3       1         23"
+            "  0x00000000000000000000000000000abc          1          1          3       1\n"
         ),
         "{stdout}"
     );

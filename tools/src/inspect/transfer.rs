@@ -7,10 +7,11 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use shards::limits::CLIENTS_TABLE_MAX_LIMIT;
-use shards::vsr::client_table::{ClientTable, ClientTableSnapshot};
+use shards::vsr::client_table::ClientTable;
 use shards::vsr::transfer::client_table_wire;
 use shards::vsr::transfer::manifest::{self, MANIFEST_ENCODED_LEN_MAX, ManifestCaps};
 
+use super::snapshot::{SessionReport, write_sessions};
 use super::{Damage, Report, read_bounded};
 
 /// What `inspect manifest` found.
@@ -53,17 +54,6 @@ pub(crate) struct ClientsReport {
     clients_max: usize,
     /// Empty unless the table decoded.
     sessions: Vec<SessionReport>,
-}
-
-#[derive(Debug, serde::Serialize)]
-struct SessionReport {
-    client: String,
-    session: u64,
-    request: u64,
-    commit_op: u64,
-    cached_reply_count: usize,
-    /// Bytes of all cached reply bodies.
-    reply_body_bytes: usize,
 }
 
 /// The file's bytes, or the damage of a file above `size_max_bytes` (`Err`).
@@ -150,7 +140,7 @@ pub(crate) fn inspect_clients(file: &Path) -> anyhow::Result<(ClientsReport, Vec
             return Ok((report, vec![Damage::new(file, position, error.to_string())]));
         }
     };
-    report.sessions = session_reports(&table);
+    report.sessions = table.sessions.iter().map(SessionReport::of).collect();
     let mut damage = Vec::new();
     if let Err(reason) = ClientTable::from_snapshot(&table, clients_max) {
         damage.push(Damage::new(
@@ -160,21 +150,6 @@ pub(crate) fn inspect_clients(file: &Path) -> anyhow::Result<(ClientsReport, Vec
         ));
     }
     Ok((report, damage))
-}
-
-fn session_reports(table: &ClientTableSnapshot) -> Vec<SessionReport> {
-    table
-        .sessions
-        .iter()
-        .map(|entry| SessionReport {
-            client: entry.client.clone(),
-            session: entry.session,
-            request: entry.request,
-            commit_op: entry.commit_op,
-            cached_reply_count: entry.replies.len(),
-            reply_body_bytes: entry.replies.iter().map(|reply| reply.body.len()).sum(),
-        })
-        .collect()
 }
 
 /// The `file: ... (N bytes, trailer ok|BAD)` line both kinds start with.
@@ -215,23 +190,7 @@ impl Report for ManifestReport {
 impl Report for ClientsReport {
     fn write_text(&self, out: &mut String) {
         write_file_line(out, &self.file, self.file_size_bytes, self.trailer_ok);
-        let _ = writeln!(
-            out,
-            "  {:>36} {:>10} {:>10} {:>10} {:>7} {:>10}",
-            "client", "session", "request", "commit_op", "replies", "body_bytes"
-        );
-        for session in &self.sessions {
-            let _ = writeln!(
-                out,
-                "  {:>36} {:>10} {:>10} {:>10} {:>7} {:>10}",
-                session.client,
-                session.session,
-                session.request,
-                session.commit_op,
-                session.cached_reply_count,
-                session.reply_body_bytes
-            );
-        }
+        write_sessions(&self.sessions, out);
         let _ = writeln!(
             out,
             "summary: {} client session(s), checked against --clients-table-max {}",

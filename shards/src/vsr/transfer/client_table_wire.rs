@@ -24,7 +24,9 @@
 
 use std::collections::BTreeSet;
 
-use storage::codec::{DecodeError, Reader, TRAILER_SIZE, Writer, split_verified_trailer};
+use storage::codec::{
+    DecodeError, NonZeroByte, Reader, TRAILER_SIZE, Writer, split_verified_trailer,
+};
 
 use crate::limits::REPLY_RING_LEN_MAX;
 use crate::vsr::client_table::{CachedReply, ClientTableSnapshot, SessionSnapshot};
@@ -274,14 +276,11 @@ fn read_session(
 }
 
 fn read_padding(reader: &mut Reader<'_>) -> Result<(), ClientTableWireError> {
-    let start = reader.position();
-    let padding = reader.bytes("session padding", SESSION_PADDING_SIZE)?;
-    match padding.iter().position(|&byte| byte != 0) {
+    match reader.zeros("session padding", SESSION_PADDING_SIZE)? {
         None => Ok(()),
-        Some(offset) => Err(ClientTableWireError::NonZeroPadding {
-            position: start + offset,
-            value: padding[offset],
-        }),
+        Some(NonZeroByte { position, value }) => {
+            Err(ClientTableWireError::NonZeroPadding { position, value })
+        }
     }
 }
 

@@ -23,7 +23,7 @@
 //! duplicate kind, a zero length, an artifact above its cap, a total above the total cap,
 //! truncated input and trailing bytes.
 
-use storage::codec::{DecodeError, Reader, Writer, split_verified_trailer};
+use storage::codec::{DecodeError, NonZeroByte, Reader, Writer, split_verified_trailer};
 use storage::limits::SNAPSHOT_FILE_SIZE_MAX;
 use storage::snapshot::SNAPSHOT_FILE_SIZE_MIN;
 
@@ -290,14 +290,11 @@ fn read_zeros(
     field: &'static str,
     count: usize,
 ) -> Result<(), ManifestError> {
-    let start = reader.position();
-    let bytes = reader.bytes(field, count)?;
-    match bytes.iter().position(|&byte| byte != 0) {
+    match reader.zeros(field, count)? {
         None => Ok(()),
-        Some(offset) => Err(ManifestError::NonZeroReserved {
-            position: start + offset,
-            value: bytes[offset],
-        }),
+        Some(NonZeroByte { position, value }) => {
+            Err(ManifestError::NonZeroReserved { position, value })
+        }
     }
 }
 
