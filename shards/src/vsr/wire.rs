@@ -97,6 +97,11 @@ pub const HELLO_ADDRESS_BYTES_MAX: usize = 260;
 /// [`REPLICA_MESSAGE_SIZE_MAX`], header included.
 pub const STATE_CHUNK_PAYLOAD_MAX: usize = REPLICA_MESSAGE_SIZE_MAX as usize - HEADER_SIZE;
 
+const _: () = assert!(
+    HEADER_SIZE + manifest::MANIFEST_ENCODED_LEN_MAX <= REPLICA_MESSAGE_SIZE_MAX as usize,
+    "the largest offer fits one frame"
+);
+
 /// Bytes of a list's count prefix.
 const LIST_COUNT_SIZE: usize = 4;
 /// Where the u128 of PrepareOk, Commit and RequestPrepare lives in `Header::reserved`.
@@ -850,6 +855,19 @@ impl<'a> Reader<'a> {
             })
         }
     }
+}
+
+/// The configuration of the replica-bus decoders' property tests (here and in
+/// `super::transfer`): 512 cases, a fixed seed unless `PROPTEST_RNG_SEED` overrides it, so a
+/// failure reproduces.
+#[cfg(test)]
+pub(crate) fn proptest_config() -> proptest::test_runner::Config {
+    let mut config = proptest::test_runner::Config::with_cases(512);
+    if matches!(config.rng_seed, proptest::test_runner::RngSeed::Random) {
+        config.rng_seed = proptest::test_runner::RngSeed::Fixed(0x0057_1e5e);
+    }
+    config.failure_persistence = None;
+    config
 }
 
 #[cfg(test)]
@@ -1707,18 +1725,8 @@ mod tests {
         use super::*;
         use proptest::prelude::*;
 
-        /// A fixed seed unless `PROPTEST_RNG_SEED` overrides it: a failure reproduces.
-        fn config() -> ProptestConfig {
-            let mut config = ProptestConfig::with_cases(512);
-            if matches!(config.rng_seed, proptest::test_runner::RngSeed::Random) {
-                config.rng_seed = proptest::test_runner::RngSeed::Fixed(0x0057_1e5e);
-            }
-            config.failure_persistence = None;
-            config
-        }
-
         proptest! {
-            #![proptest_config(config())]
+            #![proptest_config(proptest_config())]
 
             /// Random bytes never panic, and never decode (the header checksum fails).
             #[test]

@@ -617,6 +617,8 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(crate::vsr::wire::proptest_config())]
+
         #[test]
         fn issue9_client_table_round_trips(table in arb_table()) {
             let bytes = encode(&table).expect("valid table encodes");

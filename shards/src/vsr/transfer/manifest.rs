@@ -567,6 +567,8 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(crate::vsr::wire::proptest_config())]
+
         #[test]
         fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = decode(&bytes, &CAPS);
