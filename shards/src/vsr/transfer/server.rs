@@ -66,7 +66,8 @@ pub struct ServerConfig {
     /// payload never exceeds it.
     pub frame_size_max: u32,
     /// Ticks a receiver waits for one chunk before it retries (the chunk round-trip timeout):
-    /// a fully served offer expires after 3x, an idle one after 10x.
+    /// a fully served transfer expires after [`SERVED_EXPIRY_CHUNK_TIMEOUTS`] of them, an idle
+    /// one after [`IDLE_EXPIRY_CHUNK_TIMEOUTS`].
     pub chunk_timeout_ticks: u64,
 }
 
