@@ -1485,7 +1485,7 @@ mod tests {
                             self.building = Some(*checkpoint_op);
                         }
                         ServeOutput::Send { to, message } => {
-                            self.check_send(*to, message, request_len)
+                            self.check_send(*to, message, request_len);
                         }
                     }
                 }
