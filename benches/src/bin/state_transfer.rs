@@ -398,6 +398,25 @@ fn measure_in_memory(
     Ok(times)
 }
 
+/// Reference costs on this machine: one copy (into a fresh buffer, as the path's `to_vec`s do)
+/// and one XXH3-128 of `bytes` (medians of `rounds`): the in-memory path makes five copies of
+/// each chunk (server `to_vec`, wire body, sealed frame, decoded payload, reassembly) and three
+/// checksums (frame body sealed and verified, artifact), so these bound what it can cost.
+fn measure_reference(bytes: &[u8], rounds: u32) -> (Duration, Duration) {
+    let mut copies = Vec::new();
+    let mut hashes = Vec::new();
+    for _ in 0..rounds {
+        let started = Instant::now();
+        let copy = std::hint::black_box(bytes.to_vec());
+        copies.push(started.elapsed());
+        drop(copy);
+        let started = Instant::now();
+        std::hint::black_box(XxHash3_128::oneshot(std::hint::black_box(bytes)));
+        hashes.push(started.elapsed());
+    }
+    (median(&mut copies), median(&mut hashes))
+}
+
 /// The median of `samples` (sorted in place).
 fn median(samples: &mut [Duration]) -> Duration {
     samples.sort();
@@ -555,6 +574,106 @@ impl Row {
     }
 }
 
+/// Everything one run measured.
+struct Report {
+    artifact_bytes: Vec<u64>,
+    rows: Vec<Row>,
+    transfer: TransferTimes,
+    state_build: Duration,
+    /// One copy and one XXH3-128 of all the bytes ([`measure_reference`]).
+    reference: (Duration, Duration),
+}
+
+impl Report {
+    /// State transfer (cached) median MB/s over the plain chunked copy's and the streaming one's.
+    fn ratios(&self) -> (f64, f64) {
+        let transfer = self.rows[0].mb_per_s();
+        (
+            transfer / self.rows[2].mb_per_s(),
+            transfer / self.rows[3].mb_per_s(),
+        )
+    }
+
+    fn print_table(&self, args: &Args) {
+        println!(
+            "state transfer over loopback: {} sessions, {} streams; artifacts {:?} bytes \
+             (metadata, client table); chunk {} B; median of {} rounds",
+            args.sessions, args.streams, self.artifact_bytes, args.chunk_size, args.rounds
+        );
+        println!(
+            "{:<38} {:>10} {:>9} {:>8} {:>9} {:>8} {:>6}",
+            "path", "bytes", "median s", "MB/s", "best s", "MB/s", "ratio"
+        );
+        for row in &self.rows {
+            println!(
+                "{:<38} {:>10} {:>9.5} {:>8.1} {:>9.5} {:>8.1} {:>6.2}",
+                row.path,
+                row.bytes,
+                row.seconds,
+                row.mb_per_s(),
+                row.seconds_best,
+                row.mb_per_s_best(),
+                self.rows[0].mb_per_s() / row.mb_per_s()
+            );
+        }
+        let (chunked, streaming) = self.ratios();
+        println!(
+            "ratio = state transfer (cached) median MB/s over the row's: {chunked:.2}x of the \
+             chunked copy, {streaming:.2}x of the streaming copy (goal >= 0.8)"
+        );
+        println!(
+            "offer build (encode + XXH3-128): {:.5} s; receiver decode + restore check: {:.5} s; \
+             state setup: {:.3} s; offers built {}, chunks served {}",
+            self.transfer.stats.offer_build.as_secs_f64(),
+            self.transfer.decode.as_secs_f64(),
+            self.state_build.as_secs_f64(),
+            self.transfer.stats.offers_built,
+            self.transfer.stats.chunks_served
+        );
+        println!(
+            "reference on this machine, all bytes once: one copy {:.5} s, one XXH3-128 {:.5} s \
+             (the in-memory path makes 5 copies and 3 checksums)",
+            self.reference.0.as_secs_f64(),
+            self.reference.1.as_secs_f64()
+        );
+    }
+
+    fn print_json(&self, args: &Args) {
+        let paths: Vec<serde_json::Value> = self
+            .rows
+            .iter()
+            .map(|row| {
+                serde_json::json!({
+                    "path": row.path,
+                    "bytes": row.bytes,
+                    "seconds_median": row.seconds,
+                    "mb_per_s_median": row.mb_per_s(),
+                    "seconds_best": row.seconds_best,
+                    "mb_per_s_best": row.mb_per_s_best(),
+                })
+            })
+            .collect();
+        let (chunked, streaming) = self.ratios();
+        let report = serde_json::json!({
+            "sessions": args.sessions,
+            "streams": args.streams,
+            "chunk_size": args.chunk_size,
+            "rounds": args.rounds,
+            "artifact_bytes": self.artifact_bytes,
+            "paths": paths,
+            "ratio_vs_plain_chunked": chunked,
+            "ratio_vs_plain_streaming": streaming,
+            "offer_build_s": self.transfer.stats.offer_build.as_secs_f64(),
+            "receiver_decode_s": self.transfer.decode.as_secs_f64(),
+            "reference_copy_s": self.reference.0.as_secs_f64(),
+            "reference_xxh3_128_s": self.reference.1.as_secs_f64(),
+            "offers_built": self.transfer.stats.offers_built,
+            "chunks_served": self.transfer.stats.chunks_served,
+        });
+        println!("{report}");
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let started = Instant::now();
@@ -581,8 +700,8 @@ fn main() -> anyhow::Result<()> {
     let plain_chunked = measure_plain(&plain_bytes, args.chunk_size, args.rounds)?;
     let plain_streaming = measure_plain(&plain_bytes, 0, args.rounds)?;
     let in_memory = measure_in_memory(&checkpoint, args.chunk_size, args.rounds)?;
-
-    let rows = [
+    let reference = measure_reference(&plain_bytes, args.rounds);
+    let rows = vec![
         Row::new("state transfer (cached offer)", total, &transfer.rounds),
         Row::new(
             "state transfer (cold: + offer build)",
@@ -593,110 +712,17 @@ fn main() -> anyhow::Result<()> {
         Row::new("plain TCP, streaming", total, &plain_streaming),
         Row::new("transfer path in memory (no socket)", total, &in_memory),
     ];
-    let ratio_chunked = rows[0].mb_per_s() / rows[2].mb_per_s();
-    let ratio_streaming = rows[0].mb_per_s() / rows[3].mb_per_s();
+    let report = Report {
+        artifact_bytes,
+        rows,
+        transfer,
+        state_build,
+        reference,
+    };
     if args.json {
-        print_json(
-            &args,
-            &rows,
-            &transfer,
-            &artifact_bytes,
-            ratio_chunked,
-            ratio_streaming,
-        );
+        report.print_json(&args);
     } else {
-        print_table(
-            &args,
-            &rows,
-            &transfer,
-            &artifact_bytes,
-            state_build,
-            ratio_chunked,
-            ratio_streaming,
-        );
+        report.print_table(&args);
     }
     Ok(())
-}
-
-fn print_table(
-    args: &Args,
-    rows: &[Row],
-    transfer: &TransferTimes,
-    artifact_bytes: &[u64],
-    state_build: Duration,
-    ratio_chunked: f64,
-    ratio_streaming: f64,
-) {
-    println!(
-        "state transfer over loopback: {} sessions, {} streams; artifacts {:?} bytes (metadata, \
-         client table); chunk {} B; median of {} rounds",
-        args.sessions, args.streams, artifact_bytes, args.chunk_size, args.rounds
-    );
-    println!(
-        "{:<38} {:>10} {:>9} {:>8} {:>9} {:>8} {:>6}",
-        "path", "bytes", "median s", "MB/s", "best s", "MB/s", "ratio"
-    );
-    for row in rows {
-        println!(
-            "{:<38} {:>10} {:>9.5} {:>8.1} {:>9.5} {:>8.1} {:>6.2}",
-            row.path,
-            row.bytes,
-            row.seconds,
-            row.mb_per_s(),
-            row.seconds_best,
-            row.mb_per_s_best(),
-            rows[0].mb_per_s() / row.mb_per_s()
-        );
-    }
-    println!(
-        "ratio = state transfer (cached) median MB/s over the row's: {ratio_chunked:.2}x of \
-         the chunked copy, {ratio_streaming:.2}x of the streaming copy (goal >= 0.8)"
-    );
-    println!(
-        "offer build (encode + XXH3-128): {:.5} s; receiver decode + restore check: {:.5} s; \
-         state setup: {:.3} s; offers built {}, chunks served {}",
-        transfer.stats.offer_build.as_secs_f64(),
-        transfer.decode.as_secs_f64(),
-        state_build.as_secs_f64(),
-        transfer.stats.offers_built,
-        transfer.stats.chunks_served
-    );
-}
-
-fn print_json(
-    args: &Args,
-    rows: &[Row],
-    transfer: &TransferTimes,
-    artifact_bytes: &[u64],
-    ratio_chunked: f64,
-    ratio_streaming: f64,
-) {
-    let paths: Vec<serde_json::Value> = rows
-        .iter()
-        .map(|row| {
-            serde_json::json!({
-                "path": row.path,
-                "bytes": row.bytes,
-                "seconds_median": row.seconds,
-                "mb_per_s_median": row.mb_per_s(),
-                "seconds_best": row.seconds_best,
-                "mb_per_s_best": row.mb_per_s_best(),
-            })
-        })
-        .collect();
-    let report = serde_json::json!({
-        "sessions": args.sessions,
-        "streams": args.streams,
-        "chunk_size": args.chunk_size,
-        "rounds": args.rounds,
-        "artifact_bytes": artifact_bytes,
-        "paths": paths,
-        "ratio_vs_plain_chunked": ratio_chunked,
-        "ratio_vs_plain_streaming": ratio_streaming,
-        "offer_build_s": transfer.stats.offer_build.as_secs_f64(),
-        "receiver_decode_s": transfer.decode.as_secs_f64(),
-        "offers_built": transfer.stats.offers_built,
-        "chunks_served": transfer.stats.chunks_served,
-    });
-    println!("{report}");
 }
