@@ -10,9 +10,9 @@
 //! reassembles each artifact and verifies its XXH3-128 against the manifest. Round 0 is cold (the
 //! offer is built: encode + checksums); the timed rounds are served from the cached offer with a
 //! fresh nonce each. The baselines copy the same total bytes over a std `TcpStream`: chunked with
-//! one request in flight (same chunk size, a 12-byte request each), and one streaming copy. A
-//! last row runs the same transfer path in memory (no socket) to show what its copies and
-//! checksums cost on their own.
+//! one request in flight (same chunk size, a 12-byte request each), and one streaming copy; the
+//! chunked copy again on compio sockets (the runtime's share). A last row runs the same transfer
+//! path in memory (no socket) to show what its copies and checksums cost on their own.
 //!
 //! Not measured here: reading the checkpoint from disk and installing it (the driver's part), and
 //! the ping gap of a serving primary (needs the driver; see the note). A figure, never an
@@ -510,6 +510,95 @@ fn measure_plain(
     Ok(times)
 }
 
+/// The chunked plain copy on compio sockets (the runtime the transfer path runs on): the same
+/// 12-byte requests, one in flight, written from and read into whole buffers without copies.
+/// Separates the runtime's share of the transfer's time from the wire path's.
+fn measure_plain_compio(
+    bytes: &'static [u8],
+    chunk_size: u32,
+    rounds: u32,
+) -> anyhow::Result<Vec<Duration>> {
+    let (address_tx, address_rx) = mpsc::channel();
+    let connections = rounds + 1;
+    let server = std::thread::spawn(move || -> anyhow::Result<()> {
+        let runtime = compio::runtime::Runtime::new()?;
+        runtime.block_on(async move {
+            let listener = compio::net::TcpListener::bind("127.0.0.1:0").await?;
+            address_tx.send(listener.local_addr()?)?;
+            for _ in 0..connections {
+                let (mut stream, _) = listener.accept().await?;
+                stream.set_nodelay(true)?;
+                serve_plain_chunks_compio(&mut stream, bytes).await?;
+            }
+            Ok(())
+        })
+    });
+    let address = address_rx
+        .recv()
+        .context("plain compio server failed to listen")?;
+    let runtime = compio::runtime::Runtime::new()?;
+    let mut times = Vec::new();
+    for round in 0..connections {
+        let started = Instant::now();
+        let copy = runtime.block_on(fetch_plain_compio(address, bytes.len(), chunk_size))?;
+        if round > 0 {
+            times.push(started.elapsed());
+        }
+        ensure!(copy[..] == bytes[..], "plain compio copy differs");
+    }
+    server
+        .join()
+        .map_err(|_| anyhow::anyhow!("plain compio server panicked"))??;
+    Ok(times)
+}
+
+async fn serve_plain_chunks_compio(
+    stream: &mut compio::net::TcpStream,
+    bytes: &'static [u8],
+) -> anyhow::Result<()> {
+    use compio::buf::IoBuf as _;
+    use compio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut request = [0u8; PLAIN_REQUEST_SIZE];
+    loop {
+        let compio::BufResult(result, buffer) = stream.read_exact(request).await;
+        request = buffer;
+        match result {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(error) => return Err(error.into()),
+        }
+        let offset = u64::from_le_bytes(request[..8].try_into()?) as usize;
+        let len = u32::from_le_bytes(request[8..].try_into()?) as usize;
+        let end = (offset + len).min(bytes.len());
+        stream.write_all(bytes.slice(offset..end)).await.0?;
+    }
+}
+
+async fn fetch_plain_compio(
+    address: SocketAddr,
+    total: usize,
+    chunk_size: u32,
+) -> anyhow::Result<Vec<u8>> {
+    use compio::buf::{IntoInner as _, IoBuf as _};
+    use compio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = compio::net::TcpStream::connect(address).await?;
+    stream.set_nodelay(true)?;
+    let mut copy = Vec::with_capacity(total);
+    while copy.len() < total {
+        let offset = copy.len();
+        let len = (total - offset).min(chunk_size as usize);
+        let mut request = [0u8; PLAIN_REQUEST_SIZE];
+        request[..8].copy_from_slice(&(offset as u64).to_le_bytes());
+        request[8..].copy_from_slice(&(len as u32).to_le_bytes());
+        stream.write_all(request).await.0?;
+        let compio::BufResult(result, slice) =
+            stream.read_exact(copy.slice(offset..offset + len)).await;
+        copy = slice.into_inner();
+        result?;
+    }
+    Ok(copy)
+}
+
 fn serve_plain_chunks(stream: &mut TcpStream, bytes: &[u8]) -> anyhow::Result<()> {
     let mut request = [0u8; PLAIN_REQUEST_SIZE];
     loop {
@@ -699,6 +788,8 @@ fn main() -> anyhow::Result<()> {
     let transfer = measure_transfer(&checkpoint, &args)?;
     let plain_chunked = measure_plain(&plain_bytes, args.chunk_size, args.rounds)?;
     let plain_streaming = measure_plain(&plain_bytes, 0, args.rounds)?;
+    let static_bytes: &'static [u8] = Box::leak(plain_bytes.to_vec().into_boxed_slice());
+    let plain_compio = measure_plain_compio(static_bytes, args.chunk_size, args.rounds)?;
     let in_memory = measure_in_memory(&checkpoint, args.chunk_size, args.rounds)?;
     let reference = measure_reference(&plain_bytes, args.rounds);
     let rows = vec![
@@ -710,6 +801,7 @@ fn main() -> anyhow::Result<()> {
         ),
         Row::new("plain TCP, chunked, 1 in flight", total, &plain_chunked),
         Row::new("plain TCP, streaming", total, &plain_streaming),
+        Row::new("plain TCP, chunked, compio sockets", total, &plain_compio),
         Row::new("transfer path in memory (no socket)", total, &in_memory),
     ];
     let report = Report {
