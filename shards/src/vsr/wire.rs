@@ -193,7 +193,9 @@ pub enum WireError {
 pub fn encode(cluster: u128, from: ReplicaIndex, message: &Message) -> Vec<u8> {
     let mut header = replica_header(command_of(message), cluster, from);
     header.view = message.view();
-    let mut body = Vec::new();
+    // The body is written straight after room for the header, and the header sealed into that
+    // room: a chunk's payload is copied once into the frame, not into a body and then a frame.
+    let mut body = vec![0u8; HEADER_SIZE];
     match message {
         Message::Prepare { prepare } => {
             header.offset = prepare.op;
@@ -243,7 +245,7 @@ pub fn encode(cluster: u128, from: ReplicaIndex, message: &Message) -> Vec<u8> {
         Message::RequestStateTransfer { nonce, .. } => header.request = *nonce,
         Message::StateTransferTarget { nonce, target, .. } => {
             header.request = *nonce;
-            body = encode_target(target, &mut header);
+            body.extend_from_slice(&encode_target(target, &mut header));
         }
         Message::RequestStateChunk {
             nonce,
@@ -272,10 +274,11 @@ pub fn encode(cluster: u128, from: ReplicaIndex, message: &Message) -> Vec<u8> {
             header.request = *nonce;
             header.operation = *artifact as u8;
             header.offset = *offset;
+            body.reserve_exact(payload.len());
             body.extend_from_slice(payload);
         }
     }
-    seal(header, &body)
+    seal_in_place(header, body)
 }
 
 /// Fills a StateTransferTarget's `count` (available), `error_code` (reason) or `next_offset`
@@ -655,6 +658,14 @@ fn replica_header(command: Command, cluster: u128, from: ReplicaIndex) -> Header
     header.cluster = cluster;
     header.replica = from;
     header
+}
+
+/// Seals `header` over `frame[HEADER_SIZE..]` (the body) and writes it into `frame[..HEADER_SIZE]`.
+fn seal_in_place(mut header: Header, mut frame: Vec<u8>) -> Vec<u8> {
+    header.set_checksums(&frame[HEADER_SIZE..]);
+    debug_assert!(header.size <= REPLICA_MESSAGE_SIZE_MAX);
+    frame[..HEADER_SIZE].copy_from_slice(bytemuck::bytes_of(&header));
+    frame
 }
 
 fn seal(mut header: Header, body: &[u8]) -> Vec<u8> {
