@@ -247,7 +247,10 @@ pub async fn recover(config: &ServerConfig) -> Result<Boot, BootError> {
         ));
     }
     check_prepares(scan.recovery(), &journal_path, snapshot_op)?;
-    let (journal, recovery) = Journal::open_scanned(scan, JournalConfig::default()).await?;
+    let journal_config = JournalConfig {
+        segment_size_max: config.journal_segment_size_max,
+    };
+    let (journal, recovery) = Journal::open_scanned(scan, journal_config).await?;
     for damaged in &recovery.damaged_records {
         warn_damaged_record(damaged, snapshot_op);
     }
