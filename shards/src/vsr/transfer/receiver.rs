@@ -48,6 +48,10 @@ pub const TRANSFER_RETRY_BUDGET_ROUNDS: u32 = 8;
 /// a replica catches up soon after the cause is gone.
 pub const TRANSFER_COOLDOWN_TICKS: u64 = 1000;
 
+/// Ticks the receiver waits before asking again after an offer that was not above what the
+/// replica applied (not a failure, but asking again at once would get the same offer).
+pub const NOT_USEFUL_HOLDOFF_TICKS: u64 = CHUNK_TIMEOUT_TICKS;
+
 /// The receiver's stage (DESIGN section 10): `Idle -> AwaitingTarget -> Fetching -> Installing
 /// -> Idle`, plus `AwaitingTarget -> Idle` and `Fetching -> Idle` on a failed round; any other
 /// edge is a bug.
@@ -335,11 +339,14 @@ impl Receiver {
             return self.fail(RoundFailure::ManifestRefused { reason }, now);
         }
         if checkpoint_op <= commit_min {
-            self.transition(Stage::Idle);
+            self.abandon(now);
             return ReceiverStep::NotUseful { checkpoint_op };
         }
         let received = vec![Vec::new()];
-        let attempt = self.attempt.as_mut().expect("AwaitingTarget has an attempt");
+        let attempt = self
+            .attempt
+            .as_mut()
+            .expect("AwaitingTarget has an attempt");
         attempt.fetch = Some(Fetch {
             checkpoint_op,
             manifest,
@@ -489,6 +496,13 @@ impl Receiver {
         }
     }
 
+    /// Drops the attempt without counting a failure (the offer is not above what the replica
+    /// applied): back to `Idle`, and no new attempt for [`NOT_USEFUL_HOLDOFF_TICKS`].
+    pub fn abandon(&mut self, now: u64) {
+        self.transition(Stage::Idle);
+        self.cooldown_until = self.cooldown_until.max(now + NOT_USEFUL_HOLDOFF_TICKS);
+    }
+
     /// The core checked the verified artifacts restorable and asks the driver to install them:
     /// `Fetching -> Installing`.
     pub fn begin_install(&mut self) {
@@ -577,3 +591,417 @@ impl Receiver {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vsr::transfer::ManifestEntry;
+
+    const PEER: ReplicaIndex = 1;
+    const NONCE: u64 = 0xfeed;
+    const CHECKPOINT_OP: u64 = 40;
+
+    fn entry(kind: ArtifactKind, bytes: &[u8]) -> ManifestEntry {
+        ManifestEntry {
+            kind,
+            frontier_op: CHECKPOINT_OP,
+            len: bytes.len() as u64,
+            checksum: twox_hash::XxHash3_128::oneshot(bytes),
+        }
+    }
+
+    fn metadata_bytes() -> Vec<u8> {
+        b"{\"metadata\":true}".to_vec()
+    }
+
+    fn table_bytes() -> Vec<u8> {
+        (0u8..30).collect()
+    }
+
+    fn manifest() -> Manifest {
+        Manifest {
+            entries: vec![
+                entry(ArtifactKind::Metadata, &metadata_bytes()),
+                entry(ArtifactKind::ClientTable, &table_bytes()),
+            ],
+        }
+    }
+
+    fn available(manifest: Manifest) -> TransferTarget {
+        TransferTarget::Available {
+            checkpoint_op: CHECKPOINT_OP,
+            manifest,
+        }
+    }
+
+    fn receiver() -> Receiver {
+        Receiver::new(ManifestCaps::for_receiver(64))
+    }
+
+    /// A receiver fetching the first chunk of [`manifest`] at tick `now`.
+    fn fetching(now: u64) -> Receiver {
+        let mut receiver = receiver();
+        receiver.start(NONCE, PEER, 3, now);
+        let step = receiver.on_target(PEER, NONCE, available(manifest()), 10, now);
+        assert!(matches!(step, ReceiverStep::Send(_)), "{step:?}");
+        receiver
+    }
+
+    fn chunk(
+        receiver: &mut Receiver,
+        artifact: ArtifactKind,
+        offset: u64,
+        payload: &[u8],
+    ) -> ReceiverStep {
+        receiver.on_chunk(PEER, NONCE, artifact, offset, payload, 0)
+    }
+
+    fn request(step: &ReceiverStep) -> ChunkRequest {
+        match step {
+            ReceiverStep::Send(request) => *request,
+            other => panic!("expected a chunk request, got {other:?}"),
+        }
+    }
+
+    fn fail_rounds(receiver: &mut Receiver, rounds: u32, now: u64) {
+        for _ in 0..rounds {
+            receiver.start(NONCE, PEER, 3, now);
+            let step = receiver.on_target(
+                PEER,
+                NONCE,
+                TransferTarget::Unavailable {
+                    reason: UnavailableReason::NotPrimary,
+                },
+                10,
+                now,
+            );
+            assert!(matches!(step, ReceiverStep::Failed { .. }), "{step:?}");
+        }
+    }
+
+    #[test]
+    fn issue9_receiver_legal_edges() {
+        let mut receiver = receiver();
+        for path in [
+            &[Stage::AwaitingTarget, Stage::Idle][..],
+            &[Stage::AwaitingTarget, Stage::Fetching, Stage::Idle],
+            &[
+                Stage::AwaitingTarget,
+                Stage::Fetching,
+                Stage::Installing,
+                Stage::Idle,
+            ],
+        ] {
+            for &to in path {
+                receiver.transition(to);
+                assert_eq!(receiver.stage(), to);
+            }
+        }
+        let stages = [
+            Stage::Idle,
+            Stage::AwaitingTarget,
+            Stage::Fetching,
+            Stage::Installing,
+        ];
+        let legal: Vec<(Stage, Stage)> = stages
+            .iter()
+            .flat_map(|&from| stages.iter().map(move |&to| (from, to)))
+            .filter(|&(from, to)| from.may_move_to(to))
+            .collect();
+        assert_eq!(legal.len(), 6, "{legal:?}");
+    }
+
+    #[test]
+    #[should_panic(expected = "illegal stage edge Idle -> Installing")]
+    fn issue9_receiver_illegal_edge_is_a_bug() {
+        receiver().transition(Stage::Installing);
+    }
+
+    #[test]
+    fn issue9_fetches_artifacts_in_manifest_order_one_chunk_at_a_time() {
+        let mut receiver = fetching(0);
+        assert_eq!(receiver.stage(), Stage::Fetching);
+        let metadata = metadata_bytes();
+        let table = table_bytes();
+        // The server may send fewer bytes than asked: the next request starts where they end.
+        let step = chunk(&mut receiver, ArtifactKind::Metadata, 0, &metadata[..5]);
+        let next = request(&step);
+        assert_eq!(
+            (next.to, next.nonce, next.artifact, next.offset),
+            (PEER, NONCE, ArtifactKind::Metadata, 5)
+        );
+        assert_eq!(u64::from(next.len), metadata.len() as u64 - 5);
+        let step = chunk(&mut receiver, ArtifactKind::Metadata, 5, &metadata[5..]);
+        let next = request(&step);
+        assert_eq!((next.artifact, next.offset), (ArtifactKind::ClientTable, 0));
+        let step = chunk(&mut receiver, ArtifactKind::ClientTable, 0, &table);
+        assert_eq!(
+            step,
+            ReceiverStep::Verified(VerifiedCheckpoint {
+                checkpoint_op: CHECKPOINT_OP,
+                metadata,
+                client_table: table,
+            })
+        );
+        receiver.begin_install();
+        receiver.installed(true);
+        assert_eq!(receiver.stage(), Stage::Idle);
+        let counters = receiver.counters();
+        assert_eq!((counters.installed, counters.degraded_installs), (1, 1));
+    }
+
+    #[test]
+    fn issue9_zero_byte_chunk_is_not_progress() {
+        let mut receiver = receiver();
+        fail_rounds(&mut receiver, 2, 0);
+        let mut receiver = {
+            receiver.start(NONCE, PEER, 3, 0);
+            receiver.on_target(PEER, NONCE, available(manifest()), 10, 0);
+            receiver
+        };
+        assert_eq!(receiver.failed_rounds(), 2);
+        let step = chunk(&mut receiver, ArtifactKind::Metadata, 0, &[]);
+        assert_eq!(step, ReceiverStep::Wait);
+        assert_eq!(receiver.failed_rounds(), 2, "the budget is not refilled");
+        // Nothing advanced: the timeout still names offset 0 and counts a failed round.
+        let step = receiver.on_tick(CHUNK_TIMEOUT_TICKS);
+        let ReceiverStep::Failed { failure, retry, .. } = step else {
+            panic!("expected a failed round, got {step:?}");
+        };
+        assert_eq!(
+            failure,
+            RoundFailure::ChunkTimeout {
+                artifact: ArtifactKind::Metadata,
+                offset: 0
+            }
+        );
+        assert_eq!(retry.map(|r| r.offset), Some(0));
+        assert_eq!(receiver.failed_rounds(), 3);
+    }
+
+    #[test]
+    fn issue9_budget_reset_by_progress() {
+        let mut receiver = receiver();
+        fail_rounds(&mut receiver, TRANSFER_RETRY_BUDGET_ROUNDS - 1, 0);
+        assert_eq!(receiver.failed_rounds(), TRANSFER_RETRY_BUDGET_ROUNDS - 1);
+        receiver.start(NONCE, PEER, 3, 0);
+        receiver.on_target(PEER, NONCE, available(manifest()), 10, 0);
+        assert_eq!(receiver.failed_rounds(), TRANSFER_RETRY_BUDGET_ROUNDS - 1);
+        chunk(
+            &mut receiver,
+            ArtifactKind::Metadata,
+            0,
+            &metadata_bytes()[..1],
+        );
+        assert_eq!(
+            receiver.failed_rounds(),
+            0,
+            "a chunk that advances refills it"
+        );
+        // One more failure no longer exhausts the budget.
+        let step = receiver.on_tick(CHUNK_TIMEOUT_TICKS);
+        assert!(
+            matches!(
+                step,
+                ReceiverStep::Failed {
+                    exhausted: false,
+                    ..
+                }
+            ),
+            "{step:?}"
+        );
+        assert_eq!(receiver.stage(), Stage::Fetching);
+    }
+
+    #[test]
+    fn issue9_budget_exhaustion_falls_back_to_repair() {
+        let mut receiver = receiver();
+        fail_rounds(&mut receiver, TRANSFER_RETRY_BUDGET_ROUNDS - 1, 100);
+        receiver.start(NONCE, PEER, 3, 100);
+        let step = receiver.on_tick(100 + TARGET_TIMEOUT_TICKS);
+        assert_eq!(
+            step,
+            ReceiverStep::Failed {
+                failure: RoundFailure::TargetTimeout,
+                exhausted: true,
+                retry: None,
+            }
+        );
+        assert_eq!(receiver.stage(), Stage::Idle);
+        assert_eq!(receiver.counters().budget_exhaustions, 1);
+        let cooled = 100 + TARGET_TIMEOUT_TICKS + TRANSFER_COOLDOWN_TICKS;
+        assert!(!receiver.can_start(cooled - 1), "cooling down: repair only");
+        assert!(receiver.can_start(cooled));
+        // A full budget again: it takes all its rounds to run out.
+        assert_eq!(receiver.failed_rounds(), 0);
+        fail_rounds(&mut receiver, TRANSFER_RETRY_BUDGET_ROUNDS - 1, cooled);
+        assert!(receiver.can_start(cooled));
+        assert_eq!(receiver.counters().budget_exhaustions, 1);
+    }
+
+    #[test]
+    fn issue9_checksum_mismatch_fails_the_round() {
+        let mut receiver = fetching(0);
+        let mut damaged = metadata_bytes();
+        damaged[3] ^= 1;
+        let step = chunk(&mut receiver, ArtifactKind::Metadata, 0, &damaged);
+        assert_eq!(
+            step,
+            ReceiverStep::Failed {
+                failure: RoundFailure::ChecksumMismatch {
+                    artifact: ArtifactKind::Metadata
+                },
+                exhausted: false,
+                retry: None,
+            }
+        );
+        assert_eq!(receiver.stage(), Stage::Idle);
+        assert_eq!(receiver.failed_rounds(), 1);
+    }
+
+    #[test]
+    fn issue9_nonce_mismatch_ignored() {
+        let mut receiver = receiver();
+        receiver.start(NONCE, PEER, 3, 0);
+        let target = available(manifest());
+        assert_eq!(
+            receiver.on_target(PEER, NONCE + 1, target.clone(), 10, 0),
+            ReceiverStep::Wait
+        );
+        assert_eq!(
+            receiver.on_target(PEER + 1, NONCE, target, 10, 0),
+            ReceiverStep::Wait,
+            "a target from another peer"
+        );
+        assert_eq!(receiver.stage(), Stage::AwaitingTarget);
+        let mut receiver = fetching(0);
+        let step = receiver.on_chunk(
+            PEER,
+            NONCE + 1,
+            ArtifactKind::Metadata,
+            0,
+            &metadata_bytes(),
+            0,
+        );
+        assert_eq!(step, ReceiverStep::Wait);
+        assert_eq!(receiver.failed_rounds(), 0);
+        assert_eq!(receiver.stage(), Stage::Fetching);
+    }
+
+    #[test]
+    fn issue9_stale_chunk_ignored() {
+        let mut receiver = fetching(0);
+        let metadata = metadata_bytes();
+        chunk(&mut receiver, ArtifactKind::Metadata, 0, &metadata[..4]);
+        // A duplicate of the chunk already taken, a chunk of another artifact, one ahead.
+        for (artifact, offset, payload) in [
+            (ArtifactKind::Metadata, 0, &metadata[..4]),
+            (ArtifactKind::ClientTable, 4, &metadata[4..8]),
+            (ArtifactKind::Metadata, 8, &metadata[8..]),
+        ] {
+            assert_eq!(
+                chunk(&mut receiver, artifact, offset, payload),
+                ReceiverStep::Wait
+            );
+        }
+        let step = chunk(&mut receiver, ArtifactKind::Metadata, 4, &metadata[4..]);
+        assert_eq!(request(&step).artifact, ArtifactKind::ClientTable);
+    }
+
+    #[test]
+    fn issue9_chunk_past_the_manifest_length_fails_the_round() {
+        let mut receiver = fetching(0);
+        let mut long = metadata_bytes();
+        long.push(0);
+        let step = chunk(&mut receiver, ArtifactKind::Metadata, 0, &long);
+        assert!(
+            matches!(
+                step,
+                ReceiverStep::Failed {
+                    failure: RoundFailure::ChunkPastEnd { .. },
+                    ..
+                }
+            ),
+            "{step:?}"
+        );
+    }
+
+    #[test]
+    fn issue9_target_not_above_commit_min_is_not_a_failure() {
+        let mut receiver = receiver();
+        receiver.start(NONCE, PEER, 3, 0);
+        let step = receiver.on_target(PEER, NONCE, available(manifest()), CHECKPOINT_OP, 0);
+        assert_eq!(
+            step,
+            ReceiverStep::NotUseful {
+                checkpoint_op: CHECKPOINT_OP
+            }
+        );
+        assert_eq!(receiver.stage(), Stage::Idle);
+        assert_eq!(receiver.failed_rounds(), 0);
+        assert_eq!(receiver.counters().failed_rounds, 0);
+    }
+
+    #[test]
+    fn issue9_manifest_rules_of_the_receiver() {
+        let one_kind = Manifest {
+            entries: vec![entry(ArtifactKind::Metadata, &metadata_bytes())],
+        };
+        let mut other_frontier = manifest();
+        other_frontier.entries[1].frontier_op = CHECKPOINT_OP - 1;
+        let mut over_cap = manifest();
+        over_cap.entries[1].len = ManifestCaps::for_receiver(64).client_table_len_max + 1;
+        for (manifest, expected) in [
+            (one_kind, "no client_table artifact"),
+            (other_frontier, "frontier op 39"),
+            (over_cap, "client_table"),
+        ] {
+            let mut receiver = receiver();
+            receiver.start(NONCE, PEER, 3, 0);
+            let step = receiver.on_target(PEER, NONCE, available(manifest), 10, 0);
+            let ReceiverStep::Failed {
+                failure: RoundFailure::ManifestRefused { reason },
+                ..
+            } = step
+            else {
+                panic!("expected a refused manifest, got {step:?}");
+            };
+            assert!(reason.contains(expected), "{reason} lacks {expected}");
+            assert_eq!(receiver.stage(), Stage::Idle);
+        }
+    }
+
+    #[test]
+    fn issue9_chunk_timeout_resends_then_abandons_the_attempt() {
+        let mut receiver = fetching(0);
+        let mut now = 0;
+        for resend in 1..=CHUNK_RESENDS_MAX {
+            assert_eq!(
+                receiver.on_tick(now + CHUNK_TIMEOUT_TICKS - 1),
+                ReceiverStep::Wait
+            );
+            now += CHUNK_TIMEOUT_TICKS;
+            let step = receiver.on_tick(now);
+            let ReceiverStep::Failed { retry, .. } = step else {
+                panic!("expected a re-sent chunk request, got {step:?}");
+            };
+            assert_eq!(retry.map(|r| (r.nonce, r.offset)), Some((NONCE, 0)));
+            assert_eq!(receiver.failed_rounds(), resend);
+        }
+        now += CHUNK_TIMEOUT_TICKS;
+        let step = receiver.on_tick(now);
+        assert!(
+            matches!(step, ReceiverStep::Failed { retry: None, .. }),
+            "{step:?}"
+        );
+        assert_eq!(receiver.stage(), Stage::Idle);
+    }
+
+    #[test]
+    fn issue9_unavailable_target_is_a_failed_round() {
+        let mut receiver = receiver();
+        fail_rounds(&mut receiver, 1, 0);
+        assert_eq!(receiver.stage(), Stage::Idle);
+        assert_eq!(receiver.counters().failed_rounds, 1);
+        assert_eq!(receiver.counters().started, 1);
+    }
+}
