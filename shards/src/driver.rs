@@ -798,7 +798,8 @@ async fn build_offer(
     let unreadable = |reason: String| {
         tracing::error!(
             path = %path.display(), checkpoint_op, %reason,
-            "state transfer: cannot build an offer from the checkpoint; answering              CheckpointUnreadable"
+            "state transfer: cannot build an offer from the checkpoint; answering \
+             CheckpointUnreadable"
         );
         UnavailableReason::CheckpointUnreadable
     };
@@ -1053,13 +1054,15 @@ async fn install(
         tracing::error!(
             checkpoint_op,
             ?failures,
-            "installed checkpoint restored, but not every partition could be opened; each is              retried on its next send or poll"
+            "installed checkpoint restored, but not every partition could be opened; each is \
+             retried on its next send or poll"
         );
     }
     tracing::info!(
         checkpoint_op,
         degraded = done.degraded,
-        "state transfer: checkpoint installed and every shard restored; repairing the tail          above it from peers"
+        "state transfer: checkpoint installed and every shard restored; repairing the tail \
+         above it from peers"
     );
     Some(Completion::CheckpointInstalled {
         checkpoint_op,
