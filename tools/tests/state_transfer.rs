@@ -5,7 +5,7 @@
 //! the checkpoint: every replica shows the same metadata, the restarted one has the installed
 //! topics' partition directories, and once it is the primary a retried request of a session
 //! committed while it was down gets its original reply (the client table came with the
-//! checkpoint).
+//! checkpoint). Each replica runs two shards, so the restore reaches a shard other than 0.
 
 mod common;
 
@@ -96,7 +96,10 @@ fn create_topic(cluster: &Cluster, stream_id: u32) {
 
 #[test]
 fn issue9_lagging_replica_catches_up_by_state_transfer() {
+    // Two shards each, so the restore fan-out reaches a shard other than 0.
     let mut cluster = Cluster::start_with(&[
+        "--shards",
+        "2",
         "--checkpoint-interval",
         "8",
         "--journal-segment-size",

@@ -67,10 +67,15 @@ impl Cluster {
             .join(",")
     }
 
+    /// `serve` flags of replica `index`: one unpinned shard (unless `extra_args` sets
+    /// `--shards`), the cluster's flags, then `extra_args`.
     pub fn serve_args(&self, index: usize) -> Vec<String> {
-        let mut args = vec![
-            "--shards".into(),
-            "1".into(),
+        let mut args: Vec<String> = if self.extra_args.iter().any(|arg| arg == "--shards") {
+            Vec::new()
+        } else {
+            vec!["--shards".into(), "1".into()]
+        };
+        args.extend([
             "--no-pin".into(),
             "--cluster".into(),
             CLUSTER.into(),
@@ -78,7 +83,7 @@ impl Cluster {
             index.to_string(),
             "--addresses".into(),
             self.addresses(),
-        ];
+        ]);
         args.extend(self.extra_args.iter().cloned());
         args
     }
