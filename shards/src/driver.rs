@@ -1100,6 +1100,62 @@ mod tests {
         ));
     }
 
+    /// Issue 9 section 3: the offer is built from the persisted, verified snapshot at the
+    /// checkpoint op; a missing or damaged snapshot answers `CheckpointUnreadable`, one newer
+    /// than the checkpoint op `CheckpointBeingReplaced`.
+    #[test]
+    fn issue9_offer_built_from_the_persisted_snapshot_or_refused_with_a_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = single_replica_config(dir.path());
+        let runtime = compio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let boot = crate::store::boot::recover(&config).await.unwrap();
+            let store = ReplicaStore::for_driver(&config, boot.journal, boot.superblock, 0);
+            let refused = build_offer(&store, 8, 16).await.unwrap_err();
+            assert_eq!(
+                refused,
+                UnavailableReason::CheckpointUnreadable,
+                "no snapshot"
+            );
+            let mut metadata = MetadataState::new();
+            metadata.apply(
+                8,
+                &MetadataOp::CreateStream {
+                    stream_id: 1,
+                    name: "orders".to_owned(),
+                },
+            );
+            let table = crate::vsr::client_table::ClientTable::new(16).to_snapshot();
+            store
+                .checkpoint_state(8, Arc::new(metadata.clone()), table)
+                .await
+                .unwrap();
+            let offer = build_offer(&store, 8, 16).await.unwrap();
+            assert_eq!(offer.checkpoint_op(), 8);
+            assert_eq!(
+                offer.artifact(crate::vsr::transfer::ArtifactKind::Metadata),
+                Some(serde_json::to_vec(&metadata).unwrap().as_slice())
+            );
+            assert_eq!(
+                build_offer(&store, 7, 16).await.unwrap_err(),
+                UnavailableReason::CheckpointBeingReplaced
+            );
+            assert_eq!(
+                build_offer(&store, 9, 16).await.unwrap_err(),
+                UnavailableReason::CheckpointUnreadable
+            );
+            let mut bytes = std::fs::read(store.snapshot_path()).unwrap();
+            let middle = bytes.len() / 2;
+            bytes[middle] ^= 0xFF;
+            std::fs::write(store.snapshot_path(), bytes).unwrap();
+            assert_eq!(
+                build_offer(&store, 8, 16).await.unwrap_err(),
+                UnavailableReason::CheckpointUnreadable,
+                "a snapshot whose trailer does not verify"
+            );
+        });
+    }
+
     fn single_replica_config(data_dir: &std::path::Path) -> crate::config::ServerConfig {
         let mut config = crate::config::ServerConfig::new(data_dir.to_path_buf());
         config.listen = "127.0.0.1:0".parse().unwrap();
