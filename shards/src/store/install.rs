@@ -99,6 +99,7 @@ impl ReplicaStore {
             Ok(()) => false,
             Err(error) => {
                 self.note_degraded(checkpoint_op, &error);
+                self.reopen_superblock(&mut locks).await;
                 true
             }
         };
@@ -148,6 +149,32 @@ impl ReplicaStore {
         }
         self.write_pairing(locks, checkpoint_op, snapshot_checksum, |_| None)
             .await
+    }
+
+    /// After a failed pairing write: replaces the superblock handle (which a failed write
+    /// poisons) with a fresh open of the file, so later view changes and the next checkpoint can
+    /// write it again (the next checkpoint then records the pairing). Open picks the highest
+    /// valid copy, old or new pairing alike. If the reopen fails too, the handle stays poisoned
+    /// and the next superblock write stops the server (fail-stop, as before).
+    async fn reopen_superblock(&self, locks: &mut super::LockSession<'_>) {
+        let mut superblock = locks.lock_superblock().await;
+        let path = superblock.path().to_path_buf();
+        match storage::superblock::Superblock::open(&path).await {
+            Ok((reopened, _report)) => {
+                tracing::info!(
+                    path = %path.display(),
+                    checkpoint_op = reopened.state().checkpoint_op,
+                    "superblock reopened after the failed pairing write"
+                );
+                *superblock = reopened;
+            }
+            Err(error) => tracing::error!(
+                path = %path.display(), %error,
+                "cannot reopen the superblock after the failed pairing write; its next write \
+                 stops the server"
+            ),
+        }
+        locks.release_superblock(superblock);
     }
 
     /// Logs and counts a degraded install (issue 9 section 4).

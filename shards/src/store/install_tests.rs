@@ -185,12 +185,50 @@ fn issue9_degraded_install_reported_as_success() {
             0,
             "the pairing was not written"
         );
-        let journal = store.journal().lock().await;
-        assert_eq!((journal.first_op(), journal.last_op()), (41, 40));
+        {
+            let journal = store.journal().lock().await;
+            assert_eq!((journal.first_op(), journal.last_op()), (41, 40));
+        }
+        // The next checkpoint records the pairing.
+        store
+            .checkpoint_state(
+                48,
+                installed_metadata(48),
+                ClientTable::new(8).to_snapshot(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.superblock().lock().await.state().checkpoint_op, 48);
     });
     assert_eq!(wal_files(dir.path()), vec!["00000000000000000041.wal"]);
+}
+
+/// Issue 9 section 4: boot after a degraded install (the snapshot newer than its pairing, the
+/// journal restarted) recovers at the installed checkpoint.
+#[test]
+fn issue9_boot_after_a_degraded_install_recovers_at_the_installed_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = cluster_config(dir.path());
+    block_on(async {
+        let store = replica_with_old_journal(&config, 5).await;
+        store.fail_next_install_pairing();
+        let done = store
+            .install_checkpoint(
+                40,
+                installed_metadata(40),
+                ClientTable::new(8).to_snapshot(),
+            )
+            .await
+            .unwrap();
+        assert!(done.degraded);
+    });
     block_on(async {
         let boot = recover(&config).await.unwrap();
+        assert_eq!(
+            boot.superblock.state().checkpoint_op,
+            0,
+            "the pairing is old"
+        );
         assert_eq!(boot.outcome, RecoveryOutcome::Clean);
         assert_eq!(boot.recovered.checkpoint_op, 40);
         assert_eq!(boot.recovered.metadata, *installed_metadata(40));
