@@ -94,17 +94,54 @@ fn create_topic(cluster: &Cluster, stream_id: u32) {
     ]);
 }
 
+/// Commits CreateStreams (requests after `*request`) until every replica in `survivors`
+/// released the journal segments holding ops up to `lagging_commit + 1`; returns each request
+/// number with its reply.
+fn commit_until_released(
+    cluster: &Cluster,
+    survivors: &[usize],
+    lagging_commit: u64,
+    request: &mut u64,
+) -> Vec<(u64, bus::Header)> {
+    let mut replies = Vec::new();
+    loop {
+        for _ in 0..20 {
+            *request += 1;
+            replies.push((*request, create_long_stream(cluster, *request)));
+        }
+        let released = survivors.iter().all(|&index| {
+            segment_first_ops(&cluster.dirs[index])
+                .first()
+                .is_some_and(|&first| first > lagging_commit + 1)
+        });
+        if released {
+            return replies;
+        }
+        assert!(
+            replies.len() < 2000,
+            "the survivors never released their first journal segment: {:?}",
+            survivors
+                .iter()
+                .map(|&index| segment_first_ops(&cluster.dirs[index]))
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
+/// The flags of the state-transfer cluster: two shards each (so the restore fan-out reaches a
+/// shard other than 0), checkpoints every 8 ops, 64 KiB journal segments.
+const TRANSFER_FLAGS: [&str; 6] = [
+    "--shards",
+    "2",
+    "--checkpoint-interval",
+    "8",
+    "--journal-segment-size",
+    "64KiB",
+];
+
 #[test]
 fn issue9_lagging_replica_catches_up_by_state_transfer() {
-    // Two shards each, so the restore fan-out reaches a shard other than 0.
-    let mut cluster = Cluster::start_with(&[
-        "--shards",
-        "2",
-        "--checkpoint-interval",
-        "8",
-        "--journal-segment-size",
-        "64KiB",
-    ]);
+    let mut cluster = Cluster::start_with(&TRANSFER_FLAGS);
     let primary = cluster.wait_for_primary(&[0, 1, 2]);
     let (registered, _) = request_at_primary(
         &cluster,
@@ -127,28 +164,12 @@ fn issue9_lagging_replica_catches_up_by_state_transfer() {
     let mut request = 2;
     let mut replies = vec![(request, create_long_stream(&cluster, request))];
     create_topic(&cluster, STREAM_BASE + 2);
-    loop {
-        for _ in 0..20 {
-            request += 1;
-            replies.push((request, create_long_stream(&cluster, request)));
-        }
-        let released = survivors.iter().all(|&index| {
-            segment_first_ops(&cluster.dirs[index])
-                .first()
-                .is_some_and(|&first| first > victim_commit + 1)
-        });
-        if released {
-            break;
-        }
-        assert!(
-            request < 2000,
-            "the survivors never released their first journal segment: {:?}",
-            survivors
-                .iter()
-                .map(|&index| segment_first_ops(&cluster.dirs[index]))
-                .collect::<Vec<_>>()
-        );
-    }
+    replies.extend(commit_until_released(
+        &cluster,
+        &survivors,
+        victim_commit,
+        &mut request,
+    ));
 
     cluster.start_replica(victim);
     let converged = cluster.wait_converged(&[0, 1, 2]);
@@ -189,4 +210,61 @@ fn issue9_lagging_replica_catches_up_by_state_transfer() {
         "retried request {retried_request} answered by replica {victim} as primary"
     );
     assert_eq!(cluster.wait_for_primary(&running), victim);
+}
+
+/// Issue 9 section 4, crash safety end to end: the lagging replica is killed (SIGKILL by
+/// failpoint) right after each install step in turn: the snapshot, the superblock pairing, the
+/// journal restart. Restarted without the failpoint, it boots (finishing the journal restart
+/// where a crash interrupted it) and catches up: the metadata agrees on all three.
+#[test]
+fn issue9_replica_killed_at_each_install_step_boots_and_catches_up() {
+    let mut cluster = Cluster::start_with(&TRANSFER_FLAGS);
+    let primary = cluster.wait_for_primary(&[0, 1, 2]);
+    let (registered, _) = request_at_primary(
+        &cluster,
+        CLIENT,
+        0,
+        bus::Operation::Register,
+        bus::Namespace(0),
+        &[],
+    );
+    assert_eq!(registered.error_code, 0);
+    let victim = (primary + 1) % 3;
+    let survivors = others(victim);
+    let mut request = 0;
+    for failpoint in shards::store::failpoint::INSTALL_FAILPOINTS {
+        let lagging_commit = cluster.wait_converged(&[0, 1, 2])["commit"]
+            .as_u64()
+            .unwrap();
+        cluster.kill9(victim);
+        commit_until_released(&cluster, &survivors, lagging_commit, &mut request);
+        cluster.start_replica_with_env(victim, &[("SHARDLINE_FAILPOINT", failpoint)]);
+        let mut crashed = cluster.servers[victim].take().unwrap();
+        let status = crashed.child.wait().unwrap();
+        let stderr = crashed.stderr();
+        assert!(
+            !status.success() && stderr.contains(&format!("failpoint {failpoint}")),
+            "replica {victim} did not stop at {failpoint} ({status}):\n{}",
+            tail(&stderr, 40)
+        );
+        cluster.start_replica(victim);
+        let converged = cluster.wait_converged(&[0, 1, 2]);
+        assert_eq!(
+            shape(&converged).as_array().unwrap().len(),
+            usize::try_from(request).unwrap(),
+            "after a crash at {failpoint}"
+        );
+        // Before the journal restart, the old journal ends below the installed checkpoint:
+        // boot finishes the restart.
+        let stderr = cluster.stderr(victim);
+        let last_run = &stderr[stderr.rfind("starting data_dir").unwrap_or(0)..];
+        let finished_by_boot =
+            last_run.contains("journal held no record above the installed checkpoint");
+        assert_eq!(
+            finished_by_boot,
+            failpoint != "install.after_journal_restart",
+            "after a crash at {failpoint}:\n{}",
+            tail(last_run, 40)
+        );
+    }
 }

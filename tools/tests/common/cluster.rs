@@ -89,12 +89,19 @@ impl Cluster {
     }
 
     pub fn start_replica(&mut self, index: usize) {
+        self.start_replica_with_env(index, &[]);
+    }
+
+    /// `start_replica` with environment variables `env` set for the process (e.g. a failpoint).
+    pub fn start_replica_with_env(&mut self, index: usize, env: &[(&str, &str)]) {
         let args = self.serve_args(index);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let listen = self.clients[index].to_string();
         let deadline = Instant::now() + CONVERGE_DEADLINE;
         let server = loop {
-            match Server::try_start_on(Command::new(BIN), &self.dirs[index], &listen, &args) {
+            let mut command = Command::new(BIN);
+            command.envs(env.iter().copied());
+            match Server::try_start_on(command, &self.dirs[index], &listen, &args) {
                 Ok(server) => break server,
                 // The port of a replica just killed may not be free yet.
                 Err(stderr) if Instant::now() < deadline => {
