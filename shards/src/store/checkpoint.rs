@@ -93,14 +93,20 @@ impl ReplicaStore {
     ) -> Result<CheckpointDone, CheckpointError> {
         let started = std::time::Instant::now();
         let written = self
-            .write_snapshot_of(checkpoint_op, metadata, client_table, |step| {
-                Some(match step {
-                    ReplaceStep::TmpWritten => "checkpoint.after_tmp_write",
-                    ReplaceStep::TmpSynced => "checkpoint.after_tmp_fsync",
-                    ReplaceStep::Renamed => "checkpoint.after_rename",
-                    ReplaceStep::DirSynced => "checkpoint.after_dir_fsync",
-                })
-            })
+            .write_snapshot_of(
+                checkpoint_op,
+                metadata,
+                client_table,
+                SnapshotPurpose::Checkpoint,
+                |step| {
+                    Some(match step {
+                        ReplaceStep::TmpWritten => "checkpoint.after_tmp_write",
+                        ReplaceStep::TmpSynced => "checkpoint.after_tmp_fsync",
+                        ReplaceStep::Renamed => "checkpoint.after_rename",
+                        ReplaceStep::DirSynced => "checkpoint.after_dir_fsync",
+                    })
+                },
+            )
             .await?;
         let snapshot_checksum = written.checksum;
         let snapshot_size_bytes = written.size_bytes;
@@ -169,6 +175,7 @@ impl ReplicaStore {
         checkpoint_op: u64,
         metadata: std::sync::Arc<MetadataState>,
         client_table: crate::vsr::client_table::ClientTableSnapshot,
+        purpose: SnapshotPurpose,
         failpoint_of: fn(ReplaceStep) -> Option<&'static str>,
     ) -> Result<SnapshotWritten, CheckpointError> {
         let bytes = compio::runtime::spawn_blocking(move || {
@@ -177,10 +184,12 @@ impl ReplicaStore {
         .await
         .map_err(|_| CheckpointError::Encode)?;
         let size_bytes = bytes.len() as u64;
+        // "checkpoint started" or "install started": tests and operators watch for it.
         tracing::info!(
             checkpoint_op,
             snapshot_size_bytes = size_bytes,
-            "snapshot write started"
+            "{} started",
+            purpose.name()
         );
         let checksum = storage::snapshot::write_snapshot(
             &self.snapshot_path(),
@@ -246,4 +255,21 @@ pub(super) struct SnapshotWritten {
     pub checksum: u64,
     /// The encoded payload's size.
     pub size_bytes: u64,
+}
+
+/// Why a snapshot is written: a checkpoint of this replica's state, or the install of one
+/// fetched by state transfer (named in the "... started" log line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SnapshotPurpose {
+    Checkpoint,
+    Install,
+}
+
+impl SnapshotPurpose {
+    fn name(self) -> &'static str {
+        match self {
+            SnapshotPurpose::Checkpoint => "checkpoint",
+            SnapshotPurpose::Install => "state transfer: install",
+        }
+    }
 }

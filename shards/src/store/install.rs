@@ -85,7 +85,13 @@ impl ReplicaStore {
             });
         }
         let written = self
-            .write_snapshot_of(checkpoint_op, metadata, client_table, |_| None)
+            .write_snapshot_of(
+                checkpoint_op,
+                metadata,
+                client_table,
+                super::checkpoint::SnapshotPurpose::Install,
+                |_| None,
+            )
             .await
             .map_err(|error| match error {
                 CheckpointError::Snapshot(error) => InstallError::Snapshot(error),
