@@ -27,8 +27,6 @@ mod repair;
 #[cfg(test)]
 mod tests;
 mod transfer;
-#[cfg(test)]
-mod transfer_tests;
 mod view_change;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
