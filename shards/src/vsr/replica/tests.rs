@@ -358,12 +358,17 @@ impl Cluster {
         panic!("the cluster did not go quiet");
     }
 
+    /// Advances the servers' clock by one tick.
+    fn tick_servers(&mut self) {
+        self.now += 1;
+        for server in &mut self.servers {
+            server.on_tick(self.now);
+        }
+    }
+
     fn tick(&mut self, ticks: u64) {
         for _ in 0..ticks {
-            self.now += 1;
-            for server in &mut self.servers {
-                server.on_tick(self.now);
-            }
+            self.tick_servers();
             for index in 0..self.replicas.len() as ReplicaIndex {
                 if let Some(replica) = self.replicas[usize::from(index)].as_mut() {
                     let actions = replica.on_tick();
@@ -915,11 +920,27 @@ fn vsr_4_safety_and_liveness_under_loss_reorder_and_crashes() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(16);
     for seed in 0..seeds {
-        soak(seed);
+        soak(seed, None);
     }
 }
 
-fn soak(seed: u64) {
+/// The same with checkpoints every 4 ops that release the journal below them (issue 9): a
+/// replica that was down, or lost messages, while its peers released the ops it needs catches
+/// up by state transfer, under the same loss and crashes, and the same checks hold.
+#[test]
+fn issue9_safety_and_liveness_with_journal_release_under_loss_and_crashes() {
+    let seeds: u64 = std::env::var("VSR_SOAK_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(16);
+    let installs: usize = (0..seeds).map(|seed| soak(seed, Some(4))).sum();
+    eprintln!("state-transfer installs over {seeds} seeds: {installs}");
+    assert!(installs > 0, "no seed exercised a state transfer");
+}
+
+/// One soak run; `release_interval`: checkpoint every that many ops and release the journal
+/// at or below each checkpoint. Returns the state-transfer installs performed.
+fn soak(seed: u64, release_interval: Option<u64>) -> usize {
     let env = |name: &str, default: u64| {
         std::env::var(name)
             .ok()
@@ -930,6 +951,10 @@ fn soak(seed: u64) {
     let drop_percent = env("VSR_SOAK_DROP", 10);
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9) + 1);
     let mut cluster = Cluster::new(count);
+    if let Some(interval) = release_interval {
+        cluster.set_checkpoint_interval(interval);
+        cluster.release_journal = true;
+    }
     let mut clients: Vec<SoakClient> = (1..=4u128)
         .map(|id| SoakClient {
             id,
@@ -983,10 +1008,7 @@ fn soak(seed: u64) {
             if faults && rng.chance(drop_percent) {
                 continue;
             }
-            if let Some(replica) = cluster.replicas[usize::from(to)].as_mut() {
-                let actions = replica.on_message(from, message);
-                cluster.perform(to, actions);
-            }
+            cluster.deliver(from, to, message);
             // Completions lag behind sometimes: a crash then loses the writes not yet durable.
             while rng.chance(70)
                 && let Some((index, completion)) = cluster.io.pop_front()
@@ -1014,6 +1036,7 @@ fn soak(seed: u64) {
             cluster.crash(victim);
             down = Some((victim, tick + 20 + rng.next() % 60));
         }
+        cluster.tick_servers();
         for index in 0..count {
             if let Some(replica) = cluster.replicas[usize::from(index)].as_mut() {
                 let actions = replica.on_tick();
@@ -1112,6 +1135,7 @@ fn soak(seed: u64) {
         acknowledged_count > 100,
         "seed {seed}: progress {acknowledged_count}"
     );
+    cluster.installs.len()
 }
 
 /// sim finding F1: a new primary inherits a client's Register uncommitted; the client's next
