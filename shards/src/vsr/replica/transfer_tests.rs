@@ -34,6 +34,12 @@ fn observe(replica: &Replica) -> Observed {
 /// committed, with a checksum no peer answers for: repair fails round after round, and it asks
 /// the primary for a state transfer. Returns the replica and the attempt's nonce.
 fn lagging_backup(log_ops: u64) -> (Replica, u64) {
+    lagging_backup_with(log_ops, 5, config(2, 3))
+}
+
+/// [`lagging_backup`] whose superblock says `commit_max` (the journaled ops up to it are
+/// applied again at open) and whose core runs with `config`.
+fn lagging_backup_with(log_ops: u64, commit_max: u64, config: CoreConfig) -> (Replica, u64) {
     let mut metadata = MetadataState::new();
     metadata.apply(
         3,
@@ -50,7 +56,7 @@ fn lagging_backup(log_ops: u64) -> (Replica, u64) {
         prepares.push(prepare_at(op, 0, parent, op));
     }
     let recovered = Recovered {
-        commit_max: 5,
+        commit_max,
         checkpoint_op: 5,
         metadata,
         client_table,
@@ -59,7 +65,7 @@ fn lagging_backup(log_ops: u64) -> (Replica, u64) {
         journal_first_op: 6,
         ..fresh()
     };
-    let (mut replica, actions) = Replica::open(config(2, 3), recovered);
+    let (mut replica, actions) = Replica::open(config, recovered);
     complete_io(&mut replica, actions);
     for _ in 0..500 {
         let mut actions = replica.on_message(
@@ -565,4 +571,41 @@ fn issue9_stale_wal_suffix_truncated_after_install() {
         cluster.replica(b2).state_digest(),
         cluster.replica(primary).state_digest()
     );
+}
+
+/// Issue 9 section 4 with DESIGN section 9's checkpoint lock: an install verified while the
+/// replica's own checkpoint is being written waits for it (an older snapshot must not land
+/// over the installed one), then goes ahead.
+#[test]
+fn issue9_install_waits_for_the_checkpoint_in_progress() {
+    let mut config = config(2, 3);
+    config.checkpoint_interval = 2;
+    // Ops 6..=8 are applied at open; the checkpoint at op 7 is never completed until below.
+    let (mut replica, nonce) = lagging_backup_with(3, 8, config);
+    assert_eq!(replica.commit_min(), 8);
+    let (metadata, table) = checkpoint_40();
+    let offer = Offer::build(40, &metadata, &table).unwrap();
+    let actions = fetch(&mut replica, nonce, &offer);
+    assert_eq!(
+        install_of(&actions),
+        None,
+        "waits for the checkpoint at op 7"
+    );
+    assert_eq!(replica.transfer_stage(), Stage::Installing);
+    let actions = replica.on_io_done(Completion::CheckpointDone {
+        op: 7,
+        journal_first_op: 6,
+    });
+    assert_eq!(install_of(&actions), Some(40));
+    assert!(
+        !actions
+            .iter()
+            .any(|a| matches!(a, Action::Checkpoint { .. })),
+        "no new checkpoint while installing: {actions:?}"
+    );
+    replica.on_io_done(Completion::CheckpointInstalled {
+        checkpoint_op: 40,
+        degraded: false,
+    });
+    assert_eq!((replica.commit_min(), replica.checkpoint_op()), (40, 40));
 }
