@@ -52,6 +52,13 @@ pub const TRANSFER_COOLDOWN_TICKS: u64 = 1000;
 /// replica applied (not a failure, but asking again at once would get the same offer).
 pub const NOT_USEFUL_HOLDOFF_TICKS: u64 = CHUNK_TIMEOUT_TICKS;
 
+const _: () = assert!(
+    STATE_CHUNK_REQUEST_LEN > 0,
+    "a chunk request asks for at least a byte"
+);
+const _: () = assert!(CHUNK_TIMEOUT_TICKS <= TARGET_TIMEOUT_TICKS);
+const _: () = assert!(TRANSFER_RETRY_BUDGET_ROUNDS > CHUNK_RESENDS_MAX);
+
 /// The receiver's stage (DESIGN section 10): `Idle -> AwaitingTarget -> Fetching -> Installing
 /// -> Idle`, plus `AwaitingTarget -> Idle` and `Fetching -> Idle` on a failed round; any other
 /// edge is a bug.
