@@ -485,6 +485,63 @@ fn issue9_lagging_replica_transfers_installs_and_repairs_tail() {
     assert_eq!(cluster.replica(b2).commit_min(), commit, "nothing applied");
 }
 
+/// The transfer path in the sim's fault list, deterministic: the serving primary crashes while
+/// b2 fetches. The chunks in flight go unanswered (its restarted server holds no offer), the
+/// attempt is abandoned after its re-sends, and a later one at the new view's primary
+/// completes: b2 installs and catches up, and everyone agrees.
+#[test]
+fn issue9_primary_crash_mid_transfer_retries_at_the_new_primary() {
+    let mut cluster = Cluster::new(3);
+    cluster.release_journal = true;
+    cluster.set_checkpoint_interval(4);
+    let (p, _, b2) = roles(&cluster);
+    cluster.request(p, 7, 0, PrepareOperation::Register);
+    cluster.run();
+    cluster.tick(4);
+    for other in (0..3).filter(|&i| i != b2) {
+        cluster.cut.insert((other, b2));
+        cluster.cut.insert((b2, other));
+    }
+    for request in 1..=20 {
+        cluster.request(
+            p,
+            7,
+            request,
+            create_stream(request as u32, &format!("s{request}")),
+        );
+        cluster.run();
+    }
+    let commit = cluster.replica(p).commit_min();
+    cluster.cut.clear();
+    // Chunks are lost until the primary crashes: b2 stays in the middle of its fetch.
+    cluster.drop_if = Some(|message| matches!(message, Message::StateChunk { .. }));
+    for _ in 0..1_000 {
+        if cluster.replica(b2).transfer_stage() == Stage::Fetching {
+            break;
+        }
+        cluster.tick(1);
+    }
+    assert_eq!(cluster.replica(b2).transfer_stage(), Stage::Fetching);
+    cluster.drop_if = None;
+    cluster.crash(p);
+    cluster.settle();
+    let primary = cluster.primary();
+    assert_ne!(primary, p);
+    cluster.restart(p);
+    tick_until_caught_up(&mut cluster, b2, commit);
+    let counters = cluster.replica(b2).transfer_counters();
+    assert_eq!(counters.installed, 1, "{counters:?}");
+    assert!(counters.started >= 2, "{counters:?}");
+    cluster.tick(10);
+    cluster.check_agreement();
+    for index in 0..3 {
+        assert_eq!(
+            cluster.replica(index).state_digest(),
+            cluster.replica(primary).state_digest()
+        );
+    }
+}
+
 /// Issue 9 section 4: a stale WAL suffix above the transfer floor that conflicts with the
 /// cluster is truncated, never replayed. b2 journals ops 2..=9 from a primary that then loses
 /// them (crash before its own writes were durable); the cluster commits other ops 2..=10 and
