@@ -438,25 +438,32 @@ impl Receiver {
             fetch.received.push(Vec::new());
             return self.request_chunk(now);
         }
-        ReceiverStep::Verified(self.verified())
+        ReceiverStep::Verified(self.take_verified())
     }
 
-    /// The verified artifacts by kind (every kind is present: the manifest was checked).
-    fn verified(&self) -> VerifiedCheckpoint {
-        let fetch = self.fetch();
-        let bytes_of = |kind: ArtifactKind| {
+    /// The verified artifacts by kind, moved out of the fetch (every kind is present: the
+    /// manifest was checked); the attempt keeps no copy.
+    fn take_verified(&mut self) -> VerifiedCheckpoint {
+        let fetch = self
+            .attempt
+            .as_mut()
+            .and_then(|attempt| attempt.fetch.as_mut())
+            .expect("Fetching has a fetch");
+        let mut take = |kind: ArtifactKind| {
             let index = fetch
                 .manifest
                 .entries
                 .iter()
                 .position(|entry| entry.kind == kind)
                 .expect("the manifest holds every kind");
-            fetch.received[index].clone()
+            std::mem::take(&mut fetch.received[index])
         };
+        let metadata = take(ArtifactKind::Metadata);
+        let client_table = take(ArtifactKind::ClientTable);
         VerifiedCheckpoint {
             checkpoint_op: fetch.checkpoint_op,
-            metadata: bytes_of(ArtifactKind::Metadata),
-            client_table: bytes_of(ArtifactKind::ClientTable),
+            metadata,
+            client_table,
         }
     }
 
