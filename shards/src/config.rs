@@ -145,8 +145,9 @@ impl ServerConfig {
                 "max_message_size",
                 self.max_message_size.to_string(),
                 format!(
-                    "must be at least {STATE_CHUNK_MESSAGE_SIZE_MIN} bytes: one state-chunk \
-                     header ({} bytes) plus one payload byte (issue 9 section 5)",
+                    "must be at least {STATE_CHUNK_MESSAGE_SIZE_MIN} bytes to carry one \
+                     state-chunk header ({} bytes) plus one payload byte (issue 9 section 5); \
+                     the accepted range is between {MESSAGE_SIZE_MIN} and {MESSAGE_SIZE_MAX} bytes",
                     bus::HEADER_SIZE
                 ),
             ));
@@ -477,8 +478,11 @@ mod tests {
         config.max_message_size = bus::HEADER_SIZE as u32;
         assert_eq!(
             config.validate().unwrap_err().to_string(),
-            "invalid --max-message-size value \"256\": must be at least 257 bytes: one \
-             state-chunk header (256 bytes) plus one payload byte (issue 9 section 5)"
+            format!(
+                "invalid --max-message-size value \"256\": must be at least 257 bytes to carry \
+                 one state-chunk header (256 bytes) plus one payload byte (issue 9 section 5); \
+                 the accepted range is between 1024 and {MESSAGE_SIZE_MAX} bytes"
+            )
         );
         config.max_message_size = STATE_CHUNK_MESSAGE_SIZE_MIN;
         let message = config.validate().unwrap_err().to_string();
