@@ -30,9 +30,25 @@ pub const TICK_MIN: std::time::Duration = std::time::Duration::from_millis(1);
 /// Longest consensus tick: beyond one second a failover takes tens of seconds with default
 /// tick counts.
 pub const TICK_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+/// Smallest metadata journal segment (bytes): small enough that tests and the simulator see
+/// segments roll and release (issue 9 section 0), large enough for many typical prepares.
+pub const JOURNAL_SEGMENT_SIZE_MIN: u64 = 64 * 1024;
+/// Largest metadata journal segment (bytes): the journal's hard maximum, because opening the
+/// journal reads one whole segment into memory ([`storage::limits::JOURNAL_SEGMENT_SIZE_MAX`]).
+pub const JOURNAL_SEGMENT_SIZE_MAX: u64 = storage::limits::JOURNAL_SEGMENT_SIZE_MAX;
+/// Smallest `max_message_size` that carries one state chunk (issue 9 section 5): the 256-byte
+/// chunk header plus one payload byte. A frame over a peer's limit tears down the whole replica
+/// connection, so a smaller limit could never serve a chunk.
+pub const STATE_CHUNK_MESSAGE_SIZE_MIN: u32 = bus::HEADER_SIZE as u32 + 1;
 
 const _: () = assert!(MESSAGE_SIZE_MIN as usize > bus::HEADER_SIZE + bus::BATCH_HEADER_SIZE);
 const _: () = assert!(MESSAGE_SIZE_MAX >= bus::limits::MESSAGE_SIZE_MAX_DEFAULT);
+const _: () = assert!(MESSAGE_SIZE_MIN >= STATE_CHUNK_MESSAGE_SIZE_MIN);
+const _: () = assert!(JOURNAL_SEGMENT_SIZE_MIN <= JOURNAL_SEGMENT_SIZE_MAX);
+// A maximal journal record still gets a segment of its own above any configured size.
+const _: () = assert!(
+    storage::limits::JOURNAL_RECORD_SIZE_MAX as u64 <= storage::limits::JOURNAL_SEGMENT_SIZE_MAX
+);
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -56,6 +72,10 @@ pub struct ServerConfig {
     pub clients_table_max: usize,
     /// Committed metadata ops between checkpoints (snapshot, superblock, journal release).
     pub checkpoint_interval: u64,
+    /// Metadata journal segment size before it rolls, bytes ([`JOURNAL_SEGMENT_SIZE_MIN`] ..=
+    /// [`JOURNAL_SEGMENT_SIZE_MAX`]). A checkpoint releases whole segments only, so this is
+    /// how much journal a replica keeps at least (issue 9 section 0).
+    pub journal_segment_size_max: u64,
     /// Cluster id: every replica of one cluster has the same; a replica frame from another
     /// cluster is dropped, and a data directory formatted for another cluster refuses to boot.
     pub cluster: u128,
@@ -99,6 +119,7 @@ impl ServerConfig {
             connection_idle_timeout: crate::limits::CONNECTION_IDLE_TIMEOUT,
             clients_table_max: crate::limits::CLIENTS_TABLE_MAX_DEFAULT,
             checkpoint_interval: crate::limits::CHECKPOINT_INTERVAL_DEFAULT,
+            journal_segment_size_max: storage::limits::JOURNAL_SEGMENT_SIZE_MAX,
             cluster: 0,
             replica: 0,
             addresses: Vec::new(),
@@ -119,6 +140,18 @@ impl ServerConfig {
             value,
             rule,
         };
+        if self.max_message_size < STATE_CHUNK_MESSAGE_SIZE_MIN {
+            return Err(invalid(
+                "max_message_size",
+                self.max_message_size.to_string(),
+                format!(
+                    "must be at least {STATE_CHUNK_MESSAGE_SIZE_MIN} bytes to carry one \
+                     state-chunk header ({} bytes) plus one payload byte (issue 9 section 5); \
+                     the accepted range is between {MESSAGE_SIZE_MIN} and {MESSAGE_SIZE_MAX} bytes",
+                    bus::HEADER_SIZE
+                ),
+            ));
+        }
         if !(MESSAGE_SIZE_MIN..=MESSAGE_SIZE_MAX).contains(&self.max_message_size) {
             return Err(invalid(
                 "max_message_size",
@@ -182,6 +215,18 @@ impl ServerConfig {
                 "checkpoint_interval",
                 self.checkpoint_interval.to_string(),
                 format!("must be between 1 and {CHECKPOINT_INTERVAL_LIMIT} ops"),
+            ));
+        }
+        if !(JOURNAL_SEGMENT_SIZE_MIN..=JOURNAL_SEGMENT_SIZE_MAX)
+            .contains(&self.journal_segment_size_max)
+        {
+            return Err(invalid(
+                "journal_segment_size_max",
+                self.journal_segment_size_max.to_string(),
+                format!(
+                    "must be between {JOURNAL_SEGMENT_SIZE_MIN} and {JOURNAL_SEGMENT_SIZE_MAX} \
+                     bytes (64KiB..=64MiB: opening the journal reads a whole segment into memory)"
+                ),
             ));
         }
         if let runtime::ShardCountArg::Count(0) = self.topology.shards {
@@ -326,6 +371,7 @@ fn flag_of(key: &'static str) -> &'static str {
         "connection_idle_timeout_s" => "--idle-timeout-s",
         "clients_table_max" => "--clients-table-max",
         "checkpoint_interval" => "--checkpoint-interval",
+        "journal_segment_size_max" => "--journal-segment-size",
         "shards" => "--shards",
         "data_dir" => "--data-dir",
         "listen" => "--listen",
@@ -359,10 +405,10 @@ mod tests {
     #[test]
     fn max_message_size_below_minimum_names_key_value_rule() {
         let mut config = ServerConfig::new(PathBuf::from("/tmp/x"));
-        config.max_message_size = 100;
+        config.max_message_size = 1000;
         let message = config.validate().unwrap_err().to_string();
         assert!(
-            message.starts_with("invalid --max-message-size value \"100\": must be between 1024"),
+            message.starts_with("invalid --max-message-size value \"1000\": must be between 1024"),
             "{message}"
         );
     }
@@ -399,6 +445,50 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .starts_with("invalid --checkpoint-interval value")
+        );
+    }
+
+    #[test]
+    fn issue9_journal_segment_size_bounds_name_flag_value_rule() {
+        let mut config = ServerConfig::new(PathBuf::from("/tmp/x"));
+        assert_eq!(
+            config.journal_segment_size_max,
+            storage::limits::JOURNAL_SEGMENT_SIZE_MAX
+        );
+        for bytes in [JOURNAL_SEGMENT_SIZE_MIN - 1, JOURNAL_SEGMENT_SIZE_MAX + 1] {
+            config.journal_segment_size_max = bytes;
+            assert_eq!(
+                config.validate().unwrap_err().to_string(),
+                format!(
+                    "invalid --journal-segment-size value \"{bytes}\": must be between 65536 \
+                     and 67108864 bytes (64KiB..=64MiB: opening the journal reads a whole \
+                     segment into memory)"
+                )
+            );
+        }
+        for bytes in [JOURNAL_SEGMENT_SIZE_MIN, JOURNAL_SEGMENT_SIZE_MAX] {
+            config.journal_segment_size_max = bytes;
+            config.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn issue9_max_message_size_must_carry_a_state_chunk() {
+        let mut config = ServerConfig::new(PathBuf::from("/tmp/x"));
+        config.max_message_size = bus::HEADER_SIZE as u32;
+        assert_eq!(
+            config.validate().unwrap_err().to_string(),
+            format!(
+                "invalid --max-message-size value \"256\": must be at least 257 bytes to carry \
+                 one state-chunk header (256 bytes) plus one payload byte (issue 9 section 5); \
+                 the accepted range is between 1024 and {MESSAGE_SIZE_MAX} bytes"
+            )
+        );
+        config.max_message_size = STATE_CHUNK_MESSAGE_SIZE_MIN;
+        let message = config.validate().unwrap_err().to_string();
+        assert!(
+            message.contains("must be between 1024"),
+            "the general minimum still applies above the state-chunk rule: {message}"
         );
     }
 

@@ -15,6 +15,17 @@
 //!   [`ShardReply`] by [`client_reply`]) only after every apply queued before it, and starts
 //!   each checkpoint (with the state the action carries) after the applies before it.
 //!
+//! - `InstallCheckpoint` (state transfer, issue 9 section 4): queued to the applier too, so it
+//!   runs after the applies and checkpoints before it: `ReplicaStore::install_checkpoint`, then
+//!   the restore fan-out ([`Shard::restore_metadata`]: every shard's copy replaced, partition
+//!   directories created) before `CheckpointInstalled` is reported.
+//!
+//! State-transfer serving (issue 9 section 3): the driver owns the sans-IO
+//! [`OfferServer`]; a peer's `RequestStateTransfer` or `RequestStateChunk` goes to it (with the
+//! core's `transfer_availability`, view and the tick count) instead of the core, and its
+//! `BuildOffer` reads the persisted snapshot through io_uring and builds the offer off the
+//! reactor, the result coming back through the loop like a completion.
+//!
 //! With no `--addresses` the same loop runs the core with `replica_count = 1` and no links.
 //!
 //! Fail-stop: a non-retryable journal failure or a failed superblock write stops the server (the
@@ -45,11 +56,33 @@ use crate::vsr::message::{
 };
 use crate::vsr::prepare::PrepareOperation;
 use crate::vsr::replica::{CoreConfig, Recovered, Replica};
+use crate::vsr::transfer::UnavailableReason;
+use crate::vsr::transfer::server::{self as offer_server, Offer, OfferServer, ServeOutput};
 
 /// Peer messages the links may hold for the driver before they drop (and count) more.
 const INBOUND_QUEUE_MAX: usize = 4096;
 /// Completions the I/O tasks may hold for the driver (the writer waits when it is full).
 const COMPLETION_QUEUE_MAX: usize = 4096;
+
+/// Offer builds the driver may have finished and not yet fed to the [`OfferServer`]: the server
+/// runs one build at a time, so one slot would do; a few absorb a build that completes while the
+/// loop is busy.
+const OFFER_BUILT_QUEUE_MAX: usize = 4;
+
+/// The outcome of one offer build: (checkpoint op, the offer or why not).
+type OfferBuilt = (u64, Result<Offer, UnavailableReason>);
+
+/// The serving side's configuration (issue 9 section 3): chunks of at most
+/// `offer_server::STATE_CHUNK_SIZE_MAX_DEFAULT` bytes, frames of at most `frame_size_max` (the
+/// replica link's limit, which every peer applies to what it receives: `BusConfig::new`), and the
+/// receiver's chunk round-trip timeout.
+pub fn offer_server_config(frame_size_max: u32) -> offer_server::ServerConfig {
+    offer_server::ServerConfig {
+        chunk_size_max: offer_server::STATE_CHUNK_SIZE_MAX_DEFAULT,
+        frame_size_max,
+        chunk_timeout_ticks: crate::vsr::transfer::receiver::CHUNK_TIMEOUT_TICKS,
+    }
+}
 
 /// One request from the metadata queue: (client, request number, operation, reply).
 pub type RequestItem = (u128, u64, PrepareOperation, TxOneshot<ShardReply>);
@@ -154,6 +187,8 @@ enum Input {
     Request(RequestItem),
     Message(Inbound<Message>),
     Completion(Completion),
+    /// An offer build the serving side asked for finished.
+    OfferBuilt(OfferBuilt),
     Tick,
     /// The metadata queue closed: the shard is going away.
     Closed,
@@ -180,6 +215,12 @@ pub struct Driver {
     /// What `Replica::open` returned, performed when the loop starts (the fan-out of replayed
     /// ops needs shard 0's pump running for the other shards' acks).
     first_actions: Vec<Action>,
+    /// The serving side of state transfer (issue 9 section 3).
+    offers: OfferServer,
+    offers_built_tx: MAsyncTx<Array<OfferBuilt>>,
+    offers_built: AsyncRx<Array<OfferBuilt>>,
+    /// Ticks since the loop started: the serving side's clock.
+    ticks: u64,
 }
 
 impl std::fmt::Debug for Driver {
@@ -210,6 +251,7 @@ impl Driver {
         } = opened;
         let core = Rc::new(RefCell::new(core));
         shard.attach_core(Rc::clone(&core));
+        let mut frame_size_max = crate::limits::REPLICA_MESSAGE_SIZE_MAX;
         let (bus, inbound) = if config.addresses.is_empty() {
             (None, None)
         } else {
@@ -220,6 +262,7 @@ impl Driver {
                 config.addresses.clone(),
                 client_address,
             );
+            frame_size_max = bus_config.frame_size_max;
             let bus = ReplicaBus::start(bus_config, message_decoder(), tx)
                 .await
                 .map_err(|e| {
@@ -246,7 +289,14 @@ impl Driver {
             applies_rx,
             completions_tx.clone(),
         ));
+        let (offers_built_tx, offers_built) =
+            crossfire::mpsc::bounded_async::<OfferBuilt>(OFFER_BUILT_QUEUE_MAX);
+        let offers = OfferServer::new(config.replica, offer_server_config(frame_size_max));
         let mut driver = Driver {
+            offers,
+            offers_built_tx,
+            offers_built,
+            ticks: 0,
             first_actions,
             shard,
             core,
@@ -283,6 +333,28 @@ impl Driver {
         let mut ticker = compio::time::interval(self.shard.config.tick);
         loop {
             let input = self.next_input(&mut ticker).await;
+            let input = match input {
+                Input::Message(Inbound { from, message })
+                    if message.is_state_transfer_request() =>
+                {
+                    self.serve_transfer(from, message);
+                    continue;
+                }
+                Input::OfferBuilt((checkpoint_op, result)) => {
+                    let view = self.core.borrow().view();
+                    let outputs = self
+                        .offers
+                        .offer_built(checkpoint_op, result, view, self.ticks);
+                    self.serve_outputs(outputs);
+                    continue;
+                }
+                Input::Tick => {
+                    self.ticks += 1;
+                    self.offers.on_tick(self.ticks);
+                    Input::Tick
+                }
+                input => input,
+            };
             let actions = {
                 let mut core = self.core.borrow_mut();
                 match input {
@@ -304,6 +376,7 @@ impl Driver {
                         core.on_io_done(completion)
                     }
                     Input::Message(Inbound { from, message }) => core.on_message(from, message),
+                    Input::OfferBuilt(_) => unreachable!("handled above"),
                     Input::Request((client, request, operation, reply)) => {
                         if let Some(refusal) = self.budget_refusal(core.metadata(), &operation) {
                             reply.send(refusal);
@@ -343,6 +416,10 @@ impl Driver {
                 Err(_) => Input::Closed,
             },
             _ = ticker.tick().fuse() => Input::Tick,
+            built = self.offers_built.recv().fuse() => match built {
+                Ok(built) => Input::OfferBuilt(built),
+                Err(_) => Input::Closed,
+            },
             message = message.fuse() => match message {
                 Some(message) => Input::Message(message),
                 None => Input::Closed,
@@ -412,8 +489,68 @@ impl Driver {
                     })
                     .await;
                 }
-                Action::InstallCheckpoint { checkpoint_op, .. } => {
-                    tracing::error!(checkpoint_op, "state transfer install: not built yet");
+                Action::InstallCheckpoint {
+                    checkpoint_op,
+                    metadata,
+                    client_table,
+                } => {
+                    tracing::info!(
+                        checkpoint_op,
+                        "state transfer: installing the fetched checkpoint"
+                    );
+                    self.to_applier(ApplierStep::Install {
+                        checkpoint_op,
+                        metadata,
+                        client_table,
+                    })
+                    .await;
+                }
+            }
+        }
+    }
+
+    /// A peer's `RequestStateTransfer` or `RequestStateChunk`: to the serving side, with the
+    /// core's availability and view and the tick count.
+    fn serve_transfer(&mut self, from: ReplicaIndex, message: Message) {
+        let (availability, view) = {
+            let core = self.core.borrow();
+            (core.transfer_availability(), core.view())
+        };
+        let now = self.ticks;
+        let outputs = match message {
+            Message::RequestStateTransfer { nonce, .. } => {
+                self.offers
+                    .on_request_transfer(from, nonce, availability, view, now)
+            }
+            Message::RequestStateChunk {
+                nonce,
+                artifact,
+                offset,
+                len,
+                ..
+            } => self
+                .offers
+                .on_request_chunk(from, nonce, artifact, offset, len, view, now),
+            other => unreachable!("not a state-transfer request: {other:?}"),
+        };
+        self.serve_outputs(outputs);
+    }
+
+    /// Performs the serving side's outputs: sends, and offer builds (off the loop; the outcome
+    /// comes back as [`Input::OfferBuilt`]).
+    fn serve_outputs(&self, outputs: Vec<ServeOutput>) {
+        for output in outputs {
+            match output {
+                ServeOutput::Send { to, message } => self.send(to, &message),
+                ServeOutput::BuildOffer { checkpoint_op } => {
+                    let store = Rc::clone(&self.store);
+                    let clients_max = self.shard.config.clients_table_max;
+                    let built = self.offers_built_tx.clone();
+                    compio::runtime::spawn(async move {
+                        let result = build_offer(&store, checkpoint_op, clients_max).await;
+                        let _ = built.send((checkpoint_op, result)).await;
+                    })
+                    .detach();
                 }
             }
         }
@@ -647,6 +784,67 @@ fn journal_failure_reason(error: &JournalError) -> String {
     error.to_string()
 }
 
+/// Builds the offer of the checkpoint at `checkpoint_op` from the persisted snapshot (issue 9
+/// section 3): read and verified through io_uring (`storage::snapshot::read_snapshot`, trailer
+/// checked), its op checked, then the payload decoded and the offer built off the reactor.
+/// A snapshot newer than `checkpoint_op` is a checkpoint being replaced; any other failure is
+/// an unreadable checkpoint, logged with the path.
+async fn build_offer(
+    store: &ReplicaStore,
+    checkpoint_op: u64,
+    clients_max: usize,
+) -> Result<Offer, UnavailableReason> {
+    let path = store.snapshot_path();
+    let unreadable = |reason: String| {
+        tracing::error!(
+            path = %path.display(), checkpoint_op, %reason,
+            "state transfer: cannot build an offer from the checkpoint; answering \
+             CheckpointUnreadable"
+        );
+        UnavailableReason::CheckpointUnreadable
+    };
+    let snapshot = match storage::snapshot::read_snapshot(&path).await {
+        Ok(Some(snapshot)) => snapshot,
+        Ok(None) => return Err(unreadable("the snapshot file is missing".to_owned())),
+        Err(error) => return Err(unreadable(error.to_string())),
+    };
+    if snapshot.checkpoint_op > checkpoint_op {
+        return Err(UnavailableReason::CheckpointBeingReplaced);
+    }
+    if snapshot.checkpoint_op != checkpoint_op {
+        return Err(unreadable(format!(
+            "the snapshot is at op {}, not the checkpoint op",
+            snapshot.checkpoint_op
+        )));
+    }
+    let built = compio::runtime::spawn_blocking(move || {
+        let restored = crate::vsr::snapshot::SnapshotPayload::decode(
+            &snapshot.payload,
+            checkpoint_op,
+            clients_max,
+        )?;
+        Offer::build(
+            checkpoint_op,
+            &restored.metadata,
+            &restored.client_table.to_snapshot(),
+        )
+        .map_err(|error| error.to_string())
+    })
+    .await;
+    match built {
+        Ok(Ok(offer)) => {
+            tracing::info!(
+                checkpoint_op,
+                path = %path.display(),
+                "state transfer: offer built from the checkpoint"
+            );
+            Ok(offer)
+        }
+        Ok(Err(reason)) => Err(unreadable(reason)),
+        Err(_) => Err(unreadable("the offer build task failed".to_owned())),
+    }
+}
+
 /// Durably drops every journal record above `op`.
 async fn truncate_journal_after(store: &ReplicaStore, op: u64) -> Result<(), JournalError> {
     store
@@ -717,6 +915,13 @@ enum ApplierStep {
     /// directories exist), off the applier too.
     Checkpoint {
         op: u64,
+        metadata: Arc<MetadataState>,
+        client_table: ClientTableSnapshot,
+    },
+    /// Install a checkpoint fetched by state transfer once the steps before it are done, then
+    /// restore every shard's copy from it (issue 9 section 4).
+    Install {
+        checkpoint_op: u64,
         metadata: Arc<MetadataState>,
         client_table: ClientTableSnapshot,
     },
@@ -795,8 +1000,74 @@ async fn applier(
                 })
                 .detach();
             }
+            ApplierStep::Install {
+                checkpoint_op,
+                metadata,
+                client_table,
+            } => {
+                if let Some(completion) =
+                    install(&shard, checkpoint_op, metadata, client_table).await
+                {
+                    let _ = completions.send(completion).await;
+                }
+            }
         }
     }
+}
+
+/// Installs the checkpoint at `checkpoint_op` (`ReplicaStore::install_checkpoint`), then the
+/// restore fan-out (`Shard::restore_metadata`), and returns the completion to report: installed
+/// (degraded or not), or failed (nothing durable changed; the reason names the file). A journal
+/// restart that failed after the snapshot was installed stops the server (`None`): the next
+/// boot finishes the restart.
+async fn install(
+    shard: &Rc<Shard>,
+    checkpoint_op: u64,
+    metadata: Arc<MetadataState>,
+    client_table: ClientTableSnapshot,
+) -> Option<Completion> {
+    let installed = shard
+        .replica()
+        .install_checkpoint(checkpoint_op, Arc::clone(&metadata), client_table)
+        .await;
+    let done = match installed {
+        Ok(done) => done,
+        Err(error @ crate::store::InstallError::Journal(_)) => {
+            let reason = format!("state transfer install at op {checkpoint_op}: {error}");
+            tracing::error!(%reason, "stopping the server: restart it to finish the install");
+            shard.stop_server(reason);
+            return None;
+        }
+        Err(error) => {
+            tracing::warn!(
+                checkpoint_op, %error,
+                "state transfer install failed; the previous checkpoint and journal are unchanged"
+            );
+            return Some(Completion::InstallFailed {
+                checkpoint_op,
+                reason: error.to_string(),
+            });
+        }
+    };
+    let failures = shard.restore_metadata(checkpoint_op, metadata).await;
+    if !failures.is_empty() {
+        tracing::error!(
+            checkpoint_op,
+            ?failures,
+            "installed checkpoint restored, but not every partition could be opened; each is \
+             retried on its next send or poll"
+        );
+    }
+    tracing::info!(
+        checkpoint_op,
+        degraded = done.degraded,
+        "state transfer: checkpoint installed and every shard restored; repairing the tail \
+         above it from peers"
+    );
+    Some(Completion::CheckpointInstalled {
+        checkpoint_op,
+        degraded: done.degraded,
+    })
 }
 
 #[cfg(test)]
@@ -827,6 +1098,62 @@ mod tests {
             unknown,
             ShardReply::NotPrimary { view: 5, primary: None, ref address } if address.is_empty()
         ));
+    }
+
+    /// Issue 9 section 3: the offer is built from the persisted, verified snapshot at the
+    /// checkpoint op; a missing or damaged snapshot answers `CheckpointUnreadable`, one newer
+    /// than the checkpoint op `CheckpointBeingReplaced`.
+    #[test]
+    fn issue9_offer_built_from_the_persisted_snapshot_or_refused_with_a_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = single_replica_config(dir.path());
+        let runtime = compio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let boot = crate::store::boot::recover(&config).await.unwrap();
+            let store = ReplicaStore::for_driver(&config, boot.journal, boot.superblock, 0);
+            let refused = build_offer(&store, 8, 16).await.unwrap_err();
+            assert_eq!(
+                refused,
+                UnavailableReason::CheckpointUnreadable,
+                "no snapshot"
+            );
+            let mut metadata = MetadataState::new();
+            metadata.apply(
+                8,
+                &MetadataOp::CreateStream {
+                    stream_id: 1,
+                    name: "orders".to_owned(),
+                },
+            );
+            let table = crate::vsr::client_table::ClientTable::new(16).to_snapshot();
+            store
+                .checkpoint_state(8, Arc::new(metadata.clone()), table)
+                .await
+                .unwrap();
+            let offer = build_offer(&store, 8, 16).await.unwrap();
+            assert_eq!(offer.checkpoint_op(), 8);
+            assert_eq!(
+                offer.artifact(crate::vsr::transfer::ArtifactKind::Metadata),
+                Some(serde_json::to_vec(&metadata).unwrap().as_slice())
+            );
+            assert_eq!(
+                build_offer(&store, 7, 16).await.unwrap_err(),
+                UnavailableReason::CheckpointBeingReplaced
+            );
+            assert_eq!(
+                build_offer(&store, 9, 16).await.unwrap_err(),
+                UnavailableReason::CheckpointUnreadable
+            );
+            let mut bytes = std::fs::read(store.snapshot_path()).unwrap();
+            let middle = bytes.len() / 2;
+            bytes[middle] ^= 0xFF;
+            std::fs::write(store.snapshot_path(), bytes).unwrap();
+            assert_eq!(
+                build_offer(&store, 8, 16).await.unwrap_err(),
+                UnavailableReason::CheckpointUnreadable,
+                "a snapshot whose trailer does not verify"
+            );
+        });
     }
 
     fn single_replica_config(data_dir: &std::path::Path) -> crate::config::ServerConfig {

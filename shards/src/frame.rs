@@ -21,6 +21,13 @@ pub enum ShardFrame {
     Reply { request_id: u64, reply: ShardReply },
     /// Shard 0 -> every other shard: apply this committed op, in op order.
     MetadataApply { op_number: u64, op: MetadataOp },
+    /// Shard 0 -> every other shard: replace your metadata copy with this installed checkpoint
+    /// (state transfer, issue 9 section 4), opening and closing partitions to match; acked with
+    /// `MetadataApplied { op_number: checkpoint_op }`.
+    MetadataRestore {
+        checkpoint_op: u64,
+        metadata: std::sync::Arc<MetadataState>,
+    },
     /// Shard 0 -> every other shard: the replica's view, primary and status changed.
     Status(crate::shard::ReplicaStatus),
     /// Every other shard -> shard 0, on the reply lane: the op is applied here (`failures`: its

@@ -1104,6 +1104,125 @@ impl Shard {
         failures
     }
 
+    /// Shard 0: the restore fan-out of a state-transfer install (issue 9 section 4): every
+    /// shard's metadata copy becomes the installed `metadata` (the state at `checkpoint_op`)
+    /// before the replica serves. Creates the partition directories of the installed metadata
+    /// (existing ones keep their data), replaces shard 0's copy and sends `MetadataRestore` to
+    /// every other shard, waits for each ack, then removes (through the rename-to-`.deleted`
+    /// path) the directories of streams and topics the installed metadata no longer has. Each
+    /// shard opens the partitions it owns that it did not have open and closes those that are
+    /// gone. Returns the partitions that could not be opened (retried on their next send or
+    /// poll).
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a cut-short restore leaves other shards' copies behind (only at
+    /// shutdown).
+    pub async fn restore_metadata(
+        self: &Rc<Self>,
+        checkpoint_op: u64,
+        metadata: Arc<MetadataState>,
+    ) -> Vec<OpenFailure> {
+        let gone = gone_topic_dirs(&self.metadata.borrow(), &metadata, &self.config.data_dir);
+        let created = metadata.namespaces();
+        let data_dir = self.config.data_dir.clone();
+        let prepared =
+            compio::runtime::spawn_blocking(move || prepare_partition_dirs(&data_dir, &created))
+                .await;
+        match prepared {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(code = ?e.code, error = %e.message, checkpoint_op, "cannot create partition directories of an installed checkpoint");
+            }
+            Err(_) => tracing::error!(checkpoint_op, "partition directory task failed"),
+        }
+        let mut failures = self.restore_local(Arc::clone(&metadata)).await;
+        if self.shard_count > 1 {
+            failures.extend(self.restore_remote(checkpoint_op, &metadata).await);
+        }
+        for dir in gone {
+            remove_deleted_dir(dir).await;
+        }
+        failures
+    }
+
+    /// Sends `MetadataRestore` to every other shard and waits for their acks (the same ack
+    /// slot as [`Shard::fan_out`]: the driver's applier runs one at a time).
+    async fn restore_remote(
+        self: &Rc<Self>,
+        checkpoint_op: u64,
+        metadata: &Arc<MetadataState>,
+    ) -> Vec<OpenFailure> {
+        let (done_tx, done_rx) = oneshot();
+        *self.metadata_ack.borrow_mut() = Some(MetadataAck {
+            op_number: checkpoint_op,
+            remaining: self.shard_count - 1,
+            failures: Vec::new(),
+            done: done_tx,
+        });
+        for target in 1..self.shard_count {
+            let frame = ShardFrame::MetadataRestore {
+                checkpoint_op,
+                metadata: Arc::clone(metadata),
+            };
+            if let Err(e) = self.send_reliably(ShardId(target), frame, false).await {
+                tracing::error!(checkpoint_op, error = %e, "metadata restore broadcast failed");
+                return Vec::new();
+            }
+        }
+        done_rx.await.unwrap_or_else(|_| {
+            tracing::warn!(checkpoint_op, "shard 0 stopped during metadata restore");
+            Vec::new()
+        })
+    }
+
+    /// Replaces this shard's metadata copy with `metadata`, closes the owned partitions it no
+    /// longer has and opens the owned ones it has that are not open. Returns the partitions
+    /// that could not be opened.
+    async fn restore_local(&self, metadata: Arc<MetadataState>) -> Vec<OpenFailure> {
+        let owned: Vec<Namespace> = metadata
+            .namespaces()
+            .into_iter()
+            .filter(|namespace| self.owns(*namespace))
+            .collect();
+        *self.metadata.borrow_mut() = metadata;
+        let gone: Vec<Namespace> = self
+            .partitions
+            .borrow()
+            .keys()
+            .copied()
+            .filter(|namespace| !owned.contains(namespace))
+            .collect();
+        for namespace in gone {
+            let log = self.partitions.borrow_mut().remove(&namespace);
+            self.unopened.remove(namespace);
+            self.producers.borrow_mut().remove_partition(namespace);
+            if let Some(log) = log
+                && let Err(e) = log.close().await
+            {
+                tracing::warn!(shard = self.id.0, %namespace, error = %e, "closing a partition the installed checkpoint no longer has failed");
+            }
+        }
+        let mut failures = Vec::new();
+        for namespace in owned {
+            if self.partitions.borrow().contains_key(&namespace) {
+                continue;
+            }
+            let dir = partition_dir(&self.config.data_dir, namespace);
+            match PartitionLog::open(&dir, self.log_config()).await {
+                Ok((log, report)) => {
+                    self.unopened.remove(namespace);
+                    self.insert_opened(namespace, log, &report);
+                }
+                Err(e) => {
+                    tracing::error!(shard = self.id.0, %namespace, error = %e, "cannot open partition log of an installed checkpoint; retried on its next send or poll");
+                    self.unopened.insert(namespace);
+                    failures.push(OpenFailure::new(self.id.0, namespace, &e));
+                }
+            }
+        }
+        failures
+    }
+
     /// Shard 0: checkpoints `metadata` and `client_table`, the state after `op` (the core's
     /// `Checkpoint` action, or the final checkpoint), logged like [`Shard::checkpoint`]. Returns
     /// the journal's first op afterwards.
@@ -1248,6 +1367,19 @@ impl Shard {
                     tracing::warn!(shard = self.id.0, error = %e, "metadata ack to shard 0 dropped");
                 }
             }
+            ShardFrame::MetadataRestore {
+                checkpoint_op,
+                metadata,
+            } => {
+                let failures = self.restore_local(metadata).await;
+                let ack = ShardFrame::MetadataApplied {
+                    op_number: checkpoint_op,
+                    failures,
+                };
+                if let Err(e) = self.send_reliably(from, ack, true).await {
+                    tracing::warn!(shard = self.id.0, error = %e, "metadata restore ack to shard 0 dropped");
+                }
+            }
             ShardFrame::Status(status) => self.receive_status(status),
             other => {
                 tracing::error!(shard = self.id.0, from = from.0, frame = ?other, "unexpected frame on the inbox; dropped");
@@ -1325,6 +1457,30 @@ impl Shard {
     pub fn logs(&self) -> Vec<Rc<PartitionLog>> {
         self.partitions.borrow().values().cloned().collect()
     }
+}
+
+/// The directories of the streams and topics `old` has and `installed` does not (a stream's
+/// whole directory when the stream is gone, else each gone topic's), under `data_dir`.
+fn gone_topic_dirs(
+    old: &MetadataState,
+    installed: &MetadataState,
+    data_dir: &std::path::Path,
+) -> Vec<PathBuf> {
+    let partitions = data_dir.join(PARTITIONS_DIR_NAME);
+    let mut gone = Vec::new();
+    for (stream_id, stream) in &old.streams {
+        let stream_dir = partitions.join(stream_id.to_string());
+        let Some(installed_stream) = installed.streams.get(stream_id) else {
+            gone.push(stream_dir);
+            continue;
+        };
+        for topic_id in stream.topics.keys() {
+            if !installed_stream.topics.contains_key(topic_id) {
+                gone.push(stream_dir.join(topic_id.to_string()));
+            }
+        }
+    }
+    gone
 }
 
 /// Logs a failed checkpoint: a refusal for lack of space or file descriptors as a warning (the

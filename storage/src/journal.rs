@@ -15,6 +15,7 @@
 
 mod record;
 mod recovery;
+mod restart;
 
 use std::collections::BTreeMap;
 use std::io;
@@ -30,6 +31,7 @@ use crate::limits::{JOURNAL_BODY_SIZE_MAX, JOURNAL_SEGMENT_SIZE_MAX};
 use crate::space::{FreeBytes, free_bytes, is_storage_full};
 pub use record::{JOURNAL_HEADER_SIZE, JournalHeader, Prepare, header_checksum, parse_record};
 pub use recovery::{CoveredResume, covered_resume};
+pub use restart::RestartStep;
 
 /// How a [`Journal`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
-use storage::journal::segment_path;
+use storage::journal::{RestartStep, segment_path};
 use storage::{
     JOURNAL_HEADER_SIZE, Journal, JournalConfig, JournalError, JournalRecovery, Prepare,
 };
@@ -600,5 +600,110 @@ proptest! {
         prop_assert_eq!(last_op, kept as u64);
         prop_assert_eq!(reopened.prepares.len(), kept + 1);
         prop_assert_eq!(reopened.truncated_bytes, 0);
+    }
+}
+
+/// Issue 9 section 4: after `restart_after(op)` the journal holds no record, is one empty
+/// segment `{op + 1}.wal`, and its next append is `op + 1`, above or below its old last op (a
+/// stale suffix above the installed checkpoint is dropped too); a reopen agrees.
+#[test]
+fn issue9_restart_after_drops_every_record_and_continues_at_op_plus_one() {
+    let config = small_segments(300);
+    for (installed_op, expected_name) in [
+        (20, "00000000000000000021.wal"),
+        (5, "00000000000000000006.wal"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        block_on(async {
+            let (mut journal, _) = open(dir.path(), config).await;
+            append_prepares(&mut journal, 11, 36).await;
+            assert_eq!(journal.segment_count(), 4);
+            journal.restart_after(installed_op).await.unwrap();
+            assert_eq!(
+                (
+                    journal.first_op(),
+                    journal.last_op(),
+                    journal.segment_count()
+                ),
+                (installed_op + 1, installed_op, 1)
+            );
+            assert_eq!(journal.read(3).await.unwrap(), None);
+            assert_eq!(wal_files(dir.path()), vec![expected_name]);
+            journal
+                .append(&prepare(installed_op + 1, 36))
+                .await
+                .unwrap();
+        });
+        block_on(async {
+            let (journal, recovery) = open(dir.path(), config).await;
+            let ops: Vec<u64> = recovery.prepares.iter().map(|prepare| prepare.op).collect();
+            assert_eq!(ops, vec![installed_op + 1]);
+            assert_eq!(
+                (journal.first_op(), journal.last_op()),
+                (installed_op + 1, installed_op + 1)
+            );
+        });
+    }
+}
+
+/// Copies every file of `from` into a new temporary directory: what a crash right now leaves
+/// on disk (each restart step is durable before the observer runs).
+fn crash_copy(from: &Path) -> tempfile::TempDir {
+    let copy = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), copy.path().join(entry.file_name())).unwrap();
+    }
+    copy
+}
+
+/// Issue 9 section 4, crash safety of the journal restart: a crash after any step leaves a
+/// directory open accepts: a contiguous run of the newest old segments (ops replayed only above
+/// the snapshot by boot), then one empty segment under its old name, then under the new one.
+#[test]
+fn issue9_restart_after_a_crash_at_every_step_leaves_an_openable_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = small_segments(300);
+    let mut crashes: Vec<(RestartStep, tempfile::TempDir)> = Vec::new();
+    block_on(async {
+        let (mut journal, _) = open(dir.path(), config).await;
+        append_prepares(&mut journal, 11, 36).await;
+        // Segments: 1 (1..=3), 4 (4..=6), 7 (7..=9), 10 (10..=11).
+        journal
+            .restart_after_observed(40, &mut |step| crashes.push((step, crash_copy(dir.path()))))
+            .await
+            .unwrap();
+    });
+    let steps: Vec<RestartStep> = crashes.iter().map(|(step, _)| *step).collect();
+    assert_eq!(
+        steps,
+        vec![
+            RestartStep::SegmentDeleted { first_op: 1 },
+            RestartStep::SegmentDeleted { first_op: 4 },
+            RestartStep::SegmentDeleted { first_op: 7 },
+            RestartStep::LastSegmentEmptied { first_op: 10 },
+            RestartStep::Renamed { first_op: 41 },
+        ]
+    );
+    // (first op, last op, ops replayed) each crash copy opens with.
+    let expected: [(u64, u64, Vec<u64>); 5] = [
+        (4, 11, (4..=11).collect()),
+        (7, 11, (7..=11).collect()),
+        (10, 11, vec![10, 11]),
+        (10, 9, Vec::new()),
+        (41, 40, Vec::new()),
+    ];
+    for ((step, copy), (first_op, last_op, ops)) in crashes.iter().zip(expected) {
+        block_on(async {
+            let (journal, recovery) = Journal::open_with_config(copy.path(), config)
+                .await
+                .unwrap_or_else(|error| panic!("crash after {step:?}: open refused: {error}"));
+            let replayed: Vec<u64> = recovery.prepares.iter().map(|prepare| prepare.op).collect();
+            assert_eq!(
+                (journal.first_op(), journal.last_op(), replayed),
+                (first_op, last_op, ops),
+                "crash after {step:?}"
+            );
+        });
     }
 }

@@ -110,6 +110,13 @@ pub struct ServeArgs {
     /// below it; boot replays at most this many ops. A clean shutdown always checkpoints.
     #[arg(long, env = "SHARDLINE_CHECKPOINT_INTERVAL", default_value_t = shards::limits::CHECKPOINT_INTERVAL_DEFAULT)]
     pub checkpoint_interval: u64,
+    /// Metadata journal segment size before it rolls to a new segment, bytes (65536..=67108864,
+    /// i.e. 64KiB..=64MiB: opening the journal reads a whole segment into memory; a KiB or MiB
+    /// suffix is accepted). A checkpoint releases only whole segments, so smaller segments let
+    /// the journal shrink sooner (a replica that fell further behind then catches up by state
+    /// transfer).
+    #[arg(long, env = "SHARDLINE_JOURNAL_SEGMENT_SIZE", default_value_t = storage::limits::JOURNAL_SEGMENT_SIZE_MAX, value_parser = shardline::arg_values::parse_byte_size, value_name = "BYTES")]
+    pub journal_segment_size: u64,
     /// Cluster id (decimal, or 0x-prefixed hex), the same on every replica of the cluster. A
     /// replica frame from another cluster is dropped, and a data directory formatted for another
     /// cluster refuses to boot.
@@ -159,6 +166,7 @@ impl ServeArgs {
         config.connection_idle_timeout = std::time::Duration::from_secs(self.idle_timeout_s);
         config.clients_table_max = self.clients_table_max;
         config.checkpoint_interval = self.checkpoint_interval;
+        config.journal_segment_size_max = self.journal_segment_size;
         config.cluster = self.cluster;
         config.replica = self.replica;
         config.addresses = self
@@ -204,6 +212,7 @@ pub fn run(args: &ServeArgs, file: Option<&ConfigFile>) -> anyhow::Result<()> {
         data_dir = %config.data_dir.display(), fsync = ?config.fsync, io_driver = ?config.io_driver,
         listen = %config.listen, cluster = %format_args!("{:#x}", config.cluster),
         replica = config.replica, replica_count = config.replica_count(), %addresses,
+        journal_segment_size = config.journal_segment_size_max,
         tick_ms = config.tick.as_millis() as u64, heartbeat_ticks = config.heartbeat_ticks,
         view_change_timeout_ticks = config.view_change_timeout_ticks,
         config_file = %file.map_or_else(|| "none".to_owned(), |file| file.path.display().to_string()),

@@ -246,3 +246,56 @@ fn serve_help_teaches_a_three_replica_cluster_and_the_config_file() {
         assert!(help.contains(needle), "{needle:?} missing from:\n{help}");
     }
 }
+
+/// Issue 9 section 0: `--journal-segment-size` is a key like the others: the file sets it, its
+/// variable beats the file, the flag beats both, and a value out of 64KiB..=64MiB is refused
+/// naming the key, the value, the file and the rule.
+#[test]
+fn issue9_journal_segment_size_from_file_env_and_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "shards = 1\nno-pin = true\njournal-segment-size = \"128KiB\"\n",
+    );
+    let config_arg = config.to_str().unwrap();
+    let starting_line = |command: Command, extra: &[&str]| {
+        let data = tempfile::tempdir().unwrap();
+        let mut args = vec!["--config", config_arg];
+        args.extend_from_slice(extra);
+        let server = Server::start_with(command, data.path(), &args);
+        let stderr = server.stderr();
+        assert_eq!(server.stop(), Some(0));
+        stderr
+            .lines()
+            .find(|line| line.contains("starting"))
+            .unwrap_or_else(|| panic!("no starting line in:\n{stderr}"))
+            .to_owned()
+    };
+    let line = starting_line(Command::new(BIN), &[]);
+    assert!(line.contains("journal_segment_size=131072"), "{line}");
+    let mut command = Command::new(BIN);
+    command.env("SHARDLINE_JOURNAL_SEGMENT_SIZE", "256KiB");
+    let line = starting_line(command, &[]);
+    assert!(line.contains("journal_segment_size=262144"), "{line}");
+    let mut command = Command::new(BIN);
+    command.env("SHARDLINE_JOURNAL_SEGMENT_SIZE", "256KiB");
+    let line = starting_line(command, &["--journal-segment-size", "64KiB"]);
+    assert!(line.contains("journal_segment_size=65536"), "{line}");
+
+    let bad = write_config(dir.path(), "journal-segment-size = \"1KiB\"\n");
+    let stderr = serve_refusal(Command::new(BIN), &["--config", bad.to_str().unwrap()]);
+    assert!(
+        stderr.contains(&format!(
+            "error: config file {}: invalid journal-segment-size value \"1024\": must be between \
+             65536 and 67108864 bytes (64KiB..=64MiB: opening the journal reads a whole segment \
+             into memory)",
+            bad.display()
+        )),
+        "{stderr}"
+    );
+    let stderr = serve_refusal(Command::new(BIN), &["--journal-segment-size", "65MiB"]);
+    assert!(
+        stderr.contains("invalid --journal-segment-size value \"68157440\": must be between 65536"),
+        "{stderr}"
+    );
+}

@@ -230,6 +230,17 @@ pub async fn recover(config: &ServerConfig) -> Result<Boot, BootError> {
         UncoveredDamage::Refuse
     };
     let scan = Journal::scan_with(&journal_path, snapshot_op, policy).await?;
+    if cluster && install_left_journal_behind(&scan, snapshot_op) {
+        return restart_after_install(
+            config,
+            scan,
+            superblock,
+            metadata,
+            client_table,
+            snapshot_op,
+        )
+        .await;
+    }
     let gap = check_journal_span(&scan, &journal_path, &snapshot_path(data_dir), snapshot_op)?;
     if let Some(journal_first_op) = gap
         && !cluster
@@ -247,7 +258,7 @@ pub async fn recover(config: &ServerConfig) -> Result<Boot, BootError> {
         ));
     }
     check_prepares(scan.recovery(), &journal_path, snapshot_op)?;
-    let (journal, recovery) = Journal::open_scanned(scan, JournalConfig::default()).await?;
+    let (journal, recovery) = Journal::open_scanned(scan, journal_config(config)).await?;
     for damaged in &recovery.damaged_records {
         warn_damaged_record(damaged, snapshot_op);
     }
@@ -289,6 +300,68 @@ pub async fn recover(config: &ServerConfig) -> Result<Boot, BootError> {
         recovered,
         prepare_positions,
         outcome,
+        journal,
+        superblock,
+    })
+}
+
+/// The journal configuration `config` asks for (`--journal-segment-size`, issue 9 section 0).
+fn journal_config(config: &ServerConfig) -> JournalConfig {
+    JournalConfig {
+        segment_size_max: config.journal_segment_size_max,
+    }
+}
+
+/// Whether the journal is what a crash during a state-transfer install left (issue 9 section
+/// 4: snapshot, superblock pairing, then `Journal::restart_after`): it holds no record above the
+/// snapshot's `snapshot_op` and either ends below it, or is empty and does not continue at
+/// `snapshot_op + 1`. A checkpoint of this replica's own never leaves that (its journal reaches
+/// the checkpoint op before the snapshot is written), so for a replica of a cluster it means the
+/// restart did not finish; the snapshot holds every op the journal had up to `snapshot_op`.
+fn install_left_journal_behind(scan: &JournalScan, snapshot_op: u64) -> bool {
+    let empty = scan.recovery().prepares.is_empty();
+    scan.last_op() < snapshot_op || (empty && scan.first_op() != snapshot_op + 1)
+}
+
+/// Finishes the journal restart a crash interrupted after an install (see
+/// [`install_left_journal_behind`]): opens the scanned journal, restarts it after
+/// `snapshot_op`, and recovers the installed checkpoint with nothing to replay (the tail above
+/// it is repaired from peers).
+async fn restart_after_install(
+    config: &ServerConfig,
+    scan: JournalScan,
+    superblock: Superblock,
+    metadata: MetadataState,
+    client_table: ClientTable,
+    snapshot_op: u64,
+) -> Result<Boot, BootError> {
+    let (journal_first_op, journal_last_op) = (scan.first_op(), scan.last_op());
+    let (mut journal, _) = Journal::open_scanned(scan, journal_config(config)).await?;
+    journal.restart_after(snapshot_op).await?;
+    tracing::warn!(
+        checkpoint_op = snapshot_op,
+        journal_first_op,
+        journal_last_op,
+        "journal held no record above the installed checkpoint (a crash interrupted a state \
+         transfer install after its snapshot was written): restarted it after the checkpoint; \
+         the ops above it are repaired from peers"
+    );
+    let superblock_state = *superblock.state();
+    let recovered = Recovered {
+        view: superblock_state.view,
+        log_view: superblock_state.log_view,
+        commit_max: superblock_state.commit_max,
+        checkpoint_op: snapshot_op,
+        metadata,
+        client_table,
+        prepares: Vec::new(),
+        journal_last_op: journal.last_op(),
+        journal_first_op: journal.first_op(),
+    };
+    Ok(Boot {
+        recovered,
+        prepare_positions: Vec::new(),
+        outcome: RecoveryOutcome::Clean,
         journal,
         superblock,
     })

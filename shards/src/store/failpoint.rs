@@ -1,6 +1,7 @@
 //! Failpoints for crash tests: `SHARDLINE_FAILPOINT=NAME` makes the process kill itself with
 //! SIGKILL the first time execution reaches the point called `NAME`, exactly as `kill -9` would at
-//! that instant (no destructor, no flush, no fsync). Names are listed in [`FAILPOINTS`].
+//! that instant (no destructor, no flush, no fsync). Names are listed in [`FAILPOINTS`] and
+//! [`INSTALL_FAILPOINTS`].
 //!
 //! Read once per process; when the variable is unset every check is one load of a `OnceLock`.
 //! It must never do anything but kill the process, and never be reached in normal operation
@@ -10,7 +11,8 @@ use std::sync::OnceLock;
 
 use crate::limits::FAILPOINT_ENV;
 
-/// Every failpoint, in the order a checkpoint reaches them (`storage/FORMAT.md` sections 7-9).
+/// Every checkpoint failpoint, in the order a checkpoint reaches them (`storage/FORMAT.md`
+/// sections 7-9).
 pub const FAILPOINTS: [&str; 9] = [
     "checkpoint.after_tmp_write",
     "checkpoint.after_tmp_fsync",
@@ -23,6 +25,19 @@ pub const FAILPOINTS: [&str; 9] = [
     "checkpoint.after_wal_release",
 ];
 
+/// Every state-transfer install failpoint, in the order an install reaches them (issue 9
+/// section 4): the snapshot durable, the superblock pairing durable, the journal restarted.
+pub const INSTALL_FAILPOINTS: [&str; 3] = [
+    "install.after_snapshot",
+    "install.after_superblock",
+    "install.after_journal_restart",
+];
+
+/// Whether `name` is a failpoint of either list.
+fn is_known(name: &str) -> bool {
+    FAILPOINTS.contains(&name) || INSTALL_FAILPOINTS.contains(&name)
+}
+
 /// The armed failpoint: `Ok(None)` when the variable is unset or empty, `Err` naming the value
 /// and the known names when it names no failpoint.
 fn armed() -> Result<Option<&'static str>, &'static str> {
@@ -31,12 +46,13 @@ fn armed() -> Result<Option<&'static str>, &'static str> {
         let name = std::env::var(FAILPOINT_ENV).unwrap_or_default();
         if name.is_empty() {
             Ok(None)
-        } else if FAILPOINTS.contains(&name.as_str()) {
+        } else if is_known(&name) {
             Ok(Some(name))
         } else {
             Err(format!(
-                "invalid {FAILPOINT_ENV} value {name:?}: names no failpoint; known: {}",
-                FAILPOINTS.join(", ")
+                "invalid {FAILPOINT_ENV} value {name:?}: names no failpoint; known: {}, {}",
+                FAILPOINTS.join(", "),
+                INSTALL_FAILPOINTS.join(", ")
             ))
         }
     });
@@ -50,8 +66,8 @@ fn armed() -> Result<Option<&'static str>, &'static str> {
 /// crash test passing without ever crashing.
 ///
 /// # Errors
-/// `SHARDLINE_FAILPOINT` is set to a name not in [`FAILPOINTS`]: the message names the value and
-/// the known names.
+/// `SHARDLINE_FAILPOINT` is set to a name in neither list: the message names the value and the
+/// known names.
 pub fn check_env() -> Result<(), String> {
     armed().map(|_| ()).map_err(str::to_owned)
 }
@@ -59,9 +75,9 @@ pub fn check_env() -> Result<(), String> {
 /// Kills the process with SIGKILL if `name` is the armed failpoint; otherwise does nothing.
 ///
 /// # Panics
-/// If `name` is not in [`FAILPOINTS`] (a bug in the caller).
+/// If `name` is in neither [`FAILPOINTS`] nor [`INSTALL_FAILPOINTS`] (a bug in the caller).
 pub fn hit(name: &str) {
-    assert!(FAILPOINTS.contains(&name), "unknown failpoint {name}");
+    assert!(is_known(name), "unknown failpoint {name}");
     if armed() == Ok(Some(name)) {
         eprintln!("failpoint {name}: killing the process with SIGKILL");
         // SAFETY: getpid and kill have no memory-safety preconditions.

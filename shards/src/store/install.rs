@@ -1,9 +1,19 @@
-//! Installing a checkpoint fetched by state transfer (DESIGN sections 9-10, issue 9 section 4).
-//! FOUNDATION STUB: the store helper fills this in.
+//! Installing a checkpoint fetched by state transfer (DESIGN sections 9-10, issue 9 section 4):
+//! under `checkpoint_lock` then `superblock_lock` (the order asserted by [`super::LockSession`]),
+//! the snapshot by the durable replace through io_uring, then the superblock pairing, then the
+//! journal restarted after the checkpoint, then the store's checkpoint op. It shares the
+//! snapshot and pairing steps with the checkpoint (`checkpoint.rs`).
+//!
+//! It must never report failure once the snapshot is in place (the replica then holds the
+//! installed state: a pairing write that failed after it is a degraded success, which boot
+//! accepts as a snapshot newer than its pairing), and never leave the journal holding ops the
+//! installed checkpoint replaced without boot finishing its restart.
 
 use std::sync::Arc;
 
-use super::ReplicaStore;
+use storage::journal::JournalError;
+
+use super::{CheckpointError, ReplicaStore, failpoint};
 use crate::metadata::MetadataState;
 use crate::vsr::client_table::ClientTableSnapshot;
 
@@ -25,21 +35,167 @@ pub enum InstallError {
     /// stay valid; the caller may retry the transfer.
     #[error("snapshot write failed: {0}")]
     Snapshot(#[from] storage::snapshot::SnapshotError),
+    /// The snapshot encoding task failed: nothing was written; the caller may retry.
+    #[error("snapshot encoding task failed")]
+    Encode,
+    /// The store already holds a checkpoint at or above `checkpoint_op` (`current`): nothing
+    /// was written; the transfer fetched a stale checkpoint, the caller starts over.
+    #[error(
+        "cannot install checkpoint op {checkpoint_op}: this replica's checkpoint is already at op \
+         {current}"
+    )]
+    Stale { checkpoint_op: u64, current: u64 },
+    /// The snapshot is installed (and maybe its pairing), but restarting the journal after it
+    /// failed: the journal is poisoned. The caller stops the server; the next boot finishes the
+    /// restart (`store::boot`), since the journal then holds nothing above the snapshot.
+    #[error("checkpoint installed, but restarting the journal after it failed: {0}")]
+    Journal(#[from] JournalError),
 }
 
 impl ReplicaStore {
-    /// Installs the checkpoint at `checkpoint_op` holding `metadata` and `client_table`.
+    /// Installs the checkpoint at `checkpoint_op` holding `metadata` and `client_table` (issue
+    /// 9 section 4): under `checkpoint_lock` then `superblock_lock`, (1) the snapshot by durable
+    /// replace through io_uring, its payload encoded off the reactor; (2) the superblock
+    /// pairing (checkpoint_op, snapshot checksum, commit_max at least checkpoint_op); (3) the
+    /// journal restarted after `checkpoint_op` (no record kept, next op `checkpoint_op + 1`);
+    /// (4) the store's checkpoint op. A pairing write that fails after (1) is not an error: the
+    /// install returns `degraded: true` (logged, counted by [`ReplicaStore::degraded_install_count`]).
     ///
     /// # Errors
-    /// See [`InstallError`].
-    #[allow(clippy::unused_async)]
+    /// - `Stale`: a checkpoint at or above `checkpoint_op` is already held; nothing written.
+    /// - `Encode`, `Snapshot`: step (1) failed; the previous checkpoint and journal stay valid.
+    /// - `Journal`: step (3) failed after the snapshot was installed (see the variant).
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a dropped install may leave the superblock or journal handle poisoned;
+    /// the files are a crash state boot accepts.
     pub async fn install_checkpoint(
         &self,
         checkpoint_op: u64,
         metadata: Arc<MetadataState>,
         client_table: ClientTableSnapshot,
     ) -> Result<InstallDone, InstallError> {
-        let _ = (checkpoint_op, metadata, client_table);
-        todo!("store helper")
+        let mut locks = self.lock_session();
+        locks.lock_checkpoint().await;
+        let current = self.checkpoint_op.get();
+        if checkpoint_op <= current {
+            return Err(InstallError::Stale {
+                checkpoint_op,
+                current,
+            });
+        }
+        let written = self
+            .write_snapshot_of(
+                checkpoint_op,
+                metadata,
+                client_table,
+                super::checkpoint::SnapshotPurpose::Install,
+                |_| None,
+            )
+            .await
+            .map_err(|error| match error {
+                CheckpointError::Snapshot(error) => InstallError::Snapshot(error),
+                _ => InstallError::Encode,
+            })?;
+        failpoint::hit("install.after_snapshot");
+        let degraded = match self
+            .install_pairing(&mut locks, checkpoint_op, written.checksum)
+            .await
+        {
+            Ok(()) => false,
+            Err(error) => {
+                self.note_degraded(checkpoint_op, &error);
+                self.reopen_superblock(&mut locks).await;
+                true
+            }
+        };
+        failpoint::hit("install.after_superblock");
+        self.journal
+            .lock()
+            .await
+            .restart_after(checkpoint_op)
+            .await?;
+        failpoint::hit("install.after_journal_restart");
+        self.checkpoint_op.set(checkpoint_op);
+        tracing::info!(
+            checkpoint_op,
+            snapshot_checksum = format_args!("{:#018x}", written.checksum),
+            snapshot_size_bytes = written.size_bytes,
+            degraded,
+            "state transfer: checkpoint installed; the journal continues at the next op"
+        );
+        Ok(InstallDone {
+            checkpoint_op,
+            degraded,
+            snapshot_size_bytes: written.size_bytes,
+        })
+    }
+
+    /// Installs whose superblock pairing write failed, since the process started.
+    pub fn degraded_install_count(&self) -> u64 {
+        self.degraded_install_count.get()
+    }
+
+    /// Step (2) of an install, through the test seam [`ReplicaStore::fail_next_install_pairing`].
+    async fn install_pairing(
+        &self,
+        locks: &mut super::LockSession<'_>,
+        checkpoint_op: u64,
+        snapshot_checksum: u64,
+    ) -> Result<(), storage::SuperblockError> {
+        if self.fail_next_install_pairing.replace(false) {
+            let guard = locks.lock_superblock().await;
+            let path = guard.path().to_path_buf();
+            locks.release_superblock(guard);
+            return Err(storage::SuperblockError::Io {
+                path,
+                op: "write superblock copy",
+                source: std::io::Error::other("injected failure (fail_next_install_pairing)"),
+            });
+        }
+        self.write_pairing(locks, checkpoint_op, snapshot_checksum, |_| None)
+            .await
+    }
+
+    /// After a failed pairing write: replaces the superblock handle (which a failed write
+    /// poisons) with a fresh open of the file, so later view changes and the next checkpoint can
+    /// write it again (the next checkpoint then records the pairing). Open picks the highest
+    /// valid copy, old or new pairing alike. If the reopen fails too, the handle stays poisoned
+    /// and the next superblock write stops the server (fail-stop, as before).
+    async fn reopen_superblock(&self, locks: &mut super::LockSession<'_>) {
+        let mut superblock = locks.lock_superblock().await;
+        let path = superblock.path().to_path_buf();
+        match storage::superblock::Superblock::open(&path).await {
+            Ok((reopened, _report)) => {
+                tracing::info!(
+                    path = %path.display(),
+                    checkpoint_op = reopened.state().checkpoint_op,
+                    "superblock reopened after the failed pairing write"
+                );
+                *superblock = reopened;
+            }
+            Err(error) => tracing::error!(
+                path = %path.display(), %error,
+                "cannot reopen the superblock after the failed pairing write; its next write \
+                 stops the server"
+            ),
+        }
+        locks.release_superblock(superblock);
+    }
+
+    /// Logs and counts a degraded install (issue 9 section 4).
+    fn note_degraded(&self, checkpoint_op: u64, error: &storage::SuperblockError) {
+        let count = self.degraded_install_count.get() + 1;
+        self.degraded_install_count.set(count);
+        tracing::warn!(
+            checkpoint_op, %error, degraded_install_count = count,
+            "state transfer: checkpoint installed DEGRADED: the snapshot is in place but the \
+             superblock pairing write failed; boot accepts the newer snapshot and the next \
+             checkpoint records the pairing"
+        );
     }
 }
+
+#[cfg(test)]
+#[path = "install_tests.rs"]
+mod tests;

@@ -309,3 +309,4 @@ pub fn unused_port() -> u16 {
         }
     }
 }
+pub mod cluster;
