@@ -1032,7 +1032,10 @@ async fn install(
         .await;
     let done = match installed {
         Ok(done) => done,
-        Err(error @ crate::store::InstallError::Journal(_)) => {
+        Err(
+            error @ (crate::store::InstallError::Journal(_)
+            | crate::store::InstallError::MarkerRemove(_)),
+        ) => {
             let reason = format!("state transfer install at op {checkpoint_op}: {error}");
             tracing::error!(%reason, "stopping the server: restart it to finish the install");
             shard.stop_server(reason);

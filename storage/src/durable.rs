@@ -393,6 +393,26 @@ pub async fn durable_replace_observed(
     Ok(())
 }
 
+/// Removes `path` durably: deletes it (a missing file is not an error) and fsyncs its parent
+/// directory, so after `Ok` a crash never brings it back.
+///
+/// # Errors
+/// `Io` naming the path (or its directory) and the failed step.
+///
+/// # Cancel safety
+/// Not cancel safe: a dropped call may leave the file deleted but the deletion not yet durable.
+pub async fn durable_remove(path: &Path) -> Result<(), DurableError> {
+    match compio::fs::remove_file(path).await {
+        Ok(()) => {}
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+        Err(error) => return Err(io_error(path, "remove")(error)),
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    sync_dir(dir)
+        .await
+        .map_err(io_error(dir, "fsync directory"))
+}
+
 /// Reads `path` and verifies its trailer; returns the payload without the trailer, or `None` if the
 /// file does not exist. A leftover `X.tmp` is never looked at. A payload larger than
 /// [`HASH_INLINE_BYTES_MAX`] is hashed on compio's blocking pool, not on the reactor.

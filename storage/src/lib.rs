@@ -18,7 +18,8 @@ pub mod space;
 pub mod superblock;
 
 pub use durable::{
-    DurableError, ReplaceStep, durable_replace, durable_replace_observed, read_verified,
+    DurableError, ReplaceStep, durable_remove, durable_replace, durable_replace_observed,
+    read_verified,
 };
 pub use entry::{
     ENTRY_HEADER_SIZE, EntryHeader, ProducerBatch, build_entry, build_entry_raw,

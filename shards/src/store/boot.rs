@@ -230,7 +230,8 @@ pub async fn recover(config: &ServerConfig) -> Result<Boot, BootError> {
         UncoveredDamage::Refuse
     };
     let scan = Journal::scan_with(&journal_path, snapshot_op, policy).await?;
-    if cluster && install_left_journal_behind(&scan, snapshot_op) {
+    let install_interrupted = install_marker_names(data_dir, snapshot_op).await?;
+    if install_interrupted || (cluster && install_left_journal_behind(&scan, snapshot_op)) {
         return restart_after_install(
             config,
             scan,
@@ -323,6 +324,80 @@ fn install_left_journal_behind(scan: &JournalScan, snapshot_op: u64) -> bool {
     scan.last_op() < snapshot_op || (empty && scan.first_op() != snapshot_op + 1)
 }
 
+/// Whether the install marker (`DATA_DIR/install.pending`, `store::install`) names the
+/// snapshot's `snapshot_op`: a state-transfer install put this snapshot in place and a crash
+/// came before its journal restart was durable, so the journal (whatever it holds, including a
+/// suffix above `snapshot_op` from another chain) must be restarted after the snapshot, never
+/// replayed on top of it. A marker naming another op is an install whose snapshot never landed:
+/// the journal is as it was; the marker is removed.
+///
+/// # Errors
+/// `Refuse` when the marker is damaged (it is written by durable replace, so damage is not a
+/// torn write) or not 8 bytes; `Io` when it cannot be read or removed.
+async fn install_marker_names(data_dir: &Path, snapshot_op: u64) -> Result<bool, BootError> {
+    let path = super::install_marker_path(data_dir);
+    let bytes = match storage::durable::read_verified(&path).await {
+        Ok(None) => return Ok(false),
+        Ok(Some(bytes)) => bytes,
+        Err(storage::DurableError::Corrupt { path, reason }) => {
+            return Err(BootError::refuse(
+                &path,
+                format!(
+                    "{}: install marker is damaged ({reason}): cannot tell whether a state                      transfer install finished; reformat this replica's data directory so it                      rejoins by state transfer",
+                    path.display()
+                ),
+            ));
+        }
+        Err(storage::DurableError::Io { path, op, source }) => {
+            return Err(BootError::Io {
+                path,
+                step: op,
+                source,
+            });
+        }
+    };
+    let Ok(op_bytes) = <[u8; 8]>::try_from(bytes.as_slice()) else {
+        return Err(BootError::refuse(
+            &path,
+            format!(
+                "{}: install marker holds {} bytes, not the 8-byte op",
+                path.display(),
+                bytes.len()
+            ),
+        ));
+    };
+    let marker_op = u64::from_le_bytes(op_bytes);
+    if marker_op == snapshot_op {
+        return Ok(true);
+    }
+    tracing::info!(
+        path = %path.display(),
+        marker_op,
+        snapshot_op,
+        "a state transfer install stopped before its snapshot was written; the journal is as it          was"
+    );
+    remove_marker_at(&path).await?;
+    Ok(false)
+}
+
+/// Removes the install marker of `config.data_dir` durably.
+async fn remove_install_marker(config: &ServerConfig) -> Result<(), BootError> {
+    remove_marker_at(&super::install_marker_path(&config.data_dir)).await
+}
+
+async fn remove_marker_at(path: &Path) -> Result<(), BootError> {
+    storage::durable::durable_remove(path)
+        .await
+        .map_err(|error| match error {
+            storage::DurableError::Io { path, op, source } => BootError::Io {
+                path,
+                step: op,
+                source,
+            },
+            storage::DurableError::Corrupt { path, reason } => BootError::refuse(&path, reason),
+        })
+}
+
 /// Finishes the journal restart a crash interrupted after an install (see
 /// [`install_left_journal_behind`]): opens the scanned journal, restarts it after
 /// `snapshot_op`, and recovers the installed checkpoint with nothing to replay (the tail above
@@ -338,6 +413,7 @@ async fn restart_after_install(
     let (journal_first_op, journal_last_op) = (scan.first_op(), scan.last_op());
     let (mut journal, _) = Journal::open_scanned(scan, journal_config(config)).await?;
     journal.restart_after(snapshot_op).await?;
+    remove_install_marker(config).await?;
     tracing::warn!(
         checkpoint_op = snapshot_op,
         journal_first_op,

@@ -1,7 +1,8 @@
 //! Installing a checkpoint fetched by state transfer (DESIGN sections 9-10, issue 9 section 4):
 //! under `checkpoint_lock` then `superblock_lock` (the order asserted by [`super::LockSession`]),
-//! the snapshot by the durable replace through io_uring, then the superblock pairing, then the
-//! journal restarted after the checkpoint, then the store's checkpoint op. It shares the
+//! a durable install marker, the snapshot by the durable replace through io_uring, then the
+//! superblock pairing, then the journal restarted after the checkpoint, then the marker removed,
+//! then the store's checkpoint op. It shares the
 //! snapshot and pairing steps with the checkpoint (`checkpoint.rs`).
 //!
 //! It must never report failure once the snapshot is in place (the replica then holds the
@@ -50,21 +51,34 @@ pub enum InstallError {
     /// restart (`store::boot`), since the journal then holds nothing above the snapshot.
     #[error("checkpoint installed, but restarting the journal after it failed: {0}")]
     Journal(#[from] JournalError),
+    /// Writing the install marker (`DATA_DIR/install.pending`) failed, before the snapshot:
+    /// nothing else was written; the caller may retry the transfer.
+    #[error("writing the install marker failed: {0}")]
+    MarkerWrite(storage::DurableError),
+    /// Removing the install marker failed after the journal restart: the install is complete on
+    /// disk, but the marker may survive, and a boot that finds it beside this snapshot restarts
+    /// the journal again: the caller stops the server before anything is appended (fail-stop,
+    /// like `Journal`).
+    #[error("checkpoint installed, but removing the install marker failed: {0}")]
+    MarkerRemove(storage::DurableError),
 }
 
 impl ReplicaStore {
     /// Installs the checkpoint at `checkpoint_op` holding `metadata` and `client_table` (issue
-    /// 9 section 4): under `checkpoint_lock` then `superblock_lock`, (1) the snapshot by durable
+    /// 9 section 4): under `checkpoint_lock` then `superblock_lock`, (0) the install marker
+    /// (`DATA_DIR/install.pending` holding `checkpoint_op`); (1) the snapshot by durable
     /// replace through io_uring, its payload encoded off the reactor; (2) the superblock
     /// pairing (checkpoint_op, snapshot checksum, commit_max at least checkpoint_op); (3) the
     /// journal restarted after `checkpoint_op` (no record kept, next op `checkpoint_op + 1`);
-    /// (4) the store's checkpoint op. A pairing write that fails after (1) is not an error: the
+    /// (4) the marker removed; (5) the store's checkpoint op. A pairing write that fails after (1) is not an error: the
     /// install returns `degraded: true` (logged, counted by [`ReplicaStore::degraded_install_count`]).
     ///
     /// # Errors
     /// - `Stale`: a checkpoint at or above `checkpoint_op` is already held; nothing written.
     /// - `Encode`, `Snapshot`: step (1) failed; the previous checkpoint and journal stay valid.
+    /// - `MarkerWrite`: step (0), the install marker, failed; nothing else written.
     /// - `Journal`: step (3) failed after the snapshot was installed (see the variant).
+    /// - `MarkerRemove`: step (4), removing the marker, failed (see the variant).
     ///
     /// # Cancel safety
     /// Not cancel safe: a dropped install may leave the superblock or journal handle poisoned;
@@ -84,6 +98,7 @@ impl ReplicaStore {
                 current,
             });
         }
+        self.write_install_marker(checkpoint_op).await?;
         let written = self
             .write_snapshot_of(
                 checkpoint_op,
@@ -116,6 +131,9 @@ impl ReplicaStore {
             .restart_after(checkpoint_op)
             .await?;
         failpoint::hit("install.after_journal_restart");
+        storage::durable::durable_remove(&super::install_marker_path(&self.data_dir))
+            .await
+            .map_err(InstallError::MarkerRemove)?;
         self.checkpoint_op.set(checkpoint_op);
         tracing::info!(
             checkpoint_op,
@@ -129,6 +147,20 @@ impl ReplicaStore {
             degraded,
             snapshot_size_bytes: written.size_bytes,
         })
+    }
+
+    /// Step (0): the durable install marker holding `checkpoint_op`, written before the
+    /// snapshot. A crash after the snapshot is in place and before the journal restart is
+    /// durable leaves the marker beside a snapshot at `checkpoint_op`: boot then finishes the
+    /// restart, so the old journal's suffix (possibly another chain above the installed op) is
+    /// never replayed on top of the installed state (issue 9 section 4).
+    async fn write_install_marker(&self, checkpoint_op: u64) -> Result<(), InstallError> {
+        storage::durable::durable_replace(
+            &super::install_marker_path(&self.data_dir),
+            checkpoint_op.to_le_bytes().to_vec(),
+        )
+        .await
+        .map_err(InstallError::MarkerWrite)
     }
 
     /// Installs whose superblock pairing write failed, since the process started.

@@ -340,3 +340,72 @@ fn issue9_boot_after_a_crash_mid_journal_restart_finishes_it() {
         );
     }
 }
+
+/// Issue 9 section 4 ("a stale WAL suffix above the transfer floor ... is truncated, never
+/// replayed"): a crash after the install's snapshot at op 40 landed but before its journal
+/// restart, with the old journal reaching op 100 (a suffix of another chain above the installed
+/// op): the install marker beside the snapshot makes boot restart the journal after op 40
+/// instead of replaying ops 41..=100 on top of the installed state; the marker is removed.
+#[test]
+fn issue9_stale_suffix_above_installed_snapshot_never_replayed_after_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = cluster_config(dir.path());
+    block_on(async {
+        drop(replica_with_old_journal(&config, 100).await);
+        storage::durable::durable_replace(
+            &crate::store::install_marker_path(dir.path()),
+            40u64.to_le_bytes().to_vec(),
+        )
+        .await
+        .unwrap();
+        snapshot_only(dir.path(), 40).await;
+        let boot = recover(&config).await.unwrap();
+        assert_eq!(boot.recovered.checkpoint_op, 40);
+        assert!(
+            boot.recovered.prepares.is_empty(),
+            "the old suffix is never replayed"
+        );
+        assert_eq!((boot.journal.first_op(), boot.journal.last_op()), (41, 40));
+    });
+    assert!(!crate::store::install_marker_path(dir.path()).exists());
+}
+
+/// The install marker names op 500 but the snapshot never landed (the crash came before the
+/// durable replace): the journal is this replica's own and boots as it was; the marker goes.
+#[test]
+fn issue9_install_marker_without_its_snapshot_leaves_the_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = cluster_config(dir.path());
+    block_on(async {
+        drop(replica_with_old_journal(&config, 30).await);
+        storage::durable::durable_replace(
+            &crate::store::install_marker_path(dir.path()),
+            500u64.to_le_bytes().to_vec(),
+        )
+        .await
+        .unwrap();
+        let boot = recover(&config).await.unwrap();
+        assert_eq!(boot.recovered.checkpoint_op, 0);
+        assert_eq!(boot.recovered.prepares.len(), 30);
+    });
+    assert!(!crate::store::install_marker_path(dir.path()).exists());
+}
+
+/// A damaged install marker refuses boot naming the file (never guessed either way).
+#[test]
+fn issue9_damaged_install_marker_refuses_boot_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = cluster_config(dir.path());
+    block_on(async {
+        drop(replica_with_old_journal(&config, 3).await);
+    });
+    std::fs::write(
+        crate::store::install_marker_path(dir.path()),
+        [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16],
+    )
+    .unwrap();
+    let error = block_on(recover(&config)).err().expect("refused");
+    let message = error.to_string();
+    assert!(message.contains("install.pending"), "{message}");
+    assert!(message.contains("install marker is damaged"), "{message}");
+}

@@ -213,6 +213,16 @@ pub fn snapshot_path(data_dir: &Path) -> PathBuf {
     data_dir.join(storage::snapshot::SNAPSHOT_FILE_NAME)
 }
 
+/// `DATA_DIR/install.pending`: present (holding the op) from just before a state-transfer
+/// install writes its snapshot until its journal restart is durable (`install.rs`); boot
+/// finishes the restart when it finds it beside the installed snapshot (`boot.rs`).
+pub fn install_marker_path(data_dir: &Path) -> PathBuf {
+    data_dir.join(INSTALL_MARKER_FILE_NAME)
+}
+
+/// File name of [`install_marker_path`].
+pub const INSTALL_MARKER_FILE_NAME: &str = "install.pending";
+
 /// `DATA_DIR/superblock`.
 pub fn superblock_path(data_dir: &Path) -> PathBuf {
     data_dir.join(storage::SUPERBLOCK_FILE_NAME)
