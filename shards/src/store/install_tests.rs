@@ -404,7 +404,9 @@ fn issue9_damaged_install_marker_refuses_boot_naming_it() {
         [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16],
     )
     .unwrap();
-    let error = block_on(recover(&config)).err().expect("refused");
+    let Err(error) = block_on(recover(&config)) else {
+        panic!("a damaged install marker must refuse boot");
+    };
     let message = error.to_string();
     assert!(message.contains("install.pending"), "{message}");
     assert!(message.contains("install marker is damaged"), "{message}");
