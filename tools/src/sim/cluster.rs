@@ -17,6 +17,8 @@ use std::fmt::Write as _;
 use shards::vsr::message::{Action, ClientReply, ClientRequest, Completion, Message};
 use shards::vsr::prepare::PrepareBody;
 use shards::vsr::replica::{CoreConfig, Replica};
+use shards::vsr::transfer::server::{Offer, OfferServer, ServeOutput, ServerConfig};
+use shards::vsr::transfer::{TransferTarget, UnavailableReason};
 use shards::vsr::wire;
 use storage::journal::JournalHeader;
 
@@ -28,12 +30,33 @@ use super::prng::Prng;
 use super::trace::Trace;
 use super::workload::{Client, ReplyEffect, generate_operations};
 
+mod transfer;
+
+use self::transfer::state_digest;
+
 /// Ticks a crashed replica stays down, at least and at most.
 const DOWN_TICKS_MIN: u64 = 20;
 const DOWN_TICKS_MAX: u64 = 300;
 /// Ticks a partition lasts, at least and at most.
 const PARTITION_TICKS_MIN: u64 = 30;
 const PARTITION_TICKS_MAX: u64 = 400;
+
+/// Ticks a server takes to read its checkpoint and build an offer, at least and at most.
+const OFFER_BUILD_TICKS_MIN: u64 = 1;
+const OFFER_BUILD_TICKS_MAX: u64 = 6;
+/// The chunk round-trip timeout the simulated servers expire offers by (ticks); the receiver's
+/// own timeout is the core's.
+const CHUNK_TIMEOUT_TICKS: u64 = 50;
+/// Ticks without a transfer request after which the simulator stops counting a transfer as under
+/// way (the receiver fell back to journal repair or gave up for now).
+const TRANSFER_QUIET_TICKS: u64 = 300;
+/// `--transfer`'s lagging replica goes down at a tick in this range.
+const LAG_START_TICK_MIN: u64 = 10;
+const LAG_START_TICK_MAX: u64 = 80;
+/// Checkpoint intervals the others commit while the lagging replica is down (plus one journal
+/// segment): more than a peer keeps in memory (one to two intervals), so its journal release
+/// leaves the lagging replica nothing to repair from.
+const LAG_CHECKPOINT_INTERVALS: u64 = 3;
 
 /// What crosses the simulated network.
 #[derive(Debug, Clone)]
@@ -84,11 +107,119 @@ impl std::fmt::Display for FaultCounts {
     }
 }
 
+/// What state transfer did in one run (issue 9), counted by the world from what it routes and
+/// performs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransferStats {
+    /// Transfers started: a replica's first `RequestStateTransfer` while none was under way.
+    pub started: u64,
+    /// Rounds restarted: a `RequestStateTransfer` with a fresh nonce during a transfer (the
+    /// previous round failed or timed out).
+    pub retried_rounds: u64,
+    /// `StateTransferTarget` refusals (`available = 0`) sent.
+    pub refused: u64,
+    /// `Completion::CheckpointInstalled`, degraded or not.
+    pub installs: u64,
+    pub degraded_installs: u64,
+    /// `Completion::InstallFailed`.
+    pub failed_installs: u64,
+    /// Transfers that went quiet without an install (fell back to journal repair).
+    pub abandoned: u64,
+    pub chunks_corrupted: u64,
+    pub offers_unreadable: u64,
+    /// The replica serving a transfer crashed during it.
+    pub interrupted_by_primary_crash: u64,
+    /// The receiving replica crashed during its transfer.
+    pub interrupted_by_receiver_crash: u64,
+    /// The receiver's view changed during its transfer.
+    pub interrupted_by_view_change: u64,
+    /// The serving replica completed a newer checkpoint during the transfer.
+    pub interrupted_by_new_checkpoint: u64,
+}
+
+impl TransferStats {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &TransferStats) {
+        self.started += other.started;
+        self.retried_rounds += other.retried_rounds;
+        self.refused += other.refused;
+        self.installs += other.installs;
+        self.degraded_installs += other.degraded_installs;
+        self.failed_installs += other.failed_installs;
+        self.abandoned += other.abandoned;
+        self.chunks_corrupted += other.chunks_corrupted;
+        self.offers_unreadable += other.offers_unreadable;
+        self.interrupted_by_primary_crash += other.interrupted_by_primary_crash;
+        self.interrupted_by_receiver_crash += other.interrupted_by_receiver_crash;
+        self.interrupted_by_view_change += other.interrupted_by_view_change;
+        self.interrupted_by_new_checkpoint += other.interrupted_by_new_checkpoint;
+    }
+}
+
+impl std::fmt::Display for TransferStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "started {} retried {} refused {} installs {} degraded {} install_failed {} \
+             abandoned {} chunks_corrupted {} unreadable {} interrupted: primary_crash {} \
+             receiver_crash {} view_change {} new_checkpoint {}",
+            self.started,
+            self.retried_rounds,
+            self.refused,
+            self.installs,
+            self.degraded_installs,
+            self.failed_installs,
+            self.abandoned,
+            self.chunks_corrupted,
+            self.offers_unreadable,
+            self.interrupted_by_primary_crash,
+            self.interrupted_by_receiver_crash,
+            self.interrupted_by_view_change,
+            self.interrupted_by_new_checkpoint
+        )
+    }
+}
+
+/// A transfer under way at a receiving replica, as the world sees it from the messages.
+#[derive(Debug, Clone)]
+struct TransferWatch {
+    nonce: u64,
+    /// The replica its last request went to.
+    source: usize,
+    /// The receiver's view when the transfer started.
+    view: u32,
+    /// The checkpoint the source offered, once a target arrived.
+    target_op: Option<u64>,
+    /// The last tick the receiver sent a transfer request.
+    last_request_tick: u64,
+    /// Each interruption kind is counted once per transfer.
+    primary_crash_seen: bool,
+    view_change_seen: bool,
+    new_checkpoint_seen: bool,
+}
+
+/// The lagging-replica scenario's progress (`SimConfig::lagging_replica`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lag {
+    /// Not asked for, or over.
+    Off,
+    /// `replica` goes down at `tick`.
+    Pending { replica: usize, tick: u64 },
+    /// `replica` is down until the others committed past `until_commit`.
+    Down { replica: usize, until_commit: u64 },
+}
+
 /// One replica: its core (None while crashed) and its disk.
 #[derive(Debug)]
 struct Node {
     core: Option<Replica>,
     disk: Disk,
+    /// The serving side of state transfer (a fresh one at each open: a crash loses it).
+    server: OfferServer,
+    /// Offers being built from the disk's checkpoint: (due tick, checkpoint op).
+    offer_builds: Vec<(u64, u64)>,
+    /// The transfer this replica is receiving, if one is under way.
+    receiving: Option<TransferWatch>,
     /// The commit_min the checker has seen this replica reach (since its last restart).
     seen_commit_min: u64,
     /// While crashed: the tick it restarts.
@@ -127,8 +258,20 @@ pub struct World {
     checker: Checker,
     pub trace: Trace,
     pub faults: FaultCounts,
+    pub transfers: TransferStats,
     partition: Option<ActivePartition>,
     in_liveness_phase: bool,
+    lag: Lag,
+}
+
+/// The serving side's parameters in the simulator: small chunks (several per transfer), frames
+/// up to the replica bus limit, and the offer expiry timeout.
+fn server_config(config: &SimConfig) -> ServerConfig {
+    ServerConfig {
+        chunk_size_max: config.transfer_chunk_size,
+        frame_size_max: shards::limits::REPLICA_MESSAGE_SIZE_MAX,
+        chunk_timeout_ticks: CHUNK_TIMEOUT_TICKS,
+    }
 }
 
 fn describe(message: &Message) -> String {
@@ -218,6 +361,8 @@ impl World {
         let replica_count = usize::from(config.replica_count);
         let disk_faults = DiskFaults {
             journal_retain_ops: config.journal_retain_ops,
+            journal_segment_ops: config.journal_segment_ops,
+            install_write_fail: config.install_write_fail,
             torn_write: config.torn_write,
             io_delay_ticks_min: 1,
             io_delay_ticks_max: 4,
@@ -235,6 +380,9 @@ impl World {
             .map(|replica| Node {
                 core: None,
                 disk: Disk::format(config.cluster, replica, config.replica_count, disk_faults),
+                server: OfferServer::new(replica, server_config(config)),
+                offer_builds: Vec::new(),
+                receiving: None,
                 seen_commit_min: 0,
                 restart_tick: 0,
                 catching_up_to: None,
@@ -262,6 +410,14 @@ impl World {
                 )
             })
             .collect();
+        let lag = if config.lagging_replica {
+            Lag::Pending {
+                replica: prng.below(u64::from(config.replica_count)) as usize,
+                tick: prng.range_inclusive(LAG_START_TICK_MIN, LAG_START_TICK_MAX),
+            }
+        } else {
+            Lag::Off
+        };
         let mut world = World {
             config: config.clone(),
             prng,
@@ -274,8 +430,10 @@ impl World {
             checker: Checker::new(),
             trace: Trace::new(),
             faults: FaultCounts::default(),
+            transfers: TransferStats::default(),
             partition: None,
             in_liveness_phase: false,
+            lag,
         };
         if config.echo_trace {
             world.trace.echo_to_stderr();
@@ -328,6 +486,7 @@ impl World {
             self.step()?;
             if let Some(commit) = self.converged() {
                 self.checker.check_converged(commit)?;
+                self.check_converged_digests()?;
                 self.trace
                     .event(self.tick, &format!("converged at commit {commit}"));
                 return Ok(RunSummary { commit });
@@ -408,17 +567,29 @@ impl World {
                     self.tick,
                     &format!("r{replica} io_done {}", describe_completion(&completion)),
                 );
+                self.count_completion(replica, &completion);
+                let installed = match completion {
+                    Completion::CheckpointInstalled { checkpoint_op, .. } => Some(checkpoint_op),
+                    _ => None,
+                };
                 let core = self.nodes[replica].core.as_mut().expect("up");
                 let actions = core.on_io_done(completion);
                 self.perform(replica, actions)?;
+                if let Some(checkpoint_op) = installed {
+                    self.check_adopted(replica, checkpoint_op)?;
+                }
             }
+            self.serve_due_offers(replica);
         }
         for replica in 0..self.nodes.len() {
             if let Some(core) = self.nodes[replica].core.as_mut() {
                 let actions = core.on_tick();
                 self.perform(replica, actions)?;
+                self.nodes[replica].server.on_tick(self.tick);
             }
         }
+        self.watch_transfers();
+        self.advance_lag();
         self.poll_clients();
         if self
             .partition
@@ -462,9 +633,14 @@ impl World {
                         detail: format!("r{from}->r{to}: the frame names sender {sender}"),
                     });
                 }
-                let core = self.nodes[to].core.as_mut().expect("up");
                 self.trace
                     .event(self.tick, &format!("r{from}->r{to} {}", describe(&message)));
+                if message.is_state_transfer_request() {
+                    self.serve(to, from, message);
+                    return Ok(());
+                }
+                self.note_target(to, &message);
+                let core = self.nodes[to].core.as_mut().expect("up");
                 let actions = core.on_message(from as u8, message);
                 self.perform(to, actions)
             }
@@ -565,6 +741,7 @@ impl World {
         for action in actions {
             match action {
                 Action::Send { to, message } => {
+                    self.note_transfer_request(replica, usize::from(to), &message);
                     let frame = wire::encode(self.config.cluster, replica as u8, &message);
                     self.send(replica, usize::from(to), Payload::Replica(frame));
                 }
@@ -613,11 +790,42 @@ impl World {
                         .disk
                         .submit(&mut self.prng, self.tick, &action);
                 }
+                Action::Checkpoint {
+                    op,
+                    ref metadata,
+                    ref client_table,
+                } => {
+                    // The checkpoint's state is the replica's at commit point `op`: it must
+                    // match every other replica's there (and is what a transfer serves).
+                    self.checker
+                        .on_digest(replica as u8, op, state_digest(op, metadata, client_table))
+                        .map_err(|violation| Violation {
+                            detail: format!("checkpoint: {}", violation.detail),
+                            ..violation
+                        })?;
+                    self.trace
+                        .event(self.tick, &format!("r{replica} {}", describe_io(&action)));
+                    self.nodes[replica]
+                        .disk
+                        .submit(&mut self.prng, self.tick, &action);
+                }
+                Action::InstallCheckpoint {
+                    checkpoint_op,
+                    ref metadata,
+                    ref client_table,
+                } => {
+                    let digest = state_digest(checkpoint_op, metadata, client_table);
+                    self.checker
+                        .on_install(replica as u8, checkpoint_op, digest)?;
+                    self.trace
+                        .event(self.tick, &format!("r{replica} {}", describe_io(&action)));
+                    self.nodes[replica]
+                        .disk
+                        .submit(&mut self.prng, self.tick, &action);
+                }
                 Action::TruncateJournal { .. }
                 | Action::ReadJournal { .. }
-                | Action::WriteSuperblock { .. }
-                | Action::Checkpoint { .. }
-                | Action::InstallCheckpoint { .. } => {
+                | Action::WriteSuperblock { .. } => {
                     self.trace
                         .event(self.tick, &format!("r{replica} {}", describe_io(&action)));
                     self.nodes[replica]
@@ -681,8 +889,12 @@ impl World {
         let config = self.core_config(replica);
         let checkpoint_op = recovered.checkpoint_op;
         let (core, actions) = Replica::open(config, recovered);
+        let server = OfferServer::new(replica as u8, server_config(&self.config));
         let node = &mut self.nodes[replica];
         node.core = Some(core);
+        node.server = server;
+        node.offer_builds.clear();
+        node.receiving = None;
         node.seen_commit_min = checkpoint_op;
         if self.tick > 0 {
             node.catching_up_to = Some(self.checker.commit_max());
@@ -747,12 +959,15 @@ impl World {
     }
 
     fn crash(&mut self, replica: usize) {
+        self.count_crash_interruptions(replica);
         let damage = self.nodes[replica].disk.crash(&mut self.prng);
         let down_ticks = self.prng.range_inclusive(DOWN_TICKS_MIN, DOWN_TICKS_MAX);
         let node = &mut self.nodes[replica];
         node.core = None;
         node.catching_up_to = None;
         node.restart_tick = self.tick + down_ticks;
+        node.offer_builds.clear();
+        node.receiving = None;
         self.faults.crashes += 1;
         if damage.torn.is_some() {
             self.faults.torn_writes += 1;

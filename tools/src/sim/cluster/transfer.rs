@@ -1,0 +1,370 @@
+//! State transfer in the simulated world (issue 9, DESIGN section 10): each replica's serving
+//! side ([`OfferServer`]) fed the `RequestStateTransfer` / `RequestStateChunk` frames addressed
+//! to it and the core's [`Replica::transfer_availability`], offers built from the replica's
+//! simulated disk checkpoint after a read delay, chunk corruption in flight, the
+//! lagging-replica scenario, and the counts of what transfers did and what interrupted them.
+//!
+//! The receiving side is the core's own (it answers `StateTransferTarget` / `StateChunk` and
+//! asks for `Action::InstallCheckpoint`); the world only watches it through the messages it
+//! sends and the completions it gets.
+
+use shards::metadata::MetadataState;
+use shards::vsr::client_table::ClientTableSnapshot;
+use shards::vsr::message::{Completion, Message};
+
+use super::{
+    LAG_CHECKPOINT_INTERVALS, Lag, OFFER_BUILD_TICKS_MAX, OFFER_BUILD_TICKS_MIN, Offer, Payload,
+    Replica, ServeOutput, TRANSFER_QUIET_TICKS, TransferTarget, TransferWatch, UnavailableReason,
+    Violation, World, wire,
+};
+
+/// XXH3-64 of the snapshot payload encoding of this state at commit point `op`: what
+/// [`Replica::state_digest`] computes for a replica at `commit_min = op`.
+pub(super) fn state_digest(
+    op: u64,
+    metadata: &MetadataState,
+    client_table: &ClientTableSnapshot,
+) -> u64 {
+    let bytes = shards::vsr::snapshot::encode_payload(op, metadata, client_table);
+    twox_hash::XxHash3_64::oneshot(&bytes)
+}
+
+impl World {
+    /// Routes a transfer request from `from` to `replica`'s serving side, with the core's
+    /// availability and view.
+    pub(super) fn serve(&mut self, replica: usize, from: usize, message: Message) {
+        let node = &mut self.nodes[replica];
+        let core = node
+            .core
+            .as_ref()
+            .expect("delivered to a replica that is up");
+        let (availability, view) = (core.transfer_availability(), core.view());
+        let outputs = match message {
+            Message::RequestStateTransfer { nonce, .. } => {
+                node.server
+                    .on_request_transfer(from as u8, nonce, availability, view, self.tick)
+            }
+            Message::RequestStateChunk {
+                nonce,
+                artifact,
+                offset,
+                len,
+                ..
+            } => node
+                .server
+                .on_request_chunk(from as u8, nonce, artifact, offset, len, view, self.tick),
+            other => unreachable!("not a transfer request: {other:?}"),
+        };
+        self.perform_serve(replica, outputs);
+    }
+
+    /// Performs what `replica`'s serving side asked: sends (a chunk maybe corrupted in flight)
+    /// and offer builds (queued behind a simulated checkpoint read).
+    fn perform_serve(&mut self, replica: usize, outputs: Vec<ServeOutput>) {
+        for output in outputs {
+            match output {
+                ServeOutput::Send { to, mut message } => {
+                    if let Message::StateTransferTarget {
+                        target: TransferTarget::Unavailable { .. },
+                        ..
+                    } = message
+                    {
+                        self.transfers.refused += 1;
+                    }
+                    self.maybe_corrupt_chunk(replica, usize::from(to), &mut message);
+                    let frame = wire::encode(self.config.cluster, replica as u8, &message);
+                    self.send(replica, usize::from(to), Payload::Replica(frame));
+                }
+                ServeOutput::BuildOffer { checkpoint_op } => {
+                    let delay = self
+                        .prng
+                        .range_inclusive(OFFER_BUILD_TICKS_MIN, OFFER_BUILD_TICKS_MAX);
+                    self.trace.event(
+                        self.tick,
+                        &format!("r{replica} build_offer checkpoint {checkpoint_op}"),
+                    );
+                    self.nodes[replica]
+                        .offer_builds
+                        .push((self.tick + delay, checkpoint_op));
+                }
+            }
+        }
+    }
+
+    /// With `chunk_corruption`, flips one byte of a `StateChunk` payload before it is encoded:
+    /// the frame is valid, the artifact checksum is not.
+    fn maybe_corrupt_chunk(&mut self, replica: usize, to: usize, message: &mut Message) {
+        let Message::StateChunk {
+            payload, offset, ..
+        } = message
+        else {
+            return;
+        };
+        if payload.is_empty() || !self.prng.chance(self.config.chunk_corruption) {
+            return;
+        }
+        let index = self.prng.below(payload.len() as u64) as usize;
+        payload[index] ^= 1 << self.prng.below(8);
+        self.transfers.chunks_corrupted += 1;
+        self.trace.event(
+            self.tick,
+            &format!("fault: r{replica}->r{to} state chunk @{offset} byte {index} flipped"),
+        );
+    }
+
+    /// Hands every offer build of `replica` due now to its server: the checkpoint read from
+    /// the simulated disk (unreadable with `offer_unreadable`, replaced if the disk holds
+    /// another checkpoint by now) and built into an [`Offer`].
+    pub(super) fn serve_due_offers(&mut self, replica: usize) {
+        let now = self.tick;
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.nodes[replica].offer_builds)
+            .into_iter()
+            .partition(|&(tick, _)| tick <= now);
+        self.nodes[replica].offer_builds = later;
+        for (_, checkpoint_op) in due {
+            let result = self.read_offer(replica, checkpoint_op);
+            self.trace.event(
+                now,
+                &format!(
+                    "r{replica} offer_built checkpoint {checkpoint_op}: {}",
+                    match &result {
+                        Ok(_) => "ok".to_owned(),
+                        Err(reason) => format!("unavailable ({reason})"),
+                    }
+                ),
+            );
+            let node = &mut self.nodes[replica];
+            let view = node.core.as_ref().expect("up").view();
+            let outputs = node.server.offer_built(checkpoint_op, result, view, now);
+            self.perform_serve(replica, outputs);
+        }
+    }
+
+    fn read_offer(
+        &mut self,
+        replica: usize,
+        checkpoint_op: u64,
+    ) -> Result<Offer, UnavailableReason> {
+        if self.prng.chance(self.config.offer_unreadable) {
+            self.transfers.offers_unreadable += 1;
+            return Err(UnavailableReason::CheckpointUnreadable);
+        }
+        let (op, metadata, client_table) = self.nodes[replica]
+            .disk
+            .read_checkpoint(self.config.clients_table_max)
+            .map_err(|_| UnavailableReason::CheckpointUnreadable)?;
+        if op != checkpoint_op {
+            return Err(UnavailableReason::CheckpointBeingReplaced);
+        }
+        Ok(Offer::build(op, &metadata, &client_table))
+    }
+
+    /// `replica` sends `message` to `to`: a transfer request starts or continues its watch.
+    pub(super) fn note_transfer_request(&mut self, replica: usize, to: usize, message: &Message) {
+        let nonce = match message {
+            Message::RequestStateTransfer { nonce, .. }
+            | Message::RequestStateChunk { nonce, .. } => *nonce,
+            _ => return,
+        };
+        let view = self.nodes[replica].core.as_ref().map_or(0, Replica::view);
+        let tick = self.tick;
+        match &mut self.nodes[replica].receiving {
+            Some(watch) => {
+                if watch.nonce != nonce {
+                    self.transfers.retried_rounds += 1;
+                    watch.nonce = nonce;
+                    watch.target_op = None;
+                }
+                watch.source = to;
+                watch.last_request_tick = tick;
+            }
+            slot @ None => {
+                self.transfers.started += 1;
+                self.trace
+                    .event(tick, &format!("r{replica} transfer starts from r{to}"));
+                *slot = Some(TransferWatch {
+                    nonce,
+                    source: to,
+                    view,
+                    target_op: None,
+                    last_request_tick: tick,
+                    primary_crash_seen: false,
+                    view_change_seen: false,
+                    new_checkpoint_seen: false,
+                });
+            }
+        }
+    }
+
+    /// A `StateTransferTarget` offering a checkpoint reaches `replica`: its watch learns the op.
+    pub(super) fn note_target(&mut self, replica: usize, message: &Message) {
+        if let Message::StateTransferTarget {
+            nonce,
+            target: TransferTarget::Available { checkpoint_op, .. },
+            ..
+        } = message
+            && let Some(watch) = self.nodes[replica].receiving.as_mut()
+            && watch.nonce == *nonce
+        {
+            watch.target_op = Some(*checkpoint_op);
+        }
+    }
+
+    /// Counts install outcomes, and a new checkpoint of a replica serving a transfer.
+    pub(super) fn count_completion(&mut self, replica: usize, completion: &Completion) {
+        match completion {
+            Completion::CheckpointInstalled { degraded, .. } => {
+                self.transfers.installs += 1;
+                self.transfers.degraded_installs += u64::from(*degraded);
+                self.nodes[replica].receiving = None;
+            }
+            Completion::InstallFailed { .. } => {
+                self.transfers.failed_installs += 1;
+                self.nodes[replica].receiving = None;
+            }
+            Completion::CheckpointDone { op, .. } => {
+                for node in &mut self.nodes {
+                    if let Some(watch) = node.receiving.as_mut()
+                        && watch.source == replica
+                        && watch.target_op.is_some_and(|target| *op > target)
+                        && !watch.new_checkpoint_seen
+                    {
+                        watch.new_checkpoint_seen = true;
+                        self.transfers.interrupted_by_new_checkpoint += 1;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// After `CheckpointInstalled { checkpoint_op }` the core must have adopted the state: its
+    /// commit_min is at least `checkpoint_op` (rule `install-adopted`).
+    pub(super) fn check_adopted(
+        &mut self,
+        replica: usize,
+        checkpoint_op: u64,
+    ) -> Result<(), Violation> {
+        let Some(core) = self.nodes[replica].core.as_ref() else {
+            return Ok(());
+        };
+        if core.commit_min() < checkpoint_op {
+            return Err(Violation {
+                rule: "install-adopted",
+                detail: format!(
+                    "replica {replica} installed checkpoint {checkpoint_op} but its commit_min \
+                     is {}",
+                    core.commit_min()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// `replica` is about to crash: a transfer it serves or receives is interrupted.
+    pub(super) fn count_crash_interruptions(&mut self, replica: usize) {
+        if self.nodes[replica].receiving.is_some() {
+            self.transfers.interrupted_by_receiver_crash += 1;
+        }
+        for node in &mut self.nodes {
+            if let Some(watch) = node.receiving.as_mut()
+                && watch.source == replica
+                && !watch.primary_crash_seen
+            {
+                watch.primary_crash_seen = true;
+                self.transfers.interrupted_by_primary_crash += 1;
+            }
+        }
+    }
+
+    /// Each tick: a receiver whose view moved during its transfer counts a view change; one
+    /// quiet for [`TRANSFER_QUIET_TICKS`] no longer counts as transferring.
+    pub(super) fn watch_transfers(&mut self) {
+        for replica in 0..self.nodes.len() {
+            let node = &mut self.nodes[replica];
+            let (Some(core), Some(watch)) = (node.core.as_ref(), node.receiving.as_mut()) else {
+                continue;
+            };
+            if core.view() > watch.view && !watch.view_change_seen {
+                watch.view_change_seen = true;
+                self.transfers.interrupted_by_view_change += 1;
+            }
+            if self.tick - watch.last_request_tick > TRANSFER_QUIET_TICKS {
+                node.receiving = None;
+                self.transfers.abandoned += 1;
+                self.trace
+                    .event(self.tick, &format!("r{replica} transfer went quiet"));
+            }
+        }
+    }
+
+    /// The lagging-replica scenario: at its tick the chosen replica crashes (within the fault
+    /// budget, else a tick later) and stays down until the others committed
+    /// [`LAG_CHECKPOINT_INTERVALS`] checkpoint intervals and a journal segment more.
+    pub(super) fn advance_lag(&mut self) {
+        match self.lag {
+            Lag::Off => {}
+            Lag::Pending { replica, tick } => {
+                if self.tick < tick
+                    || self.in_liveness_phase
+                    || self.nodes[replica].core.is_none()
+                    || !self.within_budget(&[replica])
+                {
+                    return;
+                }
+                let until_commit = self.checker.commit_max()
+                    + LAG_CHECKPOINT_INTERVALS * self.config.checkpoint_interval
+                    + self.config.journal_segment_ops;
+                self.trace.event(
+                    self.tick,
+                    &format!("lagging replica r{replica}: down until commit {until_commit}"),
+                );
+                self.crash(replica);
+                self.nodes[replica].restart_tick = u64::MAX;
+                self.lag = Lag::Down {
+                    replica,
+                    until_commit,
+                };
+            }
+            Lag::Down {
+                replica,
+                until_commit,
+            } => {
+                if self.checker.commit_max() >= until_commit || self.in_liveness_phase {
+                    self.trace
+                        .event(self.tick, &format!("lagging replica r{replica}: restarts"));
+                    if self.nodes[replica].core.is_none() {
+                        self.nodes[replica].restart_tick = self.tick;
+                    }
+                    self.lag = Lag::Off;
+                }
+            }
+        }
+    }
+
+    /// At convergence: every replica's state digest is the same (rule `converged-digest`).
+    pub(super) fn check_converged_digests(&self) -> Result<(), Violation> {
+        let digests: Vec<(usize, u64)> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(replica, node)| {
+                node.core
+                    .as_ref()
+                    .map(|core| (replica, core.state_digest()))
+            })
+            .collect();
+        if let Some(&(first_replica, first)) = digests.first()
+            && let Some(&(replica, digest)) = digests.iter().find(|&&(_, digest)| digest != first)
+        {
+            return Err(Violation {
+                rule: "converged-digest",
+                detail: format!(
+                    "at the common commit replica {replica} has state digest {digest:#018x}, \
+                     replica {first_replica} {first:#018x}"
+                ),
+            });
+        }
+        Ok(())
+    }
+}
