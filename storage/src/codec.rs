@@ -134,6 +134,69 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The encoders' counterpart of [`Reader`]: appends little-endian fields to a buffer, then
+/// [`Writer::seal`] appends the trailer. Writing cannot fail.
+#[derive(Debug, Clone, Default)]
+pub struct Writer {
+    bytes: Vec<u8>,
+}
+
+impl Writer {
+    /// An empty writer with room for `capacity` bytes.
+    pub fn with_capacity(capacity: usize) -> Writer {
+        Writer {
+            bytes: Vec::with_capacity(capacity),
+        }
+    }
+
+    /// Bytes written so far.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Whether nothing was written yet.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    pub fn bytes(&mut self, bytes: &[u8]) -> &mut Writer {
+        self.bytes.extend_from_slice(bytes);
+        self
+    }
+
+    /// `count` zero bytes (reserved fields, padding).
+    pub fn zeros(&mut self, count: usize) -> &mut Writer {
+        self.bytes.resize(self.bytes.len() + count, 0);
+        self
+    }
+
+    pub fn u8(&mut self, value: u8) -> &mut Writer {
+        self.bytes(&[value])
+    }
+
+    pub fn u16(&mut self, value: u16) -> &mut Writer {
+        self.bytes(&value.to_le_bytes())
+    }
+
+    pub fn u32(&mut self, value: u32) -> &mut Writer {
+        self.bytes(&value.to_le_bytes())
+    }
+
+    pub fn u64(&mut self, value: u64) -> &mut Writer {
+        self.bytes(&value.to_le_bytes())
+    }
+
+    pub fn u128(&mut self, value: u128) -> &mut Writer {
+        self.bytes(&value.to_le_bytes())
+    }
+
+    /// The bytes written, followed by their XXH3-64 trailer ([`seal`]).
+    pub fn seal(mut self) -> Vec<u8> {
+        seal(&mut self.bytes);
+        self.bytes
+    }
+}
+
 /// XXH3-64 (seed 0) of `bytes`: the trailer value.
 pub fn trailer_of(bytes: &[u8]) -> u64 {
     twox_hash::XxHash3_64::oneshot(bytes)
@@ -198,6 +261,31 @@ mod tests {
         assert!(short.u64("g").is_err());
         assert_eq!(short.position(), 0, "a failed read consumes nothing");
         assert_eq!(short.bytes("h", 3), Ok(&bytes[..3]));
+    }
+
+    #[test]
+    fn writer_output_reads_back_and_verifies() {
+        let mut writer = Writer::with_capacity(64);
+        writer
+            .u8(7)
+            .u16(0x0102)
+            .zeros(1)
+            .u32(3)
+            .u64(u64::MAX)
+            .u128(5)
+            .bytes(b"ab");
+        assert_eq!(writer.len(), 1 + 2 + 1 + 4 + 8 + 16 + 2);
+        let sealed = writer.seal();
+        let (body, _) = split_verified_trailer(&sealed).expect("sealed");
+        let mut reader = Reader::new(body);
+        assert_eq!(reader.u8("a"), Ok(7));
+        assert_eq!(reader.u16("b"), Ok(0x0102));
+        assert_eq!(reader.u8("pad"), Ok(0));
+        assert_eq!(reader.u32("c"), Ok(3));
+        assert_eq!(reader.u64("d"), Ok(u64::MAX));
+        assert_eq!(reader.u128("e"), Ok(5));
+        assert_eq!(reader.bytes("f", 2), Ok(&b"ab"[..]));
+        assert_eq!(reader.finish(), Ok(()));
     }
 
     #[test]

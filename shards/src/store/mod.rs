@@ -15,8 +15,8 @@
 
 pub mod boot;
 mod checkpoint;
-pub mod install;
 pub mod failpoint;
+pub mod install;
 
 pub use checkpoint::{CheckpointDone, CheckpointError};
 
