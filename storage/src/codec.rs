@@ -11,7 +11,7 @@ pub const TRAILER_SIZE: usize = 8;
 
 /// Why bytes did not decode. Every variant names the field or position, so a caller can report
 /// the exact damage with the file or message it came from.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
     /// A read of `field` needed `needed` bytes at byte `position`; only `remaining` were left.
     #[error("{field}: needs {needed} bytes at byte {position}, {remaining} left")]

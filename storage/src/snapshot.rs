@@ -14,8 +14,9 @@ use std::path::{Path, PathBuf};
 
 use compio::fs::File;
 
+use crate::codec::{DecodeError, Reader, split_verified_trailer};
 use crate::durable::{
-    ReplaceStep, TRAILER_SIZE, off_reactor_if_large, read_exact_at, replace_parts, xxh3_of_parts,
+    ReplaceStep, TRAILER_SIZE, off_reactor_if_large, read_exact_at, replace_parts,
 };
 use crate::limits::SNAPSHOT_FILE_SIZE_MAX;
 
@@ -147,57 +148,81 @@ pub fn encode(checkpoint_op: u64, payload: &[u8]) -> Vec<u8> {
     bytes
 }
 
-fn read_u64(bytes: &[u8], position: usize) -> u64 {
-    let mut field = [0u8; 8];
-    field.copy_from_slice(&bytes[position..position + 8]);
-    u64::from_le_bytes(field)
-}
-
-/// Verifies a file given as its header and the rest (payload + trailer), returning
-/// `(checkpoint_op, checksum)`. Checks, in order: trailer, magic, version, reserved bytes,
-/// payload size.
-///
-/// # Panics
-/// If `header` is not [`SNAPSHOT_HEADER_SIZE`] bytes or `rest` is shorter than the trailer: the
-/// callers split the file after checking its size.
-fn verify(header: &[u8], rest: &[u8]) -> Result<(u64, u64), SnapshotDefect> {
-    assert_eq!(header.len(), SNAPSHOT_HEADER_SIZE, "header slice");
-    assert!(rest.len() >= TRAILER_SIZE, "rest holds the trailer");
-    let payload_size = rest.len() - TRAILER_SIZE;
-    let (payload, trailer) = rest.split_at(payload_size);
-    let stored = read_u64(trailer, 0);
-    let computed = xxh3_of_parts(&[header, payload]);
-    if stored != computed {
-        return Err(SnapshotDefect::Checksum {
-            trailer_position: (SNAPSHOT_HEADER_SIZE + payload_size) as u64,
-            stored,
-            computed,
+/// Verifies a whole file (header, payload, trailer), returning `(checkpoint_op, checksum)`.
+/// Checks, in order: size at least [`SNAPSHOT_FILE_SIZE_MIN`], trailer (with the shared
+/// [`split_verified_trailer`], before any header byte is parsed), magic, version, reserved bytes,
+/// payload size. Any bytes are accepted without panicking.
+fn verify(file_bytes: &[u8]) -> Result<(u64, u64), SnapshotDefect> {
+    if file_bytes.len() < SNAPSHOT_FILE_SIZE_MIN {
+        return Err(SnapshotDefect::TooShort {
+            size_bytes: file_bytes.len() as u64,
         });
     }
-    let magic = read_u64(header, 0);
+    let (body, checksum) = split_verified_trailer(file_bytes).map_err(defect_of)?;
+    let mut reader = Reader::new(body);
+    let magic = reader.u64("magic").map_err(defect_of)?;
     if magic != SNAPSHOT_MAGIC {
         return Err(SnapshotDefect::Magic { found: magic });
     }
-    let version = u16::from_le_bytes([header[VERSION_POSITION], header[VERSION_POSITION + 1]]);
+    let version = reader.u16("version").map_err(defect_of)?;
     if version != SNAPSHOT_VERSION {
         return Err(SnapshotDefect::Version { found: version });
     }
-    for position in RESERVED_A.chain(RESERVED_B) {
-        if header[position] != 0 {
-            return Err(SnapshotDefect::Reserved {
-                position: position as u64,
-                value: header[position],
-            });
+    check_reserved(&mut reader, RESERVED_A.len())?;
+    let checkpoint_op = reader.u64("checkpoint_op").map_err(defect_of)?;
+    let recorded = reader.u64("payload_size_bytes").map_err(defect_of)?;
+    check_reserved(&mut reader, RESERVED_B.len())?;
+    let actual = reader.remaining() as u64;
+    if recorded != actual {
+        return Err(SnapshotDefect::PayloadSize { recorded, actual });
+    }
+    Ok((checkpoint_op, checksum))
+}
+
+/// The next `count` header bytes are zero.
+fn check_reserved(reader: &mut Reader<'_>, count: usize) -> Result<(), SnapshotDefect> {
+    let start = reader.position();
+    let bytes = reader.bytes("reserved", count).map_err(defect_of)?;
+    match bytes.iter().position(|&byte| byte != 0) {
+        None => Ok(()),
+        Some(offset) => Err(SnapshotDefect::Reserved {
+            position: (start + offset) as u64,
+            value: bytes[offset],
+        }),
+    }
+}
+
+/// The snapshot rule a shared-codec error breaks. Only the trailer can fail once the size is
+/// at least [`SNAPSHOT_FILE_SIZE_MIN`] (the header is read from a body of at least 64 bytes);
+/// a short read maps to `TooShort` all the same.
+fn defect_of(error: DecodeError) -> SnapshotDefect {
+    match error {
+        DecodeError::TrailerMismatch {
+            position,
+            stored,
+            computed,
+        } => SnapshotDefect::Checksum {
+            trailer_position: position as u64,
+            stored,
+            computed,
+        },
+        DecodeError::NoTrailer { len } => SnapshotDefect::TooShort {
+            size_bytes: len as u64,
+        },
+        DecodeError::Truncated { position, .. } | DecodeError::TrailingBytes { position, .. } => {
+            SnapshotDefect::TooShort {
+                size_bytes: position as u64,
+            }
         }
     }
-    let recorded = read_u64(header, PAYLOAD_SIZE_POSITION);
-    if recorded != payload_size as u64 {
-        return Err(SnapshotDefect::PayloadSize {
-            recorded,
-            actual: payload_size as u64,
-        });
-    }
-    Ok((read_u64(header, CHECKPOINT_OP_POSITION), computed))
+}
+
+/// The payload of a verified file: its bytes without header and trailer (moves the payload to
+/// the front of the buffer: O(payload), run where the hashing runs).
+fn into_payload(mut file_bytes: Vec<u8>) -> Vec<u8> {
+    file_bytes.truncate(file_bytes.len() - TRAILER_SIZE);
+    file_bytes.drain(..SNAPSHOT_HEADER_SIZE);
+    file_bytes
 }
 
 /// Decodes and verifies a whole snapshot file (header, payload, trailer), with no I/O; for offline
@@ -208,17 +233,11 @@ fn verify(header: &[u8], rest: &[u8]) -> Result<(u64, u64), SnapshotDefect> {
 /// [`SNAPSHOT_FILE_SIZE_MIN`], trailer checksum, magic, version, reserved bytes, payload size.
 /// (Any bytes are accepted without panicking.)
 pub fn decode(file_bytes: &[u8]) -> Result<Snapshot, SnapshotDefect> {
-    if file_bytes.len() < SNAPSHOT_FILE_SIZE_MIN {
-        return Err(SnapshotDefect::TooShort {
-            size_bytes: file_bytes.len() as u64,
-        });
-    }
-    let (header, rest) = file_bytes.split_at(SNAPSHOT_HEADER_SIZE);
-    let (checkpoint_op, checksum) = verify(header, rest)?;
+    let (checkpoint_op, checksum) = verify(file_bytes)?;
     Ok(Snapshot {
         checkpoint_op,
         checksum,
-        payload: rest[..rest.len() - TRAILER_SIZE].to_vec(),
+        payload: file_bytes[SNAPSHOT_HEADER_SIZE..file_bytes.len() - TRAILER_SIZE].to_vec(),
     })
 }
 
@@ -267,9 +286,11 @@ pub async fn write_snapshot(
 /// Reads and verifies the snapshot file `path`; `None` if it does not exist. A leftover
 /// `path.tmp` is never looked at.
 ///
-/// The header and the rest are read through `io_uring` into two buffers (so the payload needs no
-/// copy to drop the header); verification of a file larger than
-/// [`HASH_INLINE_BYTES_MAX`](crate::limits::HASH_INLINE_BYTES_MAX) runs on compio's blocking pool.
+/// The file is read through `io_uring` into one buffer and verified exactly as [`decode`] does
+/// (the shared trailer check of `crate::codec`, then the header through its `Reader`); for a
+/// file larger than [`HASH_INLINE_BYTES_MAX`](crate::limits::HASH_INLINE_BYTES_MAX) the
+/// verification and the move of the payload to the buffer's front run on compio's blocking
+/// pool, so the reactor does no O(payload) work.
 ///
 /// # Errors
 /// `Corrupt` naming the path and the [`SnapshotDefect`] (size checked against
@@ -310,27 +331,23 @@ pub async fn read_snapshot(path: &Path) -> Result<Option<Snapshot>, SnapshotErro
         return Err(corrupt(SnapshotDefect::TooLarge { size_bytes }));
     }
     // Bounded by SNAPSHOT_FILE_SIZE_MAX (1 GiB) above, so it fits usize.
-    let rest_size = size_bytes as usize - SNAPSHOT_HEADER_SIZE;
-    let header = read_exact_at(&file, 0, SNAPSHOT_HEADER_SIZE)
+    let size = size_bytes as usize;
+    let file_bytes = read_exact_at(&file, 0, size)
         .await
-        .map_err(io_error(path, "read snapshot header"))?;
-    let rest = read_exact_at(&file, SNAPSHOT_HEADER_SIZE as u64, rest_size)
-        .await
-        .map_err(io_error(path, "read snapshot payload"))?;
+        .map_err(io_error(path, "read snapshot"))?;
     // A close error on a read-only descriptor cannot lose data; the bytes are verified below.
     let _ = file.close().await;
-    let (mut rest, verified) = off_reactor_if_large(rest_size, move || {
-        let verified = verify(&header, &rest);
-        (rest, verified)
+    let (checkpoint_op, checksum, payload) = off_reactor_if_large(size, move || {
+        let (checkpoint_op, checksum) = verify(&file_bytes)?;
+        Ok((checkpoint_op, checksum, into_payload(file_bytes)))
     })
     .await
-    .map_err(io_error(path, "verify snapshot"))?;
-    let (checkpoint_op, checksum) = verified.map_err(corrupt)?;
-    rest.truncate(rest_size - TRAILER_SIZE);
+    .map_err(io_error(path, "verify snapshot"))?
+    .map_err(corrupt)?;
     Ok(Some(Snapshot {
         checkpoint_op,
         checksum,
-        payload: rest,
+        payload,
     }))
 }
 
@@ -347,6 +364,10 @@ mod tests {
     /// A whole file as `write_snapshot` writes it: `encode` + trailer.
     fn file_of(checkpoint_op: u64, payload: &[u8]) -> Vec<u8> {
         with_trailer(encode(checkpoint_op, payload))
+    }
+
+    fn read_u64(bytes: &[u8], position: usize) -> u64 {
+        u64::from_le_bytes(bytes[position..position + 8].try_into().unwrap())
     }
 
     fn with_trailer(mut bytes: Vec<u8>) -> Vec<u8> {

@@ -5,7 +5,7 @@
 //! A replica frame is `[header: 256 bytes][body: size - 256 bytes]`. Common header fields:
 //! `checksum` and `checksum_body` (set by [`Header::set_checksums`]), `cluster` (the cluster id),
 //! `size`, `view` (the message's view, [`Message::view`]), `protocol_version`, `command` (a
-//! replica-bus [`Command`], 4..=13) and `replica` (the sender's index). Every other field is zero
+//! replica-bus [`Command`], 4..=17) and `replica` (the sender's index). Every other field is zero
 //! unless the table below gives it a meaning; decoding ignores the fields a command does not use.
 //!
 //! | command          | `offset` (96..104) | `next_offset` (120..128) | `count` (104..108) | `reserved[0..16]` (152..168) | body |
@@ -22,6 +22,24 @@
 //! | Hello            | addresses_checksum |                          |                    |                              | client address |
 //!
 //! u128 values in `reserved[0..16]` are little-endian like every other field.
+//!
+//! State transfer (issue 9 section 1, DESIGN section 10):
+//!
+//! | command              | `request` (80..88) | `operation` (60) | `offset` (96..104) | `count` (104..108) | `error_code` (108..112) | `next_offset` (120..128) | body |
+//! |----------------------|--------------------|------------------|--------------------|--------------------|-------------------------|--------------------------|------|
+//! | RequestStateTransfer | nonce              |                  |                    |                    |                         |                          | none: header only |
+//! | StateTransferTarget  | nonce              |                  |                    | available (0 or 1) | reason (available = 0)  | checkpoint_op (available = 1) | none if available = 0; the manifest if 1 |
+//! | RequestStateChunk    | nonce              | artifact         | offset             | len (at least 1)   |                         |                          | none: header only |
+//! | StateChunk           | nonce              | artifact         | offset             |                    |                         |                          | payload (at least 1 byte) |
+//!
+//! `artifact` is an [`ArtifactKind`] wire value (unknown ones refuse); `reason` an
+//! [`UnavailableReason`] wire value (one this build does not know reads as `Unknown`). A
+//! header-only command (and a bare refusal, `available = 0`) with any body is refused as
+//! `InvalidSize`; a chunk request for 0 bytes, an `available` other than 0 or 1 and an empty
+//! chunk are refused. The manifest is decoded by [`manifest::decode`] with the absolute caps
+//! `ManifestCaps::for_receiver(CLIENTS_TABLE_MAX_LIMIT)`; the receiver re-checks it against its
+//! own live caps ([`ManifestCaps::check`]). A chunk's payload is at most
+//! [`STATE_CHUNK_PAYLOAD_MAX`] bytes, what fits one frame.
 //!
 //! A Hello's `addresses_checksum` is [`addresses_checksum`] of the sender's configured replica
 //! address list: XXH3-64 (seed 0) of the canonical `--addresses` text, each address formatted
@@ -44,6 +62,8 @@
 //!   u128, parent u128 (all little-endian).
 //! - *client address*: the sender's client address (`host:port`) as UTF-8, at most
 //!   [`HELLO_ADDRESS_BYTES_MAX`] bytes (empty if it has none to announce).
+//! - *manifest*: `storage/FORMAT.md` section 11 ([`manifest`]).
+//! - *payload*: bytes `offset .. offset + len` of the artifact, as they are.
 //!
 //! A whole frame is at most [`REPLICA_MESSAGE_SIZE_MAX`] bytes. Decoding checks, in order: 256
 //! header bytes present, header checksum, `size` within `[256, REPLICA_MESSAGE_SIZE_MAX]`,
@@ -57,7 +77,9 @@ use storage::journal::{JOURNAL_HEADER_SIZE, JournalHeader, Prepare, parse_record
 
 use super::message::{Message, PrepareHeader, ReplicaIndex};
 use super::prepare::PrepareBody;
-use crate::limits::{PIPELINE_PREPARE_MAX, REPLICA_MESSAGE_SIZE_MAX};
+use super::transfer::manifest::{self, ManifestCaps, ManifestError};
+use super::transfer::{ArtifactKind, TransferTarget, UnavailableReason};
+use crate::limits::{CLIENTS_TABLE_MAX_LIMIT, PIPELINE_PREPARE_MAX, REPLICA_MESSAGE_SIZE_MAX};
 
 /// Most prepares a DoViewChange or StartView carries: the pipeline's worth (the uncommitted
 /// prepares a view change can have to carry, `PIPELINE_PREPARE_MAX`).
@@ -70,6 +92,10 @@ pub const HEADER_ENTRY_SIZE: usize = 56;
 /// Longest client address a Hello carries (bytes of UTF-8): a host name is at most 253 bytes,
 /// plus `:` and a port.
 pub const HELLO_ADDRESS_BYTES_MAX: usize = 260;
+
+/// Largest payload of one StateChunk (bytes): a whole frame is at most
+/// [`REPLICA_MESSAGE_SIZE_MAX`], header included.
+pub const STATE_CHUNK_PAYLOAD_MAX: usize = REPLICA_MESSAGE_SIZE_MAX as usize - HEADER_SIZE;
 
 /// Bytes of a list's count prefix.
 const LIST_COUNT_SIZE: usize = 4;
@@ -132,6 +158,23 @@ pub enum WireError {
     HeaderEntryPadding { index: usize },
     #[error("hello address: {reason}")]
     HelloAddress { reason: String },
+    /// A header-only command (or a bare refusal) with a body (issue 9 section 1).
+    #[error("{command:?} frame of {size} bytes, must be header only ({expected} bytes)")]
+    InvalidSize {
+        command: Command,
+        size: u32,
+        expected: u32,
+    },
+    #[error("state chunk request for 0 bytes")]
+    ZeroLengthChunkRequest,
+    #[error("{command:?}: unknown artifact kind {artifact}")]
+    UnknownArtifact { command: Command, artifact: u8 },
+    #[error("state transfer target: available is {available}, must be 0 or 1")]
+    InvalidAvailability { available: u32 },
+    #[error("state chunk with an empty payload")]
+    EmptyChunk,
+    #[error("state transfer target: {0}")]
+    Manifest(#[from] ManifestError),
 }
 
 /// Encodes `message` from replica `from` of `cluster` as one frame (header + body), at most
@@ -139,7 +182,9 @@ pub enum WireError {
 ///
 /// # Panics
 /// A caller bug the core never commits: more than [`PREPARES_COUNT_MAX`] prepares or
-/// [`HEADERS_COUNT_MAX`] headers, or a prepare body over `storage::limits::JOURNAL_BODY_SIZE_MAX`.
+/// [`HEADERS_COUNT_MAX`] headers, a prepare body over `storage::limits::JOURNAL_BODY_SIZE_MAX`,
+/// a manifest of more than `MANIFEST_ENTRY_COUNT_MAX` entries, or a chunk payload over
+/// [`STATE_CHUNK_PAYLOAD_MAX`].
 pub fn encode(cluster: u128, from: ReplicaIndex, message: &Message) -> Vec<u8> {
     let mut header = replica_header(command_of(message), cluster, from);
     header.view = message.view();
@@ -190,12 +235,62 @@ pub fn encode(cluster: u128, from: ReplicaIndex, message: &Message) -> Vec<u8> {
             header.next_offset = *op_max;
         }
         Message::Headers { headers, .. } => encode_headers(headers, &mut body),
-        Message::RequestStateTransfer { .. }
-        | Message::StateTransferTarget { .. }
-        | Message::RequestStateChunk { .. }
-        | Message::StateChunk { .. } => todo!("wire helper: state transfer encoding"),
+        Message::RequestStateTransfer { nonce, .. } => header.request = *nonce,
+        Message::StateTransferTarget { nonce, target, .. } => {
+            header.request = *nonce;
+            body = encode_target(target, &mut header);
+        }
+        Message::RequestStateChunk {
+            nonce,
+            artifact,
+            offset,
+            len,
+            ..
+        } => {
+            header.request = *nonce;
+            header.operation = *artifact as u8;
+            header.offset = *offset;
+            header.count = *len;
+        }
+        Message::StateChunk {
+            nonce,
+            artifact,
+            offset,
+            payload,
+            ..
+        } => {
+            assert!(
+                payload.len() <= STATE_CHUNK_PAYLOAD_MAX,
+                "chunk payload of {} bytes exceeds STATE_CHUNK_PAYLOAD_MAX",
+                payload.len()
+            );
+            header.request = *nonce;
+            header.operation = *artifact as u8;
+            header.offset = *offset;
+            body.extend_from_slice(payload);
+        }
     }
     seal(header, &body)
+}
+
+/// Fills a StateTransferTarget's `count` (available), `error_code` (reason) or `next_offset`
+/// (checkpoint_op); returns the body (empty for a refusal, the manifest for an offer).
+fn encode_target(target: &TransferTarget, header: &mut Header) -> Vec<u8> {
+    match target {
+        TransferTarget::Unavailable { reason } => {
+            header.count = 0;
+            header.error_code = u32::from(*reason as u8);
+            Vec::new()
+        }
+        TransferTarget::Available {
+            checkpoint_op,
+            manifest,
+        } => {
+            header.count = 1;
+            header.next_offset = *checkpoint_op;
+            manifest::encode(manifest)
+        }
+    }
 }
 
 /// The canonical text of a replica address list: each address's `Display` form, comma-joined
@@ -249,7 +344,7 @@ pub fn encode_hello(
 
 /// Checks a frame's header alone, before its body is read (the driver reads 256 bytes, calls
 /// this, then reads `header.body_size()` bytes): header checksum, `size` within
-/// `[256, REPLICA_MESSAGE_SIZE_MAX]`, protocol version, a replica-bus command (4..=13, Hello
+/// `[256, REPLICA_MESSAGE_SIZE_MAX]`, protocol version, a replica-bus command (4..=17, Hello
 /// included), `cluster == expected_cluster`, `replica < replica_count`. Returns the command.
 ///
 /// # Errors
@@ -283,7 +378,7 @@ pub fn check_header(
     ) {
         return Err(WireError::UnexpectedCommand {
             command,
-            expected: "replica commands 4..=13",
+            expected: "replica commands 4..=17",
         });
     }
     if header.cluster != expected_cluster {
@@ -323,7 +418,8 @@ pub fn decode(
 /// `SizeMismatch` (`body.len()` is not `header.body_size()`), `BodyChecksum`,
 /// `UnexpectedCommand` (Hello or a client command), `BodyTruncated`, `TrailingBody`,
 /// `TooManyEntries`, `PrepareRecord`, `PrepareMismatch`, `NotPrepareBody`,
-/// `HeaderEntryPadding`.
+/// `HeaderEntryPadding`; for state transfer (issue 9 section 1) `InvalidSize`,
+/// `ZeroLengthChunkRequest`, `UnknownArtifact`, `InvalidAvailability`, `EmptyChunk`, `Manifest`.
 pub fn decode_body(header: &Header, body: &[u8]) -> Result<Message, WireError> {
     check_body(header, body)?;
     let command = Command::from_u8(header.command).ok_or(WireError::UnknownCommand {
@@ -377,22 +473,106 @@ pub fn decode_body(header: &Header, body: &[u8]) -> Result<Message, WireError> {
             view,
             headers: reader.headers()?,
         },
-        Command::Request
-        | Command::Reply
-        | Command::Eviction
-        | Command::Hello
-        | Command::RequestStateTransfer
-        | Command::StateTransferTarget
-        | Command::RequestStateChunk
-        | Command::StateChunk => {
+        // State transfer: the whole body is the manifest or the payload, no list to finish.
+        Command::RequestStateTransfer => return decode_transfer_request(header),
+        Command::StateTransferTarget => {
+            return Ok(Message::StateTransferTarget {
+                view,
+                nonce: header.request,
+                target: decode_target(header, body)?,
+            });
+        }
+        Command::RequestStateChunk => return decode_chunk_request(header),
+        Command::StateChunk => return decode_chunk(header, body),
+        Command::Request | Command::Reply | Command::Eviction | Command::Hello => {
             return Err(WireError::UnexpectedCommand {
                 command,
-                expected: "replica messages 4..=12",
+                expected: "replica messages 4..=12 and 14..=17",
             });
         }
     };
     reader.finish(command)?;
     Ok(message)
+}
+
+/// A RequestStateTransfer: header only (issue 9 section 1).
+fn decode_transfer_request(header: &Header) -> Result<Message, WireError> {
+    check_header_only(header, Command::RequestStateTransfer)?;
+    Ok(Message::RequestStateTransfer {
+        view: header.view,
+        nonce: header.request,
+    })
+}
+
+/// A RequestStateChunk: header only, a known artifact, `len` at least 1 (issue 9 section 1).
+fn decode_chunk_request(header: &Header) -> Result<Message, WireError> {
+    let command = Command::RequestStateChunk;
+    check_header_only(header, command)?;
+    if header.count == 0 {
+        return Err(WireError::ZeroLengthChunkRequest);
+    }
+    Ok(Message::RequestStateChunk {
+        view: header.view,
+        nonce: header.request,
+        artifact: artifact_of(header, command)?,
+        offset: header.offset,
+        len: header.count,
+    })
+}
+
+/// A StateChunk: a known artifact and a payload of at least 1 byte.
+fn decode_chunk(header: &Header, body: &[u8]) -> Result<Message, WireError> {
+    let artifact = artifact_of(header, Command::StateChunk)?;
+    if body.is_empty() {
+        return Err(WireError::EmptyChunk);
+    }
+    Ok(Message::StateChunk {
+        view: header.view,
+        nonce: header.request,
+        artifact,
+        offset: header.offset,
+        payload: body.to_vec(),
+    })
+}
+
+/// A StateTransferTarget's answer: a bare refusal (header only) or an offer with its manifest.
+fn decode_target(header: &Header, body: &[u8]) -> Result<TransferTarget, WireError> {
+    match header.count {
+        0 => {
+            check_header_only(header, Command::StateTransferTarget)?;
+            let reason = u8::try_from(header.error_code)
+                .map_or(UnavailableReason::Unknown, UnavailableReason::from_u8);
+            Ok(TransferTarget::Unavailable { reason })
+        }
+        1 => {
+            let caps = ManifestCaps::for_receiver(CLIENTS_TABLE_MAX_LIMIT);
+            Ok(TransferTarget::Available {
+                checkpoint_op: header.next_offset,
+                manifest: manifest::decode(body, &caps)?,
+            })
+        }
+        available => Err(WireError::InvalidAvailability { available }),
+    }
+}
+
+/// `InvalidSize` unless the frame is exactly its header.
+fn check_header_only(header: &Header, command: Command) -> Result<(), WireError> {
+    if header.size as usize != HEADER_SIZE {
+        return Err(WireError::InvalidSize {
+            command,
+            size: header.size,
+            expected: HEADER_SIZE as u32,
+        });
+    }
+    Ok(())
+}
+
+/// The artifact kind in the header's `operation`.
+fn artifact_of(header: &Header, command: Command) -> Result<ArtifactKind, WireError> {
+    ArtifactKind::from_u8(header.operation).ok_or(WireError::UnknownArtifact {
+        command,
+        artifact: header.operation,
+    })
 }
 
 /// Decodes a Hello frame (`bytes` is exactly the frame): the sender's index, the client
@@ -461,7 +641,8 @@ fn command_of(message: &Message) -> Command {
 }
 
 /// A zeroed header with the protocol version, `command`, `cluster` and sender `from` set
-/// (`operation` stays 0: replica commands carry no client operation).
+/// (`operation` stays 0 but for the artifact of the chunk commands: replica commands carry no
+/// client operation).
 fn replica_header(command: Command, cluster: u128, from: ReplicaIndex) -> Header {
     let mut header: Header = bytemuck::Zeroable::zeroed();
     header.protocol_version = PROTOCOL_VERSION;
@@ -676,6 +857,7 @@ mod tests {
     use super::*;
     use crate::metadata::MetadataOp;
     use crate::vsr::prepare::PrepareOperation;
+    use crate::vsr::transfer::{Manifest, ManifestEntry};
 
     const CLUSTER: u128 = 0x00c0_ffee_0000_0000_0000_0000_0000_0007;
 
@@ -773,6 +955,76 @@ mod tests {
                 headers: Vec::new(),
             },
         ]
+        .into_iter()
+        .chain(transfer_variants())
+        .collect()
+    }
+
+    fn sample_manifest() -> Manifest {
+        Manifest {
+            entries: vec![
+                ManifestEntry {
+                    kind: ArtifactKind::Metadata,
+                    frontier_op: 64,
+                    len: 300,
+                    checksum: 0xaaaa_bbbb,
+                },
+                ManifestEntry {
+                    kind: ArtifactKind::ClientTable,
+                    frontier_op: 64,
+                    len: 20,
+                    checksum: u128::MAX,
+                },
+            ],
+        }
+    }
+
+    /// Every state-transfer message shape (issue 9 section 1).
+    fn transfer_variants() -> Vec<Message> {
+        let mut messages = vec![
+            Message::RequestStateTransfer {
+                view: 6,
+                nonce: u64::MAX,
+            },
+            Message::StateTransferTarget {
+                view: 6,
+                nonce: 7,
+                target: TransferTarget::Available {
+                    checkpoint_op: 64,
+                    manifest: sample_manifest(),
+                },
+            },
+            Message::RequestStateChunk {
+                view: 6,
+                nonce: 7,
+                artifact: ArtifactKind::ClientTable,
+                offset: 1 << 40,
+                len: u32::MAX,
+            },
+            Message::StateChunk {
+                view: 6,
+                nonce: 7,
+                artifact: ArtifactKind::Metadata,
+                offset: 4096,
+                payload: vec![0xab; 3000],
+            },
+        ];
+        for reason in [
+            UnavailableReason::NotPrimary,
+            UnavailableReason::ViewChange,
+            UnavailableReason::NotCaughtUp,
+            UnavailableReason::NoCheckpointYet,
+            UnavailableReason::CheckpointUnreadable,
+            UnavailableReason::CheckpointBeingReplaced,
+            UnavailableReason::Unknown,
+        ] {
+            messages.push(Message::StateTransferTarget {
+                view: 6,
+                nonce: 8,
+                target: TransferTarget::Unavailable { reason },
+            });
+        }
+        messages
     }
 
     fn header_of(frame: &[u8]) -> Header {
@@ -797,7 +1049,8 @@ mod tests {
             assert_eq!(header.replica, 2);
             assert_eq!(header.view, message.view());
             assert_eq!(header.command, command_of(&message) as u8);
-            assert!((4..=12).contains(&header.command));
+            assert!((4..=17).contains(&header.command));
+            assert_ne!(header.command, Command::Hello as u8);
             assert_eq!(check_header(&header, CLUSTER, 3), Ok(command_of(&message)));
             assert_eq!(decode(&frame, CLUSTER, 3), Ok((2, message.clone())));
             assert_eq!(
@@ -836,6 +1089,348 @@ mod tests {
         );
         assert_eq!(&frame[152..168], &0xfeed_u128.to_le_bytes());
         assert_eq!(frame.len(), HEADER_SIZE);
+    }
+
+    #[test]
+    fn transfer_fields_sit_where_the_table_says() {
+        let frame = encode(
+            CLUSTER,
+            1,
+            &Message::RequestStateChunk {
+                view: 9,
+                nonce: 0x1234,
+                artifact: ArtifactKind::ClientTable,
+                offset: 0x5555,
+                len: 77,
+            },
+        );
+        assert_eq!(frame.len(), HEADER_SIZE);
+        assert_eq!(&frame[80..88], &0x1234_u64.to_le_bytes());
+        assert_eq!(frame[60], ArtifactKind::ClientTable as u8);
+        assert_eq!(&frame[96..104], &0x5555_u64.to_le_bytes());
+        assert_eq!(&frame[104..108], &77_u32.to_le_bytes());
+        let offer = encode(
+            CLUSTER,
+            1,
+            &Message::StateTransferTarget {
+                view: 9,
+                nonce: 0x1234,
+                target: TransferTarget::Available {
+                    checkpoint_op: 0x4444,
+                    manifest: sample_manifest(),
+                },
+            },
+        );
+        assert_eq!(&offer[80..88], &0x1234_u64.to_le_bytes());
+        assert_eq!(&offer[104..108], &1_u32.to_le_bytes());
+        assert_eq!(&offer[120..128], &0x4444_u64.to_le_bytes());
+        assert_eq!(
+            &offer[HEADER_SIZE..],
+            &manifest::encode(&sample_manifest())[..]
+        );
+        let refusal = encode(
+            CLUSTER,
+            1,
+            &Message::StateTransferTarget {
+                view: 9,
+                nonce: 0x1234,
+                target: TransferTarget::Unavailable {
+                    reason: UnavailableReason::NoCheckpointYet,
+                },
+            },
+        );
+        assert_eq!(refusal.len(), HEADER_SIZE);
+        assert_eq!(&refusal[104..108], &0_u32.to_le_bytes());
+        assert_eq!(
+            &refusal[108..112],
+            &(UnavailableReason::NoCheckpointYet as u32).to_le_bytes()
+        );
+        let chunk = encode(
+            CLUSTER,
+            1,
+            &Message::StateChunk {
+                view: 9,
+                nonce: 3,
+                artifact: ArtifactKind::Metadata,
+                offset: 10,
+                payload: b"abc".to_vec(),
+            },
+        );
+        assert_eq!(chunk[60], ArtifactKind::Metadata as u8);
+        assert_eq!(&chunk[96..104], &10_u64.to_le_bytes());
+        assert_eq!(&chunk[HEADER_SIZE..], b"abc");
+    }
+
+    #[test]
+    fn issue9_header_only_requests_refuse_a_body() {
+        let requests = [
+            Message::RequestStateTransfer { view: 1, nonce: 2 },
+            Message::RequestStateChunk {
+                view: 1,
+                nonce: 2,
+                artifact: ArtifactKind::Metadata,
+                offset: 0,
+                len: 10,
+            },
+        ];
+        for request in requests {
+            let frame = encode(CLUSTER, 0, &request);
+            let command = command_of(&request);
+            assert_eq!(decode(&frame, CLUSTER, 3), Ok((0, request)));
+            assert_eq!(
+                decode(&resealed(&frame, b"x", |_| {}), CLUSTER, 3),
+                Err(WireError::InvalidSize {
+                    command,
+                    size: HEADER_SIZE as u32 + 1,
+                    expected: HEADER_SIZE as u32
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn issue9_zero_length_chunk_request_refused() {
+        let frame = encode(
+            CLUSTER,
+            0,
+            &Message::RequestStateChunk {
+                view: 1,
+                nonce: 2,
+                artifact: ArtifactKind::Metadata,
+                offset: 5,
+                len: 1,
+            },
+        );
+        assert!(decode(&frame, CLUSTER, 3).is_ok());
+        assert_eq!(
+            decode(&resealed(&frame, &[], |h| h.count = 0), CLUSTER, 3),
+            Err(WireError::ZeroLengthChunkRequest)
+        );
+    }
+
+    #[test]
+    fn issue9_unknown_artifact_refused() {
+        let request = encode(
+            CLUSTER,
+            0,
+            &Message::RequestStateChunk {
+                view: 1,
+                nonce: 2,
+                artifact: ArtifactKind::Metadata,
+                offset: 0,
+                len: 1,
+            },
+        );
+        let chunk = encode(
+            CLUSTER,
+            0,
+            &Message::StateChunk {
+                view: 1,
+                nonce: 2,
+                artifact: ArtifactKind::Metadata,
+                offset: 0,
+                payload: vec![1],
+            },
+        );
+        for (frame, command) in [
+            (request, Command::RequestStateChunk),
+            (chunk, Command::StateChunk),
+        ] {
+            for artifact in [0, 3, 255] {
+                let body = frame[HEADER_SIZE..].to_vec();
+                assert_eq!(
+                    decode(
+                        &resealed(&frame, &body, |h| h.operation = artifact),
+                        CLUSTER,
+                        3
+                    ),
+                    Err(WireError::UnknownArtifact { command, artifact })
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn issue9_bare_refusal_is_header_only() {
+        let refusal = encode(
+            CLUSTER,
+            0,
+            &Message::StateTransferTarget {
+                view: 1,
+                nonce: 2,
+                target: TransferTarget::Unavailable {
+                    reason: UnavailableReason::NotPrimary,
+                },
+            },
+        );
+        assert_eq!(refusal.len(), HEADER_SIZE);
+        let manifest = manifest::encode(&sample_manifest());
+        assert_eq!(
+            decode(&resealed(&refusal, &manifest, |_| {}), CLUSTER, 3),
+            Err(WireError::InvalidSize {
+                command: Command::StateTransferTarget,
+                size: (HEADER_SIZE + manifest.len()) as u32,
+                expected: HEADER_SIZE as u32
+            })
+        );
+    }
+
+    #[test]
+    fn issue9_unknown_unavailable_reason_reads_as_unknown() {
+        let refusal = encode(
+            CLUSTER,
+            0,
+            &Message::StateTransferTarget {
+                view: 1,
+                nonce: 2,
+                target: TransferTarget::Unavailable {
+                    reason: UnavailableReason::NotPrimary,
+                },
+            },
+        );
+        for code in [0, 7, 254, 256 + 1, u32::MAX] {
+            assert_eq!(
+                decode(
+                    &resealed(&refusal, &[], |h| h.error_code = code),
+                    CLUSTER,
+                    3
+                ),
+                Ok((
+                    0,
+                    Message::StateTransferTarget {
+                        view: 1,
+                        nonce: 2,
+                        target: TransferTarget::Unavailable {
+                            reason: UnavailableReason::Unknown
+                        }
+                    }
+                )),
+                "reason {code}"
+            );
+        }
+    }
+
+    #[test]
+    fn issue9_availability_other_than_0_or_1_refused() {
+        let refusal = encode(
+            CLUSTER,
+            0,
+            &Message::StateTransferTarget {
+                view: 1,
+                nonce: 2,
+                target: TransferTarget::Unavailable {
+                    reason: UnavailableReason::NotPrimary,
+                },
+            },
+        );
+        for available in [2, u32::MAX] {
+            assert_eq!(
+                decode(
+                    &resealed(&refusal, &[], |h| h.count = available),
+                    CLUSTER,
+                    3
+                ),
+                Err(WireError::InvalidAvailability { available })
+            );
+        }
+    }
+
+    #[test]
+    fn issue9_offer_manifest_is_checked() {
+        let offer = encode(
+            CLUSTER,
+            0,
+            &Message::StateTransferTarget {
+                view: 1,
+                nonce: 2,
+                target: TransferTarget::Available {
+                    checkpoint_op: 9,
+                    manifest: sample_manifest(),
+                },
+            },
+        );
+        // An offer without a manifest.
+        assert!(matches!(
+            decode(&resealed(&offer, &[], |_| {}), CLUSTER, 3),
+            Err(WireError::Manifest(ManifestError::Decode(
+                storage::codec::DecodeError::NoTrailer { len: 0 }
+            )))
+        ));
+        // A damaged manifest under valid bus checksums.
+        let mut body = offer[HEADER_SIZE..].to_vec();
+        body[20] ^= 1;
+        assert!(matches!(
+            decode(&resealed(&offer, &body, |_| {}), CLUSTER, 3),
+            Err(WireError::Manifest(ManifestError::Decode(
+                storage::codec::DecodeError::TrailerMismatch { .. }
+            )))
+        ));
+        // An artifact above the absolute caps.
+        let huge = Manifest {
+            entries: vec![ManifestEntry {
+                kind: ArtifactKind::Metadata,
+                frontier_op: 9,
+                len: manifest::METADATA_ARTIFACT_LEN_MAX + 1,
+                checksum: 1,
+            }],
+        };
+        assert!(matches!(
+            decode(
+                &resealed(&offer, &manifest::encode(&huge), |_| {}),
+                CLUSTER,
+                3
+            ),
+            Err(WireError::Manifest(ManifestError::ArtifactTooLong { .. }))
+        ));
+    }
+
+    #[test]
+    fn issue9_empty_chunk_refused() {
+        let chunk = encode(
+            CLUSTER,
+            0,
+            &Message::StateChunk {
+                view: 1,
+                nonce: 2,
+                artifact: ArtifactKind::ClientTable,
+                offset: 0,
+                payload: vec![1],
+            },
+        );
+        assert_eq!(
+            decode(&resealed(&chunk, &[], |_| {}), CLUSTER, 3),
+            Err(WireError::EmptyChunk)
+        );
+    }
+
+    #[test]
+    fn issue9_largest_state_chunk_fits_the_replica_frame_limit() {
+        let message = Message::StateChunk {
+            view: 1,
+            nonce: 2,
+            artifact: ArtifactKind::Metadata,
+            offset: 0,
+            payload: vec![7; STATE_CHUNK_PAYLOAD_MAX],
+        };
+        let frame = encode(CLUSTER, 0, &message);
+        assert_eq!(frame.len(), REPLICA_MESSAGE_SIZE_MAX as usize);
+        assert_eq!(decode(&frame, CLUSTER, 3), Ok((0, message)));
+    }
+
+    #[test]
+    #[should_panic(expected = "exceeds STATE_CHUNK_PAYLOAD_MAX")]
+    fn oversized_chunk_payload_is_a_caller_bug() {
+        encode(
+            CLUSTER,
+            0,
+            &Message::StateChunk {
+                view: 1,
+                nonce: 2,
+                artifact: ArtifactKind::Metadata,
+                offset: 0,
+                payload: vec![7; STATE_CHUNK_PAYLOAD_MAX + 1],
+            },
+        );
     }
 
     #[test]
@@ -938,8 +1533,8 @@ mod tests {
         );
         let reseal = |edit: fn(&mut Header)| resealed(&frame, &[], edit);
         assert_eq!(
-            decode(&reseal(|h| h.command = 14), CLUSTER, 3),
-            Err(WireError::UnknownCommand { command: 14 })
+            decode(&reseal(|h| h.command = 18), CLUSTER, 3),
+            Err(WireError::UnknownCommand { command: 18 })
         );
         for command in [Command::Request, Command::Reply, Command::Eviction] {
             let bytes = resealed(&frame, &[], |h| h.command = command as u8);
@@ -1241,7 +1836,7 @@ mod tests {
             /// Random bodies behind a valid header of every command never panic.
             #[test]
             fn resealed_random_bodies_never_panic(
-                command in 4u8..=13,
+                command in 4u8..=17,
                 fields in proptest::collection::vec(any::<u8>(), HEADER_SIZE),
                 body in proptest::collection::vec(any::<u8>(), 0..600),
             ) {
@@ -1268,6 +1863,34 @@ mod tests {
                 let index = index % frame.len();
                 frame[index] ^= 1 << bit;
                 prop_assert!(decode(&frame, CLUSTER, 3).is_err());
+            }
+
+            /// State-transfer messages of any valid content round trip (issue 9 section 1).
+            #[test]
+            fn transfer_messages_round_trip(
+                view in any::<u32>(),
+                nonce in any::<u64>(),
+                client_table in any::<bool>(),
+                offset in any::<u64>(),
+                len in 1u32..,
+                payload in proptest::collection::vec(any::<u8>(), 1..300),
+                reason in any::<u8>(),
+            ) {
+                let artifact = if client_table { ArtifactKind::ClientTable } else { ArtifactKind::Metadata };
+                let messages = [
+                    Message::RequestStateTransfer { view, nonce },
+                    Message::RequestStateChunk { view, nonce, artifact, offset, len },
+                    Message::StateChunk { view, nonce, artifact, offset, payload },
+                    Message::StateTransferTarget {
+                        view,
+                        nonce,
+                        target: TransferTarget::Unavailable { reason: UnavailableReason::from_u8(reason) },
+                    },
+                ];
+                for message in messages {
+                    let frame = encode(CLUSTER, 0, &message);
+                    prop_assert_eq!(decode(&frame, CLUSTER, 1), Ok((0, message)));
+                }
             }
 
             /// Headers lists of any content round trip.
