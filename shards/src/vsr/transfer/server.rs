@@ -15,6 +15,7 @@ use std::rc::Rc;
 
 use twox_hash::XxHash3_128;
 
+use super::client_table_wire::ClientTableWireError;
 use super::{
     ArtifactKind, Availability, Manifest, ManifestEntry, TransferTarget, UnavailableReason,
 };
@@ -84,22 +85,25 @@ impl Offer {
     /// `client_table` (encodes the artifacts and checksums them: CPU work, the driver runs it off
     /// the reactor). The artifacts: [`ArtifactKind::Metadata`] is `metadata` as JSON,
     /// [`ArtifactKind::ClientTable`] the [`super::client_table_wire`] encoding.
+    ///
+    /// # Errors
+    /// `OfferBuildError::ClientTable` when the client table breaks a wire rule (a damaged
+    /// checkpoint): the host answers the waiting requesters with
+    /// [`OfferBuildError::unavailable_reason`] through [`OfferServer::offer_built`].
     pub fn build(
         checkpoint_op: u64,
         metadata: &MetadataState,
         client_table: &ClientTableSnapshot,
-    ) -> Offer {
+    ) -> Result<Offer, OfferBuildError> {
         let metadata_json = serde_json::to_vec(metadata).expect("metadata serializes: plain data");
-        Offer::from_artifacts(
+        let client_table = super::client_table_wire::encode(client_table)?;
+        Ok(Offer::from_artifacts(
             checkpoint_op,
             vec![
                 (ArtifactKind::Metadata, metadata_json),
-                (
-                    ArtifactKind::ClientTable,
-                    super::client_table_wire::encode(client_table),
-                ),
+                (ArtifactKind::ClientTable, client_table),
             ],
-        )
+        ))
     }
 
     /// The offer of the checkpoint at `checkpoint_op` holding `artifacts` as given: its manifest
@@ -162,6 +166,24 @@ pub enum ServeOutput {
     /// (read through io_uring, verified, [`Offer::build`] off the reactor) and hand it to
     /// [`OfferServer::offer_built`].
     BuildOffer { checkpoint_op: u64 },
+}
+
+/// Why an offer could not be built from a checkpoint that was read and verified.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OfferBuildError {
+    /// The checkpoint's client table cannot be encoded for transfer (it breaks a rule the
+    /// receiver's decoder enforces): the checkpoint is unusable for transfer until the next one.
+    #[error("checkpoint client table: {0}")]
+    ClientTable(#[from] ClientTableWireError),
+}
+
+impl OfferBuildError {
+    /// What requesters are answered: `CheckpointUnreadable`.
+    pub fn unavailable_reason(&self) -> UnavailableReason {
+        match self {
+            OfferBuildError::ClientTable(_) => UnavailableReason::CheckpointUnreadable,
+        }
+    }
 }
 
 /// Why a chunk request was refused (nothing is sent; logged rate-limited).
@@ -936,6 +958,51 @@ mod tests {
         assert_eq!(
             offer.artifact(ArtifactKind::ClientTable),
             Some(&clients[..])
+        );
+    }
+
+    #[test]
+    fn issue9_offer_build_encodes_metadata_json_and_client_table_wire() {
+        let mut metadata = MetadataState::new();
+        metadata.op = 8;
+        let mut table = crate::vsr::client_table::ClientTable::new(4);
+        table.register(0xabc, 3);
+        let client_table = table.to_snapshot();
+        let offer = Offer::build(8, &metadata, &client_table).expect("builds");
+        assert_eq!(offer.checkpoint_op(), 8);
+        let kinds: Vec<ArtifactKind> = offer.manifest().entries.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, ArtifactKind::ALL);
+        let metadata_bytes = offer.artifact(ArtifactKind::Metadata).unwrap();
+        let decoded: MetadataState = serde_json::from_slice(metadata_bytes).unwrap();
+        assert_eq!(decoded, metadata);
+        let clients_bytes = offer.artifact(ArtifactKind::ClientTable).unwrap();
+        assert_eq!(
+            super::super::client_table_wire::decode(clients_bytes, 4),
+            Ok(client_table)
+        );
+        for entry in &offer.manifest().entries {
+            let bytes = offer.artifact(entry.kind).unwrap();
+            assert_eq!(entry.checksum, XxHash3_128::oneshot(bytes));
+        }
+    }
+
+    #[test]
+    fn issue9_offer_build_of_a_damaged_client_table_is_checkpoint_unreadable() {
+        let mut client_table = crate::vsr::client_table::ClientTable::new(4).to_snapshot();
+        client_table
+            .sessions
+            .push(crate::vsr::client_table::SessionSnapshot {
+                client: "not hex".into(),
+                session: 1,
+                request: 0,
+                commit_op: 1,
+                replies: Vec::new(),
+            });
+        let error = Offer::build(8, &MetadataState::new(), &client_table).unwrap_err();
+        assert!(matches!(error, OfferBuildError::ClientTable(_)), "{error}");
+        assert_eq!(
+            error.unavailable_reason(),
+            UnavailableReason::CheckpointUnreadable
         );
     }
 
