@@ -7,7 +7,9 @@
 //!
 //! Layout: this file holds the state, the inputs, the normal case (section 4.1) and the apply
 //! path; `replica/view_change.rs` the view change (section 4.2); `replica/repair.rs` the
-//! repair of missing or forked prepares (issue 8 section 2, section 4.3 style catch-up).
+//! repair of missing or forked prepares (issue 8 section 2, section 4.3 style catch-up);
+//! `replica/transfer.rs` state transfer's receiving side (issue 9 section 4), for a replica
+//! whose gap lies below every peer's retained journal.
 //!
 //! Invariants (checked by the tests and the simulator):
 //! - The in-memory log holds every prepare in `(lowest held, op]`, contiguous and chained: each
@@ -24,6 +26,9 @@
 mod repair;
 #[cfg(test)]
 mod tests;
+mod transfer;
+#[cfg(test)]
+mod transfer_tests;
 mod view_change;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -37,6 +42,8 @@ use super::message::{
     Action, ClientReply, ClientRequest, ClientToken, Completion, Message, ReplicaIndex, Status,
 };
 use super::prepare::{PrepareBody, PrepareOperation};
+use super::transfer::manifest::ManifestCaps;
+use super::transfer::receiver::Receiver;
 use super::transfer::{Availability, UnavailableReason};
 use crate::metadata::MetadataState;
 
@@ -259,6 +266,12 @@ pub struct Replica {
     /// reaches `op` in that log_view, or it installs a newer view, it sends no DoViewChange.
     lost_acked: Option<(u32, u64)>,
     rng: u64,
+
+    // State transfer (issue 9 section 4, `replica/transfer.rs`).
+    /// The receiving side's stages and retry budget, for the replica's lifetime.
+    receiver: Receiver,
+    /// The checked checkpoint being installed (stage `Installing`).
+    transfer_install: Option<transfer::PendingInstall>,
 }
 
 impl Replica {
@@ -408,6 +421,8 @@ impl Replica {
             view_max_warned: false,
             lost_acked,
             rng,
+            receiver: Receiver::new(ManifestCaps::for_receiver(config.clients_table_max)),
+            transfer_install: None,
             config,
         };
         if single {
@@ -448,6 +463,10 @@ impl Replica {
     pub fn on_message(&mut self, from: ReplicaIndex, message: Message) -> Vec<Action> {
         let mut actions = Vec::new();
         if self.stopped || from >= self.config.replica_count || from == self.config.replica {
+            return actions;
+        }
+        if self.installing() {
+            self.on_message_while_installing(from, &message, &mut actions);
             return actions;
         }
         if message.view() > VIEW_MAX {
@@ -513,12 +532,18 @@ impl Replica {
                 self.on_request_headers(from, op_min, op_max, &mut actions);
             }
             Message::Headers { headers, .. } => self.on_headers(&headers, &mut actions),
-            // Served by `super::transfer::server` (the driver routes them there); the receiver
-            // helper routes the answers to the receiver.
-            Message::RequestStateTransfer { .. }
-            | Message::RequestStateChunk { .. }
-            | Message::StateTransferTarget { .. }
-            | Message::StateChunk { .. } => {}
+            // Served by `super::transfer::server` (the driver routes them there).
+            Message::RequestStateTransfer { .. } | Message::RequestStateChunk { .. } => {}
+            Message::StateTransferTarget { nonce, target, .. } => {
+                self.on_transfer_target(from, nonce, target, &mut actions);
+            }
+            Message::StateChunk {
+                nonce,
+                artifact,
+                offset,
+                payload,
+                ..
+            } => self.on_transfer_chunk(from, nonce, artifact, offset, &payload, &mut actions),
         }
         self.request_repairs(&mut actions);
         actions
@@ -563,6 +588,11 @@ impl Replica {
             return actions;
         }
         self.now += 1;
+        if self.installing() {
+            // Nothing moves while the driver installs a transferred checkpoint: no view-change
+            // timer (the view is kept until the install completes), no journal retry.
+            return actions;
+        }
         if let Some(from) = self.journal_retry_from.take() {
             self.retry_journal(from, &mut actions);
         }
@@ -599,6 +629,7 @@ impl Replica {
                 }
             }
             self.retry_repairs(&mut actions);
+            self.tick_transfer(&mut actions);
         }
         actions
     }
@@ -609,14 +640,24 @@ impl Replica {
         if self.stopped {
             return actions;
         }
+        if self.installing() {
+            self.on_io_done_while_installing(completion, &mut actions);
+            self.request_repairs(&mut actions);
+            return actions;
+        }
         match completion {
             Completion::JournalWritten { op, checksum } => {
                 self.on_journal_written(op, checksum, &mut actions);
             }
-            // Receiver helper: adopt the installed state on CheckpointInstalled.
-            Completion::JournalTruncated { .. }
-            | Completion::CheckpointInstalled { .. }
-            | Completion::InstallFailed { .. } => {}
+            Completion::JournalTruncated { .. } => {}
+            Completion::CheckpointInstalled { checkpoint_op, .. }
+            | Completion::InstallFailed { checkpoint_op, .. } => {
+                tracing::error!(
+                    replica = self.config.replica,
+                    checkpoint_op,
+                    "install completion without an install in progress; ignored"
+                );
+            }
             Completion::JournalRead { op, prepare } => {
                 self.on_journal_read(op, prepare, &mut actions);
             }
@@ -634,29 +675,33 @@ impl Replica {
             Completion::CheckpointDone {
                 op,
                 journal_first_op,
-            } => {
-                self.checkpoint_in_progress = None;
-                // The driver's checkpoint recorded at least this op as committed.
-                self.superblock_commit = self.superblock_commit.max(op);
-                // Memory keeps the prepares from the previous checkpoint on (one to two
-                // intervals): a lagging peer repairs from them, headers included, without
-                // journal reads; and the prepare at the checkpoint anchors the next op's chain.
-                let floor = self.checkpoint_op.min(op);
-                self.checkpoint_op = self.checkpoint_op.max(op);
-                self.journal_first_op = journal_first_op;
-                self.log = self.log.split_off(&floor);
-                self.maybe_checkpoint(&mut actions);
-            }
-            Completion::CheckpointFailed { op } => {
-                tracing::warn!(
-                    op,
-                    "checkpoint failed; the previous one stays valid, retried at the next commit"
-                );
-                self.checkpoint_in_progress = None;
-            }
+            } => self.on_checkpoint_done(op, journal_first_op, &mut actions),
+            Completion::CheckpointFailed { op } => self.on_checkpoint_failed(op),
         }
         self.request_repairs(&mut actions);
         actions
+    }
+
+    fn on_checkpoint_done(&mut self, op: u64, journal_first_op: u64, actions: &mut Vec<Action>) {
+        self.checkpoint_in_progress = None;
+        // The driver's checkpoint recorded at least this op as committed.
+        self.superblock_commit = self.superblock_commit.max(op);
+        // Memory keeps the prepares from the previous checkpoint on (one to two
+        // intervals): a lagging peer repairs from them, headers included, without
+        // journal reads; and the prepare at the checkpoint anchors the next op's chain.
+        let floor = self.checkpoint_op.min(op);
+        self.checkpoint_op = self.checkpoint_op.max(op);
+        self.journal_first_op = journal_first_op;
+        self.log = self.log.split_off(&floor);
+        self.maybe_checkpoint(actions);
+    }
+
+    fn on_checkpoint_failed(&mut self, op: u64) {
+        tracing::warn!(
+            op,
+            "checkpoint failed; the previous one stays valid, retried at the next commit"
+        );
+        self.checkpoint_in_progress = None;
     }
 
     pub fn config(&self) -> &CoreConfig {
@@ -1460,6 +1505,9 @@ impl Replica {
     /// Applies every op in `(commit_min, min(commit_max, verified_op, op)]`, in order, up to the
     /// first whose journal write is not yet durable.
     fn apply_committed(&mut self, actions: &mut Vec<Action>) {
+        if self.installing() {
+            return;
+        }
         let bound = self.commit_max.min(self.verified_op).min(self.op);
         while self.commit_min < bound {
             let op = self.commit_min + 1;
@@ -1568,6 +1616,7 @@ impl Replica {
 
     fn maybe_checkpoint(&mut self, actions: &mut Vec<Action>) {
         if self.checkpoint_in_progress.is_some()
+            || self.installing()
             || self.commit_min < self.checkpoint_op + self.config.checkpoint_interval
         {
             return;

@@ -31,6 +31,85 @@ pub struct RestoredSnapshot {
     pub evicted_clients: Vec<u128>,
 }
 
+/// Why a checkpoint's state (from a snapshot at boot, or fetched by state transfer) is not
+/// restorable. The replica keeps the state it had; nothing was mutated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RestoreRefused {
+    /// The metadata was written by a build with another layout version.
+    #[error(
+        "metadata version {found} is not supported (this build reads version {METADATA_VERSION})"
+    )]
+    MetadataVersion { found: u32 },
+    /// The metadata claims effects of an op after the checkpoint.
+    #[error("metadata is at op {op}, above the checkpoint op {checkpoint_op}")]
+    MetadataAboveCheckpoint { op: u64, checkpoint_op: u64 },
+    /// The metadata breaks one of its rules (`MetadataState::check`).
+    #[error("metadata breaks a rule: {reason}")]
+    MetadataRule { reason: String },
+    /// The client table breaks one of its rules (`ClientTable::from_snapshot`).
+    #[error("client table breaks a rule: {reason}")]
+    ClientTableRule { reason: String },
+    /// A session committed after the checkpoint.
+    #[error(
+        "client table: client {client} committed at op {commit_op}, above the checkpoint op \
+         {checkpoint_op}"
+    )]
+    SessionAboveCheckpoint {
+        client: String,
+        commit_op: u64,
+        checkpoint_op: u64,
+    },
+}
+
+/// Checks that `metadata` and `client_table` are the state after `checkpoint_op` and keep every
+/// rule the live state keeps (phase one of a two-phase restore: issue 9 section 4, DESIGN
+/// section 10), and builds the client table of a replica holding at most `clients_max`
+/// sessions. Mutates nothing; both the boot path ([`SnapshotPayload::decode`]) and the state
+/// transfer receiver use it.
+///
+/// Returns the table and the sessions evicted because there were more than `clients_max`.
+///
+/// # Errors
+/// The first rule broken, as a [`RestoreRefused`] variant.
+///
+/// # Panics
+/// If `clients_max` is 0 (the configuration validates it).
+pub fn check_restorable(
+    checkpoint_op: u64,
+    metadata: &MetadataState,
+    client_table: &ClientTableSnapshot,
+    clients_max: usize,
+) -> Result<(ClientTable, Vec<u128>), RestoreRefused> {
+    if metadata.version != METADATA_VERSION {
+        return Err(RestoreRefused::MetadataVersion {
+            found: metadata.version,
+        });
+    }
+    if metadata.op > checkpoint_op {
+        return Err(RestoreRefused::MetadataAboveCheckpoint {
+            op: metadata.op,
+            checkpoint_op,
+        });
+    }
+    metadata
+        .check()
+        .map_err(|reason| RestoreRefused::MetadataRule { reason })?;
+    let (table, evicted) = ClientTable::from_snapshot(client_table, clients_max)
+        .map_err(|reason| RestoreRefused::ClientTableRule { reason })?;
+    if let Some(session) = client_table
+        .sessions
+        .iter()
+        .find(|session| session.commit_op > checkpoint_op)
+    {
+        return Err(RestoreRefused::SessionAboveCheckpoint {
+            client: session.client.clone(),
+            commit_op: session.commit_op,
+            checkpoint_op,
+        });
+    }
+    Ok((table, evicted))
+}
+
 /// The same JSON as [`SnapshotPayload`], from borrowed parts (so a checkpoint serializes the
 /// shared state without copying it first).
 #[derive(serde::Serialize)]
@@ -90,36 +169,13 @@ impl SnapshotPayload {
                 payload.checkpoint_op
             ));
         }
-        if payload.metadata.version != METADATA_VERSION {
-            return Err(format!(
-                "metadata version {} is not supported (this build reads version {METADATA_VERSION})",
-                payload.metadata.version
-            ));
-        }
-        if payload.metadata.op > checkpoint_op {
-            return Err(format!(
-                "metadata is at op {}, above the checkpoint op {checkpoint_op}",
-                payload.metadata.op
-            ));
-        }
-        payload
-            .metadata
-            .check()
-            .map_err(|reason| format!("metadata breaks a rule: {reason}"))?;
-        let (client_table, evicted_clients) =
-            ClientTable::from_snapshot(&payload.client_table, clients_max)
-                .map_err(|reason| format!("client table breaks a rule: {reason}"))?;
-        if let Some(session) = payload
-            .client_table
-            .sessions
-            .iter()
-            .find(|session| session.commit_op > checkpoint_op)
-        {
-            return Err(format!(
-                "client table: client {} committed at op {}, above the checkpoint op {checkpoint_op}",
-                session.client, session.commit_op
-            ));
-        }
+        let (client_table, evicted_clients) = check_restorable(
+            checkpoint_op,
+            &payload.metadata,
+            &payload.client_table,
+            clients_max,
+        )
+        .map_err(|refused| refused.to_string())?;
         Ok(RestoredSnapshot {
             metadata: payload.metadata,
             client_table,

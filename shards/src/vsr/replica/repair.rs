@@ -6,8 +6,9 @@
 //! primary sent, the chosen log of a view change, and the parents those name, link by link).
 //! A prepare is accepted from anyone if its checksum is a target; it waits in `pending` until
 //! it connects to the log by its parent, then replaces everything above the connection point
-//! (`TruncateJournal`, then `WriteJournal` in op order). An op no peer can supply after several
-//! rounds is logged once as needing state transfer (issue 9); the replica keeps trying.
+//! (`TruncateJournal`, then `WriteJournal` in op order). A committed op no peer supplies after
+//! several rounds starts a state transfer (issue 9 section 4, `replica/transfer.rs`); repair
+//! keeps trying meanwhile, and is all that is left while the transfer budget cools down.
 
 use super::{Entry, Replica, Requested};
 use crate::vsr::message::{Action, Message, PrepareHeader, ReplicaIndex, Status};
@@ -363,7 +364,9 @@ impl Replica {
         }
     }
 
-    /// On a tick: re-sends requests unanswered for a heartbeat interval, to the next peer.
+    /// On a tick: re-sends requests unanswered for a heartbeat interval, to the next peer. A
+    /// committed op still missing after `10 * (replica_count - 1)` rounds (ten per peer) is
+    /// beyond every peer's retained journal: it starts a state transfer.
     pub(super) fn retry_repairs(&mut self, actions: &mut Vec<Action>) {
         let interval = self.config.heartbeat_ticks.max(2);
         let due: Vec<(u64, Requested)> = self
@@ -384,22 +387,40 @@ impl Replica {
                     ..requested
                 },
             );
-            if attempts >= rounds_before_warning
-                && op <= self.commit_max
-                && !self.state_transfer_warned
-            {
-                self.state_transfer_warned = true;
-                tracing::warn!(
-                    op,
-                    replica = self.config.replica,
-                    attempts,
-                    "no peer supplies committed op {op}: needs state transfer (issue 9); still \
-                     trying"
-                );
+            if attempts >= rounds_before_warning && op <= self.commit_max {
+                self.repair_exhausted(op, attempts, actions);
             }
             self.send_repair_request(op, requested.checksum, attempts, actions);
         }
         self.request_repairs(actions);
+    }
+
+    /// Committed op `op` failed repair for `attempts` rounds: start a state transfer when the
+    /// replica is behind (`commit_min < commit_max`) and the receiver may start one (logged
+    /// once per gap when it may not).
+    fn repair_exhausted(&mut self, op: u64, attempts: u32, actions: &mut Vec<Action>) {
+        if self.commit_min >= self.commit_max {
+            return;
+        }
+        if self.maybe_start_transfer(actions) {
+            tracing::warn!(
+                op,
+                replica = self.config.replica,
+                attempts,
+                "no peer supplies committed op {op}: starting a state transfer (issue 9); \
+                 repair keeps trying"
+            );
+        } else if !self.state_transfer_warned {
+            self.state_transfer_warned = true;
+            tracing::warn!(
+                op,
+                replica = self.config.replica,
+                attempts,
+                stage = ?self.receiver.stage(),
+                "no peer supplies committed op {op}: needs state transfer (issue 9), which is \
+                 busy or cooling down; repair keeps trying"
+            );
+        }
     }
 
     fn send_repair_request(
