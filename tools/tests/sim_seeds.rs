@@ -201,15 +201,27 @@ fn issue9_transfers_keep_safety_and_converge_under_faults() {
     for report in &reports {
         total.add(&report.transfers);
     }
-    let lost: u64 = reports.iter().map(|report| report.faults.packets_lost).sum();
+    let lost: u64 = reports
+        .iter()
+        .map(|report| report.faults.packets_lost)
+        .sum();
     let exercised = [
         ("transfers started", total.started),
         ("installs", total.installs),
         ("chunks corrupted", total.chunks_corrupted),
         ("packets lost", lost),
-        ("primary crashes mid-transfer", total.interrupted_by_primary_crash),
-        ("view changes mid-transfer", total.interrupted_by_view_change),
-        ("new checkpoints mid-transfer", total.interrupted_by_new_checkpoint),
+        (
+            "primary crashes mid-transfer",
+            total.interrupted_by_primary_crash,
+        ),
+        (
+            "view changes mid-transfer",
+            total.interrupted_by_view_change,
+        ),
+        (
+            "new checkpoints mid-transfer",
+            total.interrupted_by_new_checkpoint,
+        ),
     ];
     let missing: Vec<&str> = exercised
         .iter()

@@ -44,12 +44,6 @@ const PARTITION_TICKS_MAX: u64 = 400;
 /// Ticks a server takes to read its checkpoint and build an offer, at least and at most.
 const OFFER_BUILD_TICKS_MIN: u64 = 1;
 const OFFER_BUILD_TICKS_MAX: u64 = 6;
-/// The chunk round-trip timeout the simulated servers expire offers by (ticks); the receiver's
-/// own timeout is the core's.
-const CHUNK_TIMEOUT_TICKS: u64 = 50;
-/// Ticks without a transfer request after which the simulator stops counting a transfer as under
-/// way (the receiver fell back to journal repair or gave up for now).
-const TRANSFER_QUIET_TICKS: u64 = 300;
 /// `--transfer`'s lagging replica goes down at a tick in this range.
 const LAG_START_TICK_MIN: u64 = 10;
 const LAG_START_TICK_MAX: u64 = 80;
@@ -113,9 +107,11 @@ impl std::fmt::Display for FaultCounts {
 pub struct TransferStats {
     /// Transfers started: a replica's first `RequestStateTransfer` while none was under way.
     pub started: u64,
-    /// Rounds restarted: a `RequestStateTransfer` with a fresh nonce during a transfer (the
-    /// previous round failed or timed out).
-    pub retried_rounds: u64,
+    /// Failed rounds, all causes (the receivers' own count, summed over every life of every
+    /// replica).
+    pub failed_rounds: u64,
+    /// Times a receiver's retry budget ran out (it fell back to journal repair).
+    pub budget_exhaustions: u64,
     /// `StateTransferTarget` refusals (`available = 0`) sent.
     pub refused: u64,
     /// `Completion::CheckpointInstalled`, degraded or not.
@@ -123,7 +119,7 @@ pub struct TransferStats {
     pub degraded_installs: u64,
     /// `Completion::InstallFailed`.
     pub failed_installs: u64,
-    /// Transfers that went quiet without an install (fell back to journal repair).
+    /// Transfers whose receiver went back to idle without an install.
     pub abandoned: u64,
     pub chunks_corrupted: u64,
     pub offers_unreadable: u64,
@@ -141,7 +137,8 @@ impl TransferStats {
     /// Adds `other`'s counts to these.
     pub fn add(&mut self, other: &TransferStats) {
         self.started += other.started;
-        self.retried_rounds += other.retried_rounds;
+        self.failed_rounds += other.failed_rounds;
+        self.budget_exhaustions += other.budget_exhaustions;
         self.refused += other.refused;
         self.installs += other.installs;
         self.degraded_installs += other.degraded_installs;
@@ -160,11 +157,12 @@ impl std::fmt::Display for TransferStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "started {} retried {} refused {} installs {} degraded {} install_failed {} \
+            "started {} failed_rounds {} budget_exhausted {} refused {} installs {} degraded {} install_failed {} \
              abandoned {} chunks_corrupted {} unreadable {} interrupted: primary_crash {} \
              receiver_crash {} view_change {} new_checkpoint {}",
             self.started,
-            self.retried_rounds,
+            self.failed_rounds,
+            self.budget_exhaustions,
             self.refused,
             self.installs,
             self.degraded_installs,
@@ -190,8 +188,6 @@ struct TransferWatch {
     view: u32,
     /// The checkpoint the source offered, once a target arrived.
     target_op: Option<u64>,
-    /// The last tick the receiver sent a transfer request.
-    last_request_tick: u64,
     /// Each interruption kind is counted once per transfer.
     primary_crash_seen: bool,
     view_change_seen: bool,
@@ -258,7 +254,7 @@ pub struct World {
     checker: Checker,
     pub trace: Trace,
     pub faults: FaultCounts,
-    pub transfers: TransferStats,
+    transfers: TransferStats,
     partition: Option<ActivePartition>,
     in_liveness_phase: bool,
     lag: Lag,
@@ -270,7 +266,8 @@ fn server_config(config: &SimConfig) -> ServerConfig {
     ServerConfig {
         chunk_size_max: config.transfer_chunk_size,
         frame_size_max: shards::limits::REPLICA_MESSAGE_SIZE_MAX,
-        chunk_timeout_ticks: CHUNK_TIMEOUT_TICKS,
+        // The receiver's chunk round-trip timeout: offers expire after 3x (served) or 10x (idle).
+        chunk_timeout_ticks: shards::vsr::transfer::receiver::CHUNK_TIMEOUT_TICKS,
     }
 }
 

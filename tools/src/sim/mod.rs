@@ -292,7 +292,7 @@ pub fn run_seed_with(
         commit,
         ticks: world.tick(),
         faults: world.faults,
-        transfers: world.transfers,
+        transfers: world.transfer_stats(),
         trace_digest: world.trace.digest(),
         event_count: world.trace.event_count(),
     }

@@ -11,10 +11,11 @@
 use shards::metadata::MetadataState;
 use shards::vsr::client_table::ClientTableSnapshot;
 use shards::vsr::message::{Completion, Message};
+use shards::vsr::transfer::receiver::Stage;
 
 use super::{
     LAG_CHECKPOINT_INTERVALS, Lag, OFFER_BUILD_TICKS_MAX, OFFER_BUILD_TICKS_MIN, Offer, Payload,
-    Replica, ServeOutput, TRANSFER_QUIET_TICKS, TransferTarget, TransferWatch, UnavailableReason,
+    Replica, ServeOutput, TransferStats, TransferTarget, TransferWatch, UnavailableReason,
     Violation, World, wire,
 };
 
@@ -156,10 +157,11 @@ impl World {
         if op != checkpoint_op {
             return Err(UnavailableReason::CheckpointBeingReplaced);
         }
-        Ok(Offer::build(op, &metadata, &client_table))
+        Offer::build(op, &metadata, &client_table).map_err(|error| error.unavailable_reason())
     }
 
-    /// `replica` sends `message` to `to`: a transfer request starts or continues its watch.
+    /// `replica` sends `message` to `to`: a transfer request starts its watch (if none is under
+    /// way) or moves it to the nonce and peer it names.
     pub(super) fn note_transfer_request(&mut self, replica: usize, to: usize, message: &Message) {
         let nonce = match message {
             Message::RequestStateTransfer { nonce, .. }
@@ -171,12 +173,10 @@ impl World {
         match &mut self.nodes[replica].receiving {
             Some(watch) => {
                 if watch.nonce != nonce {
-                    self.transfers.retried_rounds += 1;
                     watch.nonce = nonce;
                     watch.target_op = None;
                 }
                 watch.source = to;
-                watch.last_request_tick = tick;
             }
             slot @ None => {
                 self.transfers.started += 1;
@@ -187,7 +187,6 @@ impl World {
                     source: to,
                     view,
                     target_op: None,
-                    last_request_tick: tick,
                     primary_crash_seen: false,
                     view_change_seen: false,
                     new_checkpoint_seen: false,
@@ -263,6 +262,7 @@ impl World {
 
     /// `replica` is about to crash: a transfer it serves or receives is interrupted.
     pub(super) fn count_crash_interruptions(&mut self, replica: usize) {
+        self.retire_counters(replica);
         if self.nodes[replica].receiving.is_some() {
             self.transfers.interrupted_by_receiver_crash += 1;
         }
@@ -278,7 +278,7 @@ impl World {
     }
 
     /// Each tick: a receiver whose view moved during its transfer counts a view change; one
-    /// quiet for [`TRANSFER_QUIET_TICKS`] no longer counts as transferring.
+    /// whose receiver is back to idle without an install ends its transfer (abandoned).
     pub(super) fn watch_transfers(&mut self) {
         for replica in 0..self.nodes.len() {
             let node = &mut self.nodes[replica];
@@ -289,13 +289,35 @@ impl World {
                 watch.view_change_seen = true;
                 self.transfers.interrupted_by_view_change += 1;
             }
-            if self.tick - watch.last_request_tick > TRANSFER_QUIET_TICKS {
+            if core.transfer_stage() == Stage::Idle {
                 node.receiving = None;
                 self.transfers.abandoned += 1;
                 self.trace
-                    .event(self.tick, &format!("r{replica} transfer went quiet"));
+                    .event(self.tick, &format!("r{replica} transfer back to idle"));
             }
         }
+    }
+
+    /// Adds the receiver counters of `replica`'s core (about to be lost to a crash) to the
+    /// run's totals.
+    pub(super) fn retire_counters(&mut self, replica: usize) {
+        if let Some(core) = self.nodes[replica].core.as_ref() {
+            let counters = core.transfer_counters();
+            self.transfers.failed_rounds += counters.failed_rounds;
+            self.transfers.budget_exhaustions += counters.budget_exhaustions;
+        }
+    }
+
+    /// What state transfer did in the run so far: the world's counts plus every live
+    /// receiver's failed rounds and spent budgets.
+    pub fn transfer_stats(&self) -> TransferStats {
+        let mut stats = self.transfers;
+        for core in self.nodes.iter().filter_map(|node| node.core.as_ref()) {
+            let counters = core.transfer_counters();
+            stats.failed_rounds += counters.failed_rounds;
+            stats.budget_exhaustions += counters.budget_exhaustions;
+        }
+        stats
     }
 
     /// The lagging-replica scenario: at its tick the chosen replica crashes (within the fault
