@@ -160,7 +160,7 @@ fn the_checker_catches_a_reply_nobody_committed_and_a_diverging_digest() {
 }
 
 /// The seeds of the state-transfer scenario (issue 9) every CI run simulates.
-const TRANSFER_SEEDS: std::ops::Range<u64> = 0..60;
+const TRANSFER_SEEDS: std::ops::Range<u64> = 0..50;
 
 /// The state-transfer scenario (`shardline sim --transfer`) with five replicas, so that besides
 /// the lagging replica a crash or a partition of the serving primary fits the fault budget of 2,

@@ -933,7 +933,10 @@ impl World {
     fn inject_faults(&mut self) {
         let replica_count = self.nodes.len() as u64;
         if self.prng.chance(self.config.crash) {
-            let replica = self.prng.below(replica_count) as usize;
+            let replica = match self.aimed_at_transfer() {
+                Some(source) => source,
+                None => self.prng.below(replica_count) as usize,
+            };
             if self.nodes[replica].core.is_some() && self.within_budget(&[replica]) {
                 self.crash(replica);
             }
@@ -1053,6 +1056,15 @@ impl World {
             packet_duplicate: 0.0,
             ..faults
         });
+        // The transfer faults stop too (chunk corruption and unreadable offers are checked
+        // against `in_liveness_phase` where they are drawn).
+        for node in &mut self.nodes {
+            let faults = node.disk.faults();
+            node.disk.set_faults(DiskFaults {
+                install_write_fail: 0.0,
+                ..faults
+            });
+        }
         self.trace.event(self.tick, "liveness phase: faults stop");
         for replica in 0..self.nodes.len() {
             if self.nodes[replica].core.is_none() {

@@ -185,6 +185,10 @@ impl Disk {
         }
     }
 
+    pub fn faults(&self) -> DiskFaults {
+        self.faults
+    }
+
     pub fn set_faults(&mut self, faults: DiskFaults) {
         self.faults = faults;
     }

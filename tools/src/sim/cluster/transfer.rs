@@ -101,7 +101,10 @@ impl World {
         else {
             return;
         };
-        if payload.is_empty() || !self.prng.chance(self.config.chunk_corruption) {
+        if payload.is_empty()
+            || self.in_liveness_phase
+            || !self.prng.chance(self.config.chunk_corruption)
+        {
             return;
         }
         let index = self.prng.below(payload.len() as u64) as usize;
@@ -146,7 +149,7 @@ impl World {
         replica: usize,
         checkpoint_op: u64,
     ) -> Result<Offer, UnavailableReason> {
-        if self.prng.chance(self.config.offer_unreadable) {
+        if !self.in_liveness_phase && self.prng.chance(self.config.offer_unreadable) {
             self.transfers.offers_unreadable += 1;
             return Err(UnavailableReason::CheckpointUnreadable);
         }
@@ -258,6 +261,20 @@ impl World {
             });
         }
         Ok(())
+    }
+
+    /// In the transfer scenario, half of the crashes while a transfer is under way are aimed at
+    /// the replica serving it (a crash of the serving primary mid-transfer is otherwise rare);
+    /// `None`: pick at random as usual.
+    pub(super) fn aimed_at_transfer(&mut self) -> Option<usize> {
+        if !self.config.lagging_replica {
+            return None;
+        }
+        let source = self
+            .nodes
+            .iter()
+            .find_map(|node| node.receiving.as_ref().map(|watch| watch.source))?;
+        self.prng.chance(0.5).then_some(source)
     }
 
     /// `replica` is about to crash: a transfer it serves or receives is interrupted.
