@@ -119,6 +119,8 @@ pub struct TransferStats {
     pub degraded_installs: u64,
     /// `Completion::InstallFailed`.
     pub failed_installs: u64,
+    /// Installs a crash tore (stopped at one of their steps).
+    pub torn_installs: u64,
     /// Transfers whose receiver went back to idle without an install.
     pub abandoned: u64,
     pub chunks_corrupted: u64,
@@ -143,6 +145,7 @@ impl TransferStats {
         self.installs += other.installs;
         self.degraded_installs += other.degraded_installs;
         self.failed_installs += other.failed_installs;
+        self.torn_installs += other.torn_installs;
         self.abandoned += other.abandoned;
         self.chunks_corrupted += other.chunks_corrupted;
         self.offers_unreadable += other.offers_unreadable;
@@ -157,9 +160,9 @@ impl std::fmt::Display for TransferStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "started {} failed_rounds {} budget_exhausted {} refused {} installs {} degraded {} install_failed {} \
-             abandoned {} chunks_corrupted {} unreadable {} interrupted: primary_crash {} \
-             receiver_crash {} view_change {} new_checkpoint {}",
+            "started {} failed_rounds {} budget_exhausted {} refused {} installs {} degraded {} \
+             install_failed {} install_torn {} abandoned {} chunks_corrupted {} unreadable {} \
+             interrupted: primary_crash {} receiver_crash {} view_change {} new_checkpoint {}",
             self.started,
             self.failed_rounds,
             self.budget_exhaustions,
@@ -167,6 +170,7 @@ impl std::fmt::Display for TransferStats {
             self.installs,
             self.degraded_installs,
             self.failed_installs,
+            self.torn_installs,
             self.abandoned,
             self.chunks_corrupted,
             self.offers_unreadable,
@@ -971,6 +975,13 @@ impl World {
         self.faults.crashes += 1;
         if damage.torn.is_some() {
             self.faults.torn_writes += 1;
+        }
+        if damage
+            .torn
+            .as_deref()
+            .is_some_and(|torn| torn.starts_with("install"))
+        {
+            self.transfers.torn_installs += 1;
         }
         self.trace.event(
             self.tick,

@@ -264,17 +264,24 @@ impl World {
     }
 
     /// In the transfer scenario, half of the crashes while a transfer is under way are aimed at
-    /// the replica serving it (a crash of the serving primary mid-transfer is otherwise rare);
+    /// it: at a receiver that is installing (a crash mid-install), else at the replica serving
+    /// the transfer (a crash of the serving primary mid-transfer); both are otherwise rare.
     /// `None`: pick at random as usual.
     pub(super) fn aimed_at_transfer(&mut self) -> Option<usize> {
         if !self.config.lagging_replica {
             return None;
         }
-        let source = self
-            .nodes
-            .iter()
-            .find_map(|node| node.receiving.as_ref().map(|watch| watch.source))?;
-        self.prng.chance(0.5).then_some(source)
+        let installing = self.nodes.iter().position(|node| {
+            node.core
+                .as_ref()
+                .is_some_and(|core| core.transfer_stage() == Stage::Installing)
+        });
+        let target = installing.or_else(|| {
+            self.nodes
+                .iter()
+                .find_map(|node| node.receiving.as_ref().map(|watch| watch.source))
+        })?;
+        self.prng.chance(0.5).then_some(target)
     }
 
     /// `replica` is about to crash: a transfer it serves or receives is interrupted.
