@@ -39,6 +39,26 @@ pub enum DecodeError {
     TrailingBytes { position: usize, count: usize },
 }
 
+impl DecodeError {
+    /// The byte position the error points at (for `NoTrailer`, 0).
+    pub fn position(&self) -> usize {
+        match *self {
+            DecodeError::Truncated { position, .. }
+            | DecodeError::TrailerMismatch { position, .. }
+            | DecodeError::TrailingBytes { position, .. } => position,
+            DecodeError::NoTrailer { .. } => 0,
+        }
+    }
+}
+
+/// A byte that should have been zero (reserved field, padding), as [`Reader::zeros`] finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NonZeroByte {
+    /// Its byte position in the input.
+    pub position: usize,
+    pub value: u8,
+}
+
 /// A bounds-checked little-endian cursor over a byte slice.
 #[derive(Debug, Clone)]
 pub struct Reader<'a> {
@@ -117,6 +137,27 @@ impl<'a> Reader<'a> {
     /// `Truncated`.
     pub fn u128(&mut self, field: &'static str) -> Result<u128, DecodeError> {
         Ok(u128::from_le_bytes(self.array(field)?))
+    }
+
+    /// Reads `count` bytes of `field` that must be zero (reserved fields, padding) and returns
+    /// the first that is not, if any, for the caller to refuse with its own error.
+    ///
+    /// # Errors
+    /// `Truncated`.
+    pub fn zeros(
+        &mut self,
+        field: &'static str,
+        count: usize,
+    ) -> Result<Option<NonZeroByte>, DecodeError> {
+        let start = self.position;
+        let bytes = self.bytes(field, count)?;
+        Ok(bytes
+            .iter()
+            .position(|&byte| byte != 0)
+            .map(|offset| NonZeroByte {
+                position: start + offset,
+                value: bytes[offset],
+            }))
     }
 
     /// Checks that every byte was read.
@@ -280,12 +321,26 @@ mod tests {
         let mut reader = Reader::new(body);
         assert_eq!(reader.u8("a"), Ok(7));
         assert_eq!(reader.u16("b"), Ok(0x0102));
-        assert_eq!(reader.u8("pad"), Ok(0));
+        assert_eq!(reader.zeros("pad", 1), Ok(None));
         assert_eq!(reader.u32("c"), Ok(3));
         assert_eq!(reader.u64("d"), Ok(u64::MAX));
         assert_eq!(reader.u128("e"), Ok(5));
         assert_eq!(reader.bytes("f", 2), Ok(&b"ab"[..]));
         assert_eq!(reader.finish(), Ok(()));
+    }
+
+    #[test]
+    fn zeros_names_the_first_non_zero_byte() {
+        let mut reader = Reader::new(&[9, 0, 0, 5, 6]);
+        assert_eq!(reader.u8("a"), Ok(9));
+        assert_eq!(
+            reader.zeros("pad", 4),
+            Ok(Some(NonZeroByte {
+                position: 3,
+                value: 5
+            }))
+        );
+        assert!(Reader::new(&[0]).zeros("pad", 2).is_err());
     }
 
     #[test]

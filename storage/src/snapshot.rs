@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use compio::fs::File;
 
-use crate::codec::{DecodeError, Reader, split_verified_trailer};
+use crate::codec::{DecodeError, NonZeroByte, Reader, split_verified_trailer};
 use crate::durable::{
     ReplaceStep, TRAILER_SIZE, off_reactor_if_large, read_exact_at, replace_parts,
 };
@@ -181,13 +181,11 @@ fn verify(file_bytes: &[u8]) -> Result<(u64, u64), SnapshotDefect> {
 
 /// The next `count` header bytes are zero.
 fn check_reserved(reader: &mut Reader<'_>, count: usize) -> Result<(), SnapshotDefect> {
-    let start = reader.position();
-    let bytes = reader.bytes("reserved", count).map_err(defect_of)?;
-    match bytes.iter().position(|&byte| byte != 0) {
+    match reader.zeros("reserved", count).map_err(defect_of)? {
         None => Ok(()),
-        Some(offset) => Err(SnapshotDefect::Reserved {
-            position: (start + offset) as u64,
-            value: bytes[offset],
+        Some(NonZeroByte { position, value }) => Err(SnapshotDefect::Reserved {
+            position: position as u64,
+            value,
         }),
     }
 }

@@ -48,7 +48,8 @@ enum Command {
     /// Print streams, topics, partitions with their owner shard and next offset, and the
     /// replica's view, index, primary and commit number (JSON).
     Metadata(client_cmds::MetadataArgs),
-    /// Check a data file offline, read-only: superblock, snapshot, wal, segment or metadata (exit 1 on damage).
+    /// Check a data file offline, read-only: superblock, snapshot, wal, segment, metadata, or a
+    /// saved state-transfer manifest or client table (exit 1 on damage).
     Inspect(inspect::InspectArgs),
     /// Simulate a cluster by seed: the real consensus core against a faulty network, disk and clock.
     Sim(shardline::sim::SimArgs),

@@ -1050,3 +1050,272 @@ fn issue7_4_segment_damaged_complete_last_entry_is_kept_not_a_torn_tail() {
     let (code, stdout, _) = inspect_path("segment", &log_dir);
     assert_eq!(code, 0, "{stdout}");
 }
+
+// ---------------------------------------------------------------- manifest, clients (issue 9)
+
+/// Writes `body` sealed with its XXH3-64 trailer to `dir/name`: a file whose trailer verifies, so
+/// the rule under test (not the checksum) is what refuses it.
+fn sealed_file(dir: &Path, name: &str, mut body: Vec<u8>) -> PathBuf {
+    storage::codec::seal(&mut body);
+    let path = dir.join(name);
+    std::fs::write(&path, body).unwrap();
+    path
+}
+
+/// The body of a valid encoding (without its trailer).
+fn body_of(encoded: &[u8]) -> Vec<u8> {
+    encoded[..encoded.len() - storage::codec::TRAILER_SIZE].to_vec()
+}
+
+fn manifest_bytes(client_table_len: u64) -> Vec<u8> {
+    use shards::vsr::transfer::{ArtifactKind, Manifest, ManifestEntry, manifest};
+    manifest::encode(&Manifest {
+        entries: vec![
+            ManifestEntry {
+                kind: ArtifactKind::Metadata,
+                frontier_op: 64,
+                len: 1234,
+                checksum: 0xabcd,
+            },
+            ManifestEntry {
+                kind: ArtifactKind::ClientTable,
+                frontier_op: 64,
+                len: client_table_len,
+                checksum: u128::MAX,
+            },
+        ],
+    })
+}
+
+/// A client table of two sessions, one with a cached rejection, in the transfer encoding.
+fn clients_bytes() -> Vec<u8> {
+    use shards::vsr::client_table::{CachedReply, ClientTable};
+    let mut table = ClientTable::new(4);
+    table.register(0xabc, 1);
+    table.register(0xdef, 2);
+    table.commit(
+        0xabc,
+        3,
+        CachedReply {
+            request: 1,
+            operation: 2,
+            error_code: 3,
+            offset: 0,
+            count: 0,
+            body: b"stream 1 already exists".to_vec(),
+            request_checksum: 9,
+        },
+    );
+    shards::vsr::transfer::client_table_wire::encode(&table.to_snapshot()).unwrap()
+}
+
+#[test]
+fn issue9_inspect_manifest_clean_lists_artifacts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("manifest");
+    std::fs::write(&path, manifest_bytes(20)).unwrap();
+    let (code, stdout, stderr) = inspect_path("manifest", &path);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("(104 bytes, trailer ok)"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "metadata                       64         1234  0x0000000000000000000000000000abcd"
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("client_table"), "{stdout}");
+    assert!(
+        stdout.contains("summary: 2 artifact(s), 1254 bytes in all"),
+        "{stdout}"
+    );
+    let (code, json) = inspect_json("manifest", &path);
+    assert_eq!(code, 0);
+    assert_eq!(json["kind"], "manifest");
+    assert_eq!(json["clean"], true);
+    assert_eq!(json["entries"][1]["kind"], "client_table");
+    assert_eq!(json["entries"][1]["len"], 20);
+    assert_eq!(json["total_len"], 1254);
+    assert!(json["caps"]["client_table"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn issue9_inspect_manifest_flipped_byte_names_the_trailer_mismatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("manifest");
+    std::fs::write(&path, manifest_bytes(20)).unwrap();
+    flip_byte(&path, 30);
+    let (code, stdout, _) = inspect_path("manifest", &path);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("trailer BAD"), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "damage: {} at byte 96: manifest: checksum mismatch: trailer at byte 96",
+            path.display()
+        )),
+        "{stdout}"
+    );
+    let (code, json) = inspect_json("manifest", &path);
+    assert_eq!(code, 1);
+    assert_eq!(json["clean"], false);
+    assert_eq!(json["damage"][0]["position"], 96);
+}
+
+#[test]
+fn issue9_inspect_manifest_truncated_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    // Cut bytes: the trailer no longer matches.
+    let path = dir.path().join("manifest");
+    std::fs::write(&path, manifest_bytes(20)).unwrap();
+    truncate_by(&path, 3);
+    let (code, stdout, _) = inspect_path("manifest", &path);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("checksum mismatch"), "{stdout}");
+    // A file shorter than its trailer.
+    truncate_by(&path, 96);
+    let (code, stdout, _) = inspect_path("manifest", &path);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("5 bytes is shorter than the 8-byte trailer"),
+        "{stdout}"
+    );
+    // A cut body under a valid trailer: the field that runs out is named.
+    let mut body = body_of(&manifest_bytes(20));
+    body.truncate(body.len() - 1);
+    let path = sealed_file(dir.path(), "cut", body);
+    let (code, stdout, _) = inspect_path("manifest", &path);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "damage: {} at byte 80: manifest: checksum: needs 16 bytes at byte 80, 15 left",
+            path.display()
+        )),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn issue9_inspect_manifest_names_the_broken_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("manifest");
+    std::fs::write(&path, manifest_bytes(0)).unwrap();
+    let (code, stdout, _) = inspect_path("manifest", &path);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("trailer ok"), "{stdout}");
+    assert!(
+        stdout.contains("manifest: artifact client_table has length 0"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn issue9_inspect_clients_clean_lists_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("clients");
+    std::fs::write(&path, clients_bytes()).unwrap();
+    let (code, stdout, stderr) = inspect_path("clients", &path);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("trailer ok"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "  0x00000000000000000000000000000abc          1          1          3       1\n"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("summary: 2 client session(s), checked against --clients-table-max"),
+        "{stdout}"
+    );
+    let (code, json) = inspect_json("clients", &path);
+    assert_eq!(code, 0);
+    assert_eq!(json["kind"], "clients");
+    assert_eq!(
+        json["sessions"][1]["client"],
+        "0x00000000000000000000000000000def"
+    );
+    assert_eq!(json["sessions"][0]["cached_reply_count"], 1);
+}
+
+#[test]
+fn issue9_inspect_clients_flipped_byte_names_the_trailer_mismatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("clients");
+    let bytes = clients_bytes();
+    let trailer_at = bytes.len() - 8;
+    std::fs::write(&path, bytes).unwrap();
+    flip_byte(&path, 13);
+    let (code, stdout, _) = inspect_path("clients", &path);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "damage: {} at byte {trailer_at}: client table: checksum mismatch",
+            path.display()
+        )),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn issue9_inspect_clients_truncated_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("clients");
+    std::fs::write(&path, clients_bytes()).unwrap();
+    truncate_by(&path, 1);
+    let (code, stdout, _) = inspect_path("clients", &path);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("client table: checksum mismatch"),
+        "{stdout}"
+    );
+    let mut body = body_of(&clients_bytes());
+    body.truncate(body.len() - 1);
+    let path = sealed_file(dir.path(), "cut", body);
+    let (code, stdout, _) = inspect_path("clients", &path);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("client table: session padding: needs 7 bytes"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn issue9_inspect_clients_names_the_broken_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    // Both sessions carry client id 0xabc.
+    let mut body = body_of(&clients_bytes());
+    let second = body.len() - 48;
+    body[second..second + 16].copy_from_slice(&0xabc_u128.to_le_bytes());
+    let path = sealed_file(dir.path(), "duplicate", body);
+    let (code, stdout, _) = inspect_path("clients", &path);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("client table: client 0x00000000000000000000000000000abc appears twice"),
+        "{stdout}"
+    );
+    // Decodes, but a session rule install checks is broken: both commit ops are 3.
+    let mut body = body_of(&clients_bytes());
+    let commit_op = body.len() - 48 + 32;
+    body[commit_op..commit_op + 8].copy_from_slice(&3_u64.to_le_bytes());
+    let path = sealed_file(dir.path(), "shared-commit-op", body);
+    let (code, stdout, _) = inspect_path("clients", &path);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("client table breaks a session rule"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn issue9_inspect_manifest_and_clients_take_a_file_not_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    for kind in ["manifest", "clients"] {
+        let (code, _, stderr) = inspect_path(kind, dir.path());
+        assert_eq!(code, 2, "{stderr}");
+        assert!(
+            stderr.contains(&format!("inspect {kind} takes a file")),
+            "{stderr}"
+        );
+    }
+    let (_, stdout, _) = inspect(&["--help"]);
+    assert!(stdout.contains("manifest"), "{stdout}");
+    assert!(stdout.contains("clients"), "{stdout}");
+}

@@ -97,6 +97,11 @@ pub const HELLO_ADDRESS_BYTES_MAX: usize = 260;
 /// [`REPLICA_MESSAGE_SIZE_MAX`], header included.
 pub const STATE_CHUNK_PAYLOAD_MAX: usize = REPLICA_MESSAGE_SIZE_MAX as usize - HEADER_SIZE;
 
+const _: () = assert!(
+    HEADER_SIZE + manifest::MANIFEST_ENCODED_LEN_MAX <= REPLICA_MESSAGE_SIZE_MAX as usize,
+    "the largest offer fits one frame"
+);
+
 /// Bytes of a list's count prefix.
 const LIST_COUNT_SIZE: usize = 4;
 /// Where the u128 of PrepareOk, Commit and RequestPrepare lives in `Header::reserved`.
@@ -852,6 +857,19 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The configuration of the replica-bus decoders' property tests (here and in
+/// `super::transfer`): 512 cases, a fixed seed unless `PROPTEST_RNG_SEED` overrides it, so a
+/// failure reproduces.
+#[cfg(test)]
+pub(crate) fn proptest_config() -> proptest::test_runner::Config {
+    let mut config = proptest::test_runner::Config::with_cases(512);
+    if matches!(config.rng_seed, proptest::test_runner::RngSeed::Random) {
+        config.rng_seed = proptest::test_runner::RngSeed::Fixed(0x0057_1e5e);
+    }
+    config.failure_persistence = None;
+    config
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1091,36 +1109,60 @@ mod tests {
         assert_eq!(frame.len(), HEADER_SIZE);
     }
 
+    /// A bare refusal for `reason` (view 9, nonce 0x1234).
+    fn refusal(reason: UnavailableReason) -> Message {
+        Message::StateTransferTarget {
+            view: 9,
+            nonce: 0x1234,
+            target: TransferTarget::Unavailable { reason },
+        }
+    }
+
+    /// An offer of the checkpoint at `checkpoint_op` with [`sample_manifest`].
+    fn offer(checkpoint_op: u64) -> Message {
+        Message::StateTransferTarget {
+            view: 9,
+            nonce: 0x1234,
+            target: TransferTarget::Available {
+                checkpoint_op,
+                manifest: sample_manifest(),
+            },
+        }
+    }
+
+    fn chunk_request(artifact: ArtifactKind, offset: u64, len: u32) -> Message {
+        Message::RequestStateChunk {
+            view: 9,
+            nonce: 0x1234,
+            artifact,
+            offset,
+            len,
+        }
+    }
+
+    fn chunk(artifact: ArtifactKind, offset: u64, payload: Vec<u8>) -> Message {
+        Message::StateChunk {
+            view: 9,
+            nonce: 0x1234,
+            artifact,
+            offset,
+            payload,
+        }
+    }
+
     #[test]
     fn transfer_fields_sit_where_the_table_says() {
         let frame = encode(
             CLUSTER,
             1,
-            &Message::RequestStateChunk {
-                view: 9,
-                nonce: 0x1234,
-                artifact: ArtifactKind::ClientTable,
-                offset: 0x5555,
-                len: 77,
-            },
+            &chunk_request(ArtifactKind::ClientTable, 0x5555, 77),
         );
         assert_eq!(frame.len(), HEADER_SIZE);
         assert_eq!(&frame[80..88], &0x1234_u64.to_le_bytes());
         assert_eq!(frame[60], ArtifactKind::ClientTable as u8);
         assert_eq!(&frame[96..104], &0x5555_u64.to_le_bytes());
         assert_eq!(&frame[104..108], &77_u32.to_le_bytes());
-        let offer = encode(
-            CLUSTER,
-            1,
-            &Message::StateTransferTarget {
-                view: 9,
-                nonce: 0x1234,
-                target: TransferTarget::Available {
-                    checkpoint_op: 0x4444,
-                    manifest: sample_manifest(),
-                },
-            },
-        );
+        let offer = encode(CLUSTER, 1, &offer(0x4444));
         assert_eq!(&offer[80..88], &0x1234_u64.to_le_bytes());
         assert_eq!(&offer[104..108], &1_u32.to_le_bytes());
         assert_eq!(&offer[120..128], &0x4444_u64.to_le_bytes());
@@ -1128,17 +1170,7 @@ mod tests {
             &offer[HEADER_SIZE..],
             &manifest::encode(&sample_manifest())[..]
         );
-        let refusal = encode(
-            CLUSTER,
-            1,
-            &Message::StateTransferTarget {
-                view: 9,
-                nonce: 0x1234,
-                target: TransferTarget::Unavailable {
-                    reason: UnavailableReason::NoCheckpointYet,
-                },
-            },
-        );
+        let refusal = encode(CLUSTER, 1, &refusal(UnavailableReason::NoCheckpointYet));
         assert_eq!(refusal.len(), HEADER_SIZE);
         assert_eq!(&refusal[104..108], &0_u32.to_le_bytes());
         assert_eq!(
@@ -1148,13 +1180,7 @@ mod tests {
         let chunk = encode(
             CLUSTER,
             1,
-            &Message::StateChunk {
-                view: 9,
-                nonce: 3,
-                artifact: ArtifactKind::Metadata,
-                offset: 10,
-                payload: b"abc".to_vec(),
-            },
+            &chunk(ArtifactKind::Metadata, 10, b"abc".to_vec()),
         );
         assert_eq!(chunk[60], ArtifactKind::Metadata as u8);
         assert_eq!(&chunk[96..104], &10_u64.to_le_bytes());
@@ -1165,13 +1191,7 @@ mod tests {
     fn issue9_header_only_requests_refuse_a_body() {
         let requests = [
             Message::RequestStateTransfer { view: 1, nonce: 2 },
-            Message::RequestStateChunk {
-                view: 1,
-                nonce: 2,
-                artifact: ArtifactKind::Metadata,
-                offset: 0,
-                len: 10,
-            },
+            chunk_request(ArtifactKind::Metadata, 0, 10),
         ];
         for request in requests {
             let frame = encode(CLUSTER, 0, &request);
@@ -1190,17 +1210,7 @@ mod tests {
 
     #[test]
     fn issue9_zero_length_chunk_request_refused() {
-        let frame = encode(
-            CLUSTER,
-            0,
-            &Message::RequestStateChunk {
-                view: 1,
-                nonce: 2,
-                artifact: ArtifactKind::Metadata,
-                offset: 5,
-                len: 1,
-            },
-        );
+        let frame = encode(CLUSTER, 0, &chunk_request(ArtifactKind::Metadata, 5, 1));
         assert!(decode(&frame, CLUSTER, 3).is_ok());
         assert_eq!(
             decode(&resealed(&frame, &[], |h| h.count = 0), CLUSTER, 3),
@@ -1210,32 +1220,17 @@ mod tests {
 
     #[test]
     fn issue9_unknown_artifact_refused() {
-        let request = encode(
-            CLUSTER,
-            0,
-            &Message::RequestStateChunk {
-                view: 1,
-                nonce: 2,
-                artifact: ArtifactKind::Metadata,
-                offset: 0,
-                len: 1,
-            },
-        );
-        let chunk = encode(
-            CLUSTER,
-            0,
-            &Message::StateChunk {
-                view: 1,
-                nonce: 2,
-                artifact: ArtifactKind::Metadata,
-                offset: 0,
-                payload: vec![1],
-            },
-        );
-        for (frame, command) in [
-            (request, Command::RequestStateChunk),
-            (chunk, Command::StateChunk),
-        ] {
+        let frames = [
+            (
+                encode(CLUSTER, 0, &chunk_request(ArtifactKind::Metadata, 0, 1)),
+                Command::RequestStateChunk,
+            ),
+            (
+                encode(CLUSTER, 0, &chunk(ArtifactKind::Metadata, 0, vec![1])),
+                Command::StateChunk,
+            ),
+        ];
+        for (frame, command) in frames {
             for artifact in [0, 3, 255] {
                 let body = frame[HEADER_SIZE..].to_vec();
                 assert_eq!(
@@ -1252,17 +1247,7 @@ mod tests {
 
     #[test]
     fn issue9_bare_refusal_is_header_only() {
-        let refusal = encode(
-            CLUSTER,
-            0,
-            &Message::StateTransferTarget {
-                view: 1,
-                nonce: 2,
-                target: TransferTarget::Unavailable {
-                    reason: UnavailableReason::NotPrimary,
-                },
-            },
-        );
+        let refusal = encode(CLUSTER, 0, &refusal(UnavailableReason::NotPrimary));
         assert_eq!(refusal.len(), HEADER_SIZE);
         let manifest = manifest::encode(&sample_manifest());
         assert_eq!(
@@ -1277,34 +1262,11 @@ mod tests {
 
     #[test]
     fn issue9_unknown_unavailable_reason_reads_as_unknown() {
-        let refusal = encode(
-            CLUSTER,
-            0,
-            &Message::StateTransferTarget {
-                view: 1,
-                nonce: 2,
-                target: TransferTarget::Unavailable {
-                    reason: UnavailableReason::NotPrimary,
-                },
-            },
-        );
+        let frame = encode(CLUSTER, 0, &refusal(UnavailableReason::NotPrimary));
         for code in [0, 7, 254, 256 + 1, u32::MAX] {
             assert_eq!(
-                decode(
-                    &resealed(&refusal, &[], |h| h.error_code = code),
-                    CLUSTER,
-                    3
-                ),
-                Ok((
-                    0,
-                    Message::StateTransferTarget {
-                        view: 1,
-                        nonce: 2,
-                        target: TransferTarget::Unavailable {
-                            reason: UnavailableReason::Unknown
-                        }
-                    }
-                )),
+                decode(&resealed(&frame, &[], |h| h.error_code = code), CLUSTER, 3),
+                Ok((0, refusal(UnavailableReason::Unknown))),
                 "reason {code}"
             );
         }
@@ -1312,24 +1274,10 @@ mod tests {
 
     #[test]
     fn issue9_availability_other_than_0_or_1_refused() {
-        let refusal = encode(
-            CLUSTER,
-            0,
-            &Message::StateTransferTarget {
-                view: 1,
-                nonce: 2,
-                target: TransferTarget::Unavailable {
-                    reason: UnavailableReason::NotPrimary,
-                },
-            },
-        );
+        let frame = encode(CLUSTER, 0, &refusal(UnavailableReason::NotPrimary));
         for available in [2, u32::MAX] {
             assert_eq!(
-                decode(
-                    &resealed(&refusal, &[], |h| h.count = available),
-                    CLUSTER,
-                    3
-                ),
+                decode(&resealed(&frame, &[], |h| h.count = available), CLUSTER, 3),
                 Err(WireError::InvalidAvailability { available })
             );
         }
@@ -1337,18 +1285,7 @@ mod tests {
 
     #[test]
     fn issue9_offer_manifest_is_checked() {
-        let offer = encode(
-            CLUSTER,
-            0,
-            &Message::StateTransferTarget {
-                view: 1,
-                nonce: 2,
-                target: TransferTarget::Available {
-                    checkpoint_op: 9,
-                    manifest: sample_manifest(),
-                },
-            },
-        );
+        let offer = encode(CLUSTER, 0, &offer(9));
         // An offer without a manifest.
         assert!(matches!(
             decode(&resealed(&offer, &[], |_| {}), CLUSTER, 3),
@@ -1386,32 +1323,16 @@ mod tests {
 
     #[test]
     fn issue9_empty_chunk_refused() {
-        let chunk = encode(
-            CLUSTER,
-            0,
-            &Message::StateChunk {
-                view: 1,
-                nonce: 2,
-                artifact: ArtifactKind::ClientTable,
-                offset: 0,
-                payload: vec![1],
-            },
-        );
+        let frame = encode(CLUSTER, 0, &chunk(ArtifactKind::ClientTable, 0, vec![1]));
         assert_eq!(
-            decode(&resealed(&chunk, &[], |_| {}), CLUSTER, 3),
+            decode(&resealed(&frame, &[], |_| {}), CLUSTER, 3),
             Err(WireError::EmptyChunk)
         );
     }
 
     #[test]
     fn issue9_largest_state_chunk_fits_the_replica_frame_limit() {
-        let message = Message::StateChunk {
-            view: 1,
-            nonce: 2,
-            artifact: ArtifactKind::Metadata,
-            offset: 0,
-            payload: vec![7; STATE_CHUNK_PAYLOAD_MAX],
-        };
+        let message = chunk(ArtifactKind::Metadata, 0, vec![7; STATE_CHUNK_PAYLOAD_MAX]);
         let frame = encode(CLUSTER, 0, &message);
         assert_eq!(frame.len(), REPLICA_MESSAGE_SIZE_MAX as usize);
         assert_eq!(decode(&frame, CLUSTER, 3), Ok((0, message)));
@@ -1420,17 +1341,8 @@ mod tests {
     #[test]
     #[should_panic(expected = "exceeds STATE_CHUNK_PAYLOAD_MAX")]
     fn oversized_chunk_payload_is_a_caller_bug() {
-        encode(
-            CLUSTER,
-            0,
-            &Message::StateChunk {
-                view: 1,
-                nonce: 2,
-                artifact: ArtifactKind::Metadata,
-                offset: 0,
-                payload: vec![7; STATE_CHUNK_PAYLOAD_MAX + 1],
-            },
-        );
+        let payload = vec![7; STATE_CHUNK_PAYLOAD_MAX + 1];
+        encode(CLUSTER, 0, &chunk(ArtifactKind::Metadata, 0, payload));
     }
 
     #[test]
@@ -1813,18 +1725,8 @@ mod tests {
         use super::*;
         use proptest::prelude::*;
 
-        /// A fixed seed unless `PROPTEST_RNG_SEED` overrides it: a failure reproduces.
-        fn config() -> ProptestConfig {
-            let mut config = ProptestConfig::with_cases(512);
-            if matches!(config.rng_seed, proptest::test_runner::RngSeed::Random) {
-                config.rng_seed = proptest::test_runner::RngSeed::Fixed(0x0057_1e5e);
-            }
-            config.failure_persistence = None;
-            config
-        }
-
         proptest! {
-            #![proptest_config(config())]
+            #![proptest_config(proptest_config())]
 
             /// Random bytes never panic, and never decode (the header checksum fails).
             #[test]

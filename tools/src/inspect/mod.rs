@@ -1,5 +1,6 @@
 //! `shardline inspect`: offline checks of the files `storage` writes (superblock, metadata journal,
-//! checkpoint snapshot, partition log segments with their index files, `metadata.json`), decoded and verified by the
+//! checkpoint snapshot, partition log segments with their index files, `metadata.json`) and of the
+//! state-transfer artifacts saved to files (manifest, client table), decoded and verified by the
 //! rules of `storage/FORMAT.md`, printed as aligned text or one JSON document.
 //!
 //! It must never modify what it inspects: every file and directory is opened read-only with
@@ -10,6 +11,7 @@ mod metadata;
 mod segment;
 mod snapshot;
 mod superblock;
+mod transfer;
 mod usage;
 mod wal;
 
@@ -48,6 +50,14 @@ What each KIND checks (all by the rules of storage/FORMAT.md):
   metadata    PATH is metadata.json, the format before the journal (migrated at the first
               boot of this version), or its directory. Verifies the XXH3-64 trailer, decodes
               the JSON, checks it by the server's rules, and counts streams, topics, partitions.
+  manifest    PATH is a state-transfer manifest saved to a file (the body of an offer). Verifies
+              the XXH3-64 trailer, magic, version, entry count and length, zero padding, known
+              and unique artifact kinds, non-zero lengths within the caps of a receiver at the
+              largest --clients-table-max, and lists the artifacts.
+  clients     PATH is a client-table transfer artifact saved to a file. Verifies the XXH3-64
+              trailer, magic, the session count against the largest --clients-table-max, unique
+              non-zero client ids, reply rings and bodies within their bounds, then the session
+              rules install checks, and lists the sessions.
 
 Files are opened read-only and never modified: a torn tail is reported, not truncated.
 
@@ -83,6 +93,10 @@ enum Kind {
     Snapshot,
     /// `metadata.json` of the format before the journal (or the data directory holding it).
     Metadata,
+    /// A state-transfer manifest saved to a file (`storage/FORMAT.md` section 11).
+    Manifest,
+    /// A client-table transfer artifact saved to a file (`storage/FORMAT.md` section 11).
+    Clients,
 }
 
 impl Kind {
@@ -93,6 +107,8 @@ impl Kind {
             Kind::Segment => "segment",
             Kind::Snapshot => "snapshot",
             Kind::Metadata => "metadata",
+            Kind::Manifest => "manifest",
+            Kind::Clients => "clients",
         }
     }
 }
@@ -169,6 +185,8 @@ pub fn run(args: &InspectArgs) -> ExitCode {
         Kind::Segment => segment::inspect(&path).map(|(r, d)| emit(args, &path, &r, &d)),
         Kind::Snapshot => snapshot::inspect(&path).map(|(r, d)| emit(args, &path, &r, &d)),
         Kind::Metadata => metadata::inspect(&path).map(|(r, d)| emit(args, &path, &r, &d)),
+        Kind::Manifest => transfer::inspect_manifest(&path).map(|(r, d)| emit(args, &path, &r, &d)),
+        Kind::Clients => transfer::inspect_clients(&path).map(|(r, d)| emit(args, &path, &r, &d)),
     };
     match result {
         Ok(code) => ExitCode::from(code),

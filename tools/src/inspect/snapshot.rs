@@ -8,6 +8,7 @@ use std::io::Read as _;
 use std::path::Path;
 
 use shards::limits::CLIENTS_TABLE_MAX_LIMIT;
+use shards::vsr::client_table::SessionSnapshot;
 use shards::vsr::snapshot::SnapshotPayload;
 use storage::limits::{SNAPSHOT_FILE_SIZE_MAX, SUPERBLOCK_COPY_COUNT, SUPERBLOCK_COPY_SIZE};
 use storage::snapshot::{SNAPSHOT_FILE_NAME, SnapshotDefect};
@@ -48,13 +49,46 @@ struct SnapshotDetails {
     pairing: Option<String>,
 }
 
+/// One client session as `inspect snapshot` and `inspect clients` list it.
 #[derive(Debug, serde::Serialize)]
-struct SessionReport {
+pub(crate) struct SessionReport {
     client: String,
     session: u64,
     request: u64,
     commit_op: u64,
     cached_reply_count: usize,
+}
+
+impl SessionReport {
+    pub(crate) fn of(entry: &SessionSnapshot) -> SessionReport {
+        SessionReport {
+            client: entry.client.clone(),
+            session: entry.session,
+            request: entry.request,
+            commit_op: entry.commit_op,
+            cached_reply_count: entry.replies.len(),
+        }
+    }
+}
+
+/// The aligned session table: a header line, then one row per session.
+pub(crate) fn write_sessions(sessions: &[SessionReport], out: &mut String) {
+    let _ = writeln!(
+        out,
+        "  {:>36} {:>10} {:>10} {:>10} {:>7}",
+        "client", "session", "request", "commit_op", "replies"
+    );
+    for session in sessions {
+        let _ = writeln!(
+            out,
+            "  {:>36} {:>10} {:>10} {:>10} {:>7}",
+            session.client,
+            session.session,
+            session.request,
+            session.commit_op,
+            session.cached_reply_count
+        );
+    }
 }
 
 /// Byte position a defect points at, when one applies.
@@ -177,15 +211,8 @@ fn inspect_file(file: &Path, damage: &mut Vec<Damage>) -> anyhow::Result<Snapsho
                     .sum::<u64>();
             }
             report.stream_count = restored.metadata.streams.len();
-            for entry in restored.client_table.to_snapshot().sessions {
-                report.sessions.push(SessionReport {
-                    client: entry.client,
-                    session: entry.session,
-                    request: entry.request,
-                    commit_op: entry.commit_op,
-                    cached_reply_count: entry.replies.len(),
-                });
-            }
+            let sessions = restored.client_table.to_snapshot().sessions;
+            report.sessions = sessions.iter().map(SessionReport::of).collect();
         }
         Err(reason) => damage.push(Damage::new(
             file,
@@ -262,22 +289,7 @@ impl SnapshotDetails {
         if let Some(pairing) = &self.pairing {
             let _ = writeln!(out, "pairing: {pairing}");
         }
-        let _ = writeln!(
-            out,
-            "  {:>36} {:>10} {:>10} {:>10} {:>7}",
-            "client", "session", "request", "commit_op", "replies"
-        );
-        for session in &self.sessions {
-            let _ = writeln!(
-                out,
-                "  {:>36} {:>10} {:>10} {:>10} {:>7}",
-                session.client,
-                session.session,
-                session.request,
-                session.commit_op,
-                session.cached_reply_count
-            );
-        }
+        write_sessions(&self.sessions, out);
         if !self.payload_decoded {
             out.push_str("summary: payload not decoded (see the damage below)\n");
             return;

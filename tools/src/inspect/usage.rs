@@ -36,6 +36,8 @@ fn takes(kind: Kind) -> &'static str {
             "inspect metadata takes a data directory of the format before the journal, or its \
              metadata.json"
         }
+        Kind::Manifest => "inspect manifest takes a file holding one state-transfer manifest",
+        Kind::Clients => "inspect clients takes a file holding one client-table transfer artifact",
     }
 }
 
@@ -112,7 +114,8 @@ fn refused(kind: Kind, dir: &Path, missing: &str) -> UsageError {
 /// # Errors
 /// `UsageError` when `path` is a directory that does not hold what `kind` reads: a data or
 /// journal directory given to `segment`, a journal directory given to `superblock` or
-/// `snapshot`, a journal-format data directory given to `metadata`.
+/// `snapshot`, a journal-format data directory given to `metadata`, any directory given to
+/// `manifest` or `clients`.
 pub(crate) fn resolve(kind: Kind, path: &Path) -> Result<PathBuf, UsageError> {
     if !path.is_dir() {
         return Ok(path.to_path_buf());
@@ -150,6 +153,12 @@ pub(crate) fn resolve(kind: Kind, path: &Path) -> Result<PathBuf, UsageError> {
             } else {
                 ""
             },
+            takes(kind)
+        ))),
+        Kind::Manifest | Kind::Clients => Err(UsageError(format!(
+            "{}: {}, not a file; {}",
+            path.display(),
+            DirLooks::of(path).describe(),
             takes(kind)
         ))),
         _ => Ok(path.to_path_buf()),

@@ -24,7 +24,9 @@
 
 use std::collections::BTreeSet;
 
-use storage::codec::{DecodeError, Reader, TRAILER_SIZE, Writer, split_verified_trailer};
+use storage::codec::{
+    DecodeError, NonZeroByte, Reader, TRAILER_SIZE, Writer, split_verified_trailer,
+};
 
 use crate::limits::REPLY_RING_LEN_MAX;
 use crate::vsr::client_table::{CachedReply, ClientTableSnapshot, SessionSnapshot};
@@ -89,6 +91,23 @@ pub enum ClientTableWireError {
     },
     #[error("client table: padding byte at {position} is {value:#04x}, must be zero")]
     NonZeroPadding { position: usize, value: u8 },
+}
+
+impl ClientTableWireError {
+    /// The byte position in the encoding the error points at, when one field is to blame.
+    pub fn position(&self) -> Option<usize> {
+        match self {
+            ClientTableWireError::Decode(error) => Some(error.position()),
+            ClientTableWireError::Magic { .. } => Some(0),
+            ClientTableWireError::TooManySessions { .. } => Some(8),
+            ClientTableWireError::NonZeroPadding { position, .. } => Some(*position),
+            ClientTableWireError::ClientIdZero { .. }
+            | ClientTableWireError::ClientIdUnparsable { .. }
+            | ClientTableWireError::DuplicateClient { .. }
+            | ClientTableWireError::ReplyRingTooLong { .. }
+            | ClientTableWireError::ReplyBodyTooLong { .. } => None,
+        }
+    }
 }
 
 /// Longest encoding of a table of `clients_max` sessions with full reply rings of the longest
@@ -257,14 +276,11 @@ fn read_session(
 }
 
 fn read_padding(reader: &mut Reader<'_>) -> Result<(), ClientTableWireError> {
-    let start = reader.position();
-    let padding = reader.bytes("session padding", SESSION_PADDING_SIZE)?;
-    match padding.iter().position(|&byte| byte != 0) {
+    match reader.zeros("session padding", SESSION_PADDING_SIZE)? {
         None => Ok(()),
-        Some(offset) => Err(ClientTableWireError::NonZeroPadding {
-            position: start + offset,
-            value: padding[offset],
-        }),
+        Some(NonZeroByte { position, value }) => {
+            Err(ClientTableWireError::NonZeroPadding { position, value })
+        }
     }
 }
 
@@ -601,6 +617,8 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(crate::vsr::wire::proptest_config())]
+
         #[test]
         fn issue9_client_table_round_trips(table in arb_table()) {
             let bytes = encode(&table).expect("valid table encodes");

@@ -23,7 +23,7 @@
 //! duplicate kind, a zero length, an artifact above its cap, a total above the total cap,
 //! truncated input and trailing bytes.
 
-use storage::codec::{DecodeError, Reader, Writer, split_verified_trailer};
+use storage::codec::{DecodeError, NonZeroByte, Reader, Writer, split_verified_trailer};
 use storage::limits::SNAPSHOT_FILE_SIZE_MAX;
 use storage::snapshot::SNAPSHOT_FILE_SIZE_MIN;
 
@@ -166,6 +166,27 @@ pub enum ManifestError {
     TotalTooLong { total: u64, total_len_max: u64 },
 }
 
+impl ManifestError {
+    /// The byte position in the encoding the error points at, when one field is to blame.
+    pub fn position(&self) -> Option<usize> {
+        match self {
+            ManifestError::Decode(error) => Some(error.position()),
+            ManifestError::Magic { .. } => Some(0),
+            ManifestError::Version { .. } => Some(8),
+            ManifestError::EntryCount { .. } => Some(10),
+            ManifestError::EntryLength { .. } => Some(12),
+            ManifestError::NonZeroReserved { position, .. } => Some(*position),
+            ManifestError::UnknownKind { index, .. } => {
+                Some(MANIFEST_HEADER_SIZE + index * MANIFEST_ENTRY_SIZE)
+            }
+            ManifestError::DuplicateKind { .. }
+            | ManifestError::ZeroLength { .. }
+            | ManifestError::ArtifactTooLong { .. }
+            | ManifestError::TotalTooLong { .. } => None,
+        }
+    }
+}
+
 fn check_entry_count(count: usize) -> Result<(), ManifestError> {
     if count == 0 || count > MANIFEST_ENTRY_COUNT_MAX {
         return Err(ManifestError::EntryCount { count });
@@ -269,14 +290,11 @@ fn read_zeros(
     field: &'static str,
     count: usize,
 ) -> Result<(), ManifestError> {
-    let start = reader.position();
-    let bytes = reader.bytes(field, count)?;
-    match bytes.iter().position(|&byte| byte != 0) {
+    match reader.zeros(field, count)? {
         None => Ok(()),
-        Some(offset) => Err(ManifestError::NonZeroReserved {
-            position: start + offset,
-            value: bytes[offset],
-        }),
+        Some(NonZeroByte { position, value }) => {
+            Err(ManifestError::NonZeroReserved { position, value })
+        }
     }
 }
 
@@ -549,6 +567,8 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(crate::vsr::wire::proptest_config())]
+
         #[test]
         fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = decode(&bytes, &CAPS);
