@@ -10,7 +10,9 @@
 //! reassembles each artifact and verifies its XXH3-128 against the manifest. Round 0 is cold (the
 //! offer is built: encode + checksums); the timed rounds are served from the cached offer with a
 //! fresh nonce each. The baselines copy the same total bytes over a std `TcpStream`: chunked with
-//! one request in flight (same chunk size, a 12-byte request each), and one streaming copy.
+//! one request in flight (same chunk size, a 12-byte request each), and one streaming copy; the
+//! chunked copy again on compio sockets (the runtime's share). A last row runs the same transfer
+//! path in memory (no socket) to show what its copies and checksums cost on their own.
 //!
 //! Not measured here: reading the checkpoint from disk and installing it (the driver's part), and
 //! the ping gap of a serving primary (needs the driver; see the note). A figure, never an
@@ -59,7 +61,7 @@ struct Args {
     #[arg(long, default_value_t = STATE_CHUNK_SIZE_MAX_DEFAULT, value_parser = clap::value_parser!(u32).range(1..=8_000_000))]
     chunk_size: u32,
     /// Timed rounds of each path (the median is reported).
-    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(long, default_value_t = 21, value_parser = clap::value_parser!(u32).range(1..=1000))]
     rounds: u32,
     /// Print one JSON object instead of the table.
     #[arg(long)]
@@ -343,6 +345,78 @@ fn check_fetched(
     Ok(())
 }
 
+/// The CPU cost of the transfer path without sockets: every chunk of the cached offer through
+/// `OfferServer`, `wire::encode`, `wire::decode` and reassembly, then the artifact checksums
+/// (median of `rounds`). Tells how much of the loopback time is the path's copies and hashes.
+fn measure_in_memory(
+    checkpoint: &Checkpoint,
+    chunk_size: u32,
+    rounds: u32,
+) -> anyhow::Result<Vec<Duration>> {
+    let config = ServerConfig {
+        chunk_size_max: chunk_size,
+        frame_size_max: REPLICA_MESSAGE_SIZE_MAX,
+        chunk_timeout_ticks: 100,
+    };
+    let mut server = OfferServer::new(SERVER, config);
+    let mut stats = ServeStats::default();
+    let mut times = Vec::new();
+    for round in 0..=rounds {
+        let nonce = u64::from(round) + 1;
+        let started = Instant::now();
+        let request = Message::RequestStateTransfer { view: VIEW, nonce };
+        let manifest = match route(&mut server, checkpoint, request, &mut stats).pop() {
+            Some(Message::StateTransferTarget {
+                target: TransferTarget::Available { manifest, .. },
+                ..
+            }) => manifest,
+            other => bail!("expected an offer, got {other:?}"),
+        };
+        for entry in &manifest.entries {
+            let mut bytes = Vec::with_capacity(entry.len as usize);
+            while (bytes.len() as u64) < entry.len {
+                let request = Message::RequestStateChunk {
+                    view: VIEW,
+                    nonce,
+                    artifact: entry.kind,
+                    offset: bytes.len() as u64,
+                    len: chunk_size,
+                };
+                let chunk = route(&mut server, checkpoint, request, &mut stats).pop();
+                let frame = wire::encode(CLUSTER, SERVER, &chunk.context("a chunk")?);
+                match wire::decode(&frame, CLUSTER, REPLICA_COUNT)? {
+                    (_, Message::StateChunk { payload, .. }) => bytes.extend_from_slice(&payload),
+                    (_, other) => bail!("expected a chunk, got {other:?}"),
+                }
+            }
+            ensure!(XxHash3_128::oneshot(&bytes) == entry.checksum, "checksum");
+        }
+        if round > 0 {
+            times.push(started.elapsed());
+        }
+    }
+    Ok(times)
+}
+
+/// Reference costs on this machine: one copy (into a fresh buffer, as the path's `to_vec`s do)
+/// and one XXH3-128 of `bytes` (medians of `rounds`): the in-memory path makes five copies of
+/// each chunk (server `to_vec`, wire body, sealed frame, decoded payload, reassembly) and three
+/// checksums (frame body sealed and verified, artifact), so these bound what it can cost.
+fn measure_reference(bytes: &[u8], rounds: u32) -> (Duration, Duration) {
+    let mut copies = Vec::new();
+    let mut hashes = Vec::new();
+    for _ in 0..rounds {
+        let started = Instant::now();
+        let copy = std::hint::black_box(bytes.to_vec());
+        copies.push(started.elapsed());
+        drop(copy);
+        let started = Instant::now();
+        std::hint::black_box(XxHash3_128::oneshot(std::hint::black_box(bytes)));
+        hashes.push(started.elapsed());
+    }
+    (median(&mut copies), median(&mut hashes))
+}
+
 /// The median of `samples` (sorted in place).
 fn median(samples: &mut [Duration]) -> Duration {
     samples.sort();
@@ -436,6 +510,95 @@ fn measure_plain(
     Ok(times)
 }
 
+/// The chunked plain copy on compio sockets (the runtime the transfer path runs on): the same
+/// 12-byte requests, one in flight, written from and read into whole buffers without copies.
+/// Separates the runtime's share of the transfer's time from the wire path's.
+fn measure_plain_compio(
+    bytes: &'static [u8],
+    chunk_size: u32,
+    rounds: u32,
+) -> anyhow::Result<Vec<Duration>> {
+    let (address_tx, address_rx) = mpsc::channel();
+    let connections = rounds + 1;
+    let server = std::thread::spawn(move || -> anyhow::Result<()> {
+        let runtime = compio::runtime::Runtime::new()?;
+        runtime.block_on(async move {
+            let listener = compio::net::TcpListener::bind("127.0.0.1:0").await?;
+            address_tx.send(listener.local_addr()?)?;
+            for _ in 0..connections {
+                let (mut stream, _) = listener.accept().await?;
+                stream.set_nodelay(true)?;
+                serve_plain_chunks_compio(&mut stream, bytes).await?;
+            }
+            Ok(())
+        })
+    });
+    let address = address_rx
+        .recv()
+        .context("plain compio server failed to listen")?;
+    let runtime = compio::runtime::Runtime::new()?;
+    let mut times = Vec::new();
+    for round in 0..connections {
+        let started = Instant::now();
+        let copy = runtime.block_on(fetch_plain_compio(address, bytes.len(), chunk_size))?;
+        if round > 0 {
+            times.push(started.elapsed());
+        }
+        ensure!(copy[..] == bytes[..], "plain compio copy differs");
+    }
+    server
+        .join()
+        .map_err(|_| anyhow::anyhow!("plain compio server panicked"))??;
+    Ok(times)
+}
+
+async fn serve_plain_chunks_compio(
+    stream: &mut compio::net::TcpStream,
+    bytes: &'static [u8],
+) -> anyhow::Result<()> {
+    use compio::buf::IoBuf as _;
+    use compio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut request = [0u8; PLAIN_REQUEST_SIZE];
+    loop {
+        let compio::BufResult(result, buffer) = stream.read_exact(request).await;
+        request = buffer;
+        match result {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(error) => return Err(error.into()),
+        }
+        let offset = u64::from_le_bytes(request[..8].try_into()?) as usize;
+        let len = u32::from_le_bytes(request[8..].try_into()?) as usize;
+        let end = (offset + len).min(bytes.len());
+        stream.write_all(bytes.slice(offset..end)).await.0?;
+    }
+}
+
+async fn fetch_plain_compio(
+    address: SocketAddr,
+    total: usize,
+    chunk_size: u32,
+) -> anyhow::Result<Vec<u8>> {
+    use compio::buf::{IntoInner as _, IoBuf as _};
+    use compio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = compio::net::TcpStream::connect(address).await?;
+    stream.set_nodelay(true)?;
+    let mut copy = Vec::with_capacity(total);
+    while copy.len() < total {
+        let offset = copy.len();
+        let len = (total - offset).min(chunk_size as usize);
+        let mut request = [0u8; PLAIN_REQUEST_SIZE];
+        request[..8].copy_from_slice(&(offset as u64).to_le_bytes());
+        request[8..].copy_from_slice(&(len as u32).to_le_bytes());
+        stream.write_all(request).await.0?;
+        let compio::BufResult(result, slice) =
+            stream.read_exact(copy.slice(offset..offset + len)).await;
+        copy = slice.into_inner();
+        result?;
+    }
+    Ok(copy)
+}
+
 fn serve_plain_chunks(stream: &mut TcpStream, bytes: &[u8]) -> anyhow::Result<()> {
     let mut request = [0u8; PLAIN_REQUEST_SIZE];
     loop {
@@ -472,16 +635,131 @@ fn fetch_plain(address: SocketAddr, total: usize, chunk_size: u32) -> anyhow::Re
     Ok(copy)
 }
 
-/// One row of the report.
+/// One row of the report: the median and the best of its rounds.
 struct Row {
     path: &'static str,
     bytes: u64,
     seconds: f64,
+    seconds_best: f64,
 }
 
 impl Row {
+    fn new(path: &'static str, bytes: u64, rounds: &[Duration]) -> Row {
+        let mut sorted = rounds.to_vec();
+        Row {
+            path,
+            bytes,
+            seconds: median(&mut sorted).as_secs_f64(),
+            seconds_best: sorted[0].as_secs_f64(),
+        }
+    }
+
     fn mb_per_s(&self) -> f64 {
         self.bytes as f64 / 1e6 / self.seconds
+    }
+
+    fn mb_per_s_best(&self) -> f64 {
+        self.bytes as f64 / 1e6 / self.seconds_best
+    }
+}
+
+/// Everything one run measured.
+struct Report {
+    artifact_bytes: Vec<u64>,
+    rows: Vec<Row>,
+    transfer: TransferTimes,
+    state_build: Duration,
+    /// One copy and one XXH3-128 of all the bytes ([`measure_reference`]).
+    reference: (Duration, Duration),
+}
+
+impl Report {
+    /// State transfer (cached) median MB/s over the plain chunked copy's and the streaming one's.
+    fn ratios(&self) -> (f64, f64) {
+        let transfer = self.rows[0].mb_per_s();
+        (
+            transfer / self.rows[2].mb_per_s(),
+            transfer / self.rows[3].mb_per_s(),
+        )
+    }
+
+    fn print_table(&self, args: &Args) {
+        println!(
+            "state transfer over loopback: {} sessions, {} streams; artifacts {:?} bytes \
+             (metadata, client table); chunk {} B; median of {} rounds",
+            args.sessions, args.streams, self.artifact_bytes, args.chunk_size, args.rounds
+        );
+        println!(
+            "{:<38} {:>10} {:>9} {:>8} {:>9} {:>8} {:>6}",
+            "path", "bytes", "median s", "MB/s", "best s", "MB/s", "ratio"
+        );
+        for row in &self.rows {
+            println!(
+                "{:<38} {:>10} {:>9.5} {:>8.1} {:>9.5} {:>8.1} {:>6.2}",
+                row.path,
+                row.bytes,
+                row.seconds,
+                row.mb_per_s(),
+                row.seconds_best,
+                row.mb_per_s_best(),
+                self.rows[0].mb_per_s() / row.mb_per_s()
+            );
+        }
+        let (chunked, streaming) = self.ratios();
+        println!(
+            "ratio = state transfer (cached) median MB/s over the row's: {chunked:.2}x of the \
+             chunked copy, {streaming:.2}x of the streaming copy (goal >= 0.8)"
+        );
+        println!(
+            "offer build (encode + XXH3-128): {:.5} s; receiver decode + restore check: {:.5} s; \
+             state setup: {:.3} s; offers built {}, chunks served {}",
+            self.transfer.stats.offer_build.as_secs_f64(),
+            self.transfer.decode.as_secs_f64(),
+            self.state_build.as_secs_f64(),
+            self.transfer.stats.offers_built,
+            self.transfer.stats.chunks_served
+        );
+        println!(
+            "reference on this machine, all bytes once: one copy {:.5} s, one XXH3-128 {:.5} s \
+             (the in-memory path makes 5 copies and 3 checksums)",
+            self.reference.0.as_secs_f64(),
+            self.reference.1.as_secs_f64()
+        );
+    }
+
+    fn print_json(&self, args: &Args) {
+        let paths: Vec<serde_json::Value> = self
+            .rows
+            .iter()
+            .map(|row| {
+                serde_json::json!({
+                    "path": row.path,
+                    "bytes": row.bytes,
+                    "seconds_median": row.seconds,
+                    "mb_per_s_median": row.mb_per_s(),
+                    "seconds_best": row.seconds_best,
+                    "mb_per_s_best": row.mb_per_s_best(),
+                })
+            })
+            .collect();
+        let (chunked, streaming) = self.ratios();
+        let report = serde_json::json!({
+            "sessions": args.sessions,
+            "streams": args.streams,
+            "chunk_size": args.chunk_size,
+            "rounds": args.rounds,
+            "artifact_bytes": self.artifact_bytes,
+            "paths": paths,
+            "ratio_vs_plain_chunked": chunked,
+            "ratio_vs_plain_streaming": streaming,
+            "offer_build_s": self.transfer.stats.offer_build.as_secs_f64(),
+            "receiver_decode_s": self.transfer.decode.as_secs_f64(),
+            "reference_copy_s": self.reference.0.as_secs_f64(),
+            "reference_xxh3_128_s": self.reference.1.as_secs_f64(),
+            "offers_built": self.transfer.stats.offers_built,
+            "chunks_served": self.transfer.stats.chunks_served,
+        });
+        println!("{report}");
     }
 }
 
@@ -510,129 +788,33 @@ fn main() -> anyhow::Result<()> {
     let transfer = measure_transfer(&checkpoint, &args)?;
     let plain_chunked = measure_plain(&plain_bytes, args.chunk_size, args.rounds)?;
     let plain_streaming = measure_plain(&plain_bytes, 0, args.rounds)?;
-
-    let rows = [
-        Row {
-            path: "state transfer (cached offer)",
-            bytes: total,
-            seconds: median(&mut transfer.rounds.clone()).as_secs_f64(),
-        },
-        Row {
-            path: "state transfer (cold: + offer build)",
-            bytes: total,
-            seconds: transfer.cold.as_secs_f64(),
-        },
-        Row {
-            path: "plain TCP, chunked, 1 in flight",
-            bytes: total,
-            seconds: median(&mut plain_chunked.clone()).as_secs_f64(),
-        },
-        Row {
-            path: "plain TCP, streaming",
-            bytes: total,
-            seconds: median(&mut plain_streaming.clone()).as_secs_f64(),
-        },
+    let static_bytes: &'static [u8] = Box::leak(plain_bytes.to_vec().into_boxed_slice());
+    let plain_compio = measure_plain_compio(static_bytes, args.chunk_size, args.rounds)?;
+    let in_memory = measure_in_memory(&checkpoint, args.chunk_size, args.rounds)?;
+    let reference = measure_reference(&plain_bytes, args.rounds);
+    let rows = vec![
+        Row::new("state transfer (cached offer)", total, &transfer.rounds),
+        Row::new(
+            "state transfer (cold: + offer build)",
+            total,
+            &[transfer.cold],
+        ),
+        Row::new("plain TCP, chunked, 1 in flight", total, &plain_chunked),
+        Row::new("plain TCP, streaming", total, &plain_streaming),
+        Row::new("plain TCP, chunked, compio sockets", total, &plain_compio),
+        Row::new("transfer path in memory (no socket)", total, &in_memory),
     ];
-    let ratio_chunked = rows[0].mb_per_s() / rows[2].mb_per_s();
-    let ratio_streaming = rows[0].mb_per_s() / rows[3].mb_per_s();
+    let report = Report {
+        artifact_bytes,
+        rows,
+        transfer,
+        state_build,
+        reference,
+    };
     if args.json {
-        print_json(
-            &args,
-            &rows,
-            &transfer,
-            &artifact_bytes,
-            ratio_chunked,
-            ratio_streaming,
-        );
+        report.print_json(&args);
     } else {
-        print_table(
-            &args,
-            &rows,
-            &transfer,
-            &artifact_bytes,
-            state_build,
-            ratio_chunked,
-            ratio_streaming,
-        );
+        report.print_table(&args);
     }
     Ok(())
-}
-
-fn print_table(
-    args: &Args,
-    rows: &[Row],
-    transfer: &TransferTimes,
-    artifact_bytes: &[u64],
-    state_build: Duration,
-    ratio_chunked: f64,
-    ratio_streaming: f64,
-) {
-    println!(
-        "state transfer over loopback: {} sessions, {} streams; artifacts {:?} bytes (metadata, \
-         client table); chunk {} B; median of {} rounds",
-        args.sessions, args.streams, artifact_bytes, args.chunk_size, args.rounds
-    );
-    println!(
-        "{:<38} {:>12} {:>10} {:>10} {:>8}",
-        "path", "bytes", "seconds", "MB/s", "ratio"
-    );
-    for row in rows {
-        println!(
-            "{:<38} {:>12} {:>10.5} {:>10.1} {:>8.2}",
-            row.path,
-            row.bytes,
-            row.seconds,
-            row.mb_per_s(),
-            rows[0].mb_per_s() / row.mb_per_s()
-        );
-    }
-    println!(
-        "ratio = state transfer (cached) MB/s over the row's: {ratio_chunked:.2}x of the chunked \
-         copy, {ratio_streaming:.2}x of the streaming copy (goal >= 0.8)"
-    );
-    println!(
-        "offer build (encode + XXH3-128): {:.5} s; receiver decode + restore check: {:.5} s; \
-         state setup: {:.3} s; offers built {}, chunks served {}",
-        transfer.stats.offer_build.as_secs_f64(),
-        transfer.decode.as_secs_f64(),
-        state_build.as_secs_f64(),
-        transfer.stats.offers_built,
-        transfer.stats.chunks_served
-    );
-}
-
-fn print_json(
-    args: &Args,
-    rows: &[Row],
-    transfer: &TransferTimes,
-    artifact_bytes: &[u64],
-    ratio_chunked: f64,
-    ratio_streaming: f64,
-) {
-    let paths: Vec<serde_json::Value> = rows
-        .iter()
-        .map(|row| {
-            serde_json::json!({
-                "path": row.path,
-                "bytes": row.bytes,
-                "seconds": row.seconds,
-                "mb_per_s": row.mb_per_s(),
-            })
-        })
-        .collect();
-    let report = serde_json::json!({
-        "sessions": args.sessions,
-        "streams": args.streams,
-        "chunk_size": args.chunk_size,
-        "rounds": args.rounds,
-        "artifact_bytes": artifact_bytes,
-        "paths": paths,
-        "ratio_vs_plain_chunked": ratio_chunked,
-        "ratio_vs_plain_streaming": ratio_streaming,
-        "offer_build_s": transfer.stats.offer_build.as_secs_f64(),
-        "receiver_decode_s": transfer.decode.as_secs_f64(),
-        "offers_built": transfer.stats.offers_built,
-        "chunks_served": transfer.stats.chunks_served,
-    });
-    println!("{report}");
 }

@@ -66,7 +66,8 @@ pub struct ServerConfig {
     /// payload never exceeds it.
     pub frame_size_max: u32,
     /// Ticks a receiver waits for one chunk before it retries (the chunk round-trip timeout):
-    /// a fully served offer expires after 3x, an idle one after 10x.
+    /// a fully served transfer expires after [`SERVED_EXPIRY_CHUNK_TIMEOUTS`] of them, an idle
+    /// one after [`IDLE_EXPIRY_CHUNK_TIMEOUTS`].
     pub chunk_timeout_ticks: u64,
 }
 
@@ -1372,5 +1373,215 @@ mod tests {
         }
         assert_eq!(server.cached_offer_op(), Some(8));
         assert_eq!(server.transfer_count(), 1);
+    }
+
+    #[test]
+    fn issue9_fresh_nonce_while_waiting_for_a_build_is_answered_once_with_it() {
+        let mut server = OfferServer::new(0, config());
+        server.on_request_transfer(1, 11, available(8), VIEW, 0);
+        assert!(
+            server
+                .on_request_transfer(1, 12, available(8), VIEW, 1)
+                .is_empty()
+        );
+        // A refused request drops the wait of its requester.
+        let reason = UnavailableReason::ViewChange;
+        server.on_request_transfer(2, 21, Availability::Unavailable(reason), VIEW, 1);
+        let out = server.offer_built(8, Ok(offer(8)), VIEW, 2);
+        let answered: Vec<(ReplicaIndex, u64)> = targets(&out)
+            .iter()
+            .map(|(to, nonce, _)| (*to, *nonce))
+            .collect();
+        assert_eq!(answered, vec![(1, 12)]);
+        assert_eq!(server.transfer_count(), 1);
+    }
+
+    mod properties {
+        use std::collections::BTreeMap;
+
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// A fixed seed unless `PROPTEST_RNG_SEED` overrides it: a failure reproduces.
+        fn proptest_config() -> ProptestConfig {
+            let mut config = ProptestConfig::with_cases(256);
+            if matches!(config.rng_seed, proptest::test_runner::RngSeed::Random) {
+                config.rng_seed = proptest::test_runner::RngSeed::Fixed(0x0009_5e7e);
+            }
+            config.failure_persistence = None;
+            config
+        }
+
+        #[derive(Debug, Clone)]
+        enum Event {
+            Transfer {
+                from: ReplicaIndex,
+                nonce: u64,
+                checkpoint_op: Option<u64>,
+            },
+            Chunk {
+                from: ReplicaIndex,
+                nonce: u64,
+                artifact: ArtifactKind,
+                offset: u64,
+                len: u32,
+            },
+            /// The host completes the pending build (`stale`: an outcome for another op).
+            Built {
+                ok: bool,
+                stale: bool,
+            },
+            Tick {
+                ticks: u64,
+            },
+        }
+
+        fn event() -> impl Strategy<Value = Event> {
+            let from = 1u8..4;
+            let nonce = 0u64..3;
+            let op = prop::option::weighted(0.8, prop::sample::select(vec![8u64, 16, 24]));
+            let artifact = prop::sample::select(ArtifactKind::ALL.to_vec());
+            let offset = prop_oneof![0u64..30, Just(u64::MAX)];
+            let len = prop_oneof![0u32..12, Just(u32::MAX)];
+            prop_oneof![
+                1 => (from.clone(), nonce.clone(), op).prop_map(|(from, nonce, checkpoint_op)| {
+                    Event::Transfer {
+                        from,
+                        nonce,
+                        checkpoint_op,
+                    }
+                }),
+                3 => (from, nonce, artifact, offset, len).prop_map(
+                    |(from, nonce, artifact, offset, len)| Event::Chunk {
+                        from,
+                        nonce,
+                        artifact,
+                        offset,
+                        len,
+                    }
+                ),
+                1 => (any::<bool>(), prop::bool::weighted(0.1))
+                    .prop_map(|(ok, stale)| Event::Built { ok, stale }),
+                1 => (0u64..40).prop_map(|ticks| Event::Tick { ticks }),
+            ]
+        }
+
+        /// What the host saw: the op each (requester, nonce) was last offered, the build in
+        /// flight.
+        #[derive(Default)]
+        struct Host {
+            offered: BTreeMap<(ReplicaIndex, u64), u64>,
+            building: Option<u64>,
+        }
+
+        impl Host {
+            /// Checks every output of one call against the rules.
+            fn check(&mut self, outputs: &[ServeOutput], request_len: Option<u32>) {
+                for output in outputs {
+                    match output {
+                        ServeOutput::BuildOffer { checkpoint_op } => {
+                            assert_eq!(self.building, None, "a second build in flight");
+                            self.building = Some(*checkpoint_op);
+                        }
+                        ServeOutput::Send { to, message } => {
+                            self.check_send(*to, message, request_len);
+                        }
+                    }
+                }
+            }
+
+            fn check_send(
+                &mut self,
+                to: ReplicaIndex,
+                message: &Message,
+                request_len: Option<u32>,
+            ) {
+                match message {
+                    Message::StateTransferTarget {
+                        nonce,
+                        target:
+                            TransferTarget::Available {
+                                checkpoint_op,
+                                manifest,
+                            },
+                        ..
+                    } => {
+                        assert_eq!(manifest, offer(*checkpoint_op).manifest());
+                        self.offered.insert((to, *nonce), *checkpoint_op);
+                    }
+                    Message::StateTransferTarget { .. } => {}
+                    Message::StateChunk {
+                        nonce,
+                        artifact,
+                        offset,
+                        payload,
+                        ..
+                    } => {
+                        let op = self.offered[&(to, *nonce)];
+                        let bytes = offer(op).artifact(*artifact).unwrap().to_vec();
+                        assert!(!payload.is_empty(), "zero-byte chunk");
+                        assert!(payload.len() as u64 <= u64::from(request_len.unwrap()));
+                        assert!(payload.len() <= config().chunk_size_max as usize);
+                        let start = *offset as usize;
+                        assert_eq!(payload[..], bytes[start..start + payload.len()]);
+                    }
+                    other => panic!("the server sent {other:?}"),
+                }
+            }
+        }
+
+        proptest! {
+            #![proptest_config(proptest_config())]
+
+            /// Any sequence of requests, build outcomes and ticks: no panic, one build in flight
+            /// at most, every chunk non-empty, clamped, and the bytes of the offer its nonce was
+            /// answered with.
+            #[test]
+            fn issue9_any_request_sequence_serves_only_offered_bytes(
+                events in prop::collection::vec(event(), 1..80),
+            ) {
+                let mut server = OfferServer::new(0, config());
+                let mut host = Host::default();
+                let mut now = 0;
+                for event in events {
+                    match event {
+                        Event::Transfer { from, nonce, checkpoint_op } => {
+                            let availability = checkpoint_op.map_or(
+                                Availability::Unavailable(UnavailableReason::NotCaughtUp),
+                                available,
+                            );
+                            let out = server.on_request_transfer(from, nonce, availability, VIEW, now);
+                            host.check(&out, None);
+                        }
+                        Event::Chunk { from, nonce, artifact, offset, len } => {
+                            let out = server.on_request_chunk(from, nonce, artifact, offset, len, VIEW, now);
+                            prop_assert!(out.len() <= 1);
+                            host.check(&out, Some(len));
+                        }
+                        Event::Built { ok, stale } => {
+                            let Some(op) = host.building else { continue };
+                            let op = if stale { op + 1 } else { op };
+                            if !stale {
+                                host.building = None;
+                            }
+                            let result = if ok {
+                                Ok(offer(op))
+                            } else {
+                                Err(UnavailableReason::CheckpointUnreadable)
+                            };
+                            let out = server.offer_built(op, result, VIEW, now);
+                            host.check(&out, None);
+                        }
+                        Event::Tick { ticks } => {
+                            now += ticks;
+                            server.on_tick(now);
+                        }
+                    }
+                    prop_assert!(server.transfer_count() <= 3);
+                    prop_assert_eq!(server.building_op(), host.building);
+                }
+            }
+        }
     }
 }
