@@ -390,6 +390,14 @@ impl Replica {
             commit_max = self.commit_max,
             "state transfer: checkpoint installed; repairing the tail above it"
         );
+        self.resume_after_install(actions);
+    }
+
+    /// After the install window (installed or failed): the primary timeout starts afresh (the
+    /// replica heard nothing while it was closed, which says nothing of the primary: a
+    /// view change for that would disturb the whole cluster), then what waited runs.
+    fn resume_after_install(&mut self, actions: &mut Vec<Action>) {
+        self.reset_primary_deadline();
         self.after_persist(actions);
         self.after_log_change(actions);
     }
@@ -447,7 +455,6 @@ impl Replica {
         );
         let step = self.receiver.install_failed(reason, self.now);
         self.follow_transfer_step(step, actions);
-        self.after_persist(actions);
-        self.after_log_change(actions);
+        self.resume_after_install(actions);
     }
 }

@@ -277,6 +277,13 @@ fn issue9_installing_journals_nothing_and_applies_nothing() {
         twox_hash::XxHash3_64::oneshot(&expected)
     );
     assert_eq!(replica.transfer_stage(), Stage::Idle);
+    // The 50 silent ticks of the install are not held against the primary.
+    replica.on_tick();
+    assert_eq!(
+        replica.status(),
+        Status::Normal,
+        "no view change after the install"
+    );
 }
 
 /// Issue 9 section 4: an install whose superblock pairing write failed after the snapshot was
