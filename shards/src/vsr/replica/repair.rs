@@ -412,14 +412,15 @@ impl Replica {
                  repair keeps trying"
             );
         } else if self.transfer_stage() == Stage::Idle && !self.state_transfer_warned {
-            // Idle yet not started: the budget cools down, or this replica is the primary.
+            // Idle yet not started: the budget cools down, or this replica is not a backup in
+            // normal status.
             self.state_transfer_warned = true;
             tracing::warn!(
                 op,
                 replica = self.config.replica,
                 attempts,
                 "no peer supplies committed op {op}: needs state transfer (issue 9), which \
-                 cannot start now (retry budget cooling down, or this replica is the primary); \
+                 cannot start now (retry budget cooling down, or not a backup in normal status); \
                  repair keeps trying"
             );
         }
