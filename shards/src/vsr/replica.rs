@@ -22,13 +22,14 @@
 //!   `DoViewChange`, `PrepareOk` in it, or prepares in it) only after the superblock holds it.
 //! - A backup never applies a client's change before it is committed, and never answers a
 //!   client other than `NotPrimary`.
+//! - While a transferred checkpoint installs (receiver stage `Installing`), nothing is applied,
+//!   checkpointed or journaled, and the view does not move; after it, `commit_min = op =
+//!   checkpoint_op` and the log restarts empty above it (issue 9 section 4).
 
 mod repair;
 #[cfg(test)]
 mod tests;
 mod transfer;
-#[cfg(test)]
-mod transfer_tests;
 mod view_change;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};

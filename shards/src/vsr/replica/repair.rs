@@ -12,6 +12,7 @@
 
 use super::{Entry, Replica, Requested};
 use crate::vsr::message::{Action, Message, PrepareHeader, ReplicaIndex, Status};
+use crate::vsr::transfer::receiver::Stage;
 
 /// Prepares (and headers) requested at once.
 const REPAIR_BATCH: usize = 16;
@@ -397,7 +398,7 @@ impl Replica {
 
     /// Committed op `op` failed repair for `attempts` rounds: start a state transfer when the
     /// replica is behind (`commit_min < commit_max`) and the receiver may start one (logged
-    /// once per gap when it may not).
+    /// once per gap when it is idle and may not; nothing while a transfer is under way).
     fn repair_exhausted(&mut self, op: u64, attempts: u32, actions: &mut Vec<Action>) {
         if self.commit_min >= self.commit_max {
             return;
@@ -410,15 +411,17 @@ impl Replica {
                 "no peer supplies committed op {op}: starting a state transfer (issue 9); \
                  repair keeps trying"
             );
-        } else if !self.state_transfer_warned {
+        } else if self.transfer_stage() == Stage::Idle && !self.state_transfer_warned {
+            // Idle yet not started: the budget cools down, or this replica is not a backup in
+            // normal status.
             self.state_transfer_warned = true;
             tracing::warn!(
                 op,
                 replica = self.config.replica,
                 attempts,
-                stage = ?self.receiver.stage(),
-                "no peer supplies committed op {op}: needs state transfer (issue 9), which is \
-                 busy or cooling down; repair keeps trying"
+                "no peer supplies committed op {op}: needs state transfer (issue 9), which \
+                 cannot start now (retry budget cooling down, or not a backup in normal status); \
+                 repair keeps trying"
             );
         }
     }

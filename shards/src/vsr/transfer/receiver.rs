@@ -52,6 +52,13 @@ pub const TRANSFER_COOLDOWN_TICKS: u64 = 1000;
 /// replica applied (not a failure, but asking again at once would get the same offer).
 pub const NOT_USEFUL_HOLDOFF_TICKS: u64 = CHUNK_TIMEOUT_TICKS;
 
+const _: () = assert!(
+    STATE_CHUNK_REQUEST_LEN > 0,
+    "a chunk request asks for at least a byte"
+);
+const _: () = assert!(CHUNK_TIMEOUT_TICKS <= TARGET_TIMEOUT_TICKS);
+const _: () = assert!(TRANSFER_RETRY_BUDGET_ROUNDS > CHUNK_RESENDS_MAX);
+
 /// The receiver's stage (DESIGN section 10): `Idle -> AwaitingTarget -> Fetching -> Installing
 /// -> Idle`, plus `AwaitingTarget -> Idle` and `Fetching -> Idle` on a failed round; any other
 /// edge is a bug.
@@ -431,25 +438,32 @@ impl Receiver {
             fetch.received.push(Vec::new());
             return self.request_chunk(now);
         }
-        ReceiverStep::Verified(self.verified())
+        ReceiverStep::Verified(self.take_verified())
     }
 
-    /// The verified artifacts by kind (every kind is present: the manifest was checked).
-    fn verified(&self) -> VerifiedCheckpoint {
-        let fetch = self.fetch();
-        let bytes_of = |kind: ArtifactKind| {
+    /// The verified artifacts by kind, moved out of the fetch (every kind is present: the
+    /// manifest was checked); the attempt keeps no copy.
+    fn take_verified(&mut self) -> VerifiedCheckpoint {
+        let fetch = self
+            .attempt
+            .as_mut()
+            .and_then(|attempt| attempt.fetch.as_mut())
+            .expect("Fetching has a fetch");
+        let mut take = |kind: ArtifactKind| {
             let index = fetch
                 .manifest
                 .entries
                 .iter()
                 .position(|entry| entry.kind == kind)
                 .expect("the manifest holds every kind");
-            fetch.received[index].clone()
+            std::mem::take(&mut fetch.received[index])
         };
+        let metadata = take(ArtifactKind::Metadata);
+        let client_table = take(ArtifactKind::ClientTable);
         VerifiedCheckpoint {
             checkpoint_op: fetch.checkpoint_op,
-            metadata: bytes_of(ArtifactKind::Metadata),
-            client_table: bytes_of(ArtifactKind::ClientTable),
+            metadata,
+            client_table,
         }
     }
 
