@@ -203,10 +203,20 @@ struct TransferWatch {
 enum Lag {
     /// Not asked for, or over.
     Off,
-    /// `replica` goes down at `tick`.
-    Pending { replica: usize, tick: u64 },
+    /// `replica` goes down at `tick`: crashed, or (`isolated`) cut off by a symmetric partition
+    /// (the primary of that moment, half the time: it keeps taking requests into a stale
+    /// journal suffix the cluster never commits).
+    Pending {
+        replica: usize,
+        tick: u64,
+        isolated: bool,
+    },
     /// `replica` is down until the others committed past `until_commit`.
-    Down { replica: usize, until_commit: u64 },
+    Down {
+        replica: usize,
+        until_commit: u64,
+        isolated: bool,
+    },
 }
 
 /// One replica: its core (None while crashed) and its disk.
@@ -415,6 +425,7 @@ impl World {
             Lag::Pending {
                 replica: prng.below(u64::from(config.replica_count)) as usize,
                 tick: prng.range_inclusive(LAG_START_TICK_MIN, LAG_START_TICK_MAX),
+                isolated: prng.chance(0.5),
             }
         } else {
             Lag::Off

@@ -75,9 +75,9 @@ pub struct SimConfig {
     pub journal_retain_ops: u64,
     /// Records per journal segment (the journal is released in whole segments); 1 by default.
     pub journal_segment_ops: u64,
-    /// The lagging-replica scenario (issue 9): one replica is crashed early and kept down until
-    /// the others committed enough checkpoint intervals to release the journal it needs, then
-    /// restarts and must catch up by state transfer while the workload goes on.
+    /// The lagging-replica scenario (issue 9): one replica is crashed or cut off early and kept
+    /// so until the others committed enough checkpoint intervals to release the journal it
+    /// needs, then comes back and must catch up by state transfer while the workload goes on.
     pub lagging_replica: bool,
     /// Per state chunk sent: one payload byte flips before encoding (the frame stays valid, the
     /// artifact checksum fails).
@@ -420,8 +420,9 @@ pub struct SimArgs {
     pub read_corruption: f64,
 
     /// The state-transfer scenario (issue 9): journals released in whole segments of
-    /// `--journal-segment-ops` records with nothing retained beyond them, one replica kept down
-    /// until the others released what it needs (it must catch up by state transfer), and the
+    /// `--journal-segment-ops` records with nothing retained beyond them, one replica crashed or
+    /// cut off until the others released what it needs (it must catch up by state transfer), the
+    /// crashes during a transfer aimed at it half the time, and the
     /// transfer faults on (`--chunk-corruption`, `--install-write-fail`, `--offer-unreadable`
     /// default to 0.02, 0.05, 0.05 with it, 0 without).
     #[arg(long)]

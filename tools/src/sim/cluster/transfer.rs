@@ -14,9 +14,9 @@ use shards::vsr::message::{Completion, Message};
 use shards::vsr::transfer::receiver::Stage;
 
 use super::{
-    LAG_CHECKPOINT_INTERVALS, Lag, OFFER_BUILD_TICKS_MAX, OFFER_BUILD_TICKS_MIN, Offer, Payload,
-    Replica, ServeOutput, TransferStats, TransferTarget, TransferWatch, UnavailableReason,
-    Violation, World, wire,
+    ActivePartition, LAG_CHECKPOINT_INTERVALS, Lag, OFFER_BUILD_TICKS_MAX, OFFER_BUILD_TICKS_MIN,
+    Offer, PartitionKind, Payload, Replica, ServeOutput, TransferStats, TransferTarget,
+    TransferWatch, UnavailableReason, Violation, World, wire,
 };
 
 /// XXH3-64 of the snapshot payload encoding of this state at commit point `op`: what
@@ -344,48 +344,80 @@ impl World {
         stats
     }
 
-    /// The lagging-replica scenario: at its tick the chosen replica crashes (within the fault
-    /// budget, else a tick later) and stays down until the others committed
+    /// The lagging-replica scenario: at its tick the chosen replica crashes or is cut off
+    /// (within the fault budget, else a tick later) and stays so until the others committed
     /// [`LAG_CHECKPOINT_INTERVALS`] checkpoint intervals and a journal segment more.
     pub(super) fn advance_lag(&mut self) {
         match self.lag {
             Lag::Off => {}
-            Lag::Pending { replica, tick } => {
-                if self.tick < tick
-                    || self.in_liveness_phase
-                    || self.nodes[replica].core.is_none()
-                    || !self.within_budget(&[replica])
-                {
-                    return;
-                }
-                let until_commit = self.checker.commit_max()
-                    + LAG_CHECKPOINT_INTERVALS * self.config.checkpoint_interval
-                    + self.config.journal_segment_ops;
-                self.trace.event(
-                    self.tick,
-                    &format!("lagging replica r{replica}: down until commit {until_commit}"),
-                );
-                self.crash(replica);
-                self.nodes[replica].restart_tick = u64::MAX;
-                self.lag = Lag::Down {
-                    replica,
-                    until_commit,
-                };
-            }
+            Lag::Pending {
+                replica,
+                tick,
+                isolated,
+            } => self.start_lag(replica, tick, isolated),
             Lag::Down {
                 replica,
                 until_commit,
+                isolated,
             } => {
-                if self.checker.commit_max() >= until_commit || self.in_liveness_phase {
-                    self.trace
-                        .event(self.tick, &format!("lagging replica r{replica}: restarts"));
-                    if self.nodes[replica].core.is_none() {
-                        self.nodes[replica].restart_tick = self.tick;
-                    }
-                    self.lag = Lag::Off;
+                if self.checker.commit_max() < until_commit && !self.in_liveness_phase {
+                    return;
                 }
+                self.trace
+                    .event(self.tick, &format!("lagging replica r{replica}: back"));
+                if isolated {
+                    if let Some(partition) = self.partition.as_mut() {
+                        partition.heal_tick = self.tick;
+                    }
+                } else if self.nodes[replica].core.is_none() {
+                    self.nodes[replica].restart_tick = self.tick;
+                }
+                self.lag = Lag::Off;
             }
         }
+    }
+
+    fn start_lag(&mut self, replica: usize, tick: u64, isolated: bool) {
+        let replica = if isolated && self.prng.chance(0.5) {
+            self.nodes
+                .iter()
+                .position(|node| node.core.as_ref().is_some_and(Replica::is_primary))
+                .unwrap_or(replica)
+        } else {
+            replica
+        };
+        if self.tick < tick
+            || self.in_liveness_phase
+            || self.nodes[replica].core.is_none()
+            || (isolated && self.partition.is_some())
+            || !self.within_budget(&[replica])
+        {
+            return;
+        }
+        let until_commit = self.checker.commit_max()
+            + LAG_CHECKPOINT_INTERVALS * self.config.checkpoint_interval
+            + self.config.journal_segment_ops;
+        let how = if isolated { "cut off" } else { "down" };
+        self.trace.event(
+            self.tick,
+            &format!("lagging replica r{replica}: {how} until commit {until_commit}"),
+        );
+        if isolated {
+            self.network.partition(&[replica], PartitionKind::Symmetric);
+            self.faults.partitions += 1;
+            self.partition = Some(ActivePartition {
+                isolated: vec![replica],
+                heal_tick: u64::MAX,
+            });
+        } else {
+            self.crash(replica);
+            self.nodes[replica].restart_tick = u64::MAX;
+        }
+        self.lag = Lag::Down {
+            replica,
+            until_commit,
+            isolated,
+        };
     }
 
     /// At convergence: every replica's state digest is the same (rule `converged-digest`).
