@@ -335,7 +335,19 @@ const REGRESSION_SEEDS: &[(u64, &str, &str)] = &[
         LOSSY,
         "F10 agreement: a DVC from a log cut at a corrupt record dropped an acked op",
     ),
+    (
+        257,
+        HARSH_TRANSFER,
+        "T1 liveness (simulator model): chunk corruption, failed install writes and unreadable \
+         offers went on after the heal, so a receiver never finished its transfer",
+    ),
 ];
+
+/// The harshest state-transfer scan (issue 9): five replicas, every fault raised.
+const HARSH_TRANSFER: &str = "--transfer --replicas 5 --crash 0.02 --partition 0.02 \
+     --packet-loss 0.2 --packet-duplicate 0.1 --torn-write 1 --read-corruption 0.005 \
+     --chunk-corruption 0.1 --install-write-fail 0.2 --offer-unreadable 0.1 \
+     --journal-segment-ops 4";
 
 /// Five replicas with frequent partitions and crashes (the scan that found F7).
 const FIVE_FAULTY: &str = "--replicas 5 --partition 0.02 --crash 0.01";
@@ -355,6 +367,32 @@ fn config_of(seed: u64, flags: &str) -> SimConfig {
     let flags = <Flags as clap::Parser>::try_parse_from(arguments.split_whitespace())
         .unwrap_or_else(|error| panic!("{arguments}: {error}"));
     flags.sim.config()
+}
+
+/// `--transfer` turns the scenario on with its defaults; an explicit transfer flag overrides
+/// them; without `--transfer` nothing of it is on (the other CI seeds keep their runs).
+#[test]
+fn issue9_transfer_flags_set_the_scenario() {
+    let config = config_of(1, "--transfer --chunk-corruption 0.5");
+    assert!(config.lagging_replica);
+    assert_eq!(config.journal_retain_ops, 0);
+    assert_eq!(
+        config.journal_segment_ops,
+        shardline::sim::TRANSFER_JOURNAL_SEGMENT_OPS
+    );
+    assert_eq!(config.chunk_corruption, 0.5);
+    assert_eq!(
+        config.install_write_fail,
+        shardline::sim::TRANSFER_INSTALL_WRITE_FAIL
+    );
+    let plain = config_of(1, "--journal-segment-ops 4");
+    assert!(!plain.lagging_replica);
+    assert_eq!(plain.journal_segment_ops, 4);
+    assert_eq!(plain.chunk_corruption, 0.0);
+    assert_eq!(
+        (plain.install_write_fail, plain.offer_unreadable),
+        (0.0, 0.0)
+    );
 }
 
 #[test]
