@@ -380,18 +380,22 @@ fn issue9_transfer_flags_set_the_scenario() {
         config.journal_segment_ops,
         shardline::sim::TRANSFER_JOURNAL_SEGMENT_OPS
     );
-    assert_eq!(config.chunk_corruption, 0.5);
+    // Probabilities compared bit for bit: they are copied, never computed.
+    assert_eq!(config.chunk_corruption.to_bits(), 0.5f64.to_bits());
     assert_eq!(
-        config.install_write_fail,
-        shardline::sim::TRANSFER_INSTALL_WRITE_FAIL
+        config.install_write_fail.to_bits(),
+        shardline::sim::TRANSFER_INSTALL_WRITE_FAIL.to_bits()
     );
     let plain = config_of(1, "--journal-segment-ops 4");
     assert!(!plain.lagging_replica);
     assert_eq!(plain.journal_segment_ops, 4);
-    assert_eq!(plain.chunk_corruption, 0.0);
     assert_eq!(
-        (plain.install_write_fail, plain.offer_unreadable),
-        (0.0, 0.0)
+        (
+            plain.chunk_corruption.to_bits(),
+            plain.install_write_fail.to_bits(),
+            plain.offer_unreadable.to_bits()
+        ),
+        (0, 0, 0)
     );
 }
 
