@@ -129,6 +129,8 @@ pub struct TransferStats {
     pub interrupted_by_primary_crash: u64,
     /// The receiving replica crashed during its transfer.
     pub interrupted_by_receiver_crash: u64,
+    /// A partition cut the receiver or its serving replica off during the transfer.
+    pub interrupted_by_partition: u64,
     /// The receiver's view changed during its transfer.
     pub interrupted_by_view_change: u64,
     /// The serving replica completed a newer checkpoint during the transfer.
@@ -151,6 +153,7 @@ impl TransferStats {
         self.offers_unreadable += other.offers_unreadable;
         self.interrupted_by_primary_crash += other.interrupted_by_primary_crash;
         self.interrupted_by_receiver_crash += other.interrupted_by_receiver_crash;
+        self.interrupted_by_partition += other.interrupted_by_partition;
         self.interrupted_by_view_change += other.interrupted_by_view_change;
         self.interrupted_by_new_checkpoint += other.interrupted_by_new_checkpoint;
     }
@@ -162,7 +165,8 @@ impl std::fmt::Display for TransferStats {
             f,
             "started {} failed_rounds {} budget_exhausted {} refused {} installs {} degraded {} \
              install_failed {} install_torn {} abandoned {} chunks_corrupted {} unreadable {} \
-             interrupted: primary_crash {} receiver_crash {} view_change {} new_checkpoint {}",
+             interrupted: primary_crash {} receiver_crash {} partition {} view_change {} \
+             new_checkpoint {}",
             self.started,
             self.failed_rounds,
             self.budget_exhaustions,
@@ -176,6 +180,7 @@ impl std::fmt::Display for TransferStats {
             self.offers_unreadable,
             self.interrupted_by_primary_crash,
             self.interrupted_by_receiver_crash,
+            self.interrupted_by_partition,
             self.interrupted_by_view_change,
             self.interrupted_by_new_checkpoint
         )
@@ -194,6 +199,7 @@ struct TransferWatch {
     target_op: Option<u64>,
     /// Each interruption kind is counted once per transfer.
     primary_crash_seen: bool,
+    partition_seen: bool,
     view_change_seen: bool,
     new_checkpoint_seen: bool,
 }
@@ -1052,6 +1058,7 @@ impl World {
                 .range_inclusive(PARTITION_TICKS_MIN, PARTITION_TICKS_MAX);
         self.network.partition(&isolated, kind);
         self.faults.partitions += 1;
+        self.count_partition_interruptions(&isolated);
         self.trace.event(
             self.tick,
             &format!("fault: partition {kind:?} isolating {isolated:?} until t{heal_tick}"),

@@ -191,6 +191,7 @@ impl World {
                     view,
                     target_op: None,
                     primary_crash_seen: false,
+                    partition_seen: false,
                     view_change_seen: false,
                     new_checkpoint_seen: false,
                 });
@@ -301,6 +302,20 @@ impl World {
         }
     }
 
+    /// A partition isolating `isolated` starts: a transfer whose receiver or serving replica is
+    /// on one side and the other on the other is interrupted.
+    pub(super) fn count_partition_interruptions(&mut self, isolated: &[usize]) {
+        for (replica, node) in self.nodes.iter_mut().enumerate() {
+            if let Some(watch) = node.receiving.as_mut()
+                && isolated.contains(&replica) != isolated.contains(&watch.source)
+                && !watch.partition_seen
+            {
+                watch.partition_seen = true;
+                self.transfers.interrupted_by_partition += 1;
+            }
+        }
+    }
+
     /// Each tick: a receiver whose view moved during its transfer counts a view change; one
     /// whose receiver is back to idle without an install ends its transfer (abandoned).
     pub(super) fn watch_transfers(&mut self) {
@@ -405,6 +420,7 @@ impl World {
         if isolated {
             self.network.partition(&[replica], PartitionKind::Symmetric);
             self.faults.partitions += 1;
+            self.count_partition_interruptions(&[replica]);
             self.partition = Some(ActivePartition {
                 isolated: vec![replica],
                 heal_tick: u64::MAX,
