@@ -169,8 +169,10 @@ fn transfer_config() -> SimConfig {
     SimConfig {
         replica_count: 5,
         ticks: 2000,
-        requests: 100,
-        crash: 0.01,
+        // Enough that the clients still commit (and the primary checkpoints) while the lagging
+        // replica transfers.
+        requests: 150,
+        crash: 0.015,
         partition: 0.01,
         packet_loss: 0.05,
         ..SimConfig::default().with_transfer()
