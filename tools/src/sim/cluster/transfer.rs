@@ -13,11 +13,162 @@ use shards::vsr::client_table::ClientTableSnapshot;
 use shards::vsr::message::{Completion, Message};
 use shards::vsr::transfer::receiver::Stage;
 
+use super::super::SimConfig;
+use super::super::prng::Prng;
 use super::{
-    ActivePartition, LAG_CHECKPOINT_INTERVALS, Lag, OFFER_BUILD_TICKS_MAX, OFFER_BUILD_TICKS_MIN,
-    Offer, PartitionKind, Payload, Replica, ServeOutput, TransferStats, TransferTarget,
-    TransferWatch, UnavailableReason, Violation, World, wire,
+    ActivePartition, Offer, PartitionKind, Payload, Replica, ServeOutput, TransferTarget,
+    UnavailableReason, Violation, World, wire,
 };
+
+/// Ticks a server takes to read its checkpoint and build an offer, at least and at most.
+const OFFER_BUILD_TICKS_MIN: u64 = 1;
+const OFFER_BUILD_TICKS_MAX: u64 = 6;
+/// `--transfer`'s lagging replica goes down at a tick in this range.
+const LAG_START_TICK_MIN: u64 = 10;
+const LAG_START_TICK_MAX: u64 = 80;
+/// Checkpoint intervals the others commit while the lagging replica is down (plus one journal
+/// segment): more than a peer keeps in memory (one to two intervals), so its journal release
+/// leaves the lagging replica nothing to repair from.
+const LAG_CHECKPOINT_INTERVALS: u64 = 3;
+
+/// What state transfer did in one run (issue 9), counted by the world from what it routes and
+/// performs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransferStats {
+    /// Transfers started: a replica's first `RequestStateTransfer` while none was under way.
+    pub started: u64,
+    /// Failed rounds, all causes (the receivers' own count, summed over every life of every
+    /// replica).
+    pub failed_rounds: u64,
+    /// Times a receiver's retry budget ran out (it fell back to journal repair).
+    pub budget_exhaustions: u64,
+    /// `StateTransferTarget` refusals (`available = 0`) sent.
+    pub refused: u64,
+    /// `Completion::CheckpointInstalled`, degraded or not.
+    pub installs: u64,
+    pub degraded_installs: u64,
+    /// `Completion::InstallFailed`.
+    pub failed_installs: u64,
+    /// Installs a crash tore (stopped at one of their steps).
+    pub torn_installs: u64,
+    /// Transfers whose receiver went back to idle without an install.
+    pub abandoned: u64,
+    pub chunks_corrupted: u64,
+    pub offers_unreadable: u64,
+    /// The replica serving a transfer crashed during it.
+    pub interrupted_by_primary_crash: u64,
+    /// The receiving replica crashed during its transfer.
+    pub interrupted_by_receiver_crash: u64,
+    /// A partition cut the receiver or its serving replica off during the transfer.
+    pub interrupted_by_partition: u64,
+    /// The receiver's view changed during its transfer.
+    pub interrupted_by_view_change: u64,
+    /// The serving replica completed a newer checkpoint during the transfer.
+    pub interrupted_by_new_checkpoint: u64,
+}
+
+impl TransferStats {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &TransferStats) {
+        self.started += other.started;
+        self.failed_rounds += other.failed_rounds;
+        self.budget_exhaustions += other.budget_exhaustions;
+        self.refused += other.refused;
+        self.installs += other.installs;
+        self.degraded_installs += other.degraded_installs;
+        self.failed_installs += other.failed_installs;
+        self.torn_installs += other.torn_installs;
+        self.abandoned += other.abandoned;
+        self.chunks_corrupted += other.chunks_corrupted;
+        self.offers_unreadable += other.offers_unreadable;
+        self.interrupted_by_primary_crash += other.interrupted_by_primary_crash;
+        self.interrupted_by_receiver_crash += other.interrupted_by_receiver_crash;
+        self.interrupted_by_partition += other.interrupted_by_partition;
+        self.interrupted_by_view_change += other.interrupted_by_view_change;
+        self.interrupted_by_new_checkpoint += other.interrupted_by_new_checkpoint;
+    }
+}
+
+impl std::fmt::Display for TransferStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "started {} failed_rounds {} budget_exhausted {} refused {} installs {} degraded {} \
+             install_failed {} install_torn {} abandoned {} chunks_corrupted {} unreadable {} \
+             interrupted: primary_crash {} receiver_crash {} partition {} view_change {} \
+             new_checkpoint {}",
+            self.started,
+            self.failed_rounds,
+            self.budget_exhaustions,
+            self.refused,
+            self.installs,
+            self.degraded_installs,
+            self.failed_installs,
+            self.torn_installs,
+            self.abandoned,
+            self.chunks_corrupted,
+            self.offers_unreadable,
+            self.interrupted_by_primary_crash,
+            self.interrupted_by_receiver_crash,
+            self.interrupted_by_partition,
+            self.interrupted_by_view_change,
+            self.interrupted_by_new_checkpoint
+        )
+    }
+}
+
+/// A transfer under way at a receiving replica, as the world sees it from the messages.
+#[derive(Debug, Clone)]
+pub(super) struct TransferWatch {
+    pub(super) nonce: u64,
+    /// The replica its last request went to.
+    pub(super) source: usize,
+    /// The receiver's view when the transfer started.
+    pub(super) view: u32,
+    /// The checkpoint the source offered, once a target arrived.
+    pub(super) target_op: Option<u64>,
+    /// Each interruption kind is counted once per transfer.
+    pub(super) primary_crash_seen: bool,
+    pub(super) partition_seen: bool,
+    pub(super) view_change_seen: bool,
+    pub(super) new_checkpoint_seen: bool,
+}
+
+/// The lagging-replica scenario's progress (`SimConfig::lagging_replica`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lag {
+    /// Not asked for, or over.
+    Off,
+    /// `replica` goes down at `tick`: crashed, or (`isolated`) cut off by a symmetric partition
+    /// (the primary of that moment, half the time: it keeps taking requests into a stale
+    /// journal suffix the cluster never commits).
+    Pending {
+        replica: usize,
+        tick: u64,
+        isolated: bool,
+    },
+    /// `replica` is down until the others committed past `until_commit`.
+    Down {
+        replica: usize,
+        until_commit: u64,
+        isolated: bool,
+    },
+}
+
+impl Lag {
+    /// The scenario of `config`: [`Lag::Off`] unless `config.lagging_replica`; else a random
+    /// replica, start tick and way of falling behind.
+    pub(super) fn new(config: &SimConfig, prng: &mut Prng) -> Lag {
+        if !config.lagging_replica {
+            return Lag::Off;
+        }
+        Lag::Pending {
+            replica: prng.below(u64::from(config.replica_count)) as usize,
+            tick: prng.range_inclusive(LAG_START_TICK_MIN, LAG_START_TICK_MAX),
+            isolated: prng.chance(0.5),
+        }
+    }
+}
 
 /// XXH3-64 of the snapshot payload encoding of this state at commit point `op`: what
 /// [`Replica::state_digest`] computes for a replica at `commit_min = op`.
