@@ -9,6 +9,12 @@
 //!
 //! Replica messages cross the simulated network as frames of the real replica codec
 //! (`shards::vsr::wire`: a 256-byte checksummed bus header and a body), decoded on delivery.
+//!
+//! State transfer (issue 9): every replica runs the real serving side
+//! (`shards::vsr::transfer::server::OfferServer`, fed the transfer requests addressed to it and
+//! building offers from its simulated disk's checkpoint) and the core's own receiving side; the
+//! disk releases the journal in whole segments and performs `Action::InstallCheckpoint`. `--transfer`
+//! turns on the lagging-replica scenario and the transfer faults (see `cluster::transfer`).
 
 pub mod checker;
 pub mod cluster;
