@@ -6,6 +6,7 @@
 //!
 //! Sized for CI's debug build on 2 cores: see `CI_SEEDS` and `ci_config`.
 
+use shardline::sim::cluster::TransferStats;
 use shardline::sim::{SeedReport, SimArgs, SimConfig, run_seed, run_seed_with, run_seeds};
 use shards::vsr::client_table::CachedReply;
 use shards::vsr::message::ClientReply;
@@ -158,6 +159,94 @@ fn the_checker_catches_a_reply_nobody_committed_and_a_diverging_digest() {
     );
 }
 
+/// The seeds of the state-transfer scenario (issue 9) every CI run simulates.
+const TRANSFER_SEEDS: std::ops::Range<u64> = 0..50;
+
+/// The state-transfer scenario (`shardline sim --transfer`) with five replicas, so that besides
+/// the lagging replica a crash or a partition of the serving primary fits the fault budget of 2,
+/// and with crashes and partitions frequent enough that some land in the middle of a transfer.
+fn transfer_config() -> SimConfig {
+    SimConfig {
+        replica_count: 5,
+        ticks: 2000,
+        // Enough that the clients still commit (and the primary checkpoints) while the lagging
+        // replica transfers.
+        requests: 150,
+        crash: 0.015,
+        partition: 0.01,
+        packet_loss: 0.05,
+        ..SimConfig::default().with_transfer()
+    }
+}
+
+/// Issue 9, "Tests it must have": in `shardline sim`, transfers under packet loss, chunk
+/// corruption, a primary crash mid-transfer, a view change mid-transfer and a new checkpoint
+/// mid-transfer; safety and convergence hold on every seed. The range must actually have
+/// transferred, installed and been interrupted in every way, so this fails if state transfer
+/// silently stops happening.
+#[test]
+fn issue9_transfers_keep_safety_and_converge_under_faults() {
+    let reports = run_seeds(&transfer_config(), TRANSFER_SEEDS, jobs(), |_| {});
+    let failures: Vec<String> = reports
+        .iter()
+        .filter(|report| report.failure.is_some())
+        .map(failure_text)
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} transfer seeds failed:\n{}",
+        failures.len(),
+        reports.len(),
+        failures.join("\n")
+    );
+    let mut total = TransferStats::default();
+    for report in &reports {
+        total.add(&report.transfers);
+    }
+    let lost: u64 = reports
+        .iter()
+        .map(|report| report.faults.packets_lost)
+        .sum();
+    let exercised = [
+        ("transfers started", total.started),
+        ("installs", total.installs),
+        ("chunks corrupted", total.chunks_corrupted),
+        ("packets lost", lost),
+        (
+            "primary crashes mid-transfer",
+            total.interrupted_by_primary_crash,
+        ),
+        (
+            "view changes mid-transfer",
+            total.interrupted_by_view_change,
+        ),
+        (
+            "new checkpoints mid-transfer",
+            total.interrupted_by_new_checkpoint,
+        ),
+    ];
+    let missing: Vec<&str> = exercised
+        .iter()
+        .filter(|(_, count)| *count == 0)
+        .map(|(what, _)| *what)
+        .collect();
+    assert!(missing.is_empty(), "never happened: {missing:?} ({total})");
+}
+
+/// The install check can fail: an install of a state no replica had at that commit point is
+/// reported as `install-committed-state`.
+#[test]
+fn issue9_the_checker_catches_an_install_of_a_state_nobody_committed() {
+    let report = run_seed_with(&transfer_config(), 3, |world| {
+        let op = world.committed_op_max();
+        world.checker_mut().on_install(1, op + 1, 0x0bad)
+    });
+    assert_eq!(
+        report.failure.expect("a forged install").rule,
+        "install-committed-state"
+    );
+}
+
 /// Seeds that once failed, with the `shardline sim` flags they failed under (the rest are the
 /// CLI's defaults) and their finding in the simulator findings log (F1..): reproduce one with
 /// `shardline sim --seed SEED FLAGS --trace`.
@@ -248,7 +337,19 @@ const REGRESSION_SEEDS: &[(u64, &str, &str)] = &[
         LOSSY,
         "F10 agreement: a DVC from a log cut at a corrupt record dropped an acked op",
     ),
+    (
+        257,
+        HARSH_TRANSFER,
+        "T1 liveness (simulator model): chunk corruption, failed install writes and unreadable \
+         offers went on after the heal, so a receiver never finished its transfer",
+    ),
 ];
+
+/// The harshest state-transfer scan (issue 9): five replicas, every fault raised.
+const HARSH_TRANSFER: &str = "--transfer --replicas 5 --crash 0.02 --partition 0.02 \
+     --packet-loss 0.2 --packet-duplicate 0.1 --torn-write 1 --read-corruption 0.005 \
+     --chunk-corruption 0.1 --install-write-fail 0.2 --offer-unreadable 0.1 \
+     --journal-segment-ops 4";
 
 /// Five replicas with frequent partitions and crashes (the scan that found F7).
 const FIVE_FAULTY: &str = "--replicas 5 --partition 0.02 --crash 0.01";
@@ -268,6 +369,36 @@ fn config_of(seed: u64, flags: &str) -> SimConfig {
     let flags = <Flags as clap::Parser>::try_parse_from(arguments.split_whitespace())
         .unwrap_or_else(|error| panic!("{arguments}: {error}"));
     flags.sim.config()
+}
+
+/// `--transfer` turns the scenario on with its defaults; an explicit transfer flag overrides
+/// them; without `--transfer` nothing of it is on (the other CI seeds keep their runs).
+#[test]
+fn issue9_transfer_flags_set_the_scenario() {
+    let config = config_of(1, "--transfer --chunk-corruption 0.5");
+    assert!(config.lagging_replica);
+    assert_eq!(config.journal_retain_ops, 0);
+    assert_eq!(
+        config.journal_segment_ops,
+        shardline::sim::TRANSFER_JOURNAL_SEGMENT_OPS
+    );
+    // Probabilities compared bit for bit: they are copied, never computed.
+    assert_eq!(config.chunk_corruption.to_bits(), 0.5f64.to_bits());
+    assert_eq!(
+        config.install_write_fail.to_bits(),
+        shardline::sim::TRANSFER_INSTALL_WRITE_FAIL.to_bits()
+    );
+    let plain = config_of(1, "--journal-segment-ops 4");
+    assert!(!plain.lagging_replica);
+    assert_eq!(plain.journal_segment_ops, 4);
+    assert_eq!(
+        (
+            plain.chunk_corruption.to_bits(),
+            plain.install_write_fail.to_bits(),
+            plain.offer_unreadable.to_bits()
+        ),
+        (0, 0, 0)
+    );
 }
 
 #[test]

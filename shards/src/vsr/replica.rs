@@ -202,6 +202,8 @@ pub struct Replica {
     top_checksum: Option<u128>,
     /// The last tick a header for `op` was asked for (`top_checksum` unknown).
     top_asked: Option<u64>,
+    /// `(op, asks)`: how many times the header of the top op `op` was asked for.
+    top_asks: (u64, u32),
 
     // Primary (section 4.1).
     /// Who holds each uncommitted op durably (`PrepareOk`, own after `JournalWritten`).
@@ -389,6 +391,7 @@ impl Replica {
             log,
             top_checksum: None,
             top_asked: None,
+            top_asks: (0, 0),
             oks: BTreeMap::new(),
             in_flight: BTreeMap::new(),
             queue: VecDeque::new(),

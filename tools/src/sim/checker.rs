@@ -9,9 +9,12 @@
 //!   (a Register's session is the op; a change's reply says success iff it applied).
 //! - `reply-stable`: every final reply to one request is identical (a retry gets the original).
 //! - `commit-lost`: (after the heal) the converged commit reaches every op ever committed.
+//! - `install-committed-state` (issue 9): a replica installs a transferred checkpoint only of a
+//!   committed op, and only the state every replica had at that commit point (its digest).
 //!
 //! The world checks a few more itself: `session-kept` (a client is never answered Evicted while
-//! the client table has room), `recovery`, `superblock-monotonic`, `checkpoint-monotonic`,
+//! the client table has room), `recovery`, `superblock-monotonic`, `checkpoint-monotonic`, `install-monotonic`,
+//! `install-adopted`, `converged-digest`,
 //! `wire`, `prepare-body`, `reply-token`, `core-panic` and `liveness`.
 //!
 //! It never touches a replica: it only judges what the world tells it.
@@ -130,6 +133,47 @@ impl Checker {
                 self.digests.insert(commit_min, (digest, replica));
                 Ok(())
             }
+        }
+    }
+
+    /// Replica `replica` asks to install a transferred checkpoint at `checkpoint_op` whose
+    /// state has digest `digest` (DESIGN section 10: it installs a committed state).
+    ///
+    /// # Errors
+    /// `install-committed-state` if no replica committed `checkpoint_op`, no replica was ever
+    /// seen at that commit point, or the state differs from what they had there.
+    pub fn on_install(
+        &mut self,
+        replica: u8,
+        checkpoint_op: u64,
+        digest: u64,
+    ) -> Result<(), Violation> {
+        if checkpoint_op > self.commit_max() {
+            return violation(
+                "install-committed-state",
+                format!(
+                    "replica {replica} installs checkpoint {checkpoint_op} above every commit \
+                     ({})",
+                    self.commit_max()
+                ),
+            );
+        }
+        match self.digests.get(&checkpoint_op) {
+            Some(&(first, _)) if first == digest => Ok(()),
+            Some(&(first, first_replica)) => violation(
+                "install-committed-state",
+                format!(
+                    "replica {replica} installs checkpoint {checkpoint_op} with state digest \
+                     {digest:#018x}; replica {first_replica} had {first:#018x} at that commit"
+                ),
+            ),
+            None => violation(
+                "install-committed-state",
+                format!(
+                    "replica {replica} installs checkpoint {checkpoint_op}, a commit point no \
+                     replica was seen at"
+                ),
+            ),
         }
     }
 
@@ -314,6 +358,33 @@ mod tests {
             .on_reply(8, 0, &ClientReply::Registered { session: 1 })
             .unwrap_err();
         assert!(error.detail.contains("session 1"), "{}", error.detail);
+    }
+
+    #[test]
+    fn issue9_install_of_an_uncommitted_or_different_state_is_caught() {
+        let mut checker = Checker::new();
+        checker.on_commit(0, 16, 0x16).unwrap();
+        checker.on_digest(0, 16, 0xabc).unwrap();
+        checker.on_install(1, 16, 0xabc).unwrap();
+        let error = checker.on_install(1, 16, 0xdef).unwrap_err();
+        assert_eq!(error.rule, "install-committed-state");
+        assert!(error.detail.contains("replica 0 had"), "{}", error.detail);
+        // Above every commit, or a commit point nobody reported: refused.
+        assert!(
+            checker
+                .on_install(1, 32, 0xabc)
+                .unwrap_err()
+                .detail
+                .contains("above every")
+        );
+        checker.on_commit(0, 20, 0x20).unwrap();
+        assert!(
+            checker
+                .on_install(1, 18, 0xabc)
+                .unwrap_err()
+                .detail
+                .contains("no replica")
+        );
     }
 
     #[test]

@@ -17,6 +17,8 @@ use std::fmt::Write as _;
 use shards::vsr::message::{Action, ClientReply, ClientRequest, Completion, Message};
 use shards::vsr::prepare::PrepareBody;
 use shards::vsr::replica::{CoreConfig, Replica};
+use shards::vsr::transfer::server::{Offer, OfferServer, ServeOutput, ServerConfig};
+use shards::vsr::transfer::{TransferTarget, UnavailableReason};
 use shards::vsr::wire;
 use storage::journal::JournalHeader;
 
@@ -27,6 +29,11 @@ use super::network::{LinkFaults, Network, NodeIndex, PartitionKind, SendOutcome}
 use super::prng::Prng;
 use super::trace::Trace;
 use super::workload::{Client, ReplyEffect, generate_operations};
+
+mod transfer;
+
+pub use self::transfer::TransferStats;
+use self::transfer::{Lag, TransferWatch, state_digest};
 
 /// Ticks a crashed replica stays down, at least and at most.
 const DOWN_TICKS_MIN: u64 = 20;
@@ -89,6 +96,12 @@ impl std::fmt::Display for FaultCounts {
 struct Node {
     core: Option<Replica>,
     disk: Disk,
+    /// The serving side of state transfer (a fresh one at each open: a crash loses it).
+    server: OfferServer,
+    /// Offers being built from the disk's checkpoint: (due tick, checkpoint op).
+    offer_builds: Vec<(u64, u64)>,
+    /// The transfer this replica is receiving, if one is under way.
+    receiving: Option<TransferWatch>,
     /// The commit_min the checker has seen this replica reach (since its last restart).
     seen_commit_min: u64,
     /// While crashed: the tick it restarts.
@@ -127,8 +140,21 @@ pub struct World {
     checker: Checker,
     pub trace: Trace,
     pub faults: FaultCounts,
+    transfers: TransferStats,
     partition: Option<ActivePartition>,
     in_liveness_phase: bool,
+    lag: Lag,
+}
+
+/// The serving side's parameters in the simulator: small chunks (several per transfer), frames
+/// up to the replica bus limit, and the offer expiry timeout.
+fn server_config(config: &SimConfig) -> ServerConfig {
+    ServerConfig {
+        chunk_size_max: config.transfer_chunk_size,
+        frame_size_max: shards::limits::REPLICA_MESSAGE_SIZE_MAX,
+        // The receiver's chunk round-trip timeout: offers expire after 3x (served) or 10x (idle).
+        chunk_timeout_ticks: shards::vsr::transfer::receiver::CHUNK_TIMEOUT_TICKS,
+    }
 }
 
 fn describe(message: &Message) -> String {
@@ -218,6 +244,8 @@ impl World {
         let replica_count = usize::from(config.replica_count);
         let disk_faults = DiskFaults {
             journal_retain_ops: config.journal_retain_ops,
+            journal_segment_ops: config.journal_segment_ops,
+            install_write_fail: config.install_write_fail,
             torn_write: config.torn_write,
             io_delay_ticks_min: 1,
             io_delay_ticks_max: 4,
@@ -235,6 +263,9 @@ impl World {
             .map(|replica| Node {
                 core: None,
                 disk: Disk::format(config.cluster, replica, config.replica_count, disk_faults),
+                server: OfferServer::new(replica, server_config(config)),
+                offer_builds: Vec::new(),
+                receiving: None,
                 seen_commit_min: 0,
                 restart_tick: 0,
                 catching_up_to: None,
@@ -262,6 +293,7 @@ impl World {
                 )
             })
             .collect();
+        let lag = Lag::new(config, &mut prng);
         let mut world = World {
             config: config.clone(),
             prng,
@@ -274,8 +306,10 @@ impl World {
             checker: Checker::new(),
             trace: Trace::new(),
             faults: FaultCounts::default(),
+            transfers: TransferStats::default(),
             partition: None,
             in_liveness_phase: false,
+            lag,
         };
         if config.echo_trace {
             world.trace.echo_to_stderr();
@@ -328,6 +362,7 @@ impl World {
             self.step()?;
             if let Some(commit) = self.converged() {
                 self.checker.check_converged(commit)?;
+                self.check_converged_digests()?;
                 self.trace
                     .event(self.tick, &format!("converged at commit {commit}"));
                 return Ok(RunSummary { commit });
@@ -408,17 +443,29 @@ impl World {
                     self.tick,
                     &format!("r{replica} io_done {}", describe_completion(&completion)),
                 );
+                self.count_completion(replica, &completion);
+                let installed = match completion {
+                    Completion::CheckpointInstalled { checkpoint_op, .. } => Some(checkpoint_op),
+                    _ => None,
+                };
                 let core = self.nodes[replica].core.as_mut().expect("up");
                 let actions = core.on_io_done(completion);
                 self.perform(replica, actions)?;
+                if let Some(checkpoint_op) = installed {
+                    self.check_adopted(replica, checkpoint_op)?;
+                }
             }
+            self.serve_due_offers(replica);
         }
         for replica in 0..self.nodes.len() {
             if let Some(core) = self.nodes[replica].core.as_mut() {
                 let actions = core.on_tick();
                 self.perform(replica, actions)?;
+                self.nodes[replica].server.on_tick(self.tick);
             }
         }
+        self.watch_transfers();
+        self.advance_lag();
         self.poll_clients();
         if self
             .partition
@@ -462,9 +509,14 @@ impl World {
                         detail: format!("r{from}->r{to}: the frame names sender {sender}"),
                     });
                 }
-                let core = self.nodes[to].core.as_mut().expect("up");
                 self.trace
                     .event(self.tick, &format!("r{from}->r{to} {}", describe(&message)));
+                if message.is_state_transfer_request() {
+                    self.serve(to, from, message);
+                    return Ok(());
+                }
+                self.note_target(to, &message);
+                let core = self.nodes[to].core.as_mut().expect("up");
                 let actions = core.on_message(from as u8, message);
                 self.perform(to, actions)
             }
@@ -565,6 +617,7 @@ impl World {
         for action in actions {
             match action {
                 Action::Send { to, message } => {
+                    self.note_transfer_request(replica, usize::from(to), &message);
                     let frame = wire::encode(self.config.cluster, replica as u8, &message);
                     self.send(replica, usize::from(to), Payload::Replica(frame));
                 }
@@ -613,11 +666,42 @@ impl World {
                         .disk
                         .submit(&mut self.prng, self.tick, &action);
                 }
+                Action::Checkpoint {
+                    op,
+                    ref metadata,
+                    ref client_table,
+                } => {
+                    // The checkpoint's state is the replica's at commit point `op`: it must
+                    // match every other replica's there (and is what a transfer serves).
+                    self.checker
+                        .on_digest(replica as u8, op, state_digest(op, metadata, client_table))
+                        .map_err(|violation| Violation {
+                            detail: format!("checkpoint: {}", violation.detail),
+                            ..violation
+                        })?;
+                    self.trace
+                        .event(self.tick, &format!("r{replica} {}", describe_io(&action)));
+                    self.nodes[replica]
+                        .disk
+                        .submit(&mut self.prng, self.tick, &action);
+                }
+                Action::InstallCheckpoint {
+                    checkpoint_op,
+                    ref metadata,
+                    ref client_table,
+                } => {
+                    let digest = state_digest(checkpoint_op, metadata, client_table);
+                    self.checker
+                        .on_install(replica as u8, checkpoint_op, digest)?;
+                    self.trace
+                        .event(self.tick, &format!("r{replica} {}", describe_io(&action)));
+                    self.nodes[replica]
+                        .disk
+                        .submit(&mut self.prng, self.tick, &action);
+                }
                 Action::TruncateJournal { .. }
                 | Action::ReadJournal { .. }
-                | Action::WriteSuperblock { .. }
-                | Action::Checkpoint { .. }
-                | Action::InstallCheckpoint { .. } => {
+                | Action::WriteSuperblock { .. } => {
                     self.trace
                         .event(self.tick, &format!("r{replica} {}", describe_io(&action)));
                     self.nodes[replica]
@@ -681,8 +765,12 @@ impl World {
         let config = self.core_config(replica);
         let checkpoint_op = recovered.checkpoint_op;
         let (core, actions) = Replica::open(config, recovered);
+        let server = OfferServer::new(replica as u8, server_config(&self.config));
         let node = &mut self.nodes[replica];
         node.core = Some(core);
+        node.server = server;
+        node.offer_builds.clear();
+        node.receiving = None;
         node.seen_commit_min = checkpoint_op;
         if self.tick > 0 {
             node.catching_up_to = Some(self.checker.commit_max());
@@ -724,7 +812,10 @@ impl World {
     fn inject_faults(&mut self) {
         let replica_count = self.nodes.len() as u64;
         if self.prng.chance(self.config.crash) {
-            let replica = self.prng.below(replica_count) as usize;
+            let replica = match self.aimed_at_transfer() {
+                Some(source) => source,
+                None => self.prng.below(replica_count) as usize,
+            };
             if self.nodes[replica].core.is_some() && self.within_budget(&[replica]) {
                 self.crash(replica);
             }
@@ -747,15 +838,25 @@ impl World {
     }
 
     fn crash(&mut self, replica: usize) {
+        self.count_crash_interruptions(replica);
         let damage = self.nodes[replica].disk.crash(&mut self.prng);
         let down_ticks = self.prng.range_inclusive(DOWN_TICKS_MIN, DOWN_TICKS_MAX);
         let node = &mut self.nodes[replica];
         node.core = None;
         node.catching_up_to = None;
         node.restart_tick = self.tick + down_ticks;
+        node.offer_builds.clear();
+        node.receiving = None;
         self.faults.crashes += 1;
         if damage.torn.is_some() {
             self.faults.torn_writes += 1;
+        }
+        if damage
+            .torn
+            .as_deref()
+            .is_some_and(|torn| torn.starts_with("install"))
+        {
+            self.transfers.torn_installs += 1;
         }
         self.trace.event(
             self.tick,
@@ -815,6 +916,7 @@ impl World {
                 .range_inclusive(PARTITION_TICKS_MIN, PARTITION_TICKS_MAX);
         self.network.partition(&isolated, kind);
         self.faults.partitions += 1;
+        self.count_partition_interruptions(&isolated);
         self.trace.event(
             self.tick,
             &format!("fault: partition {kind:?} isolating {isolated:?} until t{heal_tick}"),
@@ -841,6 +943,15 @@ impl World {
             packet_duplicate: 0.0,
             ..faults
         });
+        // The transfer faults stop too (chunk corruption and unreadable offers are checked
+        // against `in_liveness_phase` where they are drawn).
+        for node in &mut self.nodes {
+            let faults = node.disk.faults();
+            node.disk.set_faults(DiskFaults {
+                install_write_fail: 0.0,
+                ..faults
+            });
+        }
         self.trace.event(self.tick, "liveness phase: faults stop");
         for replica in 0..self.nodes.len() {
             if self.nodes[replica].core.is_none() {

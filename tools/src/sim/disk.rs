@@ -11,6 +11,13 @@
 //! record; one superblock copy half old, half new; a checkpoint stopped between its steps).
 //! Latent corruption flips one bit of a durable journal record, seen at the next read or restart.
 //!
+//! A checkpoint releases the journal in whole segments of `journal_segment_ops` records (issue 9
+//! section 0): every segment whose ops all lie `journal_retain_ops` or more below the checkpoint
+//! op. An install of a transferred checkpoint (`Action::InstallCheckpoint`, DESIGN section 10)
+//! replaces the snapshot (atomic rename), then writes the superblock pairing, then restarts the
+//! journal empty above the checkpoint; its snapshot write may fail (`InstallFailed`, nothing
+//! changed) and its pairing write may fail after the snapshot is in place (a degraded install).
+//!
 //! It never decides anything the consensus core decides; it only reports what the disk holds.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -37,6 +44,12 @@ pub const JOURNAL_RETAIN_OPS: u64 = 4096;
 pub struct DiskFaults {
     /// Ops a checkpoint keeps in the journal below its op ([`JOURNAL_RETAIN_OPS`] by default).
     pub journal_retain_ops: u64,
+    /// Records per journal segment, at least 1: the journal is released in whole segments
+    /// (segment `k` holds ops `k * journal_segment_ops + 1 ..= (k + 1) * journal_segment_ops`).
+    pub journal_segment_ops: u64,
+    /// Probability that one write of a checkpoint install fails (drawn for the snapshot write,
+    /// then for the superblock pairing write).
+    pub install_write_fail: f64,
     /// Probability that a crash tears the write in progress instead of losing it whole.
     pub torn_write: f64,
     /// Fewest ticks an I/O takes.
@@ -68,6 +81,15 @@ enum Pending {
         op: u64,
         snapshot_file: Vec<u8>,
         snapshot_checksum: u64,
+    },
+    Install {
+        op: u64,
+        snapshot_file: Vec<u8>,
+        snapshot_checksum: u64,
+        /// The snapshot write fails (drawn at submit).
+        snapshot_fails: bool,
+        /// The superblock pairing write fails after the snapshot is in place (drawn at submit).
+        pairing_fails: bool,
     },
 }
 
@@ -163,6 +185,10 @@ impl Disk {
         }
     }
 
+    pub fn faults(&self) -> DiskFaults {
+        self.faults
+    }
+
     pub fn set_faults(&mut self, faults: DiskFaults) {
         self.faults = faults;
     }
@@ -191,7 +217,23 @@ impl Disk {
                 log_view: *log_view,
                 commit_max: *commit_max,
             },
-            Action::InstallCheckpoint { .. } => todo!("sim helper: simulated install"),
+            Action::InstallCheckpoint {
+                checkpoint_op,
+                metadata,
+                client_table,
+            } => {
+                let (snapshot_file, snapshot_checksum) =
+                    snapshot_file(*checkpoint_op, metadata, client_table);
+                let snapshot_fails = prng.chance(self.faults.install_write_fail);
+                let pairing_fails = !snapshot_fails && prng.chance(self.faults.install_write_fail);
+                Pending::Install {
+                    op: *checkpoint_op,
+                    snapshot_file,
+                    snapshot_checksum,
+                    snapshot_fails,
+                    pairing_fails,
+                }
+            }
             Action::Checkpoint {
                 op,
                 metadata,
@@ -277,16 +319,116 @@ impl Disk {
                     ..self.superblock
                 };
                 self.write_superblock(next, "checkpoint-monotonic")?;
-                let journal_first_op = self
-                    .journal_first_op
-                    .max((op + 1).saturating_sub(self.faults.journal_retain_ops));
+                let journal_first_op = self.journal_first_op.max(self.release_floor(op));
                 self.release_below(journal_first_op);
                 Completion::CheckpointDone {
                     op,
                     journal_first_op,
                 }
             }
+            Pending::Install {
+                op,
+                snapshot_file,
+                snapshot_checksum,
+                snapshot_fails,
+                pairing_fails,
+            } => self.install(
+                op,
+                snapshot_file,
+                snapshot_checksum,
+                snapshot_fails,
+                pairing_fails,
+            )?,
         })
+    }
+
+    /// The first op a checkpoint at `op` keeps: the start of the segment holding
+    /// `op + 1 - journal_retain_ops` (whole segments only are released; issue 9 section 0).
+    fn release_floor(&self, op: u64) -> u64 {
+        let keep_from = (op + 1)
+            .saturating_sub(self.faults.journal_retain_ops)
+            .max(1);
+        let segment = self.faults.journal_segment_ops.max(1);
+        (keep_from - 1) / segment * segment + 1
+    }
+
+    /// A checkpoint install (DESIGN section 10): the snapshot by durable replace, then the
+    /// superblock pairing (`commit_max` at least `op`), then the journal restarted empty with
+    /// its next op `op + 1`. A failed snapshot write changes nothing (`InstallFailed`); a failed
+    /// pairing write after it leaves the snapshot newer than its pairing, which boot accepts
+    /// (`CheckpointInstalled { degraded: true }`).
+    ///
+    /// # Errors
+    /// `install-monotonic`: the install would put the snapshot below the one on disk.
+    fn install(
+        &mut self,
+        op: u64,
+        snapshot_file: Vec<u8>,
+        snapshot_checksum: u64,
+        snapshot_fails: bool,
+        pairing_fails: bool,
+    ) -> Result<Completion, DiskViolation> {
+        let current = self.snapshot_op();
+        if op < current {
+            return Err(DiskViolation {
+                rule: "install-monotonic",
+                detail: format!("install of checkpoint {op} over the snapshot at {current}"),
+            });
+        }
+        if snapshot_fails {
+            return Ok(Completion::InstallFailed {
+                checkpoint_op: op,
+                reason: format!("simulated: the snapshot write of checkpoint {op} failed"),
+            });
+        }
+        self.snapshot_file = snapshot_file;
+        if !pairing_fails {
+            let next = SuperblockState {
+                commit_max: self.superblock.commit_max.max(op),
+                checkpoint_op: op,
+                snapshot_checksum,
+                ..self.superblock
+            };
+            self.write_superblock(next, "install-monotonic")?;
+        }
+        self.restart_journal(op);
+        Ok(Completion::CheckpointInstalled {
+            checkpoint_op: op,
+            degraded: pairing_fails,
+        })
+    }
+
+    /// The journal restarted empty above `op` (every record dropped, the stale suffix too).
+    fn restart_journal(&mut self, op: u64) {
+        self.journal.clear();
+        self.damaged.clear();
+        self.journal_first_op = op + 1;
+    }
+
+    /// The op of the snapshot file on disk (0 if it does not decode).
+    pub fn snapshot_op(&self) -> u64 {
+        storage::snapshot::decode(&self.snapshot_file).map_or(0, |snapshot| snapshot.checkpoint_op)
+    }
+
+    /// The checkpoint the snapshot file holds, read and verified as a server reads it to build an
+    /// offer: `(checkpoint_op, metadata, client table)`.
+    ///
+    /// # Errors
+    /// A sentence naming what does not decode.
+    pub fn read_checkpoint(
+        &self,
+        clients_max: usize,
+    ) -> Result<(u64, MetadataState, ClientTableSnapshot), String> {
+        let snapshot = storage::snapshot::decode(&self.snapshot_file)
+            .map_err(|defect| format!("snapshot: {defect}"))?;
+        let restored =
+            SnapshotPayload::decode(&snapshot.payload, snapshot.checkpoint_op, clients_max)
+                .map_err(|reason| format!("snapshot payload: {reason}"))?;
+        Ok((
+            snapshot.checkpoint_op,
+            restored.metadata,
+            restored.client_table.to_snapshot(),
+        ))
     }
 
     fn release_below(&mut self, journal_first_op: u64) {
@@ -391,8 +533,50 @@ impl Disk {
                 let torn = self.tear_superblock(prng, &next);
                 Some(format!("checkpoint op {op}: snapshot renamed, {torn}"))
             }
+            Pending::Install {
+                op,
+                snapshot_file,
+                snapshot_checksum,
+                snapshot_fails,
+                ..
+            } => (!snapshot_fails)
+                .then(|| self.tear_install(prng, op, snapshot_file, snapshot_checksum)),
             Pending::Truncate { .. } | Pending::Read { .. } => None,
         }
+    }
+
+    /// A crash inside an install, at one of its steps: before the snapshot rename (nothing
+    /// changed), inside the superblock pairing write (snapshot renamed, one copy torn, journal
+    /// old), or before the journal restart (snapshot and pairing in place, journal old). Each
+    /// boots to the old or the new checkpoint.
+    fn tear_install(
+        &mut self,
+        prng: &mut Prng,
+        op: u64,
+        snapshot_file: Vec<u8>,
+        snapshot_checksum: u64,
+    ) -> String {
+        let step = prng.below(3);
+        if step == 0 || op < self.snapshot_op() {
+            return format!("install op {op}: stopped before the snapshot rename");
+        }
+        self.snapshot_file = snapshot_file;
+        let next = SuperblockState {
+            sequence: self.superblock.sequence + 1,
+            commit_max: self.superblock.commit_max.max(op),
+            checkpoint_op: op,
+            snapshot_checksum,
+            ..self.superblock
+        };
+        if step == 1 {
+            let torn = self.tear_superblock(prng, &next);
+            return format!("install op {op}: snapshot renamed, {torn}");
+        }
+        self.superblock_copies = (0..SUPERBLOCK_COPY_COUNT)
+            .map(|copy_index| encode_copy(&next, copy_index))
+            .collect();
+        self.superblock = next;
+        format!("install op {op}: snapshot and pairing written, journal not restarted")
     }
 
     /// Copies are written 0, 1, 2, 3 in turn (`Superblock::write`): those before the torn one
@@ -517,6 +701,8 @@ mod tests {
 
     const FAULTS: DiskFaults = DiskFaults {
         journal_retain_ops: 64,
+        journal_segment_ops: 1,
+        install_write_fail: 0.0,
         torn_write: 0.0,
         io_delay_ticks_min: 1,
         io_delay_ticks_max: 3,
@@ -794,5 +980,199 @@ mod tests {
         );
         let recovered = disk.recover(16).unwrap();
         assert_eq!(recovered.checkpoint_op, checkpoint_op + 2);
+    }
+
+    /// The state after applying `CreateStream` ops `1..=op` (a stand-in for a peer's checkpoint).
+    fn metadata_at(op: u64) -> MetadataState {
+        let mut metadata = MetadataState::new();
+        for op in 1..=op {
+            metadata.apply(
+                op,
+                &MetadataOp::CreateStream {
+                    stream_id: op as u32,
+                    name: format!("s{op}"),
+                },
+            );
+        }
+        metadata
+    }
+
+    fn install_action(op: u64) -> Action {
+        Action::InstallCheckpoint {
+            checkpoint_op: op,
+            metadata: Arc::new(metadata_at(op)),
+            client_table: ClientTable::new(4).to_snapshot(),
+        }
+    }
+
+    #[test]
+    fn issue9_journal_released_in_whole_segments_at_checkpoint() {
+        let mut prng = Prng::new(6);
+        let faults = DiskFaults {
+            journal_retain_ops: 0,
+            journal_segment_ops: 8,
+            ..FAULTS
+        };
+        let mut disk = Disk::format(9, 0, 3, faults);
+        write_chain(&mut disk, &mut prng, 1..=30);
+        disk.submit(&mut prng, 0, &checkpoint_action(20, metadata_at(20)));
+        let completions = disk.complete_due(10_000).unwrap();
+        // Ops 1..=16 (two whole segments) go; 17..=20 stay with their segment.
+        assert_eq!(
+            completions.last(),
+            Some(&Completion::CheckpointDone {
+                op: 20,
+                journal_first_op: 17
+            })
+        );
+        assert_eq!(disk.read_prepare(16), None);
+        assert!(disk.read_prepare(17).is_some());
+        disk.submit(&mut prng, 0, &checkpoint_action(24, metadata_at(24)));
+        let completions = disk.complete_due(20_000).unwrap();
+        assert_eq!(
+            completions.last(),
+            Some(&Completion::CheckpointDone {
+                op: 24,
+                journal_first_op: 25
+            })
+        );
+    }
+
+    #[test]
+    fn issue9_install_replaces_snapshot_pairing_and_restarts_journal() {
+        let mut prng = Prng::new(7);
+        let mut disk = Disk::format(9, 1, 3, FAULTS);
+        write_chain(&mut disk, &mut prng, 1..=5);
+        disk.submit(&mut prng, 0, &install_action(40));
+        let completions = disk.complete_due(10_000).unwrap();
+        assert_eq!(
+            completions.last(),
+            Some(&Completion::CheckpointInstalled {
+                checkpoint_op: 40,
+                degraded: false
+            })
+        );
+        let recovered = disk.recover(16).unwrap();
+        assert_eq!(recovered.checkpoint_op, 40);
+        assert_eq!(recovered.commit_max, 40);
+        assert_eq!(recovered.metadata, metadata_at(40));
+        assert!(recovered.prepares.is_empty());
+        assert_eq!(
+            (recovered.journal_first_op, recovered.journal_last_op),
+            (41, 40)
+        );
+        let (op, metadata, _) = disk.read_checkpoint(16).unwrap();
+        assert_eq!((op, metadata), (40, metadata_at(40)));
+    }
+
+    #[test]
+    fn issue9_install_snapshot_write_failure_changes_nothing() {
+        let mut prng = Prng::new(8);
+        let mut disk = Disk::format(
+            9,
+            1,
+            3,
+            DiskFaults {
+                install_write_fail: 1.0,
+                ..FAULTS
+            },
+        );
+        write_chain(&mut disk, &mut prng, 1..=5);
+        disk.complete_due(100).unwrap();
+        disk.submit(&mut prng, 100, &install_action(40));
+        let completions = disk.complete_due(10_000).unwrap();
+        assert!(
+            matches!(
+                completions.last(),
+                Some(Completion::InstallFailed {
+                    checkpoint_op: 40,
+                    ..
+                })
+            ),
+            "{completions:?}"
+        );
+        let recovered = disk.recover(16).unwrap();
+        assert_eq!((recovered.checkpoint_op, recovered.prepares.len()), (0, 5));
+    }
+
+    #[test]
+    fn issue9_install_pairing_failure_is_a_degraded_success_that_boots() {
+        // Seeds where the snapshot write succeeds and the pairing write fails.
+        let mut seen = 0;
+        for seed in 0..64 {
+            let mut prng = Prng::new(seed);
+            let mut disk = Disk::format(
+                9,
+                1,
+                3,
+                DiskFaults {
+                    install_write_fail: 0.5,
+                    ..FAULTS
+                },
+            );
+            disk.submit(&mut prng, 0, &install_action(40));
+            let completions = disk.complete_due(10_000).unwrap();
+            if completions.last()
+                != Some(&Completion::CheckpointInstalled {
+                    checkpoint_op: 40,
+                    degraded: true,
+                })
+            {
+                continue;
+            }
+            seen += 1;
+            assert_eq!(disk.read_superblock().unwrap().checkpoint_op, 0);
+            let recovered = disk.recover(16).unwrap();
+            assert_eq!((recovered.checkpoint_op, recovered.commit_max), (40, 40));
+            assert_eq!(recovered.journal_first_op, 41);
+        }
+        assert!(seen > 0, "no seed of 64 drew a degraded install");
+    }
+
+    #[test]
+    fn issue9_crash_mid_install_boots_to_the_old_or_the_new_checkpoint() {
+        let mut steps = BTreeSet::new();
+        for seed in 0..60 {
+            let mut prng = Prng::new(seed);
+            let mut disk = Disk::format(
+                9,
+                2,
+                3,
+                DiskFaults {
+                    torn_write: 1.0,
+                    ..FAULTS
+                },
+            );
+            write_chain(&mut disk, &mut prng, 1..=3);
+            disk.complete_due(100).unwrap();
+            disk.submit(&mut prng, 100, &install_action(40));
+            let torn = disk.crash(&mut prng).torn.expect("torn_write 1");
+            steps.insert(if torn.contains("before the snapshot") {
+                0
+            } else if torn.contains("journal not restarted") {
+                2
+            } else {
+                1
+            });
+            let recovered = disk.recover(16).unwrap();
+            match recovered.checkpoint_op {
+                0 => assert_eq!(recovered.prepares.len(), 3, "seed {seed}: {torn}"),
+                40 => assert_eq!(recovered.metadata, metadata_at(40), "seed {seed}: {torn}"),
+                other => panic!("seed {seed}: booted to checkpoint {other} after {torn}"),
+            }
+        }
+        assert!(steps.len() >= 3, "every install step torn: {steps:?}");
+    }
+
+    #[test]
+    fn issue9_install_below_the_snapshot_on_disk_is_a_violation() {
+        let mut prng = Prng::new(9);
+        let mut disk = Disk::format(9, 1, 3, FAULTS);
+        disk.submit(&mut prng, 0, &install_action(40));
+        disk.submit(&mut prng, 0, &install_action(32));
+        assert_eq!(
+            disk.complete_due(10_000).unwrap_err().rule,
+            "install-monotonic"
+        );
     }
 }

@@ -9,6 +9,12 @@
 //!
 //! Replica messages cross the simulated network as frames of the real replica codec
 //! (`shards::vsr::wire`: a 256-byte checksummed bus header and a body), decoded on delivery.
+//!
+//! State transfer (issue 9): every replica runs the real serving side
+//! (`shards::vsr::transfer::server::OfferServer`, fed the transfer requests addressed to it and
+//! building offers from its simulated disk's checkpoint) and the core's own receiving side; the
+//! disk releases the journal in whole segments and performs `Action::InstallCheckpoint`. `--transfer`
+//! turns on the lagging-replica scenario and the transfer faults (see `cluster::transfer`).
 
 pub mod checker;
 pub mod cluster;
@@ -27,7 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use self::checker::Violation;
-use self::cluster::{FaultCounts, World};
+use self::cluster::{FaultCounts, TransferStats, World};
 
 /// Default `--ticks`: the safety phase (10 ms ticks: 30 simulated seconds).
 pub const TICKS_DEFAULT: u64 = 3000;
@@ -40,6 +46,18 @@ pub const CHECKPOINT_INTERVAL: u64 = 16;
 pub const CLIENTS_DEFAULT: usize = 4;
 /// Default `--liveness-ticks`: after the heal, ticks within which the cluster must converge.
 pub const LIVENESS_TICKS_DEFAULT: u64 = 5000;
+/// `--transfer`: records per journal segment (small, so checkpoints release the journal and a
+/// lagging replica cannot repair by journal alone).
+pub const TRANSFER_JOURNAL_SEGMENT_OPS: u64 = 8;
+/// `--transfer`: probability that a state chunk's payload gets one byte flipped.
+pub const TRANSFER_CHUNK_CORRUPTION: f64 = 0.02;
+/// `--transfer`: probability that one write of a checkpoint install fails.
+pub const TRANSFER_INSTALL_WRITE_FAIL: f64 = 0.05;
+/// `--transfer`: probability that a server finds its checkpoint unreadable when building an offer.
+pub const TRANSFER_OFFER_UNREADABLE: f64 = 0.05;
+/// Largest state chunk payload the simulated servers send (bytes): small, so a transfer takes
+/// several chunks and faults can land in the middle of one.
+pub const TRANSFER_CHUNK_SIZE: u32 = 256;
 /// Session slots of each replica's client table: above any `--clients`, so no session is
 /// evicted (an eviction would be reported as an exactly-once violation).
 pub const CLIENTS_TABLE_MAX: usize = 64;
@@ -61,6 +79,21 @@ pub struct SimConfig {
     pub checkpoint_interval: u64,
     /// Ops each journal keeps below a checkpoint (`disk::JOURNAL_RETAIN_OPS` by default).
     pub journal_retain_ops: u64,
+    /// Records per journal segment (the journal is released in whole segments); 1 by default.
+    pub journal_segment_ops: u64,
+    /// The lagging-replica scenario (issue 9): one replica is crashed or cut off early and kept
+    /// so until the others committed enough checkpoint intervals to release the journal it
+    /// needs, then comes back and must catch up by state transfer while the workload goes on.
+    pub lagging_replica: bool,
+    /// Per state chunk sent: one payload byte flips before encoding (the frame stays valid, the
+    /// artifact checksum fails).
+    pub chunk_corruption: f64,
+    /// Per write of a checkpoint install (snapshot, then pairing): the write fails.
+    pub install_write_fail: f64,
+    /// Per offer build: the server finds its checkpoint unreadable.
+    pub offer_unreadable: f64,
+    /// Largest state chunk payload (bytes).
+    pub transfer_chunk_size: u32,
     /// Per packet.
     pub packet_loss: f64,
     /// Per packet.
@@ -89,6 +122,12 @@ impl Default for SimConfig {
             clients_table_max: CLIENTS_TABLE_MAX,
             checkpoint_interval: CHECKPOINT_INTERVAL,
             journal_retain_ops: disk::JOURNAL_RETAIN_OPS,
+            journal_segment_ops: 1,
+            lagging_replica: false,
+            chunk_corruption: 0.0,
+            install_write_fail: 0.0,
+            offer_unreadable: 0.0,
+            transfer_chunk_size: TRANSFER_CHUNK_SIZE,
             packet_loss: 0.02,
             packet_duplicate: 0.02,
             partition: 0.002,
@@ -96,6 +135,24 @@ impl Default for SimConfig {
             torn_write: 0.5,
             read_corruption: 0.001,
             echo_trace: false,
+        }
+    }
+}
+
+impl SimConfig {
+    /// Applies the `--transfer` scenario: no journal retention beyond whole segments of
+    /// [`TRANSFER_JOURNAL_SEGMENT_OPS`], a lagging replica, and the transfer faults (chunk
+    /// corruption, failed install writes, unreadable checkpoints) at their default rates.
+    #[must_use]
+    pub fn with_transfer(self) -> SimConfig {
+        SimConfig {
+            journal_retain_ops: 0,
+            journal_segment_ops: TRANSFER_JOURNAL_SEGMENT_OPS,
+            lagging_replica: true,
+            chunk_corruption: TRANSFER_CHUNK_CORRUPTION,
+            install_write_fail: TRANSFER_INSTALL_WRITE_FAIL,
+            offer_unreadable: TRANSFER_OFFER_UNREADABLE,
+            ..self
         }
     }
 }
@@ -111,6 +168,8 @@ pub struct SeedReport {
     /// Simulated ticks.
     pub ticks: u64,
     pub faults: FaultCounts,
+    /// What state transfer did in the run (all zero unless some replica needed one).
+    pub transfers: TransferStats,
     /// XXH3-64 of the event log.
     pub trace_digest: u64,
     pub event_count: u64,
@@ -128,8 +187,13 @@ pub struct SeedFailure {
 impl SeedReport {
     /// The one line `shardline sim` prints for the seed.
     pub fn line(&self) -> String {
+        let transfers = if self.transfers == TransferStats::default() {
+            String::new()
+        } else {
+            format!(" transfers ({})", self.transfers)
+        };
         format!(
-            "seed {} {} commit {} ticks {} faults {} ({}) digest {:#018x}",
+            "seed {} {} commit {} ticks {} faults {} ({}){transfers} digest {:#018x}",
             self.seed,
             match &self.failure {
                 None => "ok".to_owned(),
@@ -214,6 +278,7 @@ pub fn run_seed_with(
             commit: 0,
             ticks: 0,
             faults: FaultCounts::default(),
+            transfers: TransferStats::default(),
             trace_digest: 0,
             event_count: 0,
         };
@@ -233,6 +298,7 @@ pub fn run_seed_with(
         commit,
         ticks: world.tick(),
         faults: world.faults,
+        transfers: world.transfer_stats(),
         trace_digest: world.trace.digest(),
         event_count: world.trace.event_count(),
     }
@@ -359,6 +425,35 @@ pub struct SimArgs {
     #[arg(long, value_name = "P", default_value_t = 0.001, value_parser = parse_probability)]
     pub read_corruption: f64,
 
+    /// The state-transfer scenario (issue 9): journals released in whole segments of
+    /// `--journal-segment-ops` records with nothing retained beyond them, one replica crashed or
+    /// cut off until the others released what it needs (it must catch up by state transfer), the
+    /// crashes during a transfer aimed at it half the time, and the
+    /// transfer faults on (`--chunk-corruption`, `--install-write-fail`, `--offer-unreadable`
+    /// default to 0.02, 0.05, 0.05 with it, 0 without).
+    #[arg(long)]
+    pub transfer: bool,
+
+    /// Records per journal segment: a checkpoint releases the journal in whole segments
+    /// (default 8 with `--transfer`, else 1 with 4096 ops retained: never released in a run).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub journal_segment_ops: Option<u64>,
+
+    /// Probability that a state chunk's payload gets one byte flipped in flight (the frame stays
+    /// valid; the artifact checksum must catch it).
+    #[arg(long, value_name = "P", value_parser = parse_probability)]
+    pub chunk_corruption: Option<f64>,
+
+    /// Probability that one write of a checkpoint install fails (the snapshot write: the
+    /// install fails; the pairing write after it: the install succeeds degraded).
+    #[arg(long, value_name = "P", value_parser = parse_probability)]
+    pub install_write_fail: Option<f64>,
+
+    /// Probability that a serving replica finds its checkpoint unreadable when building an
+    /// offer (it answers unavailable).
+    #[arg(long, value_name = "P", value_parser = parse_probability)]
+    pub offer_unreadable: Option<f64>,
+
     /// Print every event of the run to stderr (with `--seed`; the trace the digest covers).
     #[arg(long, conflicts_with = "seeds")]
     pub trace: bool,
@@ -435,7 +530,12 @@ pub fn parse_client_count(text: &str) -> Result<usize, String> {
 impl SimArgs {
     /// The run parameters these flags name.
     pub fn config(&self) -> SimConfig {
-        SimConfig {
+        let base = if self.transfer {
+            SimConfig::default().with_transfer()
+        } else {
+            SimConfig::default()
+        };
+        let config = SimConfig {
             replica_count: self.replicas,
             ticks: self.ticks,
             liveness_ticks: self.liveness_ticks,
@@ -448,7 +548,16 @@ impl SimArgs {
             torn_write: self.torn_write,
             read_corruption: self.read_corruption,
             echo_trace: self.trace,
-            ..SimConfig::default()
+            ..base
+        };
+        SimConfig {
+            journal_segment_ops: self
+                .journal_segment_ops
+                .unwrap_or(config.journal_segment_ops),
+            chunk_corruption: self.chunk_corruption.unwrap_or(config.chunk_corruption),
+            install_write_fail: self.install_write_fail.unwrap_or(config.install_write_fail),
+            offer_unreadable: self.offer_unreadable.unwrap_or(config.offer_unreadable),
+            ..config
         }
     }
 }
@@ -477,9 +586,11 @@ pub fn run(args: &SimArgs) -> std::io::Result<usize> {
     let mut failures = 0usize;
     let mut ticks = 0u64;
     let mut fault_count = 0u64;
+    let mut transfers = TransferStats::default();
     let reports = run_seeds(&config, seeds, jobs, |report| {
         ticks += report.ticks;
         fault_count += report.faults.total();
+        transfers.add(&report.transfers);
         let mut text = report.line();
         text.push('\n');
         if let Some(failure) = &report.failure {
@@ -511,6 +622,9 @@ pub fn run(args: &SimArgs) -> std::io::Result<usize> {
         reports.len(),
         ticks as f64 / wall_s.max(1e-9)
     )?;
+    if transfers != TransferStats::default() {
+        writeln!(stdout, "transfers {transfers}")?;
+    }
     Ok(failures)
 }
 

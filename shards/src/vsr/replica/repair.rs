@@ -12,6 +12,7 @@
 
 use super::{Entry, Replica, Requested};
 use crate::vsr::message::{Action, Message, PrepareHeader, ReplicaIndex, Status};
+use crate::vsr::transfer::receiver::Stage;
 
 /// Prepares (and headers) requested at once.
 const REPAIR_BATCH: usize = 16;
@@ -19,6 +20,9 @@ const REPAIR_BATCH: usize = 16;
 pub const HEADERS_MAX: u64 = 64;
 /// Peers waiting on one journal read at most.
 const READERS_MAX: usize = 8;
+/// Unanswered asks (one per heartbeat interval) for the header of a committed top op before a
+/// primary-to-be prepares without naming its parent (see `Replica::ask_top_checksum`).
+const TOP_ASKS_BEFORE_PARENTLESS: u32 = 10;
 
 impl Replica {
     /// Forgets every repair in progress (a new view: trust is relative to its primary).
@@ -234,17 +238,43 @@ impl Replica {
     }
 
     /// A primary-to-be whose log does not hold its top prepare (a restart from a checkpoint at
-    /// `op`) asks peers for that committed op's header, at most once per heartbeat interval:
-    /// its next prepare must name it as parent.
-    pub(super) fn ask_top_checksum(&mut self, actions: &mut Vec<Action>) {
+    /// `op`, or a state transfer install) asks peers for that committed op's header, at most
+    /// once per heartbeat interval: its next prepare names it as parent. Returns whether it must
+    /// keep waiting for the answer.
+    ///
+    /// When the top is committed and applied here (`op == commit_min`) and
+    /// [`TOP_ASKS_BEFORE_PARENTLESS`] asks went unanswered (no peer holds it in memory: every
+    /// replica restarted or installed at this checkpoint), it goes ahead: its next prepare names
+    /// parent 0 ("unknown"). That is safe because the top is committed, so no log can differ at
+    /// or below it; backups accept the prepare as linked, truncating any stale suffix above
+    /// the top, and a lagging one bridges the gap below with anchors (`anchor_wanted`). Waiting
+    /// instead would stop every view change for good.
+    pub(super) fn ask_top_checksum(&mut self, actions: &mut Vec<Action>) -> bool {
+        if self.top_asks.0 != self.op {
+            self.top_asks = (self.op, 0);
+        }
+        if self.op == self.commit_min && self.top_asks.1 >= TOP_ASKS_BEFORE_PARENTLESS {
+            if self.top_asks.1 == TOP_ASKS_BEFORE_PARENTLESS {
+                self.top_asks.1 += 1;
+                tracing::warn!(
+                    replica = self.config.replica,
+                    op = self.op,
+                    asks = TOP_ASKS_BEFORE_PARENTLESS,
+                    "no peer holds the header of the committed top op; the next prepare names \
+                     no parent"
+                );
+            }
+            return false;
+        }
         if self
             .top_asked
             .is_some_and(|asked| self.now < asked + self.config.heartbeat_ticks)
         {
-            return;
+            return true;
         }
         let attempt = self.top_asked.map_or(0, |asked| asked as u32);
         self.top_asked = Some(self.now);
+        self.top_asks.1 += 1;
         actions.push(Action::Send {
             to: self.repair_peer(attempt),
             message: Message::RequestHeaders {
@@ -253,6 +283,7 @@ impl Replica {
                 op_max: self.op,
             },
         });
+        true
     }
 
     /// The peer asked on `attempt` (0-based): the primary (or the chosen log's sender during a
@@ -368,6 +399,7 @@ impl Replica {
     /// committed op still missing after `10 * (replica_count - 1)` rounds (ten per peer) is
     /// beyond every peer's retained journal: it starts a state transfer.
     pub(super) fn retry_repairs(&mut self, actions: &mut Vec<Action>) {
+        self.forget_answered_requests();
         let interval = self.config.heartbeat_ticks.max(2);
         let due: Vec<(u64, Requested)> = self
             .requested
@@ -395,9 +427,23 @@ impl Replica {
         self.request_repairs(actions);
     }
 
+    /// Drops the requests a peer answered whose prepare waits in `pending` for the link below
+    /// it: that link is a request of its own; asking again would fetch the same bytes, and
+    /// count as a failed round toward state transfer (H5 finding O1: a walk down a long chain
+    /// started transfers nobody needed).
+    fn forget_answered_requests(&mut self) {
+        let pending = &self.pending;
+        self.requested.retain(|op, requested| {
+            requested.checksum == 0
+                || pending
+                    .get(op)
+                    .is_none_or(|entry| entry.checksum != requested.checksum)
+        });
+    }
+
     /// Committed op `op` failed repair for `attempts` rounds: start a state transfer when the
     /// replica is behind (`commit_min < commit_max`) and the receiver may start one (logged
-    /// once per gap when it may not).
+    /// once per gap when it is idle and may not; nothing while a transfer is under way).
     fn repair_exhausted(&mut self, op: u64, attempts: u32, actions: &mut Vec<Action>) {
         if self.commit_min >= self.commit_max {
             return;
@@ -410,15 +456,17 @@ impl Replica {
                 "no peer supplies committed op {op}: starting a state transfer (issue 9); \
                  repair keeps trying"
             );
-        } else if !self.state_transfer_warned {
+        } else if self.transfer_stage() == Stage::Idle && !self.state_transfer_warned {
+            // Idle yet not started: the budget cools down, or this replica is not a backup in
+            // normal status.
             self.state_transfer_warned = true;
             tracing::warn!(
                 op,
                 replica = self.config.replica,
                 attempts,
-                stage = ?self.receiver.stage(),
-                "no peer supplies committed op {op}: needs state transfer (issue 9), which is \
-                 busy or cooling down; repair keeps trying"
+                "no peer supplies committed op {op}: needs state transfer (issue 9), which \
+                 cannot start now (retry budget cooling down, or not a backup in normal status); \
+                 repair keeps trying"
             );
         }
     }

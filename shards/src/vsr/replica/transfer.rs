@@ -5,7 +5,8 @@
 //!
 //! Rules kept here:
 //! - Trigger: a committed op no peer supplied for the repair rounds (`replica/repair.rs`), the
-//!   replica behind (`commit_min < commit_max`), not the primary (only a primary serves).
+//!   replica behind (`commit_min < commit_max`), a backup in normal status: it asks the
+//!   primary of its view (only a primary serves).
 //! - Two-phase restore: every part of the fetched state is decoded and checked first
 //!   ([`crate::vsr::snapshot::check_restorable`], the same checks as boot); a refusal is a
 //!   failed round and mutates nothing. Only a backup in normal status installs: its view cannot
@@ -64,13 +65,17 @@ impl Replica {
     }
 
     /// Starts a state transfer if the receiver may (idle, not cooling down) and this replica is
-    /// not the primary of its view (only a primary serves). Returns whether it started.
+    /// a backup in normal status: it asks the primary of its view (only a primary serves, issue 9
+    /// section 3). In a view change it waits: it could not install then (see
+    /// `installable`), and a replica cut off from its peers, the usual reason repair
+    /// fails during a view change, would only spend its budget on requests nobody gets. Returns
+    /// whether it started.
     pub(super) fn maybe_start_transfer(&mut self, actions: &mut Vec<Action>) -> bool {
-        if self.is_primary() || !self.receiver.can_start(self.now) {
+        if self.installable().is_err() || !self.receiver.can_start(self.now) {
             return false;
         }
         let nonce = self.next_random().max(1);
-        let to = self.transfer_peer();
+        let to = self.primary();
         let message = self.receiver.start(nonce, to, self.view, self.now);
         tracing::info!(
             replica = self.config.replica,
@@ -78,22 +83,10 @@ impl Replica {
             nonce = format_args!("{nonce:#x}"),
             commit_min = self.commit_min,
             commit_max = self.commit_max,
-            "state transfer: asking for a checkpoint"
+            "state transfer: asking the primary for its checkpoint"
         );
         actions.push(Action::Send { to, message });
         true
-    }
-
-    /// Whom to ask: the primary of the view in normal status, else the peers in turn (one per
-    /// attempt).
-    fn transfer_peer(&self) -> ReplicaIndex {
-        let primary = self.primary();
-        if self.status == Status::Normal && primary != self.config.replica {
-            return primary;
-        }
-        let peers: Vec<ReplicaIndex> = self.peers().collect();
-        let attempt = self.receiver.counters().started;
-        peers[(attempt % peers.len() as u64) as usize]
     }
 
     /// A `StateTransferTarget` from `from` (any view: the nonce names the attempt).
@@ -390,6 +383,14 @@ impl Replica {
             commit_max = self.commit_max,
             "state transfer: checkpoint installed; repairing the tail above it"
         );
+        self.resume_after_install(actions);
+    }
+
+    /// After the install window (installed or failed): the primary timeout starts afresh (the
+    /// replica heard nothing while it was closed, which says nothing of the primary: a
+    /// view change for that would disturb the whole cluster), then what waited runs.
+    fn resume_after_install(&mut self, actions: &mut Vec<Action>) {
+        self.reset_primary_deadline();
         self.after_persist(actions);
         self.after_log_change(actions);
     }
@@ -447,7 +448,6 @@ impl Replica {
         );
         let step = self.receiver.install_failed(reason, self.now);
         self.follow_transfer_step(step, actions);
-        self.after_persist(actions);
-        self.after_log_change(actions);
+        self.resume_after_install(actions);
     }
 }

@@ -277,6 +277,13 @@ fn issue9_installing_journals_nothing_and_applies_nothing() {
         twox_hash::XxHash3_64::oneshot(&expected)
     );
     assert_eq!(replica.transfer_stage(), Stage::Idle);
+    // The 50 silent ticks of the install are not held against the primary.
+    replica.on_tick();
+    assert_eq!(
+        replica.status(),
+        Status::Normal,
+        "no view change after the install"
+    );
 }
 
 /// Issue 9 section 4: an install whose superblock pairing write failed after the snapshot was
@@ -665,4 +672,67 @@ fn issue9_install_waits_for_the_checkpoint_in_progress() {
         degraded: false,
     });
     assert_eq!((replica.commit_min(), replica.checkpoint_op()), (40, 40));
+}
+
+/// H5 finding O1 (sim seed 1, plain config): repair answered by every peer must not count as
+/// failing. A backup walks down a chain of 50 missing ops, one round trip per op (each prepare
+/// names the op below it), with a round trip longer than the repair retry interval; it re-asked
+/// for the ops it already held waiting to connect, those re-asks counted as failed rounds, and a
+/// transfer no one needed started (issue 9 section 4: only a gap below every peer's retained
+/// journal needs one).
+#[test]
+fn issue9_answered_repairs_never_start_a_transfer() {
+    const ROUND_TRIP_TICKS: u64 = 3;
+    let mut chain: Vec<Prepare> = Vec::new();
+    for op in 1..=50 {
+        let parent = chain.last().map_or(0, checksum_of);
+        chain.push(prepare_at(op, 0, parent, op));
+    }
+    let top = checksum_of(&chain[49]);
+    let (mut replica, actions) = Replica::open(config(2, 3), fresh());
+    complete_io(&mut replica, actions);
+    // (tick the answer arrives, op)
+    let mut in_flight: VecDeque<(u64, u64)> = VecDeque::new();
+    for tick in 0..1_000 {
+        let mut actions = Vec::new();
+        while let Some(&(due, op)) = in_flight.front()
+            && due <= tick
+        {
+            in_flight.pop_front();
+            let prepare = chain[usize::try_from(op).unwrap() - 1].clone();
+            actions.extend(replica.on_message(0, Message::Prepare { prepare }));
+        }
+        actions.extend(replica.on_message(
+            0,
+            Message::Commit {
+                view: 0,
+                commit: 50,
+                commit_checksum: top,
+            },
+        ));
+        actions.extend(replica.on_tick());
+        for action in complete_io(&mut replica, actions) {
+            match action {
+                Action::Send {
+                    message: Message::RequestPrepare { op, .. },
+                    ..
+                } => in_flight.push_back((tick + ROUND_TRIP_TICKS, op)),
+                Action::Send {
+                    message: Message::RequestStateTransfer { .. },
+                    ..
+                } => panic!(
+                    "a transfer started at tick {tick} although every repair was answered \
+                     (op {}, commit_min {})",
+                    replica.op(),
+                    replica.commit_min()
+                ),
+                _ => {}
+            }
+        }
+        if replica.commit_min() == 50 {
+            break;
+        }
+    }
+    assert_eq!(replica.commit_min(), 50);
+    assert_eq!(replica.transfer_counters().started, 0);
 }

@@ -392,8 +392,11 @@ impl Replica {
             return;
         }
         // The next prepare names its parent: learn the top prepare's checksum first.
-        if self.op > 0 && !self.log.contains_key(&self.op) && self.top_checksum.is_none() {
-            self.ask_top_checksum(actions);
+        if self.op > 0
+            && !self.log.contains_key(&self.op)
+            && self.top_checksum.is_none()
+            && self.ask_top_checksum(actions)
+        {
             return;
         }
         self.verified_op = self.op;
