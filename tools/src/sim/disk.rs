@@ -546,9 +546,10 @@ impl Disk {
     }
 
     /// A crash inside an install, at one of its steps: before the snapshot rename (nothing
-    /// changed), inside the superblock pairing write (snapshot renamed, one copy torn, journal
-    /// old), or before the journal restart (snapshot and pairing in place, journal old). Each
-    /// boots to the old or the new checkpoint.
+    /// changed), inside the superblock pairing write (snapshot renamed, one copy torn), or
+    /// before the journal restart (snapshot and pairing in place). Once the snapshot is renamed
+    /// the install marker beside it makes boot restart the journal after `op` (FORMAT.md,
+    /// install order). Each boots to the old or the new checkpoint.
     fn tear_install(
         &mut self,
         prng: &mut Prng,
@@ -561,6 +562,11 @@ impl Disk {
             return format!("install op {op}: stopped before the snapshot rename");
         }
         self.snapshot_file = snapshot_file;
+        // The install marker (`store::install`, written before the snapshot) names this op, so
+        // the next boot restarts the journal after it whatever the journal holds (the old
+        // suffix above `op` is never replayed): the model does that restart here, at the
+        // crash, which nothing can observe before the boot.
+        self.restart_journal(op);
         let next = SuperblockState {
             sequence: self.superblock.sequence + 1,
             commit_max: self.superblock.commit_max.max(op),
@@ -576,7 +582,7 @@ impl Disk {
             .map(|copy_index| encode_copy(&next, copy_index))
             .collect();
         self.superblock = next;
-        format!("install op {op}: snapshot and pairing written, journal not restarted")
+        format!("install op {op}: snapshot and pairing written, journal restarted by boot")
     }
 
     /// Copies are written 0, 1, 2, 3 in turn (`Superblock::write`): those before the torn one
@@ -1149,7 +1155,7 @@ mod tests {
             let torn = disk.crash(&mut prng).torn.expect("torn_write 1");
             steps.insert(if torn.contains("before the snapshot") {
                 0
-            } else if torn.contains("journal not restarted") {
+            } else if torn.contains("journal restarted by boot") {
                 2
             } else {
                 1
@@ -1157,7 +1163,14 @@ mod tests {
             let recovered = disk.recover(16).unwrap();
             match recovered.checkpoint_op {
                 0 => assert_eq!(recovered.prepares.len(), 3, "seed {seed}: {torn}"),
-                40 => assert_eq!(recovered.metadata, metadata_at(40), "seed {seed}: {torn}"),
+                40 => {
+                    assert_eq!(recovered.metadata, metadata_at(40), "seed {seed}: {torn}");
+                    assert!(
+                        recovered.prepares.is_empty() && recovered.journal_first_op == 41,
+                        "seed {seed}: the old journal is never replayed over the installed \
+                         checkpoint ({torn})"
+                    );
+                }
                 other => panic!("seed {seed}: booted to checkpoint {other} after {torn}"),
             }
         }
