@@ -312,10 +312,10 @@ mod tests {
             header.validate_prefix(MAX),
             Err(FrameError::ProtocolVersion { version: 2 })
         ));
-        let header = resealed(|h| h.command = 14);
+        let header = resealed(|h| h.command = 18);
         assert!(matches!(
             header.validate_prefix(MAX),
-            Err(FrameError::UnknownCommand { command: 14 })
+            Err(FrameError::UnknownCommand { command: 18 })
         ));
         // A replica-bus command carries no client operation.
         let header = resealed(|h| {
@@ -425,8 +425,8 @@ mod tests {
                 let expected_ok = size >= 256
                     && size <= max
                     && version == PROTOCOL_VERSION
-                    && (1..=13).contains(&command)
-                    && ((4..=13).contains(&command) || (1..=9).contains(&operation));
+                    && (1..=17).contains(&command)
+                    && ((4..=17).contains(&command) || (1..=9).contains(&operation));
                 prop_assert_eq!(verdict.is_ok(), expected_ok, "{:?}", verdict);
             }
         }

@@ -418,9 +418,10 @@ async fn restart_after_install(
         checkpoint_op = snapshot_op,
         journal_first_op,
         journal_last_op,
-        "journal held no record above the installed checkpoint (a crash interrupted a state \
-         transfer install after its snapshot was written): restarted it after the checkpoint; \
-         the ops above it are repaired from peers"
+        "a crash interrupted a state transfer install after its snapshot was written (install \
+         marker, or a journal with no record above the installed checkpoint): restarted the \
+         journal after the checkpoint, its old records are never replayed; the ops above it are \
+         repaired from peers"
     );
     let superblock_state = *superblock.state();
     let recovered = Recovered {
