@@ -85,6 +85,9 @@ struct Args {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
+    /// One more `serve` flag for every replica (repeatable; e.g. `--serve-arg=--tick-ms=1`).
+    #[arg(long = "serve-arg", value_name = "FLAG", allow_hyphen_values = true)]
+    serve_extra: Vec<String>,
     /// Keep the data directories and the replicas' stderr logs (their path goes to stderr).
     #[arg(long)]
     keep_dirs: bool,
@@ -782,6 +785,10 @@ struct Transfer {
     /// Bytes of the offer's artifacts (what the chunks move), from the primary's line.
     offer_bytes: Option<u64>,
     checkpoint_op: Option<u64>,
+    /// The replica that logged the offer (the primary, unless a view change moved it).
+    server: Option<usize>,
+    /// The primary once converged.
+    primary_after: usize,
     commit_after: u64,
     baseline: PingStats,
     during: PingStats,
@@ -798,14 +805,16 @@ impl Transfer {
 
 fn serve_flags(args: &Args) -> Vec<String> {
     let clients_max = (u64::from(args.sessions) + u64::from(SESSION_MARGIN)).min(1 << 20);
-    vec![
+    let mut flags = vec![
         "--checkpoint-interval".into(),
         args.checkpoint_interval.to_string(),
         "--journal-segment-size".into(),
         args.journal_segment_size.clone(),
         "--clients-table-max".into(),
         clients_max.to_string(),
-    ]
+    ];
+    flags.extend(args.serve_extra.iter().cloned());
+    flags
 }
 
 /// Kills a backup, commits the streams and sessions, then filler Registers until the survivors
@@ -859,6 +868,33 @@ fn set_up(cluster: &mut Cluster, args: &Args) -> anyhow::Result<Setup> {
     })
 }
 
+/// The length of each replica's log now: where lines of what follows start.
+fn log_ends(cluster: &Cluster) -> anyhow::Result<Vec<u64>> {
+    cluster
+        .replicas
+        .iter()
+        .map(|replica| Ok(std::fs::metadata(&replica.log).map_or(0, |m| m.len())))
+        .collect()
+}
+
+/// The first `offer built` line a replica other than `victim` logged past `ends`, with its index.
+fn offer_line(
+    cluster: &Cluster,
+    victim: usize,
+    ends: &[u64],
+) -> anyhow::Result<Option<(usize, String)>> {
+    for (index, replica) in cluster.replicas.iter().enumerate() {
+        if index == victim {
+            continue;
+        }
+        let found = find_lines(&replica.log, ends[index], &[LINE_OFFER], Instant::now())?;
+        if let Some(Some(line)) = found.into_iter().next() {
+            return Ok(Some((index, line)));
+        }
+    }
+    Ok(None)
+}
+
 /// Restarts the victim with the pinger running; times its log lines and convergence.
 fn measure(cluster: &mut Cluster, setup: &Setup, args: &Args) -> anyhow::Result<Transfer> {
     let stop = Arc::new(AtomicBool::new(false));
@@ -872,9 +908,8 @@ fn measure(cluster: &mut Cluster, setup: &Setup, args: &Args) -> anyhow::Result<
     let baseline_from = Instant::now();
     std::thread::sleep(Duration::from_millis(args.baseline_ms));
     let victim_log = cluster.replicas[setup.victim].log.clone();
-    let primary_log = cluster.replicas[setup.primary].log.clone();
     let victim_from = std::fs::metadata(&victim_log)?.len();
-    let primary_from = std::fs::metadata(&primary_log)?.len();
+    let log_ends = log_ends(cluster)?;
     let anchor = Anchor::now();
     cluster.spawn(setup.victim)?;
     let listening = Instant::now();
@@ -893,9 +928,8 @@ fn measure(cluster: &mut Cluster, setup: &Setup, args: &Args) -> anyhow::Result<
         .join()
         .map_err(|_| anyhow::anyhow!("pinger panicked"))?;
     let pings = pings.lock().expect("pinger lock").clone();
-    let offer = find_lines(&primary_log, primary_from, &[LINE_OFFER], Instant::now())?
-        .pop()
-        .flatten();
+    let (server, offer) = offer_line(cluster, setup.victim, &log_ends)?.unzip();
+    let primary_after = agreed_primary(cluster)?;
     let ms = |at: Instant| at.saturating_duration_since(anchor.instant).as_secs_f64() * 1000.0;
     Ok(Transfer {
         listening_ms: ms(listening),
@@ -909,6 +943,8 @@ fn measure(cluster: &mut Cluster, setup: &Setup, args: &Args) -> anyhow::Result<
         converged_ms: ms(converged),
         offer_bytes: offer.as_deref().and_then(|line| field(line, "bytes")),
         checkpoint_op: field(&lines[2].1, "checkpoint_op"),
+        server,
+        primary_after,
         commit_after,
         baseline: ping_stats(&pings, baseline_from, anchor.instant),
         during: ping_stats(&pings, asking, installed),
@@ -972,6 +1008,13 @@ fn print_setup(args: &Args, setup: &Setup, transfer: &Transfer) {
             .map_or_else(|| "?".to_owned(), |op| op.to_string()),
         transfer.commit_after
     );
+    if transfer.server != Some(setup.primary) || transfer.primary_after != setup.primary {
+        println!(
+            "NOTE: the primary moved (pinged {}, offer from {:?}, primary after {}): a view \
+             change during the measurement; the ping figures are of replica {}",
+            setup.primary, transfer.server, transfer.primary_after, setup.primary
+        );
+    }
     println!(
         "checkpoint: primary's snapshot file {} bytes ({:.2} MB); offer artifacts moved {} \
          bytes ({:.2} MB)",
@@ -1076,6 +1119,8 @@ fn print_json(args: &Args, setup: &Setup, transfer: &Transfer, tcp_s: f64) {
         "setup_sessions_s": setup.sessions_s,
         "victim": setup.victim,
         "primary": setup.primary,
+        "offer_served_by": transfer.server,
+        "primary_after": transfer.primary_after,
         "commit_before": setup.commit_before,
         "checkpoint_op": transfer.checkpoint_op,
         "commit_after": transfer.commit_after,
