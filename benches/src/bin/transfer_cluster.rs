@@ -13,8 +13,10 @@
 //! victim's commit: the victim can only catch up by state transfer. The checkpoint it gets holds
 //! every stream and session.
 //!
-//! Measured: a pinger thread pings the primary's client port (one in flight, `--ping-interval-us`
-//! apart; 0 = back to back) from `--baseline-ms` before the restart until after convergence. The
+//! Measured: a pinger thread per survivor pings its client port (one in flight,
+//! `--ping-interval-us` apart; 0 = back to back) from `--baseline-ms` before the restart until
+//! after convergence; the replica that served the offer is marked (the restart can start a view
+//! change that moves the primary, so both survivors are pinged). The
 //! victim is restarted; the times come from its own log lines (tracing timestamps, UTC):
 //! `asking the primary for its checkpoint`, `checkpoint fetched and checked; installing`,
 //! `checkpoint installed and every shard restored`; convergence is polled (every replica
@@ -790,10 +792,17 @@ struct Transfer {
     /// The primary once converged.
     primary_after: usize,
     commit_after: u64,
+    /// The pings of each survivor, in replica order.
+    pings: Vec<PingWindows>,
+}
+
+/// One survivor's pings in the three windows.
+struct PingWindows {
+    replica: usize,
+    failures: u64,
     baseline: PingStats,
     during: PingStats,
     after_restart: PingStats,
-    ping_failures: u64,
 }
 
 impl Transfer {
@@ -898,13 +907,22 @@ fn offer_line(
 /// Restarts the victim with the pinger running; times its log lines and convergence.
 fn measure(cluster: &mut Cluster, setup: &Setup, args: &Args) -> anyhow::Result<Transfer> {
     let stop = Arc::new(AtomicBool::new(false));
-    let pings = Arc::new(Mutex::new(Vec::new()));
-    let pinger_thread = {
-        let (stop, pings) = (Arc::clone(&stop), Arc::clone(&pings));
-        let addr = cluster.replicas[setup.primary].client;
-        let interval = Duration::from_micros(args.ping_interval_us);
-        std::thread::spawn(move || pinger(addr, interval, &stop, &pings))
-    };
+    // Every survivor is pinged: the restart may start a view change that moves the primary.
+    let pingers: Vec<_> = cluster
+        .running()
+        .into_iter()
+        .map(|index| {
+            let stop = Arc::clone(&stop);
+            let pings = Arc::new(Mutex::new(Vec::new()));
+            let addr = cluster.replicas[index].client;
+            let interval = Duration::from_micros(args.ping_interval_us);
+            let thread = {
+                let pings = Arc::clone(&pings);
+                std::thread::spawn(move || pinger(addr, interval, &stop, &pings))
+            };
+            (index, pings, thread)
+        })
+        .collect();
     let baseline_from = Instant::now();
     std::thread::sleep(Duration::from_millis(args.baseline_ms));
     let victim_log = cluster.replicas[setup.victim].log.clone();
@@ -924,10 +942,20 @@ fn measure(cluster: &mut Cluster, setup: &Setup, args: &Args) -> anyhow::Result<
     let converged = Instant::now();
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Relaxed);
-    let ping_failures = pinger_thread
-        .join()
-        .map_err(|_| anyhow::anyhow!("pinger panicked"))?;
-    let pings = pings.lock().expect("pinger lock").clone();
+    let mut windows = Vec::new();
+    for (replica, pings, thread) in pingers {
+        let failures = thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("pinger panicked"))?;
+        let pings = pings.lock().expect("pinger lock").clone();
+        windows.push(PingWindows {
+            replica,
+            failures,
+            baseline: ping_stats(&pings, baseline_from, anchor.instant),
+            during: ping_stats(&pings, asking, installed),
+            after_restart: ping_stats(&pings, anchor.instant, converged),
+        });
+    }
     let (server, offer) = offer_line(cluster, setup.victim, &log_ends)?.unzip();
     let primary_after = agreed_primary(cluster)?;
     let ms = |at: Instant| at.saturating_duration_since(anchor.instant).as_secs_f64() * 1000.0;
@@ -946,10 +974,7 @@ fn measure(cluster: &mut Cluster, setup: &Setup, args: &Args) -> anyhow::Result<
         server,
         primary_after,
         commit_after,
-        baseline: ping_stats(&pings, baseline_from, anchor.instant),
-        during: ping_stats(&pings, asking, installed),
-        after_restart: ping_stats(&pings, anchor.instant, converged),
-        ping_failures,
+        pings: windows,
     })
 }
 
@@ -1011,8 +1036,8 @@ fn print_setup(args: &Args, setup: &Setup, transfer: &Transfer) {
     if transfer.server != Some(setup.primary) || transfer.primary_after != setup.primary {
         println!(
             "NOTE: the primary moved (pinged {}, offer from {:?}, primary after {}): a view \
-             change during the measurement; the ping figures are of replica {}",
-            setup.primary, transfer.server, transfer.primary_after, setup.primary
+             change during the measurement (see the serving replica's pings below)",
+            setup.primary, transfer.server, transfer.primary_after
         );
     }
     println!(
@@ -1078,21 +1103,35 @@ fn print_table(args: &Args, setup: &Setup, transfer: &Transfer, tcp_s: f64) {
     );
     println!();
     println!(
-        "pings to the primary's shard 0, one in flight, {} us apart ({} failed):",
-        args.ping_interval_us, transfer.ping_failures
+        "pings to each survivor's shard 0, one in flight, {} us apart (* = served the \
+         transfer):",
+        args.ping_interval_us
     );
     println!(
-        "{:<36} {:>7} {:>9} {:>9} {:>9} {:>11}",
-        "window", "pings", "p50 ms", "p99 ms", "max ms", "max gap ms"
+        "{:<48} {:>7} {:>9} {:>9} {:>9} {:>11}",
+        "replica, window", "pings", "p50 ms", "p99 ms", "max ms", "max gap ms"
     );
-    for (label, stats) in [
-        ("before the restart", transfer.baseline),
-        ("during the transfer (ask->installed)", transfer.during),
-        ("restart -> converged", transfer.after_restart),
-    ] {
+    for windows in &transfer.pings {
+        let mark = if transfer.server == Some(windows.replica) {
+            "*"
+        } else {
+            " "
+        };
+        for (label, stats) in [
+            ("before the restart", windows.baseline),
+            ("during the transfer (ask->installed)", windows.during),
+            ("restart -> converged", windows.after_restart),
+        ] {
+            let label = format!("{mark}{} {label}", windows.replica);
+            println!(
+                "{label:<48} {:>7} {:>9.3} {:>9.3} {:>9.3} {:>11.3}",
+                stats.count, stats.p50_ms, stats.p99_ms, stats.max_ms, stats.max_gap_ms
+            );
+        }
         println!(
-            "{label:<36} {:>7} {:>9.3} {:>9.3} {:>9.3} {:>11.3}",
-            stats.count, stats.p50_ms, stats.p99_ms, stats.max_ms, stats.max_gap_ms
+            "{:<48} {:>7}",
+            format!("{mark}{} failed pings", windows.replica),
+            windows.failures
         );
     }
 }
@@ -1142,10 +1181,14 @@ fn print_json(args: &Args, setup: &Setup, transfer: &Transfer, tcp_s: f64) {
         "plain_tcp_mb_per_s": mb_per_s(figures.bytes, figures.tcp_ms),
         "ratio_fetch_to_plain_tcp": figures.ratio(),
         "ping_interval_us": args.ping_interval_us,
-        "ping_failures": transfer.ping_failures,
-        "pings_before_restart": ping_json(transfer.baseline),
-        "pings_during_transfer": ping_json(transfer.during),
-        "pings_restart_to_converged": ping_json(transfer.after_restart),
+        "pings": transfer.pings.iter().map(|windows| serde_json::json!({
+            "replica": windows.replica,
+            "served_the_transfer": transfer.server == Some(windows.replica),
+            "failures": windows.failures,
+            "before_restart": ping_json(windows.baseline),
+            "during_transfer": ping_json(windows.during),
+            "restart_to_converged": ping_json(windows.after_restart),
+        })).collect::<Vec<_>>(),
     });
     println!("{value:#}");
 }
