@@ -19,7 +19,11 @@
 //!   `op = commit_min = checkpoint_op`. If the old log reached above `checkpoint_op`, the replica
 //!   may have acknowledged prepares it just dropped: it sends no DoViewChange until its log is
 //!   back up to that op (`lost_acked`, the rule of sim finding F10: VSR Revisited 4.2 step 3 and
-//!   4.3).
+//!   4.3). Like F10's, that mark lives in memory: a crash before the log is back up to the op
+//!   forgets it (the restarted journal shows nothing of the dropped suffix). The window is
+//!   narrow: a backup acknowledges only verified prepares, and one that held verified, durable
+//!   prepares above its commit point would apply them instead of needing a transfer, so the
+//!   dropped suffix is normally unverified (a fork, or ops of an older log_view).
 
 use std::sync::Arc;
 

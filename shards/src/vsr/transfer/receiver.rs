@@ -27,8 +27,18 @@ pub const STATE_CHUNK_REQUEST_LEN: u32 = 1024 * 1024;
 /// The chunk round-trip timeout (ticks): a `RequestStateChunk` unanswered for this long is
 /// counted as a failed round and re-sent. 100 ticks is one second at the default 10 ms tick,
 /// far above a loopback or LAN round trip of a 1 MiB chunk. The serving side's offer expiry is
-/// expressed in multiples of it (`super::server::ServerConfig::chunk_timeout_ticks`).
+/// expressed in multiples of it (`super::server::ServerConfig::chunk_timeout_ticks`). Once
+/// chunks came back, the receiver waits less: [`CHUNK_TIMEOUT_RTT_MULTIPLE`] times the smoothed
+/// round trip it observed, at least [`CHUNK_TIMEOUT_TICKS_MIN`], at most this.
 pub const CHUNK_TIMEOUT_TICKS: u64 = 100;
+
+/// The shortest chunk timeout (ticks; 100 ms at the default tick), whatever the round trip.
+pub const CHUNK_TIMEOUT_TICKS_MIN: u64 = 10;
+
+/// The chunk timeout in smoothed round trips: a lost request or chunk costs a few round trips,
+/// not a full [`CHUNK_TIMEOUT_TICKS`] (H5 observation O2: under 10% loss most failed rounds were
+/// full 100-tick waits for chunks whose round trip was 2..12 ticks).
+pub const CHUNK_TIMEOUT_RTT_MULTIPLE: u64 = 4;
 
 /// Ticks a `RequestStateTransfer` waits for its `StateTransferTarget`: the server may build the
 /// offer first (the checkpoint read and checksummed), so a few chunk round trips.
@@ -57,6 +67,8 @@ const _: () = assert!(
     "a chunk request asks for at least a byte"
 );
 const _: () = assert!(CHUNK_TIMEOUT_TICKS <= TARGET_TIMEOUT_TICKS);
+const _: () =
+    assert!(CHUNK_TIMEOUT_TICKS_MIN >= 1 && CHUNK_TIMEOUT_TICKS_MIN <= CHUNK_TIMEOUT_TICKS);
 const _: () = assert!(TRANSFER_RETRY_BUDGET_ROUNDS > CHUNK_RESENDS_MAX);
 
 /// The receiver's stage (DESIGN section 10): `Idle -> AwaitingTarget -> Fetching -> Installing
@@ -96,9 +108,13 @@ pub enum RoundFailure {
     /// No `StateTransferTarget` within [`TARGET_TIMEOUT_TICKS`].
     #[error("no answer to the transfer request within {TARGET_TIMEOUT_TICKS} ticks")]
     TargetTimeout,
-    /// No `StateChunk` within [`CHUNK_TIMEOUT_TICKS`].
-    #[error("no chunk of {} at byte {offset} within {CHUNK_TIMEOUT_TICKS} ticks", .artifact.name())]
-    ChunkTimeout { artifact: ArtifactKind, offset: u64 },
+    /// No `StateChunk` within the chunk timeout (`timeout_ticks`, see [`CHUNK_TIMEOUT_TICKS`]).
+    #[error("no chunk of {} at byte {offset} within {timeout_ticks} ticks", .artifact.name())]
+    ChunkTimeout {
+        artifact: ArtifactKind,
+        offset: u64,
+        timeout_ticks: u64,
+    },
     /// A chunk would run past the artifact's length in the manifest.
     #[error("a chunk of {} ends at byte {end}, past the artifact's {len} bytes", .artifact.name())]
     ChunkPastEnd {
@@ -236,6 +252,9 @@ pub struct Receiver {
     failed_rounds: u32,
     /// No attempt starts before this tick (after a spent budget).
     cooldown_until: u64,
+    /// Smoothed round trip of a chunk request (ticks), from requests answered without a
+    /// re-send (Karn's rule: a re-sent request's answer could be for either send).
+    round_trip_ticks: Option<u64>,
     counters: TransferCounters,
 }
 
@@ -249,6 +268,7 @@ impl Receiver {
             attempt: None,
             failed_rounds: 0,
             cooldown_until: 0,
+            round_trip_ticks: None,
             counters: TransferCounters::default(),
         }
     }
@@ -423,7 +443,12 @@ impl Receiver {
         // Real progress: the artifact grew.
         self.failed_rounds = 0;
         let attempt = self.attempt.as_mut().expect("Fetching has an attempt");
+        let sample = (attempt.resends == 0).then(|| now.saturating_sub(attempt.sent_at));
         attempt.resends = 0;
+        if let Some(sample) = sample {
+            self.observe_round_trip(sample);
+        }
+        let attempt = self.attempt.as_mut().expect("Fetching has an attempt");
         let fetch = attempt.fetch.as_mut().expect("Fetching has a fetch");
         fetch.received[fetch.artifact_index].extend_from_slice(payload);
         if end < entry.len {
@@ -477,11 +502,12 @@ impl Receiver {
             Stage::AwaitingTarget if now >= attempt.sent_at + TARGET_TIMEOUT_TICKS => {
                 self.fail(RoundFailure::TargetTimeout, now)
             }
-            Stage::Fetching if now >= attempt.sent_at + CHUNK_TIMEOUT_TICKS => {
+            Stage::Fetching if now >= attempt.sent_at + self.chunk_timeout_ticks() => {
                 let fetch = self.fetch();
                 let failure = RoundFailure::ChunkTimeout {
                     artifact: fetch.entry().kind,
                     offset: fetch.offset(),
+                    timeout_ticks: self.chunk_timeout_ticks(),
                 };
                 if attempt.resends >= CHUNK_RESENDS_MAX {
                     return self.fail(failure, now);
@@ -543,6 +569,27 @@ impl Receiver {
     /// `Installing -> Idle`.
     pub fn install_failed(&mut self, reason: String, now: u64) -> ReceiverStep {
         self.fail(RoundFailure::InstallFailed { reason }, now)
+    }
+
+    /// The chunk timeout now (ticks): [`CHUNK_TIMEOUT_RTT_MULTIPLE`] smoothed round trips within
+    /// `CHUNK_TIMEOUT_TICKS_MIN..=CHUNK_TIMEOUT_TICKS`, or [`CHUNK_TIMEOUT_TICKS`] before any
+    /// round trip was observed.
+    pub fn chunk_timeout_ticks(&self) -> u64 {
+        self.round_trip_ticks
+            .map_or(CHUNK_TIMEOUT_TICKS, |round_trip| {
+                round_trip
+                    .saturating_mul(CHUNK_TIMEOUT_RTT_MULTIPLE)
+                    .clamp(CHUNK_TIMEOUT_TICKS_MIN, CHUNK_TIMEOUT_TICKS)
+            })
+    }
+
+    /// Folds one round trip (ticks) into the smoothed one (RFC 6298's 7/8 weight).
+    fn observe_round_trip(&mut self, sample: u64) {
+        let sample = sample.min(CHUNK_TIMEOUT_TICKS);
+        self.round_trip_ticks = Some(match self.round_trip_ticks {
+            None => sample,
+            Some(smoothed) => (7 * smoothed + sample).div_ceil(8),
+        });
     }
 
     /// Whether `(from, nonce)` names the attempt in progress.
@@ -785,7 +832,8 @@ mod tests {
             failure,
             RoundFailure::ChunkTimeout {
                 artifact: ArtifactKind::Metadata,
-                offset: 0
+                offset: 0,
+                timeout_ticks: CHUNK_TIMEOUT_TICKS,
             }
         );
         assert_eq!(retry.map(|r| r.offset), Some(0));
@@ -1008,6 +1056,48 @@ mod tests {
             "{step:?}"
         );
         assert_eq!(receiver.stage(), Stage::Idle);
+    }
+
+    /// H5 observation O2: once chunks came back, a lost one costs a few observed round trips
+    /// (within `CHUNK_TIMEOUT_TICKS_MIN..=CHUNK_TIMEOUT_TICKS`), not the full chunk timeout.
+    #[test]
+    fn issue9_chunk_timeout_follows_the_observed_round_trip() {
+        let mut receiver = fetching(0);
+        assert_eq!(receiver.chunk_timeout_ticks(), CHUNK_TIMEOUT_TICKS);
+        let metadata = metadata_bytes();
+        // Every chunk comes back 5 ticks after its request.
+        let mut now = 0;
+        for offset in 0..4u64 {
+            now += 5;
+            let step = receiver.on_chunk(
+                PEER,
+                NONCE,
+                ArtifactKind::Metadata,
+                offset,
+                std::slice::from_ref(&metadata[offset as usize]),
+                now,
+            );
+            assert_eq!(request(&step).offset, offset + 1);
+        }
+        assert_eq!(
+            receiver.chunk_timeout_ticks(),
+            5 * CHUNK_TIMEOUT_RTT_MULTIPLE
+        );
+        assert_eq!(receiver.on_tick(now + 19), ReceiverStep::Wait);
+        let step = receiver.on_tick(now + 20);
+        let ReceiverStep::Failed {
+            failure: RoundFailure::ChunkTimeout { timeout_ticks, .. },
+            retry: Some(retry),
+            ..
+        } = step
+        else {
+            panic!("expected a chunk timeout, got {step:?}");
+        };
+        assert_eq!((timeout_ticks, retry.offset), (20, 4));
+        // A fast link never waits less than the floor.
+        let mut fast = fetching(0);
+        fast.on_chunk(PEER, NONCE, ArtifactKind::Metadata, 0, &metadata[..1], 0);
+        assert_eq!(fast.chunk_timeout_ticks(), CHUNK_TIMEOUT_TICKS_MIN);
     }
 
     #[test]
