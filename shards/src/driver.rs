@@ -175,7 +175,12 @@ pub async fn open_core(
         .map_err(|_| "partition directory task failed".to_owned())?
         .map_err(|error| error.to_string())?;
     }
-    crate::store::boot::warn_about_orphan_partitions(&config.data_dir, core.metadata()).await;
+    crate::store::boot::warn_about_orphan_partitions(
+        &config.data_dir,
+        core.metadata(),
+        config.replica_count() > 1,
+    )
+    .await;
     Ok(OpenedCore {
         core,
         first_actions,

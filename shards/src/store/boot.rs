@@ -799,7 +799,16 @@ fn warn_damaged_record(damaged: &DamagedRecord, snapshot_op: u64) {
 ///
 /// # Cancel safety
 /// Cancel safe: it only lists directories and logs.
-pub async fn warn_about_orphan_partitions(data_dir: &Path, metadata: &MetadataState) {
+///
+/// A replica of a cluster (`in_cluster`) logs them at INFO: right after a restart it has applied
+/// only what its checkpoint and superblock say was committed, and it names the directories again
+/// once it applies their CreateTopic while catching up (a walkthrough found the WARN after every
+/// kill -9 of a backup, telling the operator to delete live data by hand).
+pub async fn warn_about_orphan_partitions(
+    data_dir: &Path,
+    metadata: &MetadataState,
+    in_cluster: bool,
+) {
     let partitions = data_dir.join(crate::limits::PARTITIONS_DIR_NAME);
     let known: std::collections::BTreeSet<(u32, u16)> = metadata
         .streams
@@ -849,14 +858,23 @@ pub async fn warn_about_orphan_partitions(data_dir: &Path, metadata: &MetadataSt
             .take(10)
             .map(|path| path.display().to_string())
             .collect();
-        tracing::warn!(
-            orphan_count = orphans.len(),
-            first = %shown.join(", "),
-            "partition directories that no topic names yet: left in place with their data. A \
-             cluster replica that is catching up names them again when it applies their \
-             CreateTopic (nothing to do); otherwise they are a topic whose deletion an older \
-             build left unfinished: once this replica has caught up, remove them by hand"
-        );
+        if in_cluster {
+            tracing::info!(
+                orphan_count = orphans.len(),
+                first = %shown.join(", "),
+                "partition directories that no topic names yet at this replica's restart point: \
+                 left in place with their data; catching up applies their CreateTopic again \
+                 (nothing to do)"
+            );
+        } else {
+            tracing::warn!(
+                orphan_count = orphans.len(),
+                first = %shown.join(", "),
+                "partition directories that no topic names: left in place with their data; a \
+                 topic whose deletion or creation did not complete (remove them by hand, or \
+                 create the topic with these ids again)"
+            );
+        }
     }
 }
 
