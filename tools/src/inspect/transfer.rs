@@ -90,6 +90,8 @@ pub(crate) fn inspect_manifest(file: &Path) -> anyhow::Result<(ManifestReport, V
         entries: Vec::new(),
         total_len: 0,
     };
+    // The size first: a file over the cap is reported with its real size, not 0.
+    report.file_size_bytes = std::fs::metadata(file).map_or(0, |meta| meta.len());
     let bytes = match read_capped(file, MANIFEST_ENCODED_LEN_MAX as u64, "manifest")? {
         Ok(bytes) => bytes,
         Err(damage) => return Ok((report, vec![damage])),
@@ -127,6 +129,7 @@ pub(crate) fn inspect_clients(file: &Path) -> anyhow::Result<(ClientsReport, Vec
         sessions: Vec::new(),
     };
     let size_max = client_table_wire::encoded_len_max(clients_max);
+    report.file_size_bytes = std::fs::metadata(file).map_or(0, |meta| meta.len());
     let bytes = match read_capped(file, size_max, "client table")? {
         Ok(bytes) => bytes,
         Err(damage) => return Ok((report, vec![damage])),
