@@ -230,7 +230,7 @@ pub async fn recover(config: &ServerConfig) -> Result<Boot, BootError> {
         UncoveredDamage::Refuse
     };
     let scan = Journal::scan_with(&journal_path, snapshot_op, policy).await?;
-    let install_interrupted = install_marker_names(data_dir, snapshot_op).await?;
+    let install_interrupted = install_marker_names(data_dir, snapshot_op, cluster).await?;
     if install_interrupted || (cluster && install_left_journal_behind(&scan, snapshot_op)) {
         return restart_after_install(
             config,
@@ -333,9 +333,30 @@ fn install_left_journal_behind(scan: &JournalScan, snapshot_op: u64) -> bool {
 ///
 /// # Errors
 /// `Refuse` when the marker is damaged (it is written by durable replace, so damage is not a
-/// torn write) or not 8 bytes; `Io` when it cannot be read or removed.
-async fn install_marker_names(data_dir: &Path, snapshot_op: u64) -> Result<bool, BootError> {
+/// torn write) or not 8 bytes, or present at all for a single replica (`cluster` false: it
+/// never installs, and restarting its journal would drop committed ops with no peer to repair
+/// them from); `Io` when it cannot be read or removed.
+async fn install_marker_names(
+    data_dir: &Path,
+    snapshot_op: u64,
+    cluster: bool,
+) -> Result<bool, BootError> {
     let path = super::install_marker_path(data_dir);
+    if !cluster && compio::fs::metadata(&path).await.is_ok() {
+        // A single replica never installs a transferred checkpoint and has no peer to repair a
+        // restarted journal from: acting on the marker would drop committed ops (adversarial
+        // test: a hand-made marker lost ops 25..=26).
+        return Err(BootError::refuse(
+            &path,
+            format!(
+                "{}: a state-transfer install marker in a single replica's data directory: a \
+                 single replica never installs a transferred checkpoint, so this file is not \
+                 its own (copied from a cluster replica?); remove it to boot with this \
+                 replica's journal",
+                path.display()
+            ),
+        ));
+    }
     let bytes = match storage::durable::read_verified(&path).await {
         Ok(None) => return Ok(false),
         Ok(Some(bytes)) => bytes,
@@ -343,7 +364,9 @@ async fn install_marker_names(data_dir: &Path, snapshot_op: u64) -> Result<bool,
             return Err(BootError::refuse(
                 &path,
                 format!(
-                    "{}: install marker is damaged ({reason}): cannot tell whether a state                      transfer install finished; reformat this replica's data directory so it                      rejoins by state transfer",
+                    "{}: install marker is damaged ({reason}): cannot tell whether a state \
+                     transfer install finished; reformat this replica's data directory so it \
+                     rejoins by state transfer",
                     path.display()
                 ),
             ));
@@ -374,7 +397,8 @@ async fn install_marker_names(data_dir: &Path, snapshot_op: u64) -> Result<bool,
         path = %path.display(),
         marker_op,
         snapshot_op,
-        "a state transfer install stopped before its snapshot was written; the journal is as it          was"
+        "a state transfer install stopped before its snapshot was written; the journal is as it \
+         was"
     );
     remove_marker_at(&path).await?;
     Ok(false)

@@ -411,3 +411,27 @@ fn issue9_damaged_install_marker_refuses_boot_naming_it() {
     assert!(message.contains("install.pending"), "{message}");
     assert!(message.contains("install marker is damaged"), "{message}");
 }
+
+/// Adversarial finding: an install marker in a single replica's data directory refuses boot
+/// naming it, instead of restarting the journal (a single replica has no peer to repair the
+/// dropped committed ops from).
+#[test]
+fn issue9_install_marker_refuses_a_single_replica_boot() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = ServerConfig::new(dir.path().to_path_buf());
+    block_on(async {
+        drop(booted_store(&config).await);
+        storage::durable::durable_replace(
+            &crate::store::install_marker_path(dir.path()),
+            0u64.to_le_bytes().to_vec(),
+        )
+        .await
+        .unwrap();
+    });
+    let Err(error) = block_on(recover(&config)) else {
+        panic!("a single replica with an install marker must refuse boot");
+    };
+    let message = error.to_string();
+    assert!(message.contains("install.pending"), "{message}");
+    assert!(message.contains("single replica"), "{message}");
+}

@@ -136,6 +136,22 @@ pub enum RoundFailure {
     InstallFailed { reason: String },
 }
 
+impl RoundFailure {
+    /// Whether the round failed after every byte of the offer arrived (or a chunk overran its
+    /// artifact): the bytes fetched were no progress toward an install, so the round counts
+    /// against the budget even though chunks arrived (see `Receiver::refused_rounds`).
+    pub fn after_fetch(&self) -> bool {
+        matches!(
+            self,
+            RoundFailure::ChunkPastEnd { .. }
+                | RoundFailure::ChecksumMismatch { .. }
+                | RoundFailure::RestoreRefused { .. }
+                | RoundFailure::NotInstallable { .. }
+                | RoundFailure::InstallFailed { .. }
+        )
+    }
+}
+
 /// Every artifact of an offer, fetched and checksum-verified, for the core to check restorable.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifiedCheckpoint {
@@ -250,6 +266,12 @@ pub struct Receiver {
     attempt: Option<Attempt>,
     /// Consecutive failed rounds (the retry budget spent so far).
     failed_rounds: u32,
+    /// Consecutive rounds that failed after every byte arrived (a checksum mismatch, a refused
+    /// restore, a failed install: [`RoundFailure::after_fetch`]). Chunk progress does not reset
+    /// it, only an install does: a checkpoint this replica cannot take (say a client table over
+    /// its `--clients-table-max`) must spend the budget, not be fetched again forever because
+    /// each fetch "progressed" (adversarial test: 159 full downloads in 25 s).
+    refused_rounds: u32,
     /// No attempt starts before this tick (after a spent budget).
     cooldown_until: u64,
     /// Smoothed round trip of a chunk request (ticks), from requests answered without a
@@ -267,6 +289,7 @@ impl Receiver {
             stage: Stage::Idle,
             attempt: None,
             failed_rounds: 0,
+            refused_rounds: 0,
             cooldown_until: 0,
             round_trip_ticks: None,
             counters: TransferCounters::default(),
@@ -512,7 +535,7 @@ impl Receiver {
                 if attempt.resends >= CHUNK_RESENDS_MAX {
                     return self.fail(failure, now);
                 }
-                let exhausted = self.spend_budget(now);
+                let exhausted = self.spend_budget(false, now);
                 if exhausted {
                     self.transition(Stage::Idle);
                     return ReceiverStep::Failed {
@@ -559,6 +582,7 @@ impl Receiver {
     pub fn installed(&mut self, degraded: bool) {
         self.transition(Stage::Idle);
         self.failed_rounds = 0;
+        self.refused_rounds = 0;
         self.counters.installed += 1;
         if degraded {
             self.counters.degraded_installs += 1;
@@ -628,7 +652,7 @@ impl Receiver {
 
     /// A failed round: spends one unit of the budget and abandons the attempt (`Idle`).
     fn fail(&mut self, failure: RoundFailure, now: u64) -> ReceiverStep {
-        let exhausted = self.spend_budget(now);
+        let exhausted = self.spend_budget(failure.after_fetch(), now);
         self.transition(Stage::Idle);
         ReceiverStep::Failed {
             failure,
@@ -637,15 +661,22 @@ impl Receiver {
         }
     }
 
-    /// Counts a failed round; when the budget is spent, starts the cool-down and refills the
-    /// budget for after it. Returns whether it was spent.
-    fn spend_budget(&mut self, now: u64) -> bool {
+    /// Counts a failed round (`after_fetch`: one that failed after every byte arrived); when
+    /// either count reaches the budget, starts the cool-down and refills the budget for after
+    /// it. Returns whether it was spent.
+    fn spend_budget(&mut self, after_fetch: bool, now: u64) -> bool {
         self.counters.failed_rounds += 1;
         self.failed_rounds += 1;
-        if self.failed_rounds < TRANSFER_RETRY_BUDGET_ROUNDS {
+        if after_fetch {
+            self.refused_rounds += 1;
+        }
+        if self.failed_rounds < TRANSFER_RETRY_BUDGET_ROUNDS
+            && self.refused_rounds < TRANSFER_RETRY_BUDGET_ROUNDS
+        {
             return false;
         }
         self.failed_rounds = 0;
+        self.refused_rounds = 0;
         self.cooldown_until = now + TRANSFER_COOLDOWN_TICKS;
         self.counters.budget_exhaustions += 1;
         true
@@ -872,6 +903,41 @@ mod tests {
             "{step:?}"
         );
         assert_eq!(receiver.stage(), Stage::Fetching);
+    }
+
+    /// Adversarial finding: a checkpoint fetched whole and then refused (here its restore)
+    /// spends the budget even though every round's chunks "progressed"; the budget runs out
+    /// after `TRANSFER_RETRY_BUDGET_ROUNDS` such rounds and the receiver cools down.
+    #[test]
+    fn issue9_rounds_refused_after_a_complete_fetch_spend_the_budget_despite_progress() {
+        let mut receiver = receiver();
+        for round in 1..=TRANSFER_RETRY_BUDGET_ROUNDS {
+            assert!(receiver.can_start(0), "round {round}");
+            receiver.start(NONCE, PEER, 3, 0);
+            receiver.on_target(PEER, NONCE, available(manifest()), 10, 0);
+            chunk(&mut receiver, ArtifactKind::Metadata, 0, &metadata_bytes());
+            let step = chunk(&mut receiver, ArtifactKind::ClientTable, 0, &table_bytes());
+            assert!(matches!(step, ReceiverStep::Verified(_)), "{step:?}");
+            let step = receiver.restore_refused(
+                RoundFailure::RestoreRefused {
+                    reason: "client table over --clients-table-max".to_owned(),
+                },
+                0,
+            );
+            let ReceiverStep::Failed { exhausted, .. } = step else {
+                panic!("round {round}: {step:?}");
+            };
+            assert_eq!(
+                exhausted,
+                round == TRANSFER_RETRY_BUDGET_ROUNDS,
+                "round {round}"
+            );
+        }
+        assert!(
+            !receiver.can_start(1),
+            "cooling down after the spent budget"
+        );
+        assert!(receiver.can_start(TRANSFER_COOLDOWN_TICKS));
     }
 
     #[test]
