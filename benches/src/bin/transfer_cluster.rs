@@ -18,7 +18,8 @@
 //! after convergence; the replica that served the offer is marked (the restart can start a view
 //! change that moves the primary, so both survivors are pinged). The
 //! victim is restarted; the times come from its own log lines (tracing timestamps, UTC):
-//! `asking the primary for its checkpoint`, `checkpoint fetched and checked; installing`,
+//! `asking the primary for its checkpoint`, `every chunk fetched and verified` (the chunks are
+//! in; the restore check starts), `checkpoint fetched and checked; installing`,
 //! `checkpoint installed and every shard restored`; convergence is polled (every replica
 //! answers GetMetadata with the same commit). The primary's `state transfer offer built ...
 //! bytes=N` line gives the bytes the chunks move (its snapshot file size is printed too) and
@@ -54,6 +55,10 @@ const SESSION_MARGIN: u32 = 16_384;
 /// Client ids of the bench: this prefix in the high 64 bits, a counter in the low.
 const CLIENT_PREFIX: u128 = 0x7472_616e_7366_6572 << 64;
 const LINE_ASKING: &str = "state transfer: asking the primary for its checkpoint";
+/// The victim's line once the last chunk arrived and every artifact matched its checksum,
+/// before the restore check decodes them.
+const LINE_CHUNKS: &str =
+    "state transfer: every chunk fetched and verified; checking the checkpoint restorable";
 const LINE_FETCHED: &str = "state transfer: checkpoint fetched and checked; installing";
 const LINE_INSTALLED: &str = "state transfer: checkpoint installed and every shard restored";
 /// The serving primary's line once its offer is built; `bytes=` is what the transfer moves.
@@ -783,6 +788,8 @@ struct Transfer {
     asking_ms: f64,
     /// The primary's `offer built` line, if it logged one (a cached offer logs none).
     offer_ms: Option<f64>,
+    /// The last chunk arrived and every artifact verified (the restore check starts).
+    chunks_ms: f64,
     fetched_ms: f64,
     installed_ms: f64,
     converged_ms: f64,
@@ -936,10 +943,10 @@ fn measure(cluster: &mut Cluster, setup: &Setup, args: &Args) -> anyhow::Result<
     let lines = wait_for_lines(
         &victim_log,
         victim_from,
-        &[LINE_ASKING, LINE_FETCHED, LINE_INSTALLED],
+        &[LINE_ASKING, LINE_CHUNKS, LINE_FETCHED, LINE_INSTALLED],
         anchor.instant + CONVERGE_DEADLINE,
     )?;
-    let [asking, fetched, installed] = [0, 1, 2].map(|i| anchor.instant_of(lines[i].0));
+    let [asking, chunks, fetched, installed] = [0, 1, 2, 3].map(|i| anchor.instant_of(lines[i].0));
     let commit_after = wait_converged(cluster, setup.commit_before)?;
     let converged = Instant::now();
     std::thread::sleep(Duration::from_millis(500));
@@ -968,11 +975,12 @@ fn measure(cluster: &mut Cluster, setup: &Setup, args: &Args) -> anyhow::Result<
             .as_deref()
             .and_then(line_time)
             .map(|time| ms(anchor.instant_of(time))),
+        chunks_ms: ms(chunks),
         fetched_ms: ms(fetched),
         installed_ms: ms(installed),
         converged_ms: ms(converged),
         offer_bytes: offer.as_deref().and_then(|line| field(line, "bytes")),
-        checkpoint_op: field(&lines[2].1, "checkpoint_op"),
+        checkpoint_op: field(&lines[3].1, "checkpoint_op"),
         server,
         primary_after,
         commit_after,
@@ -1065,6 +1073,7 @@ fn print_table(args: &Args, setup: &Setup, transfer: &Transfer, tcp_s: f64) {
         ("listening (process up)", transfer.listening_ms),
         ("asking the primary for its checkpoint", transfer.asking_ms),
         ("primary: offer built (read, decode, encode, hash)", offer),
+        ("every chunk fetched and verified", transfer.chunks_ms),
         ("checkpoint fetched and checked", transfer.fetched_ms),
         (
             "checkpoint installed, every shard restored",
@@ -1085,8 +1094,12 @@ fn print_table(args: &Args, setup: &Setup, transfer: &Transfer, tcp_s: f64) {
     for (label, ms) in [
         ("transfer: asking -> fetched", figures.fetch_ms),
         (
-            "transfer: offer built -> fetched (chunks only)",
-            transfer.fetched_ms - offer,
+            "transfer: offer built -> last chunk (chunks only)",
+            transfer.chunks_ms - offer,
+        ),
+        (
+            "restore check (last chunk -> fetched and checked)",
+            transfer.fetched_ms - transfer.chunks_ms,
         ),
         ("transfer: asking -> installed", figures.install_ms),
         (
@@ -1171,6 +1184,7 @@ fn print_json(args: &Args, setup: &Setup, transfer: &Transfer, tcp_s: f64) {
             "listening": transfer.listening_ms,
             "asking": transfer.asking_ms,
             "offer_built": transfer.offer_ms,
+            "chunks_verified": transfer.chunks_ms,
             "fetched": transfer.fetched_ms,
             "installed": transfer.installed_ms,
             "converged": transfer.converged_ms,
