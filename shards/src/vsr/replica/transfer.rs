@@ -68,6 +68,24 @@ impl Replica {
         self.receiver.stage() == Stage::Installing
     }
 
+    /// A new view began (this replica a backup in it): a transfer request still waiting for the
+    /// previous primary's answer goes to the new primary now (adversarial finding: the receiver
+    /// waited out the 5 s target timeout on a killed primary after the view change).
+    pub(super) fn retarget_transfer(&mut self, actions: &mut Vec<Action>) {
+        let new_primary = self.primary();
+        if self.receiver.peer().is_some_and(|peer| peer != new_primary) && self.receiver.retarget()
+        {
+            tracing::info!(
+                replica = self.config.replica,
+                view = self.view,
+                primary = new_primary,
+                "state transfer: a new view began before the request was answered; asking its \
+                 primary"
+            );
+            self.maybe_start_transfer(actions);
+        }
+    }
+
     /// Starts a state transfer if the receiver may (idle, not cooling down) and this replica is
     /// a backup in normal status: it asks the primary of its view (only a primary serves, issue 9
     /// section 3). In a view change it waits: it could not install then (see

@@ -535,6 +535,7 @@ impl Replica {
                 commit,
                 "started view as backup"
             );
+            self.retarget_transfer(actions);
         }
         self.reset_primary_deadline();
         self.commit_max = self.commit_max.max(commit);

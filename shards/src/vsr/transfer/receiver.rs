@@ -566,6 +566,23 @@ impl Receiver {
         self.cooldown_until = self.cooldown_until.max(now + NOT_USEFUL_HOLDOFF_TICKS);
     }
 
+    /// The peer the attempt in progress asked.
+    pub fn peer(&self) -> Option<ReplicaIndex> {
+        self.attempt.as_ref().map(|attempt| attempt.peer)
+    }
+
+    /// Drops an attempt still waiting for its target (`AwaitingTarget -> Idle`) without counting
+    /// a failure or holding off: a new view began and the peer asked may be gone, so the core
+    /// asks the new primary at once instead of waiting out [`TARGET_TIMEOUT_TICKS`]. Returns
+    /// whether it dropped one.
+    pub fn retarget(&mut self) -> bool {
+        if self.stage != Stage::AwaitingTarget {
+            return false;
+        }
+        self.transition(Stage::Idle);
+        true
+    }
+
     /// The core checked the verified artifacts restorable and asks the driver to install them:
     /// `Fetching -> Installing`.
     pub fn begin_install(&mut self) {
@@ -938,6 +955,26 @@ mod tests {
             "cooling down after the spent budget"
         );
         assert!(receiver.can_start(TRANSFER_COOLDOWN_TICKS));
+    }
+
+    /// Adversarial finding #3: after a view change the core drops a request still waiting for
+    /// the old primary's target, with no failure counted and no hold-off, and asks again.
+    #[test]
+    fn issue9_retarget_drops_only_an_unanswered_request_without_a_failure() {
+        let mut receiver = receiver();
+        receiver.start(NONCE, PEER, 3, 0);
+        assert_eq!(receiver.peer(), Some(PEER));
+        assert!(receiver.retarget());
+        assert_eq!(receiver.stage(), Stage::Idle);
+        assert_eq!(receiver.failed_rounds(), 0);
+        assert_eq!(receiver.counters().failed_rounds, 0);
+        assert!(receiver.can_start(0), "no hold-off");
+        let mut fetching = fetching(0);
+        assert!(
+            !fetching.retarget(),
+            "a transfer already fetching keeps its offer"
+        );
+        assert_eq!(fetching.stage(), Stage::Fetching);
     }
 
     #[test]
