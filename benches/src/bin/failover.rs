@@ -7,16 +7,13 @@
 //! Usage: `failover --bin target/release/shardline [--kills 20] [--keep-dirs]`. Prints each
 //! round and p50/p99/max in milliseconds. A figure, never an assertion.
 
-use std::io::{BufRead as _, BufReader};
-use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use benches::cluster::Cluster;
 
-const CLUSTER: &str = "9";
-const STARTUP_DEADLINE: Duration = Duration::from_mins(1);
 const CONVERGE_DEADLINE: Duration = Duration::from_mins(1);
 
 struct Args {
@@ -50,105 +47,6 @@ fn parse_args() -> anyhow::Result<Args> {
         bin: bin.context("--bin PATH_TO_SHARDLINE is required")?,
         kills,
     })
-}
-
-fn free_addr() -> anyhow::Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
-struct Replica {
-    dir: PathBuf,
-    client: SocketAddr,
-    child: Option<Child>,
-}
-
-struct Cluster {
-    bin: PathBuf,
-    addresses: String,
-    replicas: Vec<Replica>,
-}
-
-impl Cluster {
-    fn start(bin: &Path, root: &Path) -> anyhow::Result<Cluster> {
-        let mut replica_addrs = Vec::new();
-        let mut replicas = Vec::new();
-        for index in 0..3 {
-            replica_addrs.push(free_addr()?.to_string());
-            replicas.push(Replica {
-                dir: root.join(format!("r{index}")),
-                client: free_addr()?,
-                child: None,
-            });
-        }
-        let mut cluster = Cluster {
-            bin: bin.to_owned(),
-            addresses: replica_addrs.join(","),
-            replicas,
-        };
-        for index in 0..3 {
-            cluster.spawn(index)?;
-        }
-        Ok(cluster)
-    }
-
-    fn spawn(&mut self, index: usize) -> anyhow::Result<()> {
-        let replica = &self.replicas[index];
-        let deadline = Instant::now() + STARTUP_DEADLINE;
-        loop {
-            let mut child = Command::new(&self.bin)
-                .args(["serve", "--shards", "1", "--no-pin", "--cluster", CLUSTER])
-                .args([
-                    "--replica",
-                    &index.to_string(),
-                    "--addresses",
-                    &self.addresses,
-                ])
-                .args(["--listen", &replica.client.to_string(), "--data-dir"])
-                .arg(&replica.dir)
-                .env("RUST_LOG", "warn")
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .with_context(|| format!("spawn {}", self.bin.display()))?;
-            let stdout = child.stdout.take().context("stdout")?;
-            let mut first = String::new();
-            BufReader::new(stdout).read_line(&mut first)?;
-            if first.starts_with("listening on") {
-                self.replicas[index].child = Some(child);
-                return Ok(());
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-            if Instant::now() > deadline {
-                bail!("replica {index} did not start");
-            }
-            // The port of a replica just killed may not be free yet.
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn kill9(&mut self, index: usize) -> anyhow::Result<()> {
-        let mut child = self.replicas[index].child.take().context("not running")?;
-        child.kill()?;
-        child.wait()?;
-        Ok(())
-    }
-
-    fn clients(&self) -> Vec<SocketAddr> {
-        self.replicas.iter().map(|r| r.client).collect()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for replica in &mut self.replicas {
-            if let Some(mut child) = replica.child.take() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-    }
 }
 
 /// (view, primary, commit) of the replica at `addr`, if it answers.
@@ -204,7 +102,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let root = tempfile::tempdir()?;
-    let mut cluster = Cluster::start(&args.bin, root.path())?;
+    let mut cluster = Cluster::start(&args.bin, root.path(), Vec::new(), "warn")?;
     let mut millis = Vec::new();
     for (stream_id, round) in (1u32..).zip(1..=args.kills) {
         let (primary, commit) = agreed_primary(&cluster).await?;

@@ -34,17 +34,15 @@
 use std::io::{BufRead as _, BufReader, Read as _, Seek as _, SeekFrom, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
+use benches::cluster::Cluster;
 use bus::{ErrorCode, Header, Namespace, Operation};
 use clap::Parser;
 
-const CLUSTER: &str = "9";
-const STARTUP_DEADLINE: Duration = Duration::from_mins(1);
 /// Longest wait for an agreed primary or for convergence.
 const CONVERGE_DEADLINE: Duration = Duration::from_mins(5);
 /// Longest a single request may keep being retried (Busy, NotPrimary, reconnects).
@@ -104,123 +102,6 @@ struct Args {
 
 // ---------------------------------------------------------------------------------------------
 // The cluster: three `serve` processes, stderr appended to a log file per replica.
-
-struct Replica {
-    dir: PathBuf,
-    log: PathBuf,
-    client: SocketAddr,
-    child: Option<Child>,
-}
-
-struct Cluster {
-    bin: PathBuf,
-    addresses: String,
-    flags: Vec<String>,
-    replicas: Vec<Replica>,
-}
-
-fn free_addr() -> anyhow::Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
-impl Cluster {
-    fn start(bin: &Path, root: &Path, flags: Vec<String>) -> anyhow::Result<Cluster> {
-        let mut replica_addrs = Vec::new();
-        let mut replicas = Vec::new();
-        for index in 0..3 {
-            replica_addrs.push(free_addr()?.to_string());
-            replicas.push(Replica {
-                dir: root.join(format!("r{index}")),
-                log: root.join(format!("r{index}.stderr.log")),
-                client: free_addr()?,
-                child: None,
-            });
-        }
-        let mut cluster = Cluster {
-            bin: bin.to_owned(),
-            addresses: replica_addrs.join(","),
-            flags,
-            replicas,
-        };
-        for index in 0..3 {
-            cluster.spawn(index)?;
-        }
-        Ok(cluster)
-    }
-
-    /// Starts replica `index` and returns once it printed `listening on`.
-    fn spawn(&mut self, index: usize) -> anyhow::Result<()> {
-        let deadline = Instant::now() + STARTUP_DEADLINE;
-        loop {
-            let replica = &self.replicas[index];
-            let log = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&replica.log)?;
-            let mut child = Command::new(&self.bin)
-                .args(["serve", "--shards", "1", "--no-pin", "--cluster", CLUSTER])
-                .args(["--replica", &index.to_string()])
-                .args(["--addresses", &self.addresses])
-                .args(["--listen", &replica.client.to_string(), "--data-dir"])
-                .arg(&replica.dir)
-                .args(&self.flags)
-                .env("RUST_LOG", "info")
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(log)
-                .spawn()
-                .with_context(|| format!("spawn {}", self.bin.display()))?;
-            let stdout = child.stdout.take().context("stdout")?;
-            let mut first = String::new();
-            BufReader::new(stdout).read_line(&mut first)?;
-            if first.starts_with("listening on") {
-                self.replicas[index].child = Some(child);
-                return Ok(());
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-            if Instant::now() > deadline {
-                bail!(
-                    "replica {index} did not start; see {}",
-                    replica.log.display()
-                );
-            }
-            // The port of a replica just killed may not be free yet.
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn kill9(&mut self, index: usize) -> anyhow::Result<()> {
-        let mut child = self.replicas[index].child.take().context("not running")?;
-        child.kill()?;
-        child.wait()?;
-        Ok(())
-    }
-
-    fn running(&self) -> Vec<usize> {
-        (0..3)
-            .filter(|&i| self.replicas[i].child.is_some())
-            .collect()
-    }
-
-    fn running_clients(&self) -> Vec<SocketAddr> {
-        self.running()
-            .into_iter()
-            .map(|i| self.replicas[i].client)
-            .collect()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for replica in &mut self.replicas {
-            if let Some(mut child) = replica.child.take() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Blocking client requests with chosen client ids and request numbers.
@@ -1220,7 +1101,7 @@ fn main() -> anyhow::Result<()> {
     if args.keep_dirs {
         eprintln!("data directories and logs under {}", root.path().display());
     }
-    let mut cluster = Cluster::start(&args.bin, root.path(), serve_flags(&args))?;
+    let mut cluster = Cluster::start(&args.bin, root.path(), serve_flags(&args), "info")?;
     let setup = set_up(&mut cluster, &args)?;
     let transfer = measure(&mut cluster, &setup, &args)?;
     drop(cluster);
