@@ -11,6 +11,7 @@ pub mod driver;
 pub mod frame;
 pub mod limits;
 pub mod metadata;
+pub mod metrics;
 pub mod namespace;
 pub mod producers;
 pub mod replica_bus;

@@ -78,6 +78,9 @@ pub struct RunningServer {
     pub shard_count: u16,
     pub topology: Topology,
     pub budget: ResourceBudget,
+    /// Asks every shard for its metrics snapshot (`shards::metrics`); cloned into the metrics
+    /// listener's thread by `serve --metrics-listen`.
+    pub metrics: Arc<crate::metrics::MetricsGatherer>,
     shard_set: ShardSet,
     /// The exclusive lock on the data directory, held for the life of the server.
     _data_dir_lock: std::fs::File,
@@ -214,8 +217,15 @@ impl RunningServer {
         let drain = Arc::new(DrainState::new(shard_count));
         let (report_tx, report_rx) = std_mpsc::channel::<StartupReport>();
         let report_tx = std::sync::Mutex::new(report_tx);
+        let (metrics, metrics_lanes) = crate::metrics::metrics_lanes(shard_count);
+        let metrics_lanes: std::sync::Mutex<Vec<Option<crate::metrics::MetricsLaneRx>>> =
+            std::sync::Mutex::new(metrics_lanes.into_iter().map(Some).collect());
         let shard_set = ShardSet::launch(&launch, move |ctx: ShardContext<ShardFrame>| {
             let report = report_tx.lock().map(|tx| tx.clone()).ok();
+            let metrics_lane = metrics_lanes
+                .lock()
+                .ok()
+                .and_then(|mut lanes| lanes.get_mut(usize::from(ctx.shard_id.0))?.take());
             let guard = StartupGuard {
                 shard: ctx.shard_id.0,
                 report,
@@ -227,6 +237,7 @@ impl RunningServer {
                 local_addr,
                 guard,
                 Arc::clone(&drain),
+                metrics_lane,
             ))
         })?;
 
@@ -258,6 +269,7 @@ impl RunningServer {
             shard_count,
             topology,
             budget,
+            metrics: Arc::new(metrics),
             shard_set,
             _data_dir_lock: data_dir_lock,
         })
@@ -328,6 +340,7 @@ async fn run_shard(
     listen_addr: SocketAddr,
     mut startup: StartupGuard,
     drain: Arc<DrainState>,
+    metrics_lane: Option<crate::metrics::MetricsLaneRx>,
 ) -> Result<(), String> {
     let mut drain_vote = DrainVote {
         state: drain,
@@ -418,6 +431,8 @@ async fn run_shard(
         listener,
         Rc::clone(&connections),
     ));
+    let metrics_task = metrics_lane
+        .map(|lane| compio::runtime::spawn(answer_metrics_requests(Rc::clone(&shard), lane)));
     startup.report(Ok(()));
 
     loop {
@@ -462,6 +477,7 @@ async fn run_shard(
 
     tracing::info!(shard = shard_id.0, "stopping: fsyncing logs");
     drop(metadata_task);
+    drop(metrics_task);
     connections.cancel_all();
     let mut close_failed = false;
     let fail_stop = shard.fail_stop_reason();
@@ -571,6 +587,15 @@ async fn on_event(shard: &Rc<Shard>, config: &ServerConfig, event: PumpEvent<Sha
                 shard.on_reply(envelope);
             }
         }
+    }
+}
+
+/// Answers this shard's metrics lane until the lane closes or the task is dropped (shutdown):
+/// each request gets a snapshot built here, on the shard's own thread (`shards::metrics`).
+async fn answer_metrics_requests(shard: Rc<Shard>, lane: crate::metrics::MetricsLaneRx) {
+    while let Ok(request) = lane.recv().await {
+        // Err: the scrape gave up waiting (timeout); nothing to do.
+        let _ = request.reply.try_send(shard.metrics_snapshot());
     }
 }
 

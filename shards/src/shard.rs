@@ -1457,6 +1457,11 @@ impl Shard {
     pub fn logs(&self) -> Vec<Rc<PartitionLog>> {
         self.partitions.borrow().values().cloned().collect()
     }
+
+    /// This shard's metrics as of now (`crate::metrics`), built on the shard's thread.
+    pub fn metrics_snapshot(&self) -> crate::metrics::ShardMetricsSnapshot {
+        todo!("metrics-shard helper: counters on the shard, snapshot here")
+    }
 }
 
 /// The directories of the streams and topics `old` has and `installed` does not (a stream's

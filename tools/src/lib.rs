@@ -3,5 +3,7 @@
 pub mod arg_values;
 pub mod bench;
 pub mod config_file;
+pub mod doctor;
+pub mod metrics;
 pub mod output;
 pub mod sim;

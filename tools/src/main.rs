@@ -51,6 +51,9 @@ enum Command {
     /// Check a data file offline, read-only: superblock, snapshot, wal, segment, metadata, or a
     /// saved state-transfer manifest or client table (exit 1 on damage).
     Inspect(inspect::InspectArgs),
+    /// Check this host before a deployment: io_uring, cores and cgroup quota, NUMA, open-file
+    /// limit, the data directory's filesystem and fsync latency (exit 1 when `serve` would fail).
+    Doctor(shardline::doctor::DoctorArgs),
     /// Simulate a cluster by seed: the real consensus core against a faulty network, disk and clock.
     Sim(shardline::sim::SimArgs),
 }
@@ -140,6 +143,10 @@ fn main() -> std::process::ExitCode {
         Command::Poll(args) => client_cmds::poll(&args),
         Command::Metadata(args) => client_cmds::metadata(&args),
         Command::Inspect(args) => return inspect::run(&args),
+        Command::Doctor(args) => match shardline::doctor::run(&args) {
+            Ok(code) => return code,
+            Err(error) => Err(error),
+        },
         Command::Sim(args) => match shardline::sim::run(&args) {
             Ok(0) => Ok(()),
             Ok(_) => return std::process::ExitCode::FAILURE,

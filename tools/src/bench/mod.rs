@@ -10,7 +10,10 @@
 
 pub mod ack;
 pub mod args;
+pub mod charts;
+pub mod compare;
 pub mod cpu;
+pub mod csv_report;
 pub mod disk_baseline;
 pub mod json_file;
 pub mod limits;
@@ -21,6 +24,7 @@ pub mod phase;
 pub mod plan;
 pub mod report;
 pub mod server;
+pub mod sweep;
 pub mod verify;
 pub mod workload;
 
@@ -566,6 +570,10 @@ fn build_report(
             cpu_note,
             server.data_dir.as_deref(),
         ),
+        // Set by the sequence that runs it (bench orchestration helper).
+        repeat: 1,
+        sequence: 0,
+        page_cache_note: None,
     };
     (report, summary)
 }

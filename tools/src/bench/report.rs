@@ -138,6 +138,13 @@ pub struct RunReport {
     pub consume: PhaseFigures,
     pub per_shard: Vec<ShardReport>,
     pub config: RunConfig,
+    /// 1-based index of this run among the runs of its shard count (`--repeat`).
+    pub repeat: u32,
+    /// 0-based position of this run in the invocation (first run of a sequence vs later ones).
+    pub sequence: u32,
+    /// Set when the run moved enough bytes for the VM page-cache effects (README, Benchmarking)
+    /// to matter, saying whether it is the first run of the sequence; absent otherwise.
+    pub page_cache_note: Option<String>,
 }
 
 /// The `--json` document.
@@ -507,6 +514,9 @@ mod tests {
             consume: PhaseFigures::from_measurement(&consume),
             per_shard: per_shard_reports(2, &[1, 2], &[1, 0], &produce, &consume),
             config: config(),
+            repeat: 1,
+            sequence: 0,
+            page_cache_note: None,
         }
     }
 

@@ -1,0 +1,335 @@
+//! Server metrics (issue 10 section 1): counters live on the shard that counts them (`Cell`s, no
+//! shared atomics on the hot path) and are gathered per scrape. A scrape asks every shard over its
+//! own bounded metrics lane; each shard answers with a [`ShardMetricsSnapshot`] built on its own
+//! thread, between two events of its loop, so gathering never touches another thread's state.
+//!
+//! The exposition (Prometheus text format, the HTTP listener) is the binary's business
+//! (`tools/src/metrics/`); this module only defines what a shard reports and how it is asked.
+
+use std::cell::Cell;
+use std::sync::mpsc as std_mpsc;
+use std::time::{Duration, Instant};
+
+/// Requests one shard's metrics lane holds at once; a scrape that finds it full reports that
+/// shard as not answering instead of waiting.
+pub const METRICS_LANE_CAPACITY: usize = 4;
+
+/// How long a scrape waits for every shard's snapshot before it reports the missing ones.
+pub const GATHER_TIMEOUT_DEFAULT: Duration = Duration::from_secs(2);
+
+/// Fixed-bucket histogram of seconds, counted on one shard (`Cell`s: not `Sync`).
+///
+/// `bounds` are the inclusive upper bounds of the buckets, ascending, in the histogram's unit
+/// (seconds for latencies, a plain count for batch sizes); values above the last bound count only
+/// in `+Inf`.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// One count per bound, plus the `+Inf` bucket last; not cumulative.
+    counts: Box<[Cell<u64>]>,
+    sum: Cell<f64>,
+}
+
+/// Bucket bounds for latencies in seconds: 50 µs to 10 s.
+pub const LATENCY_BOUNDS_SECONDS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 10.0,
+];
+
+/// Bucket bounds for group-commit batch sizes (appends covered by one fsync).
+pub const BATCH_SIZE_BOUNDS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0];
+
+impl Histogram {
+    /// An empty histogram over `bounds` (ascending upper bounds).
+    ///
+    /// # Panics
+    /// If `bounds` is not strictly ascending.
+    pub fn new(bounds: &'static [f64]) -> Histogram {
+        assert!(
+            bounds.windows(2).all(|pair| pair[0] < pair[1]),
+            "histogram bounds must ascend"
+        );
+        Histogram {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| Cell::new(0)).collect(),
+            sum: Cell::new(0.0),
+        }
+    }
+
+    /// Counts one observation of `value` (same unit as the bounds).
+    pub fn observe(&self, value: f64) {
+        let index = self.bounds.partition_point(|bound| *bound < value);
+        let cell = &self.counts[index];
+        cell.set(cell.get() + 1);
+        self.sum.set(self.sum.get() + value);
+    }
+
+    /// Counts one duration, in seconds.
+    pub fn observe_duration(&self, elapsed: Duration) {
+        self.observe(elapsed.as_secs_f64());
+    }
+
+    /// The buckets as Prometheus wants them: cumulative counts per upper bound.
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        let mut cumulative = 0;
+        let mut buckets = Vec::with_capacity(self.bounds.len());
+        for (bound, count) in self.bounds.iter().zip(self.counts.iter()) {
+            cumulative += count.get();
+            buckets.push((*bound, cumulative));
+        }
+        let count = cumulative + self.counts[self.bounds.len()].get();
+        HistogramSnapshot {
+            buckets,
+            sum: self.sum.get(),
+            count,
+        }
+    }
+}
+
+/// A histogram as gathered: `buckets` are `(upper bound, cumulative count)` ascending, without
+/// `+Inf` (whose count is `count`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HistogramSnapshot {
+    pub buckets: Vec<(f64, u64)>,
+    pub sum: f64,
+    pub count: u64,
+}
+
+/// Requests answered by this shard, by operation and result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestCount {
+    /// The operation in snake case (`send_messages`, `poll_messages`, `create_topic`, ...), or
+    /// `unknown` for a frame whose operation is not known.
+    pub operation: &'static str,
+    /// `ok`, or the error code in snake case (`busy`, `invalid_batch`, `not_primary`, ...).
+    pub result: &'static str,
+    pub count: u64,
+}
+
+/// Everything one shard reports at a scrape. Counters are totals since the shard started; gauges
+/// are values at the moment of the snapshot.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ShardMetricsSnapshot {
+    pub shard: u16,
+    /// Messages and payload bytes appended to partition logs this shard owns.
+    pub messages_appended: u64,
+    pub bytes_appended: u64,
+    /// Messages and payload bytes returned by polls of partitions this shard owns.
+    pub messages_read: u64,
+    pub bytes_read: u64,
+    /// Client requests answered by this shard's connections (nonzero counts only).
+    pub requests: Vec<RequestCount>,
+    /// `Busy` answers this shard sent (a full inbox, a full queue).
+    pub busy_replies: u64,
+    /// Mesh frames this shard sent to other shards (requests and replies).
+    pub mesh_frames_sent: u64,
+    /// Mesh sends this shard attempted that found the target's inbox full.
+    pub mesh_inbox_full: u64,
+    /// Frames waiting in this shard's inbox (gauge).
+    pub inbox_depth: u64,
+    /// Client connections open on this shard (gauge) and refused at accept (counter).
+    pub connections_open: u64,
+    pub connections_refused: u64,
+    /// Bytes of request bodies and poll replies held against the receive budget (gauge), and the
+    /// budget.
+    pub receive_budget_bytes_in_use: u64,
+    pub receive_budget_bytes_max: u64,
+    /// Partition log fsyncs and how many appends each covered (group commit).
+    pub fsyncs: u64,
+    pub group_commit_batch_size: HistogramSnapshot,
+    pub fsync_latency_seconds: HistogramSnapshot,
+    /// CPU time of this shard's thread (user + system, `RUSAGE_THREAD`), seconds.
+    pub cpu_seconds: f64,
+    /// Partitions this shard owns and has open (gauge).
+    pub partitions: u64,
+    /// Shard 0 only: metadata consensus and checkpoint figures.
+    pub replica: Option<ReplicaMetricsSnapshot>,
+}
+
+/// Shard 0's metadata figures.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReplicaMetricsSnapshot {
+    /// Metadata ops committed since start.
+    pub ops_committed: u64,
+    /// From a request's arrival at shard 0 to its commit (primary only).
+    pub commit_latency_seconds: HistogramSnapshot,
+    pub checkpoints: u64,
+    pub checkpoint_duration_seconds: HistogramSnapshot,
+    /// `checkpoint_op` of the newest durable checkpoint.
+    pub checkpoint_op: u64,
+    /// Bytes of journal segment files on disk (gauge).
+    pub journal_bytes: u64,
+    /// Client sessions in the client table (gauge).
+    pub sessions: u64,
+    pub view: u32,
+    /// This replica's index, the primary of its view (`None` during a view change), whether this
+    /// replica is it.
+    pub replica: u8,
+    pub primary: Option<u8>,
+    pub is_primary: bool,
+    pub commit_min: u64,
+    pub commit_max: u64,
+    /// State transfers this replica started, completed and failed as a receiver.
+    pub state_transfers_started: u64,
+    pub state_transfers_completed: u64,
+    pub state_transfers_failed: u64,
+}
+
+/// One request on a shard's metrics lane: where to send the snapshot.
+#[derive(Debug)]
+pub struct MetricsRequest {
+    pub reply: std_mpsc::SyncSender<ShardMetricsSnapshot>,
+}
+
+type Lane = crossfire::mpsc::Array<MetricsRequest>;
+/// The sending side (any thread).
+pub type MetricsLaneTx = crossfire::MTx<Lane>;
+/// The receiving side, polled by a task on the shard's runtime.
+pub type MetricsLaneRx = crossfire::AsyncRx<Lane>;
+
+/// One bounded lane per shard.
+pub fn metrics_lanes(shard_count: u16) -> (MetricsGatherer, Vec<MetricsLaneRx>) {
+    let (senders, receivers) = (0..shard_count)
+        .map(|_| crossfire::mpsc::bounded_blocking_async::<MetricsRequest>(METRICS_LANE_CAPACITY))
+        .unzip();
+    (MetricsGatherer { senders }, receivers)
+}
+
+/// Asks every shard for its snapshot. `Send + Sync`: the metrics listener's thread holds it.
+#[derive(Debug)]
+pub struct MetricsGatherer {
+    senders: Vec<MetricsLaneTx>,
+}
+
+/// What a scrape got: one entry per shard, `Err` naming why a shard did not answer.
+#[derive(Debug)]
+pub struct Gathered {
+    pub shards: Vec<Result<ShardMetricsSnapshot, GatherError>>,
+    /// How long gathering took.
+    pub elapsed: Duration,
+}
+
+/// Why one shard's snapshot is missing from a scrape.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GatherError {
+    /// The shard's lane held `METRICS_LANE_CAPACITY` unanswered requests (a stalled shard, or
+    /// scrapes faster than it answers): reported, never waited on.
+    #[error("shard {shard}: metrics lane full (the shard is not answering)")]
+    LaneFull { shard: u16 },
+    /// The shard stopped (shutdown, or a failure).
+    #[error("shard {shard}: stopped")]
+    Stopped { shard: u16 },
+    /// No answer within the gather timeout.
+    #[error("shard {shard}: no answer within {timeout_ms} ms")]
+    Timeout { shard: u16, timeout_ms: u64 },
+}
+
+impl MetricsGatherer {
+    /// Shards this gatherer asks.
+    pub fn shard_count(&self) -> u16 {
+        self.senders.len() as u16
+    }
+
+    /// Asks every shard at once, then waits up to `timeout` overall for their snapshots. Blocks
+    /// the calling thread (never call it on a shard).
+    pub fn gather(&self, timeout: Duration) -> Gathered {
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let pending: Vec<Result<std_mpsc::Receiver<ShardMetricsSnapshot>, GatherError>> = self
+            .senders
+            .iter()
+            .enumerate()
+            .map(|(index, sender)| {
+                let shard = index as u16;
+                let (reply, receiver) = std_mpsc::sync_channel(1);
+                sender
+                    .try_send(MetricsRequest { reply })
+                    .map(|()| receiver)
+                    .map_err(|error| match error {
+                        crossfire::TrySendError::Full(_) => GatherError::LaneFull { shard },
+                        crossfire::TrySendError::Disconnected(_) => GatherError::Stopped { shard },
+                    })
+            })
+            .collect();
+        let shards = pending
+            .into_iter()
+            .enumerate()
+            .map(|(index, receiver)| {
+                let shard = index as u16;
+                let receiver = receiver?;
+                let left = deadline.saturating_duration_since(Instant::now());
+                receiver.recv_timeout(left).map_err(|error| match error {
+                    std_mpsc::RecvTimeoutError::Timeout => GatherError::Timeout {
+                        shard,
+                        timeout_ms: timeout.as_millis() as u64,
+                    },
+                    std_mpsc::RecvTimeoutError::Disconnected => GatherError::Stopped { shard },
+                })
+            })
+            .collect();
+        Gathered {
+            shards,
+            elapsed: started.elapsed(),
+        }
+    }
+}
+
+/// CPU time (user + system) of the calling thread, seconds (`getrusage(RUSAGE_THREAD)`); 0 if
+/// the call fails (it cannot, for the calling thread, on Linux).
+pub fn thread_cpu_seconds() -> f64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `usage` is a valid, writable rusage; RUSAGE_THREAD reads the calling thread.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()) };
+    if rc != 0 {
+        return 0.0;
+    }
+    // SAFETY: getrusage returned 0, so it filled the struct.
+    let usage = unsafe { usage.assume_init() };
+    let seconds = |time: libc::timeval| time.tv_sec as f64 + time.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_with_inf_in_count() {
+        let histogram = Histogram::new(&[1.0, 2.0, 4.0]);
+        for value in [0.5, 1.0, 1.5, 3.0, 9.0] {
+            histogram.observe(value);
+        }
+        let snapshot = histogram.snapshot();
+        assert_eq!(snapshot.buckets, vec![(1.0, 2), (2.0, 3), (4.0, 4)]);
+        assert_eq!(snapshot.count, 5);
+        assert!((snapshot.sum - 15.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn gather_reports_a_stopped_shard_and_a_silent_one() {
+        let (gatherer, mut receivers) = metrics_lanes(2);
+        // Shard 1's receiver is dropped: stopped. Shard 0's is kept but never answers: timeout.
+        drop(receivers.pop());
+        let gathered = gatherer.gather(Duration::from_millis(20));
+        assert_eq!(
+            gathered.shards[0],
+            Err(GatherError::Timeout {
+                shard: 0,
+                timeout_ms: 20
+            })
+        );
+        assert_eq!(gathered.shards[1], Err(GatherError::Stopped { shard: 1 }));
+        drop(receivers);
+    }
+
+    #[test]
+    fn thread_cpu_seconds_grows_with_work() {
+        let before = thread_cpu_seconds();
+        let mut x = 0u64;
+        let spin_until = Instant::now() + Duration::from_millis(30);
+        while Instant::now() < spin_until {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        assert!(thread_cpu_seconds() > before, "{x}");
+    }
+}
