@@ -462,3 +462,29 @@ mod tests {
         );
     }
 }
+
+/// CPU of a whole process at one instant, seconds since each thread started: what the metrics
+/// endpoint reports as counters (`serve --metrics-listen`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ProcessCpuSnapshot {
+    /// The process total (user + system, exited threads included).
+    pub process_seconds: f64,
+    /// Live `shard-N` threads, by shard.
+    pub shard_seconds: BTreeMap<u16, f64>,
+    /// Live io_uring workers (`iou-wrk-*`, `iou-sqp-*`).
+    pub io_worker_live_seconds: f64,
+    /// Live threads of any other kind.
+    pub other_live_seconds: f64,
+    /// `process_seconds` minus every live thread: threads that exited, mostly io_uring workers
+    /// (they come and go with the load).
+    pub exited_seconds: f64,
+}
+
+/// Reads `/proc/PID/stat` and every `/proc/PID/task/*/stat` once.
+///
+/// # Errors
+/// The process is gone or `/proc` cannot be read (naming the path).
+pub fn process_cpu_snapshot(pid: u32) -> Result<ProcessCpuSnapshot, CpuError> {
+    let _ = pid;
+    todo!("procfs helper")
+}
