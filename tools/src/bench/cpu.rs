@@ -485,6 +485,25 @@ pub struct ProcessCpuSnapshot {
 /// # Errors
 /// The process is gone or `/proc` cannot be read (naming the path).
 pub fn process_cpu_snapshot(pid: u32) -> Result<ProcessCpuSnapshot, CpuError> {
-    let _ = pid;
-    todo!("procfs helper")
+    let ticks_per_second = clock_ticks_per_second()? as f64;
+    let process_dir = PathBuf::from(format!("/proc/{pid}"));
+    let process_ticks = read_stat(&process_dir.join("stat"))?.cpu_ticks();
+    let threads = read_threads(&process_dir)?;
+    let seconds = |ticks: u64| ticks as f64 / ticks_per_second;
+    let mut snapshot = ProcessCpuSnapshot {
+        process_seconds: seconds(process_ticks),
+        ..ProcessCpuSnapshot::default()
+    };
+    let mut live_ticks = 0;
+    for sample in threads.values() {
+        live_ticks += sample.cpu_ticks;
+        let value = seconds(sample.cpu_ticks);
+        match sample.kind {
+            ThreadKind::Shard(shard) => *snapshot.shard_seconds.entry(shard).or_default() += value,
+            ThreadKind::IoWorker => snapshot.io_worker_live_seconds += value,
+            ThreadKind::Other => snapshot.other_live_seconds += value,
+        }
+    }
+    snapshot.exited_seconds = seconds(process_ticks.saturating_sub(live_ticks));
+    Ok(snapshot)
 }
