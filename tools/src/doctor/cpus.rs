@@ -454,6 +454,35 @@ mod tests {
     }
 
     #[test]
+    fn cgroup_dirs_walk_from_the_own_cgroup_to_the_mount() {
+        let host_mount = MountInfo::from_line(
+            "35 24 0:30 / /sys/fs/cgroup rw,nosuid shared:9 - cgroup2 cgroup2 rw,nsdelegate",
+        )
+        .unwrap();
+        assert_eq!(
+            cgroup_dirs(&host_mount, "/system.slice/shardline.service"),
+            [
+                PathBuf::from("/sys/fs/cgroup/system.slice/shardline.service"),
+                PathBuf::from("/sys/fs/cgroup/system.slice"),
+                PathBuf::from("/sys/fs/cgroup"),
+            ]
+        );
+        // A container sees a subtree of the hierarchy mounted at /sys/fs/cgroup.
+        let container_mount = MountInfo::from_line(
+            "700 690 0:30 /docker/abc /sys/fs/cgroup ro,nosuid - cgroup2 cgroup2 rw",
+        )
+        .unwrap();
+        assert_eq!(
+            cgroup_dirs(&container_mount, "/docker/abc"),
+            [PathBuf::from("/sys/fs/cgroup")]
+        );
+        assert_eq!(
+            cgroup_dirs(&host_mount, "/"),
+            [PathBuf::from("/sys/fs/cgroup")]
+        );
+    }
+
+    #[test]
     fn the_tightest_quota_binds() {
         let quotas = [quota(400_000, 100_000, "/a"), quota(150_000, 100_000, "/b")];
         assert_eq!(

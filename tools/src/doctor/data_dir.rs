@@ -510,6 +510,39 @@ mod tests {
     }
 
     #[test]
+    fn an_unwritable_parent_fails_and_the_disk_checks_say_why_they_were_skipped() {
+        // procfs refuses file creation whoever runs the test, root included.
+        let checks = checks(Path::new("/proc/shardline-doctor-test/data"));
+        let names: Vec<&str> = checks.iter().map(|check| check.name).collect();
+        assert_eq!(
+            names,
+            [
+                "data_dir",
+                "filesystem",
+                "free_space",
+                "o_direct",
+                "fsync_latency"
+            ]
+        );
+        assert_eq!(checks[0].status, Status::Fail);
+        assert!(
+            checks[0]
+                .found
+                .starts_with("cannot create a file in /proc: "),
+            "{}",
+            checks[0].found
+        );
+        for skipped in &checks[3..] {
+            assert_eq!(skipped.status, Status::Warn);
+            assert!(
+                skipped
+                    .found
+                    .starts_with("not measured: cannot create a file in /proc")
+            );
+        }
+    }
+
+    #[test]
     fn a_file_in_place_of_the_directory_fails() {
         let root = tempfile::tempdir().unwrap();
         let file = root.path().join("data");
