@@ -260,7 +260,7 @@ fn recommendation_line(
                 }
                 Some(ratio) => {
                     let _ = write!(line, " for {ratio:.2}x");
-                    line.push_str(&within_noise_clause(chosen, best));
+                    line.push_str(&within_noise_clause(chosen, best, margin));
                 }
             }
         }
@@ -277,7 +277,7 @@ fn recommendation_line(
 
 /// Why an eligible larger count was not chosen: its gain is within what the repeats scatter
 /// (noisy: the figures cannot separate the counts) or below [`GAIN_MIN`] (flat curve).
-fn within_noise_clause(chosen: &CountSummary, best: &CountSummary) -> String {
+fn within_noise_clause(chosen: &CountSummary, best: &CountSummary, margin: f64) -> String {
     let needed = gain_needed(chosen, best);
     if needed > GAIN_MIN {
         format!(
@@ -287,8 +287,8 @@ fn within_noise_clause(chosen: &CountSummary, best: &CountSummary) -> String {
         )
     } else {
         format!(
-            ", and no larger count adds more than {:.0}% (flat curve), so the smallest is \
-             recommended",
+            ", and no larger count at >= {margin:.2}x efficiency adds more than {:.0}% (flat \
+             curve), so the smallest is recommended",
             GAIN_MIN * 100.0
         )
     }
@@ -650,8 +650,8 @@ mod tests {
             recommend_line(table).unwrap(),
             (
                 1,
-                "1 shard: the baseline; 2 shards adds 2% for 0.98x, and no larger count adds \
-                 more than 5% (flat curve), so the smallest is recommended"
+                "1 shard: the baseline; 2 shards adds 2% for 0.98x, and no larger count at >= \
+                 0.80x efficiency adds more than 5% (flat curve), so the smallest is recommended"
                     .to_string()
             )
         );
