@@ -299,14 +299,14 @@ pub fn render_comparison(baseline: &Baseline, runs: &[RunReport]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::report::BenchReport;
     use super::super::sweep::fixtures::{Table, runs};
     use super::*;
 
     fn baseline_of(table: &Table<'_>) -> (tempfile::TempDir, Baseline) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("old.json");
-        let report = BenchReport { runs: runs(table) };
+        // The runs as `bench --json` writes them (other top-level keys do not matter here).
+        let report = serde_json::json!({ "runs": runs(table) });
         std::fs::write(&path, serde_json::to_string_pretty(&report).unwrap()).unwrap();
         let baseline = load_baseline(&path).unwrap();
         (dir, baseline)
