@@ -945,3 +945,49 @@ fn warn_unreadable(path: &Path, position: u64, op: u64, reason: &str) {
         "journal record does not verify on read; reading it as missing (repair it from peers)"
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bytes of every file in `dir` (the journal's segments).
+    fn file_bytes(dir: &Path) -> u64 {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().metadata().unwrap().len())
+            .sum()
+    }
+
+    /// Issue 10 section 1: the journal bytes a scrape reports are its segment files' bytes,
+    /// through appends, rolls, a truncation and a release.
+    #[test]
+    fn journal_size_bytes_follows_the_segment_files() {
+        let dir = tempfile::tempdir().unwrap();
+        compio::runtime::Runtime::new().unwrap().block_on(async {
+            let config = JournalConfig {
+                segment_size_max: 4 * (record::JOURNAL_HEADER_SIZE as u64 + 100),
+            };
+            let (mut journal, _) = Journal::open_with_config(dir.path(), config).await.unwrap();
+            assert_eq!(journal.size_bytes(), 0);
+            for op in 1..=10 {
+                let prepare = Prepare {
+                    op,
+                    view: 0,
+                    commit: op - 1,
+                    body: vec![op as u8; 100],
+                };
+                journal.append(&prepare).await.unwrap();
+            }
+            assert!(journal.segment_count() > 1, "the appends rolled segments");
+            let record_bytes = record::JOURNAL_HEADER_SIZE as u64 + 100;
+            assert_eq!(journal.size_bytes(), 10 * record_bytes);
+            assert_eq!(journal.size_bytes(), file_bytes(dir.path()));
+            journal.truncate_after(8).await.unwrap();
+            assert_eq!(journal.size_bytes(), 8 * record_bytes);
+            assert_eq!(journal.size_bytes(), file_bytes(dir.path()));
+            journal.release_below(6).await.unwrap();
+            assert!(journal.size_bytes() < 8 * record_bytes);
+            assert_eq!(journal.size_bytes(), file_bytes(dir.path()));
+        });
+    }
+}
