@@ -435,7 +435,10 @@ pub struct ReplicaMetricsSnapshot {
     pub is_primary: bool,
     pub commit_min: u64,
     pub commit_max: u64,
-    /// State transfers this replica started, completed and failed as a receiver.
+    /// State transfers this replica started, completed and failed as a receiver (the receiver's
+    /// counters: attempts started, checkpoints installed, failed rounds; each failed round ends
+    /// its attempt and a retry starts a new one, so started = completed + failed + the attempt
+    /// in progress).
     pub state_transfers_started: u64,
     pub state_transfers_completed: u64,
     pub state_transfers_failed: u64,
