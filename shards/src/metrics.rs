@@ -333,7 +333,8 @@ impl Default for ReplicaMetrics {
 }
 
 impl ReplicaMetrics {
-    /// The driver applied committed op (any operation, Register included).
+    /// The driver took one committed op to apply (every operation counts: a Register, and a
+    /// change the state machine rejected, whose rejection is the committed reply).
     pub fn committed(&self) {
         add(&self.ops_committed, 1);
     }
@@ -372,10 +373,12 @@ impl ReplicaMetrics {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ShardMetricsSnapshot {
     pub shard: u16,
-    /// Messages and payload bytes appended to partition logs this shard owns.
+    /// Messages and bytes appended (acknowledged) to partition logs this shard owns; the bytes
+    /// are the batches as stored (batch and message headers included).
     pub messages_appended: u64,
     pub bytes_appended: u64,
-    /// Messages and payload bytes returned by polls of partitions this shard owns.
+    /// Messages and bytes returned by polls of partitions this shard owns: the messages at or
+    /// after each poll's offset (the reply's count), and the bytes of the whole batches served.
     pub messages_read: u64,
     pub bytes_read: u64,
     /// Client requests answered by this shard's connections (nonzero counts only).
@@ -435,7 +438,10 @@ pub struct ReplicaMetricsSnapshot {
     pub is_primary: bool,
     pub commit_min: u64,
     pub commit_max: u64,
-    /// State transfers this replica started, completed and failed as a receiver.
+    /// State transfers this replica started, completed and failed as a receiver (the receiver's
+    /// counters: attempts started, checkpoints installed, failed rounds; each failed round ends
+    /// its attempt and a retry starts a new one, so started = completed + failed + the attempt
+    /// in progress).
     pub state_transfers_started: u64,
     pub state_transfers_completed: u64,
     pub state_transfers_failed: u64,

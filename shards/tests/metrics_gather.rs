@@ -25,6 +25,8 @@ fn config(data_dir: &std::path::Path) -> ServerConfig {
     config.topology.shards = runtime::ShardCountArg::Count(2);
     config.topology.pin = false;
     config.fsync = storage::FsyncPolicy::Always;
+    // A checkpoint after every second op: the three metadata ops of the test take one.
+    config.checkpoint_interval = 2;
     config
 }
 
@@ -49,6 +51,24 @@ fn batch(partition: u32, index: u32) -> Vec<u8> {
     builder.finish()
 }
 
+/// Shard 0's figures once a checkpoint completed (it runs off the applier, so it may finish
+/// after the op that triggered it was answered); gathers again until then, for at most 30 s.
+fn wait_for_checkpoint(server: &RunningServer) -> shards::metrics::ReplicaMetricsSnapshot {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let gathered = server.metrics.gather(Duration::from_secs(10));
+        let shard_0 = gathered.shards[0].as_ref().expect("shard 0 answers");
+        let replica = shard_0
+            .replica
+            .clone()
+            .expect("shard 0 reports its replica");
+        if replica.checkpoints >= 1 || std::time::Instant::now() >= deadline {
+            return replica;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn request_count(snapshots: &[ShardMetricsSnapshot], operation: &str, result: &str) -> u64 {
     snapshots
         .iter()
@@ -64,7 +84,7 @@ fn gathered_counters_match_what_the_client_sent_and_read() {
     let server = RunningServer::start(config(dir.path())).unwrap();
     let addr = server.local_addr;
     let runtime = compio::runtime::Runtime::new().unwrap();
-    let (expected, sends, polls, snapshots) = runtime.block_on(async {
+    let (expected, sends, polls, snapshots, checkpointed) = runtime.block_on(async {
         let mut client = bus::Client::connect(addr).await.unwrap();
         client.register().await.unwrap();
         client.create_stream(STREAM_ID, "metrics").await.unwrap();
@@ -117,6 +137,17 @@ fn gathered_counters_match_what_the_client_sent_and_read() {
                 offset += u64::from(polled.message_count);
             }
         }
+        // Two refusals, counted under their error codes: a poll of a partition the topic does
+        // not have, a send to a stream that does not exist.
+        let missing = Namespace::new(STREAM_ID, TOPIC_ID, 99);
+        client.poll(missing, 0, POLL_MAX_COUNT).await.unwrap_err();
+        client
+            .send_messages(Namespace::new(42, 1, 0), batch(0, 0))
+            .await
+            .unwrap_err();
+        // The connection releases a request's receive-budget bytes after writing its reply, so
+        // the client may see the reply first; a ping (no body) is read only after that.
+        client.ping().await.unwrap();
         // Gathered while the client's connection is still open.
         let gathered = server.metrics.gather(Duration::from_secs(10));
         let snapshots: Vec<ShardMetricsSnapshot> = gathered
@@ -124,7 +155,8 @@ fn gathered_counters_match_what_the_client_sent_and_read() {
             .into_iter()
             .map(|snapshot| snapshot.expect("every shard answers"))
             .collect();
-        (expected, sends, polls, snapshots)
+        let checkpointed = wait_for_checkpoint(&server);
+        (expected, sends, polls, snapshots, checkpointed)
     });
     server.stop_handle().stop();
     server.join().unwrap();
@@ -194,7 +226,17 @@ fn gathered_counters_match_what_the_client_sent_and_read() {
         .flat_map(|snapshot| &snapshot.requests)
         .filter(|count| count.result != "ok")
         .collect();
-    assert!(errors.is_empty(), "no request failed: {errors:?}");
+    assert_eq!(
+        errors
+            .iter()
+            .map(|count| (count.operation, count.result, count.count))
+            .collect::<Vec<_>>(),
+        vec![
+            ("send_messages", "stream_not_found", 1),
+            ("poll_messages", "partition_not_found", 1),
+        ],
+        "only the two refusals failed"
+    );
     // The connection's shard forwards every send and poll of the other shard's partitions and
     // gets a reply for each: two frames per request at least.
     let client_shard = snapshots
@@ -229,4 +271,13 @@ fn gathered_counters_match_what_the_client_sent_and_read() {
         ),
         (0, 0, 0)
     );
+    assert!(
+        checkpointed.checkpoints >= 1,
+        "a checkpoint every 2 ops: {checkpointed:#?}"
+    );
+    assert_eq!(
+        checkpointed.checkpoint_duration_seconds.count,
+        checkpointed.checkpoints
+    );
+    assert!(checkpointed.checkpoint_op >= 2, "{checkpointed:#?}");
 }

@@ -282,6 +282,8 @@ pub struct Journal {
     /// Where each record the journal holds lies, by op: built at open, kept by append, truncate
     /// and release. Ops skipped as covered damage are absent.
     index: BTreeMap<u64, RecordLocation>,
+    /// Sum of `size_bytes` over `index`, kept with it (`size_bytes()` is read per scrape).
+    held_bytes: u64,
     /// Damage kept for repair: no append until a truncation cuts it.
     damaged_tail: Option<recovery::DamagedTail>,
     config: JournalConfig,
@@ -417,10 +419,12 @@ impl Journal {
                 (prepare.op, location)
             })
             .collect();
+        let held_bytes = bytes_of(&index);
         let journal = Journal {
             active_path: segment_path(&dir, active_first_op),
             dir,
             index,
+            held_bytes,
             damaged_tail: recovered.damaged_tail,
             config,
             segment_first_ops: recovered.segment_first_ops,
@@ -453,14 +457,9 @@ impl Journal {
     }
 
     /// Bytes of the records the journal holds (header + body each), across its segments: what
-    /// its segment files hold less any damage kept for repair. Walks the record index (one
-    /// entry per op held: at most a checkpoint interval's worth), so call it per scrape, not per
-    /// op.
+    /// its segment files hold less any damage kept for repair. O(1): kept with the record index.
     pub fn size_bytes(&self) -> u64 {
-        self.index
-            .values()
-            .map(|location| location.size_bytes)
-            .sum()
+        self.held_bytes
     }
 
     /// Segment files the journal has now.
@@ -619,6 +618,7 @@ impl Journal {
                 },
             );
             self.active_size_bytes += size_bytes;
+            self.held_bytes += size_bytes;
             self.last_op = op;
         }
         buffer.clear();
@@ -758,7 +758,8 @@ impl Journal {
             ));
         }
         self.active_size_bytes = cut_position;
-        self.index.split_off(&(new_last_op.saturating_add(1)));
+        let dropped = self.index.split_off(&(new_last_op.saturating_add(1)));
+        self.held_bytes -= bytes_of(&dropped);
         self.last_op = new_last_op;
         self.damaged_tail = None;
         self.failure = None;
@@ -909,7 +910,9 @@ impl Journal {
                 return Err(self.poison(path, "delete released segment", error));
             }
             self.segment_first_ops.remove(0);
-            self.index = self.index.split_off(&self.segment_first_ops[0]);
+            let kept = self.index.split_off(&self.segment_first_ops[0]);
+            let released = std::mem::replace(&mut self.index, kept);
+            self.held_bytes -= bytes_of(&released);
             if let Err(error) = sync_dir(&self.dir).await {
                 return Err(self.poison(
                     self.dir.clone(),
@@ -938,10 +941,72 @@ impl Journal {
     }
 }
 
+/// Bytes of the records in `index`.
+fn bytes_of(index: &BTreeMap<u64, RecordLocation>) -> u64 {
+    index.values().map(|location| location.size_bytes).sum()
+}
+
 /// Logs a journal record that no longer verifies when read by op.
 fn warn_unreadable(path: &Path, position: u64, op: u64, reason: &str) {
     tracing::warn!(
         path = %path.display(), position, op, %reason,
         "journal record does not verify on read; reading it as missing (repair it from peers)"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bytes of every file in `dir` (the journal's segments).
+    fn file_bytes(dir: &Path) -> u64 {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().metadata().unwrap().len())
+            .sum()
+    }
+
+    /// Issue 10 section 1: the journal bytes a scrape reports are its segment files' bytes,
+    /// through appends, rolls, a truncation and a release.
+    #[test]
+    fn journal_size_bytes_follows_the_segment_files() {
+        let dir = tempfile::tempdir().unwrap();
+        compio::runtime::Runtime::new().unwrap().block_on(async {
+            let config = JournalConfig {
+                segment_size_max: 4 * (record::JOURNAL_HEADER_SIZE as u64 + 100),
+            };
+            let (mut journal, _) = Journal::open_with_config(dir.path(), config).await.unwrap();
+            assert_eq!(journal.size_bytes(), 0);
+            for op in 1..=10 {
+                let prepare = Prepare {
+                    op,
+                    view: 0,
+                    commit: op - 1,
+                    body: vec![op as u8; 100],
+                };
+                journal.append(&prepare).await.unwrap();
+            }
+            assert!(journal.segment_count() > 1, "the appends rolled segments");
+            let record_bytes = record::JOURNAL_HEADER_SIZE as u64 + 100;
+            assert_eq!(journal.size_bytes(), 10 * record_bytes);
+            assert_eq!(journal.size_bytes(), file_bytes(dir.path()));
+            journal.truncate_after(8).await.unwrap();
+            assert_eq!(journal.size_bytes(), 8 * record_bytes);
+            assert_eq!(journal.size_bytes(), file_bytes(dir.path()));
+            journal.release_below(6).await.unwrap();
+            assert!(journal.size_bytes() < 8 * record_bytes);
+            assert_eq!(journal.size_bytes(), file_bytes(dir.path()));
+            assert_eq!(journal.size_bytes(), bytes_of(&journal.index));
+            drop(journal);
+            let (mut reopened, _) = Journal::open_with_config(dir.path(), config).await.unwrap();
+            assert_eq!(reopened.size_bytes(), file_bytes(dir.path()), "after open");
+            reopened.restart_after(20).await.unwrap();
+            assert_eq!(
+                reopened.size_bytes(),
+                0,
+                "a restarted journal holds no record"
+            );
+            assert_eq!(file_bytes(dir.path()), 0);
+        });
+    }
 }

@@ -78,6 +78,7 @@ impl Journal {
         self.empty_active(observer).await?;
         self.rename_active(first_op, observer).await?;
         self.index.clear();
+        self.held_bytes = 0;
         self.damaged_tail = None;
         self.segment_first_ops = vec![first_op];
         self.active_size_bytes = 0;
