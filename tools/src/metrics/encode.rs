@@ -199,7 +199,7 @@ fn encode_shard_counters(
     counter(
         encoder,
         "appended",
-        "Payload bytes appended to the partitions the shard owns",
+        "Bytes of the batches appended to the partitions the shard owns (as stored, batch headers included)",
         Some(&Unit::Bytes),
         per_shard(shards, |s| s.bytes_appended),
     )?;
@@ -213,7 +213,7 @@ fn encode_shard_counters(
     counter(
         encoder,
         "read",
-        "Payload bytes returned by polls of the partitions the shard owns",
+        "Bytes of the batches polls of the partitions the shard owns returned",
         Some(&Unit::Bytes),
         per_shard(shards, |s| s.bytes_read),
     )?;
