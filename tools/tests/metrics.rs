@@ -130,11 +130,11 @@ fn samples(text: &str) -> BTreeMap<(String, BTreeMap<String, String>), f64> {
         .samples
         .into_iter()
         .filter_map(|sample| {
-            let value = match sample.value {
-                prometheus_parse::Value::Counter(value)
-                | prometheus_parse::Value::Gauge(value)
-                | prometheus_parse::Value::Untyped(value) => value,
-                _ => return None,
+            let (prometheus_parse::Value::Counter(value)
+            | prometheus_parse::Value::Gauge(value)
+            | prometheus_parse::Value::Untyped(value)) = sample.value
+            else {
+                return None;
             };
             let labels: BTreeMap<String, String> = sample
                 .labels
@@ -146,14 +146,24 @@ fn samples(text: &str) -> BTreeMap<(String, BTreeMap<String, String>), f64> {
         .collect()
 }
 
+/// A count as an integer (every figure compared exactly here is a whole count).
+fn whole(value: f64) -> u64 {
+    assert!(
+        value >= 0.0 && value.fract() == 0.0,
+        "{value} is not a count"
+    );
+    value as u64
+}
+
+/// The samples of family `name`, by their `shard` label, as whole counts.
 fn per_shard(
     samples: &BTreeMap<(String, BTreeMap<String, String>), f64>,
     name: &str,
-) -> BTreeMap<u16, f64> {
+) -> BTreeMap<u16, u64> {
     samples
         .iter()
         .filter(|((metric, _), _)| metric == name)
-        .map(|((_, labels), value)| (labels["shard"].parse().unwrap(), *value))
+        .map(|((_, labels), value)| (labels["shard"].parse().unwrap(), whole(*value)))
         .collect()
 }
 
@@ -181,13 +191,13 @@ fn a_scrape_during_traffic_counts_what_each_shard_acknowledged() {
         let sending = Arc::clone(&sending);
         let metrics_addr = server.metrics_addr;
         std::thread::spawn(move || {
-            let mut previous: BTreeMap<u16, f64> = BTreeMap::new();
+            let mut previous: BTreeMap<u16, u64> = BTreeMap::new();
             let mut scrapes = 0;
             while sending.load(Ordering::Acquire) || scrapes == 0 {
                 let samples = samples(&scrape(metrics_addr));
                 let appended = per_shard(&samples, "shardline_messages_appended_total");
                 for (shard, value) in &appended {
-                    let before = previous.get(shard).copied().unwrap_or(0.0);
+                    let before = previous.get(shard).copied().unwrap_or(0);
                     assert!(*value >= before, "shard {shard}: {before} -> {value}");
                 }
                 previous = appended;
@@ -229,51 +239,43 @@ fn a_scrape_during_traffic_counts_what_each_shard_acknowledged() {
 
     let text = scrape(server.metrics_addr);
     let samples = samples(&text);
-    let expected: BTreeMap<u16, f64> = acknowledged
-        .iter()
-        .enumerate()
-        .map(|(shard, count)| (shard as u16, *count as f64))
-        .collect();
+    let expected: BTreeMap<u16, u64> = (0..2u16).zip(acknowledged).collect();
     assert_eq!(
         per_shard(&samples, "shardline_messages_appended_total"),
         expected,
         "{text}"
     );
     assert_eq!(
-        expected.values().sum::<f64>(),
-        (u64::from(PARTITION_COUNT) * BATCHES_PER_PARTITION * MESSAGES_PER_BATCH) as f64
+        expected.values().sum::<u64>(),
+        u64::from(PARTITION_COUNT) * BATCHES_PER_PARTITION * MESSAGES_PER_BATCH
     );
-    let expected_bytes: BTreeMap<u16, f64> = acknowledged_bytes
-        .iter()
-        .enumerate()
-        .map(|(shard, bytes)| (shard as u16, *bytes as f64))
-        .collect();
+    let expected_bytes: BTreeMap<u16, u64> = (0..2u16).zip(acknowledged_bytes).collect();
     assert_eq!(
         per_shard(&samples, "shardline_appended_bytes_total"),
         expected_bytes
     );
-    let owned: BTreeMap<u16, f64> = (0..2u16)
+    let owned: BTreeMap<u16, u64> = (0..2u16)
         .map(|shard| {
             let count = owners.iter().filter(|owner| **owner == shard).count();
-            (shard, count as f64)
+            (shard, count as u64)
         })
         .collect();
     assert_eq!(per_shard(&samples, "shardline_partitions"), owned);
     assert_eq!(
         per_shard(&samples, "shardline_shard_up"),
-        BTreeMap::from([(0, 1.0), (1, 1.0)])
+        BTreeMap::from([(0, 1), (1, 1)])
     );
     // Every send was answered `ok` by the shard whose connection took it.
-    let sends_ok: f64 = samples
+    let sends_ok: u64 = samples
         .iter()
         .filter(|((name, labels), _)| {
             name == "shardline_requests_total"
                 && labels.get("operation").map(String::as_str) == Some("send_messages")
                 && labels.get("result").map(String::as_str) == Some("ok")
         })
-        .map(|(_, value)| value)
+        .map(|(_, value)| whole(*value))
         .sum();
-    assert_eq!(sends_ok, batches_sent as f64, "{text}");
+    assert_eq!(sends_ok, batches_sent, "{text}");
     let process = |name: &str| {
         samples
             .get(&(name.to_owned(), BTreeMap::new()))
@@ -283,7 +285,7 @@ fn a_scrape_during_traffic_counts_what_each_shard_acknowledged() {
     assert!(process("shardline_process_cpu_seconds_total") > 0.0);
     assert!(process("shardline_open_fds") > 0.0);
     assert!(process("shardline_open_fds") <= process("shardline_open_fds_limit"));
-    assert_eq!(process("shardline_is_primary"), 1.0);
+    assert_eq!(whole(process("shardline_is_primary")), 1);
     assert!(
         text.contains("shardline_io_driver_info{driver=\"io-uring\"} 1\n"),
         "{text}"

@@ -60,6 +60,8 @@ pub fn encode(scrape: Scrape) -> String {
 #[derive(Debug)]
 struct ScrapeCollector(Scrape);
 
+/// A sample's labels; empty ones are written without braces (`name 1`, not `name{} 1`, which
+/// some parsers refuse).
 type Labels = Vec<(&'static str, String)>;
 
 fn shard_label(shard: u16) -> Labels {
@@ -97,9 +99,13 @@ where
 {
     let mut family = encoder.encode_descriptor(name, help, unit, MetricType::Counter)?;
     for (labels, value) in samples {
-        family
-            .encode_family(&labels)?
-            .encode_counter::<NoLabelSet, V, f64>(&value, None)?;
+        if labels.is_empty() {
+            family.encode_counter::<NoLabelSet, V, f64>(&value, None)?;
+        } else {
+            family
+                .encode_family(&labels)?
+                .encode_counter::<NoLabelSet, V, f64>(&value, None)?;
+        }
     }
     Ok(())
 }
@@ -117,7 +123,11 @@ where
 {
     let mut family = encoder.encode_descriptor(name, help, unit, MetricType::Gauge)?;
     for (labels, value) in samples {
-        family.encode_family(&labels)?.encode_gauge(&value)?;
+        if labels.is_empty() {
+            family.encode_gauge(&value)?;
+        } else {
+            family.encode_family(&labels)?.encode_gauge(&value)?;
+        }
     }
     Ok(())
 }
@@ -133,9 +143,13 @@ fn histogram<'a>(
     let mut family = encoder.encode_descriptor(name, help, unit, MetricType::Histogram)?;
     for (labels, snapshot) in samples {
         let buckets = per_bucket_counts(snapshot);
-        family
-            .encode_family(&labels)?
-            .encode_histogram::<NoLabelSet>(snapshot.sum, snapshot.count, &buckets, None)?;
+        if labels.is_empty() {
+            family.encode_histogram::<NoLabelSet>(snapshot.sum, snapshot.count, &buckets, None)?;
+        } else {
+            family
+                .encode_family(&labels)?
+                .encode_histogram::<NoLabelSet>(snapshot.sum, snapshot.count, &buckets, None)?;
+        }
     }
     Ok(())
 }
@@ -289,6 +303,20 @@ fn encode_shard_gauges(
         "Frames waiting in the shard's inbox",
         None,
         per_shard(shards, |s| s.inbox_depth),
+    )?;
+    gauge(
+        encoder,
+        "reply_lane_depth",
+        "Frames waiting in the shard's reply lane (replies to requests it forwarded, metadata acks)",
+        None,
+        per_shard(shards, |s| s.reply_lane_depth),
+    )?;
+    gauge(
+        encoder,
+        "connections_max",
+        "Client connections the shard admits at once (its share of the open-file budget)",
+        None,
+        per_shard(shards, |s| s.connections_max),
     )?;
     gauge(
         encoder,
@@ -572,6 +600,8 @@ mod tests {
             fsync_latency_seconds: histogram(&[(0.001, 1), (0.01, 3)], 3, 0.012),
             cpu_seconds: 1.5,
             partitions: base + 16,
+            reply_lane_depth: base + 17,
+            connections_max: base + 18,
             replica: (index == 0).then(|| ReplicaMetricsSnapshot {
                 ops_committed: 21,
                 commit_latency_seconds: histogram(&[(0.001, 4)], 4, 0.002),
@@ -653,6 +683,8 @@ mod tests {
         ("shardline_fsyncs", "counter"),
         ("shardline_shard_cpu_seconds", "counter"),
         ("shardline_inbox_depth", "gauge"),
+        ("shardline_reply_lane_depth", "gauge"),
+        ("shardline_connections_max", "gauge"),
         ("shardline_connections_open", "gauge"),
         ("shardline_receive_budget_bytes", "gauge"),
         ("shardline_receive_budget_max_bytes", "gauge"),
@@ -726,6 +758,8 @@ mod tests {
         expect("shardline_fsyncs_total", "shard=\"1\"", "1015");
         expect("shardline_shard_cpu_seconds_total", "shard=\"0\"", "1.5");
         expect("shardline_partitions", "shard=\"1\"", "1016");
+        expect("shardline_reply_lane_depth", "shard=\"1\"", "1017");
+        expect("shardline_connections_max", "shard=\"1\"", "1018");
         expect("shardline_shard_up", "shard=\"0\"", "1");
         expect("shardline_metadata_ops_committed_total", "", "21");
         expect("shardline_checkpoints_total", "", "22");
@@ -843,7 +877,8 @@ mod tests {
         assert_eq!(bounds, [0.001, 0.01, f64::INFINITY]);
         let counts: Vec<f64> = buckets.iter().map(|bucket| bucket.count).collect();
         assert_eq!(counts, [1.0, 3.0, 3.0]);
-        // Each sample line is NAME{LABELS} VALUE with a numeric value.
+        // Each sample line is NAME{LABELS} VALUE with a numeric value, never with empty braces.
+        assert!(!text.contains("{}"), "{text}");
         for line in text.lines().filter(|line| !line.starts_with('#')) {
             let value = line.rsplit_once(' ').unwrap().1;
             assert!(value == "+Inf" || value.parse::<f64>().is_ok(), "{line}");
