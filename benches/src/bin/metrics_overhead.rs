@@ -55,6 +55,9 @@ struct Args {
     /// Milliseconds between two scrapes in the metrics-on runs.
     #[arg(long, default_value_t = 1000)]
     scrape_ms: u64,
+    /// Back-to-back scrapes of an idle server for the per-scrape cost (0 skips it).
+    #[arg(long, default_value_t = 1000)]
+    cost_scrapes: u32,
     /// Where the runs' data directories go (default: the system temp dir).
     #[arg(long)]
     data_root: Option<PathBuf>,
@@ -161,7 +164,13 @@ struct Figures {
     scrapes: u64,
 }
 
-fn run_once(args: &Args, bin: &Path, root: &Path, label: &str, metrics: bool) -> anyhow::Result<Figures> {
+fn run_once(
+    args: &Args,
+    bin: &Path,
+    root: &Path,
+    label: &str,
+    metrics: bool,
+) -> anyhow::Result<Figures> {
     let data_dir = root.join(label);
     let serve = start_serve(args, bin, &data_dir, metrics)?;
     let scraper = serve
@@ -215,6 +224,38 @@ fn run_once(args: &Args, bin: &Path, root: &Path, label: &str, metrics: bool) ->
     Ok(figures)
 }
 
+/// CPU time (user + system) of process `pid` so far, threads that exited included, in seconds:
+/// fields 14 and 15 of `/proc/PID/stat`, in `USER_HZ` ticks (100 per second on Linux).
+fn process_cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    const USER_HZ: f64 = 100.0;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name may hold spaces and parentheses: fields start after the last ')'.
+    let after_comm = stat.rsplit_once(')').context("malformed /proc/PID/stat")?.1;
+    let fields: Vec<&str> = after_comm.split_whitespace().collect();
+    // After the name, field 3 (state) is index 0, so utime (14) and stime (15) are 11 and 12.
+    let ticks: u64 = fields
+        .get(11..13)
+        .context("short /proc/PID/stat")?
+        .iter()
+        .map(|field| field.parse::<u64>())
+        .sum::<Result<u64, _>>()?;
+    Ok(ticks as f64 / USER_HZ)
+}
+
+/// Server CPU seconds one scrape costs: `count` scrapes back to back against an idle server
+/// with metrics on, the server's process CPU before and after.
+fn scrape_cost(args: &Args, bin: &Path, root: &Path, count: u32) -> anyhow::Result<f64> {
+    let serve = start_serve(args, bin, &root.join("cost"), true)?;
+    let addr = serve.metrics.context("metrics address")?;
+    scrape_once(addr)?;
+    let before = process_cpu_seconds(serve.child.id())?;
+    for _ in 0..count {
+        scrape_once(addr)?;
+    }
+    let after = process_cpu_seconds(serve.child.id())?;
+    Ok((after - before) / f64::from(count))
+}
+
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     let middle = values.len() / 2;
@@ -253,16 +294,32 @@ fn main() -> anyhow::Result<()> {
     };
     println!(
         "shards={} messages={} message-size={} batch={} producers={} fsync={} scrape every {} ms",
-        args.shards, args.messages, args.message_size, args.batch, args.producers, args.fsync,
+        args.shards,
+        args.messages,
+        args.message_size,
+        args.batch,
+        args.producers,
+        args.fsync,
         args.scrape_ms
     );
     println!("round  metrics  msgs/srv-cpu-s      msgs/s  server-cpu-s  scrapes");
     let (mut off, mut on) = (Vec::new(), Vec::new());
+    let mut off_runs: Vec<Figures> = Vec::new();
     for round in 0..args.rounds {
-        let order = if round % 2 == 0 { [false, true] } else { [true, false] };
+        let order = if round % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
         for metrics in order {
             let mode = if metrics { "on" } else { "off" };
-            let figures = run_once(&args, &bin, root.path(), &format!("r{round}-{mode}"), metrics)?;
+            let figures = run_once(
+                &args,
+                &bin,
+                root.path(),
+                &format!("r{round}-{mode}"),
+                metrics,
+            )?;
             println!(
                 "{round:>5}  {mode:>7}  {:>14.0}  {:>10.0}  {:>12.2}  {:>7}",
                 figures.msgs_per_server_cpu_second,
@@ -270,7 +327,12 @@ fn main() -> anyhow::Result<()> {
                 figures.server_cpu_seconds,
                 figures.scrapes
             );
-            if metrics { &mut on } else { &mut off }.push(figures.msgs_per_server_cpu_second);
+            if metrics {
+                on.push(figures.msgs_per_server_cpu_second);
+            } else {
+                off.push(figures.msgs_per_server_cpu_second);
+                off_runs.push(figures);
+            }
         }
     }
     let (off_median, on_median) = (median(&mut off), median(&mut on));
@@ -279,5 +341,29 @@ fn main() -> anyhow::Result<()> {
          on/off = {:.3} (target >= 0.97)",
         on_median / off_median
     );
+    if args.cost_scrapes > 0 {
+        // The rounds above compare whole runs, which a shared host makes noisy; the cost of one
+        // scrape measured alone bounds the overhead independently of that noise.
+        let cost = scrape_cost(&args, &bin, root.path(), args.cost_scrapes)?;
+        // Cores the server kept busy during the metrics-off produce phases (median).
+        let mut busy: Vec<f64> = off_runs
+            .iter()
+            .map(|figures| figures.server_cpu_seconds * figures.msgs_per_sec / args.messages as f64)
+            .collect();
+        let busy_cores = median(&mut busy);
+        let scrape_cpu_per_second = cost * 1000.0 / args.scrape_ms as f64;
+        println!(
+            "one scrape costs {:.3} ms of server CPU ({} back-to-back scrapes of an idle \
+             {}-shard server); one scrape per {} ms adds {:.3} ms of CPU per second, {:.3}% of \
+             the {:.2} cores the produce runs kept busy (metrics off, median)",
+            cost * 1000.0,
+            args.cost_scrapes,
+            args.shards,
+            args.scrape_ms,
+            scrape_cpu_per_second * 1000.0,
+            100.0 * scrape_cpu_per_second / busy_cores,
+            busy_cores
+        );
+    }
     Ok(())
 }
