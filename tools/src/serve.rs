@@ -7,11 +7,13 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use runtime::{CpuList, IoDriver, ShardCountArg, TopologyConfig};
 use shardline::arg_values::AddressList;
 use shardline::config_file::ConfigFile;
+use shardline::metrics::{BoundListener, ListenerLimits, MetricsListener, ScrapeSource, Scraper};
 use shards::{RunningServer, ServerConfig};
 use storage::FsyncPolicy;
 
@@ -146,6 +148,12 @@ pub struct ServeArgs {
     /// (randomized up to twice this); must be greater than --heartbeat-ticks.
     #[arg(long, env = "SHARDLINE_VIEW_CHANGE_TIMEOUT_TICKS", default_value_t = shards::limits::VIEW_CHANGE_TIMEOUT_TICKS_DEFAULT, value_name = "TICKS", help_heading = "Cluster")]
     pub view_change_timeout_ticks: u64,
+    /// Serve Prometheus metrics (OpenMetrics text) at http://HOST:PORT/metrics, from a thread of
+    /// its own; off without this flag. Port 0 picks a free port (printed on stdout as
+    /// `metrics on http://ADDR/metrics` after the `listening on` line). See the README's Metrics
+    /// section for every metric.
+    #[arg(long, env = "SHARDLINE_METRICS_LISTEN", value_name = "HOST:PORT", value_parser = shardline::arg_values::parse_host_port, help_heading = "Metrics")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl ServeArgs {
@@ -215,9 +223,15 @@ pub fn run(args: &ServeArgs, file: Option<&ConfigFile>) -> anyhow::Result<()> {
         journal_segment_size = config.journal_segment_size_max,
         tick_ms = config.tick.as_millis() as u64, heartbeat_ticks = config.heartbeat_ticks,
         view_change_timeout_ticks = config.view_change_timeout_ticks,
+        metrics_listen = %args.metrics_listen.map_or_else(|| "off".to_owned(), |addr| addr.to_string()),
         config_file = %file.map_or_else(|| "none".to_owned(), |file| file.path.display().to_string()),
         "starting"
     );
+    // Bound before the server starts: a taken metrics port refuses startup with nothing done.
+    let metrics_socket = args
+        .metrics_listen
+        .map(|addr| BoundListener::bind(addr, &metrics_setting(file)))
+        .transpose()?;
     let server = RunningServer::start(config)?;
     server
         .stop_on_signals()
@@ -237,8 +251,51 @@ pub fn run(args: &ServeArgs, file: Option<&ConfigFile>) -> anyhow::Result<()> {
     {
         tracing::warn!(error = %e, "cannot print the listening line on stdout; serving anyway");
     }
+    let metrics = match metrics_socket {
+        Some(socket) => Some(serve_metrics(socket, &server, args.io_driver, &mut stdout)?),
+        None => None,
+    };
     drop(stdout);
-    server.join()?;
+    let joined = server.join();
+    if let Some(metrics) = metrics {
+        metrics.stop();
+    }
+    joined?;
     tracing::info!("shut down cleanly");
     Ok(())
+}
+
+/// How the operator set the metrics address, for a bind error: the file key when the value came
+/// from the config file, else the flag (or its environment variable).
+fn metrics_setting(file: Option<&ConfigFile>) -> String {
+    match file {
+        Some(file) if file.sets("metrics-listen") => {
+            format!("metrics-listen in config file {}", file.path.display())
+        }
+        _ => "--metrics-listen".to_owned(),
+    }
+}
+
+/// Starts the metrics listener on `socket` over `server`'s shards, prints
+/// `metrics on http://ADDR/metrics` on `stdout` and logs it.
+fn serve_metrics(
+    socket: BoundListener,
+    server: &RunningServer,
+    io_driver: IoDriver,
+    stdout: &mut impl Write,
+) -> anyhow::Result<MetricsListener> {
+    let source = Arc::new(ScrapeSource::new(
+        Arc::clone(&server.metrics),
+        shards::metrics::GATHER_TIMEOUT_DEFAULT,
+        io_driver.to_string(),
+        server.budget.open_file_limit,
+    ));
+    let scraper: Scraper = Arc::new(move || source.scrape());
+    let listener = socket.serve(scraper, ListenerLimits::default())?;
+    let url = format!("http://{}/metrics", listener.local_addr());
+    tracing::info!(%url, "serving metrics");
+    if let Err(e) = writeln!(stdout, "metrics on {url}").and_then(|()| stdout.flush()) {
+        tracing::warn!(error = %e, "cannot print the metrics line on stdout; serving anyway");
+    }
+    Ok(listener)
 }
