@@ -84,8 +84,8 @@ pub const REPEAT_COUNT_MAX: u32 = 100;
 pub const RUN_DURATION_MAX: Duration = Duration::from_hours(24);
 
 /// Payload bytes a run must produce before its report carries a page-cache note (first run of
-/// the sequence or a later one; README, Benchmarking). Below this the page-cache growth is a
-/// few tens of thousands of 4 KiB pages, whose fault-in cost (microseconds each on a VM whose
-/// host backs guest memory lazily) stays well under the run-to-run noise of a sub-second run;
-/// at 256 MiB (65 536 pages) it is a visible share of the default 1 GB run's half second.
+/// the sequence or a later one; README, Benchmarking). 256 MiB is 65 536 pages of 4 KiB; at
+/// microseconds per first-touch fault on a VM whose host backs guest memory lazily, that is on
+/// the order of a few hundred milliseconds, as long as the default 1 GB run itself. A chosen
+/// bound, not measured per host: smaller runs are short enough for other noise to dominate.
 pub const PAGE_CACHE_NOTE_BYTES_MIN: u64 = 256 << 20;
