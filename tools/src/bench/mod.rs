@@ -171,7 +171,9 @@ fn print_summary(
     {
         crate::output::print_line(&format!("\n{ratios}"))?;
     }
-    crate::output::print_text(&format!("\n{}", sweep::render_summary(summary)))?;
+    // One blank line before the table, whether or not the table starts with one.
+    let table = sweep::render_summary(summary);
+    crate::output::print_text(&format!("\n{}", table.trim_start_matches('\n')))?;
     if let Some(recommendation) = recommendation {
         crate::output::print_line(&format!("recommendation: {}", recommendation.line))?;
     }
