@@ -792,6 +792,19 @@ mod tests {
         Cli::command().debug_assert();
         let help = Cli::command().render_long_help().to_string();
         assert!(help.contains("--payload-file <FILE>"), "{help}");
+        for taught in [
+            "--repeat <K>",
+            "`sweep` alone runs 1, 2, 4, ...",
+            "--duration <DURATION>",
+            "`10s`, `2m`",
+            "`1KiB`",
+            "--csv <FILE>",
+            "--charts <DIR>",
+            "--compare <OLD.json>",
+            "--efficiency-margin <F>",
+        ] {
+            assert!(help.contains(taught), "{taught}: {help}");
+        }
     }
 
     #[test]
