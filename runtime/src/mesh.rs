@@ -190,6 +190,13 @@ impl<F: Send + 'static> MeshEndpoint<F> {
         self.stop.clone()
     }
 
+    /// Frames waiting in this endpoint's own shard's inbox and reply lane at this moment
+    /// (`(inbox, reply lane)`): the lanes' lengths, read without taking anything off them.
+    pub fn own_lane_depths(&self) -> (usize, usize) {
+        let own = usize::from(self.shard_id.0);
+        (self.inboxes[own].len(), self.reply_lanes[own].len())
+    }
+
     /// Sends a request frame to `target`'s inbox (sending to self is allowed). Never blocks.
     ///
     /// # Errors
@@ -528,6 +535,24 @@ mod tests {
                 other => return other,
             }
         }
+    }
+
+    #[test]
+    fn own_lane_depths_count_what_waits_for_this_shard() {
+        let mut shards = mesh::<u32>(2, 8);
+        let (endpoint_1, mut pump_1) = shards.pop().unwrap();
+        let (endpoint_0, _pump_0) = shards.pop().unwrap();
+        assert_eq!(endpoint_1.own_lane_depths(), (0, 0));
+        endpoint_0.try_send(ShardId(1), 1).unwrap();
+        endpoint_0.try_send(ShardId(1), 2).unwrap();
+        endpoint_0.try_send_reply(ShardId(1), 3).unwrap();
+        assert_eq!(endpoint_1.own_lane_depths(), (2, 1));
+        assert_eq!(endpoint_0.own_lane_depths(), (0, 0), "only its own lanes");
+        let PumpEvent::Inbox(batch) = block_on(next_non_tick(&mut pump_1)) else {
+            panic!("expected the inbox first")
+        };
+        assert_eq!(batch.len(), 2);
+        assert_eq!(endpoint_1.own_lane_depths(), (0, 1));
     }
 
     #[test]

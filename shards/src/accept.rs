@@ -168,6 +168,7 @@ pub async fn accept_loop(
                     );
                 }
                 if let Ok((stream, _)) = listener.accept().await {
+                    shard.metrics().connection_refused();
                     refuse(stream, budget.fd_limit_refusal()).await;
                 }
                 reserve = open_reserve();
@@ -206,6 +207,7 @@ async fn admit(
                 budget.connections_per_shard_max
             );
         }
+        shard.metrics().connection_refused();
         refuse(stream, budget.connection_limit_refusal(shard.id.0)).await;
         return;
     }

@@ -137,7 +137,20 @@ pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: Soc
     }
 }
 
-/// Writes one reply within `REPLY_WRITE_TIMEOUT`; false when the connection must close.
+/// Counts the answer `head` (a reply frame's header, or a whole small frame) in the shard's
+/// request table, by the operation it answers and its error code.
+fn count_answer(shard: &Shard, head: &[u8]) {
+    let Some(header_bytes) = head.get(..bus::HEADER_SIZE) else {
+        return;
+    };
+    let header: bus::Header = bytemuck::pod_read_unaligned(header_bytes);
+    shard
+        .metrics()
+        .answered(header.operation, header.error_code);
+}
+
+/// Writes one reply within `REPLY_WRITE_TIMEOUT` (counted in the shard's request table whether
+/// or not the write succeeds); false when the connection must close.
 async fn write_reply(
     shard: &Shard,
     stream: &mut TcpStream,
@@ -145,6 +158,7 @@ async fn write_reply(
     head: Vec<u8>,
     body: Vec<u8>,
 ) -> bool {
+    count_answer(shard, &head);
     let write = async {
         if body.is_empty() {
             stream.write_all(head).await.0

@@ -84,8 +84,8 @@ pub fn offer_server_config(frame_size_max: u32) -> offer_server::ServerConfig {
     }
 }
 
-/// One request from the metadata queue: (client, request number, operation, reply).
-pub type RequestItem = (u128, u64, PrepareOperation, TxOneshot<ShardReply>);
+/// One request from the metadata queue: (client, request number, operation, reply, arrival).
+pub type RequestItem = crate::shard::MetadataQueueItem;
 
 /// The core's fixed parameters from the server configuration.
 pub fn core_config(config: &crate::config::ServerConfig) -> CoreConfig {
@@ -206,7 +206,8 @@ pub struct Driver {
     store: Rc<ReplicaStore>,
     bus: Option<ReplicaBus<Message>>,
     inbound: Option<AsyncRx<Array<Inbound<Message>>>>,
-    waiting: AHashMap<ClientToken, TxOneshot<ShardReply>>,
+    /// Requests handed to the core: where to answer, and when each arrived on shard 0.
+    waiting: AHashMap<ClientToken, (TxOneshot<ShardReply>, std::time::Instant)>,
     token_next: ClientToken,
     journal_writes: MAsyncTx<Array<Prepare>>,
     completions_tx: MAsyncTx<Array<Completion>>,
@@ -382,14 +383,14 @@ impl Driver {
                     }
                     Input::Message(Inbound { from, message }) => core.on_message(from, message),
                     Input::OfferBuilt(_) => unreachable!("handled above"),
-                    Input::Request((client, request, operation, reply)) => {
+                    Input::Request((client, request, operation, reply, arrived)) => {
                         if let Some(refusal) = self.budget_refusal(core.metadata(), &operation) {
                             reply.send(refusal);
                             continue;
                         }
                         let token = self.token_next;
                         self.token_next += 1;
-                        self.waiting.insert(token, reply);
+                        self.waiting.insert(token, (reply, arrived));
                         core.on_request(ClientRequest {
                             token,
                             client,
@@ -633,10 +634,18 @@ impl Driver {
 
     /// Converts the core's reply for `token` and queues it behind the applies before it.
     async fn reply(&mut self, token: ClientToken, reply: ClientReply) {
-        let Some(waiting) = self.waiting.remove(&token) else {
+        let Some((waiting, arrived)) = self.waiting.remove(&token) else {
             // The request's connection went away (or the token is not ours): nothing to answer.
             return;
         };
+        if matches!(
+            reply,
+            ClientReply::Committed(_) | ClientReply::Registered { .. }
+        ) {
+            self.shard
+                .replica_metrics()
+                .commit_latency(arrived.elapsed());
+        }
         let committed = matches!(&reply, ClientReply::Committed(cached) if cached.error_code == 0);
         let reply = client_reply(reply, |primary| self.client_address_of(primary));
         self.to_applier(ApplierStep::Reply {
@@ -950,6 +959,7 @@ async fn applier(
                 operation,
                 applied,
             } => {
+                shard.replica_metrics().committed();
                 failures.clear();
                 let PrepareOperation::Metadata(change) = operation else {
                     // Register touches only the client table, which lives in the core.

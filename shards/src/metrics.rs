@@ -106,6 +106,267 @@ pub struct RequestCount {
     pub count: u64,
 }
 
+/// Operation label of each request-table row: index = the wire operation number (0 and unknown
+/// numbers count as `unknown`).
+const OPERATION_LABELS: [&str; 10] = [
+    "unknown",
+    "ping",
+    "create_stream",
+    "delete_stream",
+    "create_topic",
+    "delete_topic",
+    "get_metadata",
+    "send_messages",
+    "poll_messages",
+    "register",
+];
+
+/// Result label of each request-table column: index = the reply's wire error code (0 = `ok`),
+/// the last column for a code this table does not know.
+const RESULT_LABELS: [&str; 21] = [
+    "ok",
+    "busy",
+    "stream_not_found",
+    "stream_already_exists",
+    "topic_not_found",
+    "topic_already_exists",
+    "partition_not_found",
+    "invalid_batch",
+    "invalid_argument",
+    "shutting_down",
+    "storage_failure",
+    "internal",
+    "session_evicted",
+    "request_stale",
+    "storage_full",
+    "offset_out_of_range",
+    "message_too_large",
+    "sequence_gap",
+    "resource_exhausted",
+    "not_primary",
+    "unknown",
+];
+
+const OPERATION_COUNT: usize = OPERATION_LABELS.len();
+const RESULT_COUNT: usize = RESULT_LABELS.len();
+const _: () = assert!(OPERATION_COUNT == bus::Operation::ALL.len() + 1);
+const _: () = assert!(RESULT_COUNT == bus::ErrorCode::ALL.len() + 2);
+
+/// Requests answered by one shard, by operation x result: a fixed table of `Cell`s indexed by
+/// the wire numbers, so counting a request is two bounds checks and an add (no allocation, no
+/// hashing).
+#[derive(Debug)]
+pub struct RequestCounts {
+    counts: [[Cell<u64>; RESULT_COUNT]; OPERATION_COUNT],
+}
+
+impl Default for RequestCounts {
+    fn default() -> RequestCounts {
+        RequestCounts {
+            counts: std::array::from_fn(|_| std::array::from_fn(|_| Cell::new(0))),
+        }
+    }
+}
+
+impl RequestCounts {
+    /// Counts one reply to a request of wire operation `operation` with wire `error_code` (0 =
+    /// success). Numbers outside the tables count as `unknown`.
+    pub fn record(&self, operation: u8, error_code: u32) {
+        let row = usize::from(operation);
+        let row = if row < OPERATION_COUNT { row } else { 0 };
+        let column = usize::try_from(error_code)
+            .ok()
+            .filter(|column| *column < RESULT_COUNT - 1)
+            .unwrap_or(RESULT_COUNT - 1);
+        let cell = &self.counts[row][column];
+        cell.set(cell.get() + 1);
+    }
+
+    /// The nonzero counts, by operation then result, in table order.
+    pub fn snapshot(&self) -> Vec<RequestCount> {
+        let mut nonzero = Vec::new();
+        for (operation, row) in OPERATION_LABELS.iter().zip(&self.counts) {
+            for (result, cell) in RESULT_LABELS.iter().zip(row) {
+                if cell.get() > 0 {
+                    nonzero.push(RequestCount {
+                        operation,
+                        result,
+                        count: cell.get(),
+                    });
+                }
+            }
+        }
+        nonzero
+    }
+}
+
+/// Adds `amount` to a `Cell` counter.
+fn add(cell: &Cell<u64>, amount: u64) {
+    cell.set(cell.get() + amount);
+}
+
+/// The counters one shard keeps (issue 10 section 1): owned by the shard (`Rc`, `Cell`s: never
+/// touched by another thread), read by [`crate::shard::Shard::metrics_snapshot`] on the shard's
+/// thread. Every partition log of the shard reports its fsyncs here (`storage::log::LogStats`),
+/// so the counts outlive a deleted partition.
+#[derive(Debug)]
+pub struct ShardMetrics {
+    messages_appended: Cell<u64>,
+    bytes_appended: Cell<u64>,
+    messages_read: Cell<u64>,
+    bytes_read: Cell<u64>,
+    requests: RequestCounts,
+    busy_replies: Cell<u64>,
+    mesh_frames_sent: Cell<u64>,
+    mesh_inbox_full: Cell<u64>,
+    connections_refused: Cell<u64>,
+    fsyncs: Cell<u64>,
+    group_commit_batch_size: Histogram,
+    fsync_latency_seconds: Histogram,
+}
+
+impl Default for ShardMetrics {
+    fn default() -> ShardMetrics {
+        ShardMetrics {
+            messages_appended: Cell::new(0),
+            bytes_appended: Cell::new(0),
+            messages_read: Cell::new(0),
+            bytes_read: Cell::new(0),
+            requests: RequestCounts::default(),
+            busy_replies: Cell::new(0),
+            mesh_frames_sent: Cell::new(0),
+            mesh_inbox_full: Cell::new(0),
+            connections_refused: Cell::new(0),
+            fsyncs: Cell::new(0),
+            group_commit_batch_size: Histogram::new(BATCH_SIZE_BOUNDS),
+            fsync_latency_seconds: Histogram::new(LATENCY_BOUNDS_SECONDS),
+        }
+    }
+}
+
+impl ShardMetrics {
+    /// A batch of `message_count` messages, `byte_count` bytes (batch header included, as
+    /// stored), was appended to a partition this shard owns and acknowledged.
+    pub fn appended(&self, message_count: u32, byte_count: usize) {
+        add(&self.messages_appended, u64::from(message_count));
+        add(&self.bytes_appended, byte_count as u64);
+    }
+
+    /// A poll of a partition this shard owns returned `message_count` messages in `byte_count`
+    /// bytes of batches.
+    pub fn read(&self, message_count: u32, byte_count: usize) {
+        add(&self.messages_read, u64::from(message_count));
+        add(&self.bytes_read, byte_count as u64);
+    }
+
+    /// This shard's connection answered a request of wire `operation` with wire `error_code`
+    /// (0 = success); a `Busy` answer also counts in `busy_replies`.
+    pub fn answered(&self, operation: u8, error_code: u32) {
+        self.requests.record(operation, error_code);
+        if error_code == bus::ErrorCode::Busy as u32 {
+            add(&self.busy_replies, 1);
+        }
+    }
+
+    /// A mesh send of this shard to another shard's inbox or reply lane: delivered (`true`), or
+    /// refused because the lane was full (`false`).
+    pub fn mesh_send(&self, delivered: bool) {
+        if delivered {
+            add(&self.mesh_frames_sent, 1);
+        } else {
+            add(&self.mesh_inbox_full, 1);
+        }
+    }
+
+    /// A client connection was refused at accept (connection budget, or no descriptor left).
+    pub fn connection_refused(&self) {
+        add(&self.connections_refused, 1);
+    }
+
+    /// Fills the counter fields of `snapshot` (the gauges are the shard's to fill).
+    pub fn fill(&self, snapshot: &mut ShardMetricsSnapshot) {
+        snapshot.messages_appended = self.messages_appended.get();
+        snapshot.bytes_appended = self.bytes_appended.get();
+        snapshot.messages_read = self.messages_read.get();
+        snapshot.bytes_read = self.bytes_read.get();
+        snapshot.requests = self.requests.snapshot();
+        snapshot.busy_replies = self.busy_replies.get();
+        snapshot.mesh_frames_sent = self.mesh_frames_sent.get();
+        snapshot.mesh_inbox_full = self.mesh_inbox_full.get();
+        snapshot.connections_refused = self.connections_refused.get();
+        snapshot.fsyncs = self.fsyncs.get();
+        snapshot.group_commit_batch_size = self.group_commit_batch_size.snapshot();
+        snapshot.fsync_latency_seconds = self.fsync_latency_seconds.snapshot();
+    }
+}
+
+impl storage::log::LogStats for ShardMetrics {
+    fn fsync_done(&self, append_count: u64, elapsed: Duration) {
+        add(&self.fsyncs, 1);
+        self.group_commit_batch_size.observe(append_count as f64);
+        self.fsync_latency_seconds.observe_duration(elapsed);
+    }
+}
+
+/// Shard 0's metadata counters (its `ShardMetrics` holds the data-plane ones).
+#[derive(Debug)]
+pub struct ReplicaMetrics {
+    ops_committed: Cell<u64>,
+    commit_latency_seconds: Histogram,
+    checkpoints: Cell<u64>,
+    checkpoint_duration_seconds: Histogram,
+    /// The journal's size as last read (`Journal::size_bytes`), kept for a scrape that finds
+    /// the journal locked by a write.
+    journal_bytes: Cell<u64>,
+}
+
+impl Default for ReplicaMetrics {
+    fn default() -> ReplicaMetrics {
+        ReplicaMetrics {
+            ops_committed: Cell::new(0),
+            commit_latency_seconds: Histogram::new(LATENCY_BOUNDS_SECONDS),
+            checkpoints: Cell::new(0),
+            checkpoint_duration_seconds: Histogram::new(LATENCY_BOUNDS_SECONDS),
+            journal_bytes: Cell::new(0),
+        }
+    }
+}
+
+impl ReplicaMetrics {
+    /// The driver applied committed op (any operation, Register included).
+    pub fn committed(&self) {
+        add(&self.ops_committed, 1);
+    }
+
+    /// A client request that arrived on shard 0 `elapsed` ago was committed and answered.
+    pub fn commit_latency(&self, elapsed: Duration) {
+        self.commit_latency_seconds.observe_duration(elapsed);
+    }
+
+    /// A checkpoint became durable after `elapsed`.
+    pub fn checkpointed(&self, elapsed: Duration) {
+        add(&self.checkpoints, 1);
+        self.checkpoint_duration_seconds.observe_duration(elapsed);
+    }
+
+    /// The journal's size as read now; `None` when it could not be read (locked by a write):
+    /// the last value read stands.
+    pub fn journal_bytes(&self, read_now: Option<u64>) -> u64 {
+        if let Some(bytes) = read_now {
+            self.journal_bytes.set(bytes);
+        }
+        self.journal_bytes.get()
+    }
+
+    /// Fills the counter fields of `snapshot` (the state fields are the shard's to fill).
+    pub fn fill(&self, snapshot: &mut ReplicaMetricsSnapshot) {
+        snapshot.ops_committed = self.ops_committed.get();
+        snapshot.commit_latency_seconds = self.commit_latency_seconds.snapshot();
+        snapshot.checkpoints = self.checkpoints.get();
+        snapshot.checkpoint_duration_seconds = self.checkpoint_duration_seconds.snapshot();
+    }
+}
+
 /// Everything one shard reports at a scrape. Counters are totals since the shard started; gauges
 /// are values at the moment of the snapshot.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -127,9 +388,14 @@ pub struct ShardMetricsSnapshot {
     pub mesh_inbox_full: u64,
     /// Frames waiting in this shard's inbox (gauge).
     pub inbox_depth: u64,
+    /// Frames waiting in this shard's reply lane (replies to requests it forwarded, metadata
+    /// acks; gauge).
+    pub reply_lane_depth: u64,
     /// Client connections open on this shard (gauge) and refused at accept (counter).
     pub connections_open: u64,
     pub connections_refused: u64,
+    /// The connections this shard admits at once (its share of the open-file budget; gauge).
+    pub connections_max: u64,
     /// Bytes of request bodies and poll replies held against the receive budget (gauge), and the
     /// budget.
     pub receive_budget_bytes_in_use: u64,
@@ -303,6 +569,139 @@ mod tests {
         assert_eq!(snapshot.buckets, vec![(1.0, 2), (2.0, 3), (4.0, 4)]);
         assert_eq!(snapshot.count, 5);
         assert!((snapshot.sum - 15.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn request_counts_label_wire_numbers_in_snake_case_and_skip_zeros() {
+        let counts = RequestCounts::default();
+        assert!(counts.snapshot().is_empty());
+        counts.record(bus::Operation::SendMessages as u8, 0);
+        counts.record(bus::Operation::SendMessages as u8, 0);
+        counts.record(
+            bus::Operation::SendMessages as u8,
+            bus::ErrorCode::Busy as u32,
+        );
+        counts.record(
+            bus::Operation::PollMessages as u8,
+            bus::ErrorCode::NotPrimary as u32,
+        );
+        counts.record(200, 0);
+        counts.record(bus::Operation::Ping as u8, 999);
+        let row = |operation, result, count| RequestCount {
+            operation,
+            result,
+            count,
+        };
+        assert_eq!(
+            counts.snapshot(),
+            vec![
+                row("unknown", "ok", 1),
+                row("ping", "unknown", 1),
+                row("send_messages", "ok", 2),
+                row("send_messages", "busy", 1),
+                row("poll_messages", "not_primary", 1),
+            ]
+        );
+    }
+
+    #[test]
+    fn result_labels_follow_the_error_code_numbers() {
+        for code in bus::ErrorCode::ALL {
+            let name = format!("{code:?}");
+            let snake: String = name
+                .chars()
+                .enumerate()
+                .flat_map(|(index, c)| {
+                    let lower = c.to_ascii_lowercase();
+                    if c.is_ascii_uppercase() && index > 0 {
+                        vec!['_', lower]
+                    } else {
+                        vec![lower]
+                    }
+                })
+                .collect();
+            assert_eq!(RESULT_LABELS[code as usize], snake, "{name}");
+        }
+        for operation in bus::Operation::ALL {
+            let name = format!("{operation:?}").to_ascii_lowercase();
+            assert_eq!(
+                OPERATION_LABELS[operation as usize].replace('_', ""),
+                name,
+                "{operation:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn shard_metrics_count_busy_answers_mesh_sends_and_fsyncs() {
+        use storage::log::LogStats;
+        let metrics = ShardMetrics::default();
+        metrics.appended(10, 400);
+        metrics.appended(5, 200);
+        metrics.read(7, 300);
+        metrics.answered(bus::Operation::SendMessages as u8, 0);
+        metrics.answered(
+            bus::Operation::SendMessages as u8,
+            bus::ErrorCode::Busy as u32,
+        );
+        metrics.mesh_send(true);
+        metrics.mesh_send(true);
+        metrics.mesh_send(false);
+        metrics.connection_refused();
+        metrics.fsync_done(3, Duration::from_micros(700));
+        metrics.fsync_done(1, Duration::from_millis(20));
+        let mut snapshot = ShardMetricsSnapshot::default();
+        metrics.fill(&mut snapshot);
+        assert_eq!(
+            (snapshot.messages_appended, snapshot.bytes_appended),
+            (15, 600)
+        );
+        assert_eq!((snapshot.messages_read, snapshot.bytes_read), (7, 300));
+        assert_eq!(snapshot.busy_replies, 1);
+        assert_eq!(snapshot.requests.len(), 2);
+        assert_eq!(
+            (snapshot.mesh_frames_sent, snapshot.mesh_inbox_full),
+            (2, 1)
+        );
+        assert_eq!(snapshot.connections_refused, 1);
+        assert_eq!(snapshot.fsyncs, 2);
+        assert_eq!(snapshot.group_commit_batch_size.count, 2);
+        assert!((snapshot.group_commit_batch_size.sum - 4.0).abs() < 1e-9);
+        // 700 µs lands in the 1 ms bucket, 20 ms in the 25 ms one.
+        let bucket = |bound: f64| {
+            snapshot
+                .fsync_latency_seconds
+                .buckets
+                .iter()
+                .find(|(upper, _)| (*upper - bound).abs() < 1e-12)
+                .map(|(_, count)| *count)
+        };
+        assert_eq!(bucket(0.000_5), Some(0));
+        assert_eq!(bucket(0.001), Some(1));
+        assert_eq!(bucket(0.01), Some(1));
+        assert_eq!(bucket(0.025), Some(2));
+    }
+
+    #[test]
+    fn replica_metrics_keep_the_last_journal_size_read() {
+        let metrics = ReplicaMetrics::default();
+        assert_eq!(metrics.journal_bytes(None), 0);
+        assert_eq!(metrics.journal_bytes(Some(4096)), 4096);
+        assert_eq!(
+            metrics.journal_bytes(None),
+            4096,
+            "locked: the last read stands"
+        );
+        metrics.committed();
+        metrics.committed();
+        metrics.commit_latency(Duration::from_millis(3));
+        metrics.checkpointed(Duration::from_millis(40));
+        let mut snapshot = ReplicaMetricsSnapshot::default();
+        metrics.fill(&mut snapshot);
+        assert_eq!(snapshot.ops_committed, 2);
+        assert_eq!(snapshot.commit_latency_seconds.count, 1);
+        assert_eq!(snapshot.checkpoints, 1);
+        assert_eq!(snapshot.checkpoint_duration_seconds.count, 1);
     }
 
     #[test]

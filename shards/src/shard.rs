@@ -22,6 +22,7 @@ use crate::limits::{
     RECEIVE_BYTES_MAX_PER_SHARD,
 };
 use crate::metadata::{MetadataOp, MetadataState};
+use crate::metrics::{ReplicaMetrics, ReplicaMetricsSnapshot, ShardMetrics, ShardMetricsSnapshot};
 use crate::producers::{ProducerTable, Verdict};
 use crate::resources::ResourceBudget;
 use crate::shard_for;
@@ -30,8 +31,15 @@ use crate::unopened::{Begin, OpenFailure, UnopenedPartitions};
 use crate::vsr::prepare::PrepareOperation;
 use crate::vsr::replica::Replica;
 
-/// One metadata request waiting on shard 0: (client, request number, operation, reply).
-pub type MetadataQueueItem = (u128, u64, PrepareOperation, TxOneshot<ShardReply>);
+/// One metadata request waiting on shard 0: (client, request number, operation, reply, when it
+/// arrived on shard 0: the start of its commit latency).
+pub type MetadataQueueItem = (
+    u128,
+    u64,
+    PrepareOperation,
+    TxOneshot<ShardReply>,
+    std::time::Instant,
+);
 type MetadataQueue = (
     crossfire::MAsyncTx<crossfire::mpsc::Array<MetadataQueueItem>>,
     crossfire::AsyncRx<crossfire::mpsc::Array<MetadataQueueItem>>,
@@ -121,6 +129,10 @@ pub struct Shard {
     budget: ResourceBudget,
     connection_count: Cell<u64>,
     receive_budget: ReceiveBudget,
+    /// This shard's counters (`crate::metrics`); every log it opens reports its fsyncs here.
+    metrics: Rc<ShardMetrics>,
+    /// Shard 0 only: the metadata counters.
+    replica_metrics: Option<ReplicaMetrics>,
 }
 
 /// The bytes of request bodies and poll replies a shard's connections hold at once: a
@@ -183,6 +195,12 @@ impl ReceiveBudget {
     /// Bytes held by live permits.
     pub fn in_flight(&self) -> u64 {
         self.state.in_flight.get()
+    }
+
+    /// The budget: bytes the permits may hold at once (one request is admitted past it when
+    /// none is held).
+    pub fn bytes_max(&self) -> u64 {
+        self.state.bytes_max
     }
 
     /// Waits until `bytes` fit the budget, then holds them until the permit drops. One request
@@ -420,6 +438,8 @@ impl Shard {
             budget,
             connection_count: Cell::new(0),
             receive_budget: ReceiveBudget::new(RECEIVE_BYTES_MAX_PER_SHARD),
+            metrics: Rc::new(ShardMetrics::default()),
+            replica_metrics: (id == ShardId(0)).then(ReplicaMetrics::default),
         }
     }
 
@@ -450,6 +470,31 @@ impl Shard {
     /// A connection admitted by `try_admit_connection` ended.
     pub fn connection_closed(&self) {
         self.connection_count.set(self.connection_count.get() - 1);
+    }
+
+    /// Opens the partition log in `dir` with this shard's log configuration, reporting its
+    /// fsyncs to this shard's metrics.
+    async fn open_log(
+        &self,
+        dir: &std::path::Path,
+    ) -> Result<(PartitionLog, storage::RecoveryReport), storage::LogError> {
+        let stats: Rc<dyn storage::log::LogStats> = self.metrics.clone();
+        PartitionLog::open_with_stats(dir, self.log_config(), stats).await
+    }
+
+    /// This shard's counters, for the code paths that count (connections, the driver).
+    pub fn metrics(&self) -> &ShardMetrics {
+        &self.metrics
+    }
+
+    /// Shard 0's metadata counters.
+    ///
+    /// # Panics
+    /// On a shard other than 0.
+    pub fn replica_metrics(&self) -> &ReplicaMetrics {
+        self.replica_metrics
+            .as_ref()
+            .expect("the metadata counters live on shard 0")
     }
 
     fn log_config(&self) -> LogConfig {
@@ -503,7 +548,7 @@ impl Shard {
                     dir.display()
                 ));
             }
-            let (log, report) = match PartitionLog::open(&dir, self.log_config()).await {
+            let (log, report) = match self.open_log(&dir).await {
                 Ok(opened) => opened,
                 Err(e) => {
                     self.leave_unopened_at_boot(namespace, &dir, &e)?;
@@ -580,6 +625,7 @@ impl Shard {
             } else {
                 self.endpoint.try_send(target, frame)
             };
+            self.count_mesh_send(&result);
             match result {
                 Ok(()) => return Ok(()),
                 Err(MeshSendError::Full(returned)) => {
@@ -597,6 +643,16 @@ impl Shard {
         ))
     }
 
+    /// Counts a mesh send's outcome: delivered, or refused by a full lane (a send to a stopped
+    /// shard counts as neither).
+    fn count_mesh_send(&self, result: &Result<(), MeshSendError<ShardFrame>>) {
+        match result {
+            Ok(()) => self.metrics.mesh_send(true),
+            Err(MeshSendError::Full(_)) => self.metrics.mesh_send(false),
+            Err(MeshSendError::Disconnected(_)) => {}
+        }
+    }
+
     /// Runs `request` on `target` (locally when it is this shard) and returns its reply. A full
     /// target inbox answers `Busy` and applies nothing.
     ///
@@ -610,13 +666,15 @@ impl Shard {
         self.request_id_next.set(request_id + 1);
         let (reply_tx, reply_rx) = oneshot();
         self.pending.borrow_mut().insert(request_id, reply_tx);
-        match self.endpoint.try_send(
+        let sent = self.endpoint.try_send(
             target,
             ShardFrame::Request {
                 request_id,
                 request,
             },
-        ) {
+        );
+        self.count_mesh_send(&sent);
+        match sent {
             Ok(()) => {}
             Err(MeshSendError::Full(_)) => {
                 self.pending.borrow_mut().remove(&request_id);
@@ -661,6 +719,7 @@ impl Shard {
                 match log.read(offset, max_count, self.poll_bytes_max()).await {
                     Ok(batches) => {
                         let message_count = message_count_from(&batches, offset);
+                        self.metrics.read(message_count, batches.len());
                         ShardReply::Polled {
                             batches,
                             message_count,
@@ -706,7 +765,13 @@ impl Shard {
                 };
                 let (reply_tx, reply_rx) = oneshot();
                 if queue_tx
-                    .try_send((client, request, operation, reply_tx))
+                    .try_send((
+                        client,
+                        request,
+                        operation,
+                        reply_tx,
+                        std::time::Instant::now(),
+                    ))
                     .is_err()
                 {
                     return ShardReply::error(
@@ -757,24 +822,30 @@ impl Shard {
                 .send_idempotent(namespace, &log, stamp, header.message_count, batch)
                 .await;
         }
+        let byte_count = batch.len();
         let result = log.append(batch).await;
-        self.sent_reply(namespace, &log, result, header.message_count)
+        self.sent_reply(namespace, &log, result, header.message_count, byte_count)
     }
 
-    /// The reply to an append of `message_count` messages to `namespace`.
+    /// The reply to an append of `message_count` messages in `byte_count` bytes to `namespace`;
+    /// an acknowledged one is counted in this shard's metrics.
     fn sent_reply(
         &self,
         namespace: Namespace,
         log: &PartitionLog,
         result: Result<u64, storage::LogError>,
         message_count: u32,
+        byte_count: usize,
     ) -> ShardReply {
         match result {
-            Ok(base_offset) => ShardReply::Sent {
-                base_offset,
-                message_count,
-                ends: partition_ends(log),
-            },
+            Ok(base_offset) => {
+                self.metrics.appended(message_count, byte_count);
+                ShardReply::Sent {
+                    base_offset,
+                    message_count,
+                    ends: partition_ends(log),
+                }
+            }
             Err(e) => append_failure(self.id, namespace, &e).with_ends(partition_ends(log)),
         }
     }
@@ -806,6 +877,7 @@ impl Shard {
             );
         }
         let base_offset = log.next_offset();
+        let byte_count = batch.len();
         let append = log.append(batch);
         let evicted = self.producers.borrow_mut().record(
             namespace,
@@ -837,7 +909,7 @@ impl Shard {
             Err(_) => producers.forget_from(namespace, stamp.producer, stamp.sequence),
         }
         drop(producers);
-        self.sent_reply(namespace, log, result, message_count)
+        self.sent_reply(namespace, log, result, message_count, byte_count)
     }
 
     /// The open log of the owned partition `namespace`. A committed partition whose open failed
@@ -869,11 +941,9 @@ impl Shard {
             }
             Begin::Started => {}
         }
-        let opened = PartitionLog::open(
-            &partition_dir(&self.config.data_dir, namespace),
-            self.log_config(),
-        )
-        .await;
+        let opened = self
+            .open_log(&partition_dir(&self.config.data_dir, namespace))
+            .await;
         let still_committed = self.unopened.end(namespace, opened.is_ok());
         match opened {
             Ok((log, report)) => {
@@ -1208,7 +1278,7 @@ impl Shard {
                 continue;
             }
             let dir = partition_dir(&self.config.data_dir, namespace);
-            match PartitionLog::open(&dir, self.log_config()).await {
+            match self.open_log(&dir).await {
                 Ok((log, report)) => {
                     self.unopened.remove(namespace);
                     self.insert_opened(namespace, log, &report);
@@ -1236,11 +1306,13 @@ impl Shard {
         client_table: crate::vsr::client_table::ClientTableSnapshot,
     ) -> Result<u64, crate::store::CheckpointError> {
         let replica = self.replica();
+        let started = std::time::Instant::now();
         let result = replica.checkpoint_state(op, metadata, client_table).await;
         if let Err(error) = &result {
             log_checkpoint_failure(error, replica.checkpoint_op());
         }
         result?;
+        self.replica_metrics().checkpointed(started.elapsed());
         Ok(replica.journal().lock().await.first_op())
     }
 
@@ -1295,7 +1367,7 @@ impl Shard {
             MetadataOp::CreateTopic { .. } => {
                 for namespace in namespaces {
                     let dir = partition_dir(&self.config.data_dir, namespace);
-                    match PartitionLog::open(&dir, self.log_config()).await {
+                    match self.open_log(&dir).await {
                         Ok((log, report)) => {
                             self.insert_opened(namespace, log, &report);
                         }
@@ -1458,9 +1530,68 @@ impl Shard {
         self.partitions.borrow().values().cloned().collect()
     }
 
-    /// This shard's metrics as of now (`crate::metrics`), built on the shard's thread.
-    pub fn metrics_snapshot(&self) -> crate::metrics::ShardMetricsSnapshot {
-        todo!("metrics-shard helper: counters on the shard, snapshot here")
+    /// This shard's metrics as of now (`crate::metrics`): its counters, the gauges read now
+    /// (connections, receive budget, inbox, partitions) and this thread's CPU time. Call it on
+    /// the shard's own thread (the metrics lane task does): the CPU time is the caller's.
+    pub fn metrics_snapshot(&self) -> ShardMetricsSnapshot {
+        let (inbox_depth, reply_lane_depth) = self.endpoint.own_lane_depths();
+        let mut snapshot = ShardMetricsSnapshot {
+            shard: self.id.0,
+            inbox_depth: inbox_depth as u64,
+            reply_lane_depth: reply_lane_depth as u64,
+            connections_open: self.connection_count.get(),
+            connections_max: self.budget.connections_per_shard_max,
+            receive_budget_bytes_in_use: self.receive_budget.in_flight(),
+            receive_budget_bytes_max: self.receive_budget.bytes_max(),
+            cpu_seconds: crate::metrics::thread_cpu_seconds(),
+            partitions: self.partitions.borrow().len() as u64,
+            replica: self.replica_metrics_snapshot(),
+            ..ShardMetricsSnapshot::default()
+        };
+        self.metrics.fill(&mut snapshot);
+        snapshot
+    }
+
+    /// Shard 0's metadata figures; `None` on other shards. Before the driver attached its core
+    /// (startup), the consensus fields read as the published status has them.
+    fn replica_metrics_snapshot(&self) -> Option<ReplicaMetricsSnapshot> {
+        let counters = self.replica_metrics.as_ref()?;
+        let store = self.replica.as_ref()?;
+        let journal_bytes = store
+            .journal()
+            .try_lock()
+            .map(|journal| journal.size_bytes());
+        let status = self.status.borrow();
+        let mut snapshot = ReplicaMetricsSnapshot {
+            checkpoint_op: store.checkpoint_op(),
+            journal_bytes: counters.journal_bytes(journal_bytes),
+            view: status.view,
+            replica: status.replica,
+            primary: status.primary,
+            is_primary: status.is_primary,
+            commit_min: status.commit,
+            commit_max: status.commit,
+            ..ReplicaMetricsSnapshot::default()
+        };
+        drop(status);
+        counters.fill(&mut snapshot);
+        // The driver borrows the core only between awaits, never across one: free here.
+        if let Some(core) = self.core.borrow().as_ref()
+            && let Ok(core) = core.try_borrow()
+        {
+            let transfers = core.transfer_counters();
+            snapshot.sessions = core.client_table().session_count() as u64;
+            snapshot.view = core.view();
+            snapshot.primary =
+                (core.status() == crate::vsr::message::Status::Normal).then_some(core.primary());
+            snapshot.is_primary = core.is_primary();
+            snapshot.commit_min = core.commit_min();
+            snapshot.commit_max = core.commit_max();
+            snapshot.state_transfers_started = transfers.started;
+            snapshot.state_transfers_completed = transfers.installed;
+            snapshot.state_transfers_failed = transfers.failed_rounds;
+        }
+        Some(snapshot)
     }
 }
 

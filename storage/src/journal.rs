@@ -452,6 +452,17 @@ impl Journal {
         self.damaged_tail.as_ref().map(|tail| &tail.record)
     }
 
+    /// Bytes of the records the journal holds (header + body each), across its segments: what
+    /// its segment files hold less any damage kept for repair. Walks the record index (one
+    /// entry per op held: at most a checkpoint interval's worth), so call it per scrape, not per
+    /// op.
+    pub fn size_bytes(&self) -> u64 {
+        self.index
+            .values()
+            .map(|location| location.size_bytes)
+            .sum()
+    }
+
     /// Segment files the journal has now.
     pub fn segment_count(&self) -> usize {
         self.segment_first_ops.len()

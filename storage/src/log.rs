@@ -16,6 +16,7 @@ mod completion;
 mod index;
 mod producer_state;
 mod recovery;
+mod stats;
 pub mod verify;
 mod writer;
 
@@ -42,6 +43,7 @@ use closed_files::{ClosedFiles, ReadFile, Reserve};
 use compio::BufResult;
 use completion::Completion;
 use index::SegmentIndex;
+pub use stats::LogStats;
 
 /// When an append is acknowledged relative to fsync (`--fsync`, DESIGN section 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -381,6 +383,8 @@ struct State {
     dirty: bool,
     last_sync_at: Instant,
     fsync_count: u64,
+    /// Entries written since the last fsync (the group-commit batch the next fsync covers).
+    unsynced_append_count: u64,
     /// Every idempotent producer's last batches among the acknowledged entries; written as the
     /// new segment's snapshot at each roll.
     producers: producer_state::ProducerStates,
@@ -427,6 +431,8 @@ struct Shared {
     state: RefCell<State>,
     /// Test seam: consulted before every entry write and segment fsync.
     faults: FaultInjector,
+    /// Where fsyncs are reported (`PartitionLog::open_with_stats`).
+    stats: Option<Rc<dyn LogStats>>,
 }
 
 /// One partition's log, owned by one shard (!Send). Methods take `&self`; concurrent appends from
@@ -494,6 +500,34 @@ impl PartitionLog {
         dir: &Path,
         config: LogConfig,
     ) -> Result<(PartitionLog, RecoveryReport), LogError> {
+        Self::open_reporting(dir, config, None).await
+    }
+
+    /// As [`PartitionLog::open`], and every segment fsync of this log is reported to `stats`
+    /// (count, latency, appends covered; see [`LogStats`]). The owner shares one sink among its
+    /// logs.
+    ///
+    /// # Errors
+    /// As [`PartitionLog::open`].
+    ///
+    /// # Panics
+    /// Outside a compio runtime.
+    ///
+    /// # Cancel safety
+    /// As [`PartitionLog::open`].
+    pub async fn open_with_stats(
+        dir: &Path,
+        config: LogConfig,
+        stats: Rc<dyn LogStats>,
+    ) -> Result<(PartitionLog, RecoveryReport), LogError> {
+        Self::open_reporting(dir, config, Some(stats)).await
+    }
+
+    async fn open_reporting(
+        dir: &Path,
+        config: LogConfig,
+        stats: Option<Rc<dyn LogStats>>,
+    ) -> Result<(PartitionLog, RecoveryReport), LogError> {
         if config.segment_size_max == 0 || config.segment_size_max > SEGMENT_SIZE_MAX_LIMIT {
             return Err(LogError::InvalidConfig(format!(
                 "segment_size_max {} must be within 1..={SEGMENT_SIZE_MAX_LIMIT} bytes",
@@ -518,6 +552,7 @@ impl PartitionLog {
             dirty: false,
             last_sync_at: Instant::now(),
             fsync_count: 0,
+            unsynced_append_count: 0,
             producers: recovered.producers.states,
             producer_snapshot_base_offsets: recovered.producers.snapshot_base_offsets,
         };
@@ -526,6 +561,7 @@ impl PartitionLog {
             config,
             state: RefCell::new(state),
             faults: FaultInjector::default(),
+            stats,
         });
         compio::runtime::spawn(writer::run(Rc::clone(&shared))).detach();
         Ok((PartitionLog { shared }, recovered.report))
@@ -1043,6 +1079,67 @@ mod tests {
             )
         );
         assert!("Always".parse::<FsyncPolicy>().is_err());
+    }
+
+    /// Issue 10 section 1: every segment fsync is reported to the log's stats sink with the
+    /// appends it made durable (one group commit covers every append queued before it ran).
+    #[test]
+    fn log_stats_report_each_fsync_with_the_appends_it_covered() {
+        use stats::tests::RecordingStats;
+        let dir = tempfile::tempdir().unwrap();
+        compio::runtime::Runtime::new().unwrap().block_on(async {
+            let stats = Rc::new(RecordingStats::default());
+            let config = LogConfig {
+                fsync: FsyncPolicy::Always,
+                segment_size_max: 1 << 20,
+            };
+            let sink: Rc<dyn LogStats> = stats.clone();
+            let (log, _) = PartitionLog::open_with_stats(dir.path(), config, sink)
+                .await
+                .unwrap();
+            // Queued before the writer runs: one group, one fsync.
+            let appends: Vec<AppendFuture> = (0..10)
+                .map(|_| log.append(crate::entry::build_entry(0, 1, b"m")))
+                .collect();
+            for append in appends {
+                append.await.unwrap();
+            }
+            log.append(crate::entry::build_entry(0, 2, b"alone"))
+                .await
+                .unwrap();
+            log.close().await.unwrap();
+            let counts: Vec<u64> = stats.fsyncs.borrow().iter().map(|(n, _)| *n).collect();
+            assert_eq!(
+                counts,
+                vec![10, 1],
+                "nothing dirty at close: no third fsync"
+            );
+            assert_eq!(log.fsync_count(), 2);
+        });
+        let never = tempfile::tempdir().unwrap();
+        compio::runtime::Runtime::new().unwrap().block_on(async {
+            let stats = Rc::new(RecordingStats::default());
+            let config = LogConfig {
+                fsync: FsyncPolicy::Never,
+                segment_size_max: 1 << 20,
+            };
+            let sink: Rc<dyn LogStats> = stats.clone();
+            let (log, _) = PartitionLog::open_with_stats(never.path(), config, sink)
+                .await
+                .unwrap();
+            for _ in 0..3 {
+                log.append(crate::entry::build_entry(0, 1, b"m"))
+                    .await
+                    .unwrap();
+            }
+            assert!(
+                stats.fsyncs.borrow().is_empty(),
+                "Never: no fsync per append"
+            );
+            log.close().await.unwrap();
+            let counts: Vec<u64> = stats.fsyncs.borrow().iter().map(|(n, _)| *n).collect();
+            assert_eq!(counts, vec![3], "the close fsync covers the three appends");
+        });
     }
 
     #[test]

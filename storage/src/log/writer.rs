@@ -380,7 +380,13 @@ async fn roll_back(shared: &Shared, dir_dirty: &mut bool) -> Result<(), Failure>
     file.set_len(size_bytes)
         .await
         .map_err(|error| Failure::new(&path, "truncate rolled-back entries", &error))?;
-    shared.state.borrow_mut().dirty = true;
+    {
+        let mut state = shared.state.borrow_mut();
+        state.dirty = true;
+        // The cut entries were never acknowledged: the rollback's fsync makes none durable (an
+        // acknowledged, not yet fsynced entry under `Interval` goes uncounted in that batch).
+        state.unsynced_append_count = 0;
+    }
     sync_active(shared).await?;
     remove_if_present(
         &index_path(&shared.dir, base_offset),
@@ -590,10 +596,12 @@ async fn write_batch(shared: &Shared, batch: Vec<Entry>) -> Result<(), Failure> 
         active.index.size_bytes, position,
         "only the writer appends to the active segment"
     );
+    let row_count = rows.len() as u64;
     for (base_offset, message_count, size_bytes) in rows {
         active.index.push(base_offset, message_count, size_bytes);
     }
     state.dirty = true;
+    state.unsynced_append_count += row_count;
     Ok(())
 }
 
@@ -628,15 +636,23 @@ async fn sync_active(shared: &Shared) -> Result<(), Failure> {
             state.active().path.clone(),
         )
     };
+    let started = Instant::now();
     let synced = match shared.faults.check(FaultOp::Fsync) {
         Ok(()) => file.sync_data().await,
         Err(error) => Err(error),
     };
     synced.map_err(|error| Failure::new(&path, "fsync segment", &error))?;
-    let mut state = shared.state.borrow_mut();
-    state.dirty = false;
-    state.last_sync_at = Instant::now();
-    state.fsync_count += 1;
+    let now = Instant::now();
+    let append_count = {
+        let mut state = shared.state.borrow_mut();
+        state.dirty = false;
+        state.last_sync_at = now;
+        state.fsync_count += 1;
+        std::mem::take(&mut state.unsynced_append_count)
+    };
+    if let Some(stats) = &shared.stats {
+        stats.fsync_done(append_count, now.duration_since(started));
+    }
     Ok(())
 }
 
