@@ -755,6 +755,84 @@ mod tests {
         bench: BenchArgs,
     }
 
+    fn plan(flags: &[&str]) -> BenchPlan {
+        let mut argv = vec!["bench"];
+        argv.extend_from_slice(flags);
+        Cli::try_parse_from(argv).unwrap().bench.validate().unwrap()
+    }
+
+    fn read_json(path: &Path) -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn after_a_failed_run_the_report_files_hold_the_completed_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("j.json");
+        let csv = dir.path().join("c.csv");
+        let plan = plan(&[
+            "--json",
+            json.to_str().unwrap(),
+            "--csv",
+            csv.to_str().unwrap(),
+        ]);
+        let outputs = Outputs::open(&plan).unwrap();
+        // Opened before the first run: both exist, empty, while the runs go.
+        assert_eq!(std::fs::read_to_string(&json).unwrap(), "");
+        assert_eq!(std::fs::read_to_string(&csv).unwrap(), "");
+        let runs = [
+            sweep::fixtures::run(1, 1, 0, 1000.0, Some(500.0)),
+            sweep::fixtures::run(2, 1, 1, 1900.0, Some(475.0)),
+        ];
+        let error = outputs.finish_after_failure(
+            &plan,
+            &runs,
+            anyhow!("verification failed with 2 shards: x"),
+        );
+        assert_eq!(format!("{error:#}"), "verification failed with 2 shards: x");
+        let report = read_json(&json);
+        assert_eq!(report["runs"].as_array().unwrap().len(), 2);
+        assert_eq!(report["summary"].as_array().unwrap().len(), 2);
+        assert_eq!(report["recommendation"]["shards"], 2, "{report:#}");
+        // A header and one row per run and phase.
+        assert_eq!(std::fs::read_to_string(&csv).unwrap().lines().count(), 5);
+    }
+
+    #[test]
+    fn a_failure_before_any_run_completes_leaves_no_report_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("j.json");
+        let csv = dir.path().join("c.csv");
+        let plan = plan(&[
+            "--json",
+            json.to_str().unwrap(),
+            "--csv",
+            csv.to_str().unwrap(),
+        ]);
+        let outputs = Outputs::open(&plan).unwrap();
+        let error = outputs.finish_after_failure(&plan, &[], anyhow!("the server did not start"));
+        assert_eq!(error.to_string(), "the server did not start");
+        assert!(!json.exists());
+        assert!(!csv.exists());
+    }
+
+    #[test]
+    fn the_charts_dir_is_created_and_left_empty_before_the_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let charts = dir.path().join("a").join("charts");
+        assert_eq!(prepare_charts_dir(&charts).unwrap(), charts);
+        assert_eq!(std::fs::read_dir(&charts).unwrap().count(), 0);
+        let file = dir.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        assert_eq!(
+            format!("{:#}", prepare_charts_dir(&file).unwrap_err()),
+            format!(
+                "cannot create --charts {}: File exists (os error 17)",
+                file.display()
+            )
+        );
+    }
+
     #[test]
     fn an_unwritable_json_path_fails_before_any_server_is_reached() {
         let dir = tempfile::tempdir().unwrap();
