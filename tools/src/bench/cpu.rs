@@ -1,13 +1,14 @@
 //! CPU accounting of the server process from `/proc`: shard threads, `io_uring` kernel workers, and
-//! the whole process, per bench phase.
+//! the whole process, per bench phase (`CpuSampler`) or at one instant (`process_cpu_snapshot`,
+//! which the metrics endpoint reports).
 //!
-//! Sources (proc(5)): `/proc/PID/task/TID/stat` for each thread and `/proc/PID/stat` for the
-//! process. `utime` and `stime` are fields 14 and 15 and `starttime` field 22, counted from 1 over
-//! the whole line, in clock ticks (`sysconf(_SC_CLK_TCK)`). The thread name is the stat line's
-//! `comm` field, the same `task->comm` that `/proc/PID/task/TID/comm` shows. Threads named
-//! `shard-N` are shards; `iou-wrk-*` (io-wq workers) and `iou-sqp-*` (SQPOLL threads) are the
-//! `io_uring` kernel workers that do the shards' blocking I/O (buffered writes, fsync) and belong to
-//! the server process.
+//! Sources (proc(5)), read and parsed by the `procfs` crate: `/proc/PID/task/TID/stat` for each
+//! thread and `/proc/PID/stat` for the process, whose `utime` and `stime` are in clock ticks
+//! (`sysconf(_SC_CLK_TCK)`) and whose `starttime` tells a reused tid from the thread that had it.
+//! The thread name is the stat line's `comm` field, the same `task->comm` that
+//! `/proc/PID/task/TID/comm` shows. Threads named `shard-N` are shards; `iou-wrk-*` (io-wq workers)
+//! and `iou-sqp-*` (SQPOLL threads) are the `io_uring` kernel workers that do the shards' blocking
+//! I/O (buffered writes, fsync) and belong to the server process.
 //!
 //! io-wq workers come and go within a phase, so the sampler reads every thread every
 //! ~100 ms and keeps the last value seen per thread. The process total also counts threads that
@@ -18,62 +19,9 @@
 //! Must never write to `/proc` or signal the process; it only reads.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
 
-/// The fields of a stat line the bench uses.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskStat {
-    pub comm: String,
-    pub utime_ticks: u64,
-    pub stime_ticks: u64,
-    pub start_time_ticks: u64,
-}
-
-impl TaskStat {
-    pub fn cpu_ticks(&self) -> u64 {
-        self.utime_ticks + self.stime_ticks
-    }
-}
-
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum StatParseError {
-    #[error("stat line has no `(comm)` field")]
-    NoComm,
-    #[error("stat line ends before field {field}")]
-    TooShort { field: usize },
-    #[error("stat field {field} is not a number: {value:?}")]
-    NotANumber { field: usize, value: String },
-}
-
-/// Parses one `/proc/.../stat` line. `comm` may contain spaces and parentheses, so it is the text
-/// between the first `(` and the last `)`.
-pub fn parse_stat(line: &str) -> Result<TaskStat, StatParseError> {
-    let open = line.find('(').ok_or(StatParseError::NoComm)?;
-    let close = line.rfind(')').ok_or(StatParseError::NoComm)?;
-    if close < open {
-        return Err(StatParseError::NoComm);
-    }
-    let comm = line[open + 1..close].to_string();
-    // Fields after the comm start at field 3 (state).
-    let rest: Vec<&str> = line[close + 1..].split_ascii_whitespace().collect();
-    let field = |number: usize| -> Result<u64, StatParseError> {
-        let value = rest
-            .get(number - 3)
-            .ok_or(StatParseError::TooShort { field: number })?;
-        value
-            .parse::<u64>()
-            .map_err(|_| StatParseError::NotANumber {
-                field: number,
-                value: (*value).to_string(),
-            })
-    };
-    Ok(TaskStat {
-        comm,
-        utime_ticks: field(14)?,
-        stime_ticks: field(15)?,
-        start_time_ticks: field(22)?,
-    })
-}
+use procfs::ProcError;
+use procfs::process::{Process, Stat};
 
 /// What a server thread does, from its name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -106,6 +54,21 @@ pub struct ThreadKey {
 pub struct ThreadSample {
     pub kind: ThreadKind,
     pub cpu_ticks: u64,
+}
+
+/// The key and sample of one thread from its `/proc/PID/task/TID/stat` (whose `pid` field is the
+/// tid): user + system ticks, kind from the name.
+fn thread_entry(stat: &Stat) -> (ThreadKey, ThreadSample) {
+    (
+        ThreadKey {
+            tid: stat.pid.unsigned_abs(),
+            start_time_ticks: stat.starttime,
+        },
+        ThreadSample {
+            kind: classify_thread(&stat.comm),
+            cpu_ticks: stat.utime + stat.stime,
+        },
+    )
 }
 
 /// CPU of one phase in clock ticks, by kind.
@@ -192,73 +155,75 @@ impl PhaseCpu {
 
 #[derive(Debug, thiserror::Error)]
 pub enum CpuError {
-    #[error("cannot read {path}: {source} (did the server exit?)")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
+    /// A `/proc` file of the process could not be read or parsed: the process has exited (the
+    /// server died: look at its log), or `/proc` is not mounted or not readable here.
+    #[error("cannot read {what} of process {pid}: {source} (did the server exit?)")]
+    Proc {
+        pid: u32,
+        what: &'static str,
+        source: ProcError,
     },
-    #[error("cannot parse {path}: {source}")]
-    Parse {
-        path: PathBuf,
-        source: StatParseError,
-    },
-    #[error("sysconf(_SC_CLK_TCK) returned {0}")]
-    ClockTicks(i64),
+    /// The kernel reported 0 clock ticks per second (`AT_CLKTCK`); the times cannot be converted.
+    #[error("the kernel reports {0} clock ticks per second")]
+    ClockTicks(u64),
 }
 
-/// Clock ticks per second of the `/proc` stat times.
+/// Clock ticks per second of the `/proc` stat times (`sysconf(_SC_CLK_TCK)`, usually 100).
+///
+/// # Errors
+/// `CpuError::ClockTicks` when the kernel reports 0.
 pub fn clock_ticks_per_second() -> Result<u64, CpuError> {
-    // SAFETY: sysconf has no preconditions; it only reads a configuration value.
-    let value = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    u64::try_from(value)
-        .ok()
-        .filter(|ticks| *ticks > 0)
-        .ok_or(CpuError::ClockTicks(value))
+    let ticks = procfs::ticks_per_second();
+    if ticks == 0 {
+        return Err(CpuError::ClockTicks(ticks));
+    }
+    Ok(ticks)
 }
 
-fn read_stat(path: &Path) -> Result<TaskStat, CpuError> {
-    let text = std::fs::read_to_string(path).map_err(|source| CpuError::Read {
-        path: path.to_path_buf(),
+fn open_process(pid: u32) -> Result<Process, CpuError> {
+    let proc_error = |source| CpuError::Proc {
+        pid,
+        what: "/proc/PID",
         source,
+    };
+    let pid_signed = i32::try_from(pid).map_err(|_| {
+        proc_error(ProcError::Other(format!(
+            "pid {pid} is above the kernel's pid range"
+        )))
     })?;
-    parse_stat(&text).map_err(|source| CpuError::Parse {
-        path: path.to_path_buf(),
-        source,
-    })
+    Process::new(pid_signed).map_err(proc_error)
 }
 
-/// Reads every live thread of the process. Threads that exit while being read are skipped.
-fn read_threads(process_dir: &Path) -> Result<HashMap<ThreadKey, ThreadSample>, CpuError> {
-    let task_dir = process_dir.join("task");
-    let entries = std::fs::read_dir(&task_dir).map_err(|source| CpuError::Read {
-        path: task_dir.clone(),
+/// The process total (user + system ticks, exited threads included) from `/proc/PID/stat`.
+fn process_ticks(process: &Process) -> Result<u64, CpuError> {
+    let stat = process.stat().map_err(|source| CpuError::Proc {
+        pid: process.pid.unsigned_abs(),
+        what: "stat",
         source,
     })?;
+    Ok(stat.utime + stat.stime)
+}
+
+/// Reads every live thread of the process. Threads that exit while being read are skipped (their
+/// directory or stat file is gone: `NotFound`).
+fn read_threads(process: &Process) -> Result<HashMap<ThreadKey, ThreadSample>, CpuError> {
+    let proc_error = |what, source| CpuError::Proc {
+        pid: process.pid.unsigned_abs(),
+        what,
+        source,
+    };
+    let tasks = process
+        .tasks()
+        .map_err(|source| proc_error("task/", source))?;
     let mut threads = HashMap::new();
-    for entry in entries {
-        let Ok(entry) = entry else { continue };
-        let Some(tid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|name| name.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let stat = match read_stat(&entry.path().join("stat")) {
+    for task in tasks {
+        let stat = match task.and_then(|task| task.stat()) {
             Ok(stat) => stat,
-            Err(CpuError::Read { .. }) => continue,
-            Err(error) => return Err(error),
+            Err(ProcError::NotFound(_)) => continue,
+            Err(source) => return Err(proc_error("task/TID/stat", source)),
         };
-        threads.insert(
-            ThreadKey {
-                tid,
-                start_time_ticks: stat.start_time_ticks,
-            },
-            ThreadSample {
-                kind: classify_thread(&stat.comm),
-                cpu_ticks: stat.cpu_ticks(),
-            },
-        );
+        let (key, sample) = thread_entry(&stat);
+        threads.insert(key, sample);
     }
     Ok(threads)
 }
@@ -267,7 +232,7 @@ fn read_threads(process_dir: &Path) -> Result<HashMap<ThreadKey, ThreadSample>, 
 /// [`super::limits::CPU_SAMPLE_INTERVAL`], then `finish`.
 #[derive(Debug)]
 pub struct CpuSampler {
-    process_dir: PathBuf,
+    process: Process,
     ticks_per_second: u64,
     process_ticks_start: u64,
     baseline: HashMap<ThreadKey, ThreadSample>,
@@ -277,13 +242,16 @@ pub struct CpuSampler {
 impl CpuSampler {
     /// Takes the baseline: the process total first, then the threads, so that the process delta
     /// is never smaller than the thread deltas.
+    ///
+    /// # Errors
+    /// `CpuError::Proc` when the process is gone or `/proc` cannot be read; `ClockTicks`.
     pub fn start(pid: u32) -> Result<CpuSampler, CpuError> {
-        let process_dir = PathBuf::from(format!("/proc/{pid}"));
+        let process = open_process(pid)?;
         let ticks_per_second = clock_ticks_per_second()?;
-        let process_ticks_start = read_stat(&process_dir.join("stat"))?.cpu_ticks();
-        let baseline = read_threads(&process_dir)?;
+        let process_ticks_start = process_ticks(&process)?;
+        let baseline = read_threads(&process)?;
         Ok(CpuSampler {
-            process_dir,
+            process,
             ticks_per_second,
             process_ticks_start,
             last_seen: baseline.clone(),
@@ -292,20 +260,90 @@ impl CpuSampler {
     }
 
     /// Records the current value of every live thread.
+    ///
+    /// # Errors
+    /// `CpuError::Proc` when the process is gone.
     pub fn sample(&mut self) -> Result<(), CpuError> {
-        let threads = read_threads(&self.process_dir)?;
+        let threads = read_threads(&self.process)?;
         self.last_seen.extend(threads);
         Ok(())
     }
 
     /// Takes a last sample (threads, then the process total) and attributes the phase's CPU.
+    ///
+    /// # Errors
+    /// `CpuError::Proc` when the process is gone.
     pub fn finish(mut self) -> Result<PhaseCpu, CpuError> {
         self.sample()?;
-        let process_ticks_end = read_stat(&self.process_dir.join("stat"))?.cpu_ticks();
+        let process_ticks_end = process_ticks(&self.process)?;
         let process_delta_ticks = process_ticks_end.saturating_sub(self.process_ticks_start);
         let ticks = attribute_cpu(&self.baseline, &self.last_seen, process_delta_ticks);
         Ok(PhaseCpu::from_ticks(&ticks, self.ticks_per_second))
     }
+}
+
+/// CPU of a whole process at one instant, seconds since each thread started: what the metrics
+/// endpoint reports as counters (`serve --metrics-listen`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ProcessCpuSnapshot {
+    /// The process total (user + system, exited threads included).
+    pub process_seconds: f64,
+    /// Live `shard-N` threads, by shard.
+    pub shard_seconds: BTreeMap<u16, f64>,
+    /// Live io_uring workers (`iou-wrk-*`, `iou-sqp-*`).
+    pub io_worker_live_seconds: f64,
+    /// Live threads of any other kind.
+    pub other_live_seconds: f64,
+    /// `process_seconds` minus every live thread: threads that exited, mostly io_uring workers
+    /// (they come and go with the load).
+    pub exited_seconds: f64,
+}
+
+impl ProcessCpuSnapshot {
+    /// Sums live threads by kind against the process total (all in clock ticks) and converts to
+    /// seconds. Live threads summing above the process total (sampling skew) give 0 exited.
+    fn from_ticks<'a>(
+        process_ticks: u64,
+        threads: impl IntoIterator<Item = &'a ThreadSample>,
+        ticks_per_second: u64,
+    ) -> ProcessCpuSnapshot {
+        let seconds = |ticks: u64| ticks as f64 / ticks_per_second as f64;
+        let mut snapshot = ProcessCpuSnapshot {
+            process_seconds: seconds(process_ticks),
+            ..ProcessCpuSnapshot::default()
+        };
+        let mut live_ticks = 0;
+        for sample in threads {
+            live_ticks += sample.cpu_ticks;
+            let value = seconds(sample.cpu_ticks);
+            match sample.kind {
+                ThreadKind::Shard(shard) => {
+                    *snapshot.shard_seconds.entry(shard).or_default() += value;
+                }
+                ThreadKind::IoWorker => snapshot.io_worker_live_seconds += value,
+                ThreadKind::Other => snapshot.other_live_seconds += value,
+            }
+        }
+        snapshot.exited_seconds = seconds(process_ticks.saturating_sub(live_ticks));
+        snapshot
+    }
+}
+
+/// Reads `/proc/PID/stat` and every `/proc/PID/task/*/stat` once.
+///
+/// # Errors
+/// `CpuError::Proc` when the process is gone or `/proc` cannot be read (naming the file);
+/// `ClockTicks`.
+pub fn process_cpu_snapshot(pid: u32) -> Result<ProcessCpuSnapshot, CpuError> {
+    let ticks_per_second = clock_ticks_per_second()?;
+    let process = open_process(pid)?;
+    let process_ticks = process_ticks(&process)?;
+    let threads = read_threads(&process)?;
+    Ok(ProcessCpuSnapshot::from_ticks(
+        process_ticks,
+        threads.values(),
+        ticks_per_second,
+    ))
 }
 
 #[cfg(test)]
@@ -314,6 +352,10 @@ impl CpuSampler {
     reason = "expected values are the exact quotients computed"
 )]
 mod tests {
+    use std::sync::mpsc;
+
+    use procfs::FromRead;
+
     use super::*;
 
     /// A real-shaped stat line (from a 6.x kernel) with a given comm and utime/stime/starttime.
@@ -325,55 +367,112 @@ mod tests {
         )
     }
 
+    fn parse(line: &str) -> Result<Stat, ProcError> {
+        Stat::from_read(line.as_bytes())
+    }
+
     #[test]
-    fn parses_a_plain_stat_line() {
-        let stat = parse_stat(&stat_line("shard-3", 120, 45, 9876)).unwrap();
+    fn a_stat_line_gives_key_and_sample() {
+        let (key, sample) = thread_entry(&parse(&stat_line("shard-3", 120, 45, 9876)).unwrap());
         assert_eq!(
-            stat,
-            TaskStat {
-                comm: "shard-3".to_string(),
-                utime_ticks: 120,
-                stime_ticks: 45,
+            key,
+            ThreadKey {
+                tid: 4242,
                 start_time_ticks: 9876
             }
         );
-        assert_eq!(stat.cpu_ticks(), 165);
+        assert_eq!(
+            sample,
+            ThreadSample {
+                kind: ThreadKind::Shard(3),
+                cpu_ticks: 165
+            }
+        );
     }
 
     #[test]
-    fn parses_a_comm_with_spaces_and_parentheses() {
-        let stat = parse_stat(&stat_line("a) b (c) 1 2 3", 7, 8, 9)).unwrap();
+    fn a_comm_with_spaces_and_parentheses_keeps_the_fields_in_place() {
+        let stat = parse(&stat_line("a) b (c) 1 2 3", 7, 8, 9)).unwrap();
         assert_eq!(stat.comm, "a) b (c) 1 2 3");
-        assert_eq!(
-            (stat.utime_ticks, stat.stime_ticks, stat.start_time_ticks),
-            (7, 8, 9)
-        );
+        assert_eq!((stat.utime, stat.stime, stat.starttime), (7, 8, 9));
+        let (key, sample) = thread_entry(&parse(&stat_line("iou-wrk-4242", 1, 2, 3)).unwrap());
+        assert_eq!((key.start_time_ticks, sample.cpu_ticks), (3, 3));
+        assert_eq!(sample.kind, ThreadKind::IoWorker);
     }
 
     #[test]
-    fn rejects_malformed_lines() {
-        assert_eq!(parse_stat("4242 shard-0 S 1"), Err(StatParseError::NoComm));
-        assert_eq!(
-            parse_stat("4242 (x) S 1 2 3"),
-            Err(StatParseError::TooShort { field: 14 })
-        );
+    fn malformed_lines_are_errors_not_zeros() {
+        assert!(parse("4242 shard-0 S 1").is_err());
+        assert!(parse("4242 (x) S 1 2 3").is_err());
         let line = stat_line("x", 1, 2, 3).replace(" 1 2 0 0 20", " 1 zz 0 0 20");
-        assert_eq!(
-            parse_stat(&line),
-            Err(StatParseError::NotANumber {
-                field: 15,
-                value: "zz".to_string()
+        assert!(parse(&line).is_err());
+    }
+
+    /// This thread's own CPU time (`CLOCK_THREAD_CPUTIME_ID`).
+    fn thread_cpu_time() -> std::time::Duration {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime only writes the timespec passed to it.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut now) };
+        assert_eq!(rc, 0);
+        std::time::Duration::new(now.tv_sec.unsigned_abs(), now.tv_nsec.unsigned_abs() as u32)
+    }
+
+    /// Spawns a thread named `name` that spins until it has used 50 ms of CPU (five ticks at the
+    /// usual 100 Hz), then waits for the returned sender to drop.
+    fn named_thread(name: &str) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let (ready_tx, ready_rx) = mpsc::channel::<()>();
+        let handle = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                let mut value = 0_u64;
+                while thread_cpu_time() < std::time::Duration::from_millis(50) {
+                    for index in 0..10_000_u64 {
+                        value = std::hint::black_box(value.wrapping_mul(31).wrapping_add(index));
+                    }
+                }
+                ready_tx.send(()).unwrap();
+                let _ = stop_rx.recv();
             })
-        );
+            .unwrap();
+        ready_rx.recv().unwrap();
+        (stop_tx, handle)
     }
 
     #[test]
-    fn reads_this_process() {
-        let stat = read_stat(Path::new("/proc/self/stat")).unwrap();
-        assert!(!stat.comm.is_empty());
-        let threads = read_threads(Path::new("/proc/self")).unwrap();
-        assert!(!threads.is_empty());
+    fn reads_this_process_and_names_its_threads() {
+        let (stop, handle) = named_thread("shard-7");
+        let process = open_process(std::process::id()).unwrap();
+        let threads = read_threads(&process).unwrap();
+        let total_ticks = process_ticks(&process).unwrap();
+        let shard_threads: Vec<_> = threads
+            .iter()
+            .filter(|(_, sample)| sample.kind == ThreadKind::Shard(7))
+            .collect();
+        assert_eq!(shard_threads.len(), 1, "{threads:?}");
+        assert!(shard_threads[0].1.cpu_ticks <= total_ticks);
         assert!(clock_ticks_per_second().unwrap() > 0);
+
+        let snapshot = process_cpu_snapshot(std::process::id()).unwrap();
+        // Other tests of this binary may run shard-named threads too; this one is there.
+        assert!(snapshot.shard_seconds.contains_key(&7), "{snapshot:?}");
+        drop(stop);
+        handle.join().unwrap();
+    }
+
+    #[test]
+    fn a_missing_process_is_an_error_naming_it() {
+        // Above /proc/sys/kernel/pid_max's ceiling (2^22), so never a live process.
+        let error = process_cpu_snapshot(1 << 23).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("cannot read /proc/PID of process 8388608"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -451,59 +550,48 @@ mod tests {
     }
 
     #[test]
-    fn sampler_measures_this_process() {
-        let mut sampler = CpuSampler::start(std::process::id()).unwrap();
-        sampler.sample().unwrap();
-        let cpu = sampler.finish().unwrap();
-        assert!(cpu.server_cpu_seconds >= 0.0);
-        assert!(
-            cpu.shard_cpu_seconds == 0.0,
-            "no thread of the test binary is a shard"
+    fn snapshot_sums_threads_by_kind_and_the_rest_is_exited() {
+        let threads = [
+            sample(ThreadKind::Shard(0), 300),
+            sample(ThreadKind::Shard(1), 150),
+            sample(ThreadKind::Shard(1), 50),
+            sample(ThreadKind::IoWorker, 30),
+            sample(ThreadKind::Other, 2),
+        ];
+        let snapshot = ProcessCpuSnapshot::from_ticks(600, &threads, 100);
+        assert_eq!(
+            snapshot,
+            ProcessCpuSnapshot {
+                process_seconds: 6.0,
+                shard_seconds: BTreeMap::from([(0, 3.0), (1, 2.0)]),
+                io_worker_live_seconds: 0.3,
+                other_live_seconds: 0.02,
+                exited_seconds: 0.68,
+            }
+        );
+        // Skew: live threads above the total give no negative exited time.
+        assert_eq!(
+            ProcessCpuSnapshot::from_ticks(400, &threads, 100).exited_seconds,
+            0.0
         );
     }
-}
 
-/// CPU of a whole process at one instant, seconds since each thread started: what the metrics
-/// endpoint reports as counters (`serve --metrics-listen`).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct ProcessCpuSnapshot {
-    /// The process total (user + system, exited threads included).
-    pub process_seconds: f64,
-    /// Live `shard-N` threads, by shard.
-    pub shard_seconds: BTreeMap<u16, f64>,
-    /// Live io_uring workers (`iou-wrk-*`, `iou-sqp-*`).
-    pub io_worker_live_seconds: f64,
-    /// Live threads of any other kind.
-    pub other_live_seconds: f64,
-    /// `process_seconds` minus every live thread: threads that exited, mostly io_uring workers
-    /// (they come and go with the load).
-    pub exited_seconds: f64,
-}
-
-/// Reads `/proc/PID/stat` and every `/proc/PID/task/*/stat` once.
-///
-/// # Errors
-/// The process is gone or `/proc` cannot be read (naming the path).
-pub fn process_cpu_snapshot(pid: u32) -> Result<ProcessCpuSnapshot, CpuError> {
-    let ticks_per_second = clock_ticks_per_second()? as f64;
-    let process_dir = PathBuf::from(format!("/proc/{pid}"));
-    let process_ticks = read_stat(&process_dir.join("stat"))?.cpu_ticks();
-    let threads = read_threads(&process_dir)?;
-    let seconds = |ticks: u64| ticks as f64 / ticks_per_second;
-    let mut snapshot = ProcessCpuSnapshot {
-        process_seconds: seconds(process_ticks),
-        ..ProcessCpuSnapshot::default()
-    };
-    let mut live_ticks = 0;
-    for sample in threads.values() {
-        live_ticks += sample.cpu_ticks;
-        let value = seconds(sample.cpu_ticks);
-        match sample.kind {
-            ThreadKind::Shard(shard) => *snapshot.shard_seconds.entry(shard).or_default() += value,
-            ThreadKind::IoWorker => snapshot.io_worker_live_seconds += value,
-            ThreadKind::Other => snapshot.other_live_seconds += value,
-        }
+    #[test]
+    fn sampler_attributes_a_shard_thread_born_in_the_phase() {
+        let mut sampler = CpuSampler::start(std::process::id()).unwrap();
+        let (stop, handle) = named_thread("shard-9");
+        sampler.sample().unwrap();
+        let cpu = sampler.finish().unwrap();
+        drop(stop);
+        handle.join().unwrap();
+        let shard_9_seconds = cpu.per_shard_cpu_seconds.get(&9).copied();
+        assert!(
+            shard_9_seconds.is_some_and(|seconds| seconds > 0.0),
+            "{cpu:?}"
+        );
+        assert_eq!(
+            cpu.shard_cpu_seconds,
+            cpu.per_shard_cpu_seconds.values().sum::<f64>()
+        );
     }
-    snapshot.exited_seconds = seconds(process_ticks.saturating_sub(live_ticks));
-    Ok(snapshot)
 }

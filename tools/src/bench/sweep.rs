@@ -144,6 +144,15 @@ fn gain_needed(smaller: &CountSummary, larger: &CountSummary) -> f64 {
         .max(GAIN_MIN)
 }
 
+/// `value / base` to one decimal, or "n/a" for a base of zero (a run that moved nothing).
+fn ratio_text(value: f64, base: f64) -> String {
+    if base > 0.0 {
+        format!("{:.1}x", value / base)
+    } else {
+        "n/a".to_string()
+    }
+}
+
 fn shard_noun(count: u16) -> &'static str {
     if count == 1 { "shard" } else { "shards" }
 }
@@ -168,8 +177,9 @@ pub fn recommend(summaries: &[CountSummary], margin: f64) -> Option<Recommendati
     let mut eligible: Vec<&CountSummary> = summaries
         .iter()
         .filter(|summary| {
-            summary.shards >= base.shards
-                && efficiency_ratio(summary, base_efficiency).is_some_and(|ratio| ratio >= margin)
+            // The baseline qualifies whatever the margin (even one above 1).
+            summary.shards == base.shards
+                || efficiency_ratio(summary, base_efficiency).is_some_and(|ratio| ratio >= margin)
         })
         .collect();
     eligible.sort_by_key(|summary| summary.shards);
@@ -217,9 +227,12 @@ fn recommendation_line(
         )
     } else {
         format!(
-            "{} shards: {:.1}x the {}-shard throughput at {:.2}x per-core efficiency",
+            "{} shards: {} the {}-shard throughput at {:.2}x per-core efficiency",
             chosen.shards,
-            chosen.produce_msgs_per_sec.median / base.produce_msgs_per_sec.median,
+            ratio_text(
+                chosen.produce_msgs_per_sec.median,
+                base.produce_msgs_per_sec.median
+            ),
             base.shards,
             efficiency_ratio(chosen, base_efficiency).expect("a chosen count has a CPU figure"),
         )
@@ -232,7 +245,9 @@ fn recommendation_line(
         None => line.push_str("; no larger count was run"),
         Some(next) => {
             let gain = next.produce_msgs_per_sec.median / chosen.produce_msgs_per_sec.median - 1.0;
-            let change = if gain >= 0.0 {
+            let change = if !gain.is_finite() {
+                format!("runs at {:.0} msgs/s", next.produce_msgs_per_sec.median)
+            } else if gain >= 0.0 {
                 format!("adds {:.0}%", gain * 100.0)
             } else {
                 format!("loses {:.0}%", -gain * 100.0)
@@ -245,7 +260,7 @@ fn recommendation_line(
                 }
                 Some(ratio) => {
                     let _ = write!(line, " for {ratio:.2}x");
-                    line.push_str(&within_noise_clause(chosen, best));
+                    line.push_str(&within_noise_clause(chosen, best, margin));
                 }
             }
         }
@@ -262,7 +277,7 @@ fn recommendation_line(
 
 /// Why an eligible larger count was not chosen: its gain is within what the repeats scatter
 /// (noisy: the figures cannot separate the counts) or below [`GAIN_MIN`] (flat curve).
-fn within_noise_clause(chosen: &CountSummary, best: &CountSummary) -> String {
+fn within_noise_clause(chosen: &CountSummary, best: &CountSummary, margin: f64) -> String {
     let needed = gain_needed(chosen, best);
     if needed > GAIN_MIN {
         format!(
@@ -272,8 +287,8 @@ fn within_noise_clause(chosen: &CountSummary, best: &CountSummary) -> String {
         )
     } else {
         format!(
-            ", and no larger count adds more than {:.0}% (flat curve), so the smallest is \
-             recommended",
+            ", and no larger count at >= {margin:.2}x efficiency adds more than {:.0}% (flat \
+             curve), so the smallest is recommended",
             GAIN_MIN * 100.0
         )
     }
@@ -635,8 +650,8 @@ mod tests {
             recommend_line(table).unwrap(),
             (
                 1,
-                "1 shard: the baseline; 2 shards adds 2% for 0.98x, and no larger count adds \
-                 more than 5% (flat curve), so the smallest is recommended"
+                "1 shard: the baseline; 2 shards adds 2% for 0.98x, and no larger count at >= \
+                 0.80x efficiency adds more than 5% (flat curve), so the smallest is recommended"
                     .to_string()
             )
         );
@@ -724,6 +739,24 @@ mod tests {
     }
 
     #[test]
+    fn a_baseline_that_moved_nothing_gives_no_ratio() {
+        let table: &Table<'_> = &[
+            (1, &[(0.0, Some(50_000.0))]),
+            (2, &[(0.0, Some(50_000.0))]),
+            (4, &[(100_000.0, Some(45_000.0))]),
+        ];
+        assert_eq!(
+            recommend_line(table).unwrap(),
+            (
+                4,
+                "4 shards: n/a the 1-shard throughput at 0.90x per-core efficiency; no larger \
+                 count was run"
+                    .to_string()
+            )
+        );
+    }
+
+    #[test]
     fn margin_decides_which_counts_qualify() {
         let table: &Table<'_> = &[
             (1, &[(100_000.0, Some(50_000.0))]),
@@ -733,6 +766,12 @@ mod tests {
         assert_eq!(recommend(&summaries, 0.8).unwrap().shards, 1);
         let loose = recommend(&summaries, 0.6).unwrap();
         assert_eq!((loose.shards, loose.margin), (2, 0.6));
+        // A margin no count can meet still recommends the baseline.
+        let strict = recommend(&summaries, 1.5).unwrap();
+        assert_eq!(
+            (strict.shards, strict.line.as_str()),
+            (1, "1 shard: the baseline; 2 shards adds 80% for 0.70x")
+        );
     }
 
     #[test]
