@@ -228,10 +228,8 @@ impl Outputs {
             ))?;
         }
         if let Some(baseline) = &self.compare {
-            crate::output::print_text(&format!(
-                "\n{}",
-                compare::render_comparison(baseline, runs)
-            ))?;
+            let table = compare::render_comparison(baseline, runs);
+            crate::output::print_text(&format!("\n{}", table.trim_start_matches('\n')))?;
         }
         if let Some(json) = self.json {
             json.write(&BenchReport {
