@@ -2,10 +2,12 @@
 //! (`--listen`; an IP address or a host name, resolved once when the argument is parsed,
 //! never re-resolved: a client reconnects to the address it resolved), comma-separated lists of
 //! them (`--addresses`, `--addr`), cluster ids (`--cluster`, decimal or `0x` hex), byte sizes
-//! with binary suffixes (`--max-message-size 64MiB`, `--segment-size`) and booleans set from the
-//! environment (`SHARDLINE_NO_PIN`).
+//! with binary suffixes (`--max-message-size 64MiB`, `--segment-size`), durations with units
+//! (`--timeout 30s`, `bench --duration 2m`) and booleans set from the environment
+//! (`SHARDLINE_NO_PIN`).
 
 use std::net::{SocketAddr, ToSocketAddrs as _};
+use std::time::Duration;
 
 /// Parses `text` as `IP:PORT` or `HOST:PORT` (e.g. `localhost:8090`, `[::1]:8090`). A host name
 /// resolves (getaddrinfo) to its first IPv4 address, else its first IPv6 one: `localhost` then
@@ -196,6 +198,37 @@ pub fn parse_byte_size_u32(text: &str) -> Result<u32, String> {
         .map_err(|_| format!("{text:?} is {size} bytes, more than {} bytes", u32::MAX))
 }
 
+/// Parses a duration flag: `N` or `Ns` (seconds), `Nms` (milliseconds) or `Nm` (minutes), a
+/// whole number in each, at most `max`; `what` names the flag's duration in the error (e.g.
+/// `request timeout`). Moved here from the client commands so that `bench --duration` shares it.
+///
+/// # Errors
+/// A text naming `text` and the accepted forms (not a whole number, an unknown unit), or saying
+/// that it exceeds `max` (in seconds).
+pub fn parse_duration(text: &str, what: &str, max: Duration) -> Result<Duration, String> {
+    let (digits, unit_ms) = if let Some(digits) = text.strip_suffix("ms") {
+        (digits, 1)
+    } else if let Some(digits) = text.strip_suffix('m') {
+        (digits, 60_000)
+    } else {
+        (text.strip_suffix('s').unwrap_or(text), 1000)
+    };
+    let value: u64 = digits.parse().map_err(|_| {
+        format!(
+            "{text:?} is not a duration: use seconds (5, 5s) or milliseconds (300ms) or minutes \
+             (2m)"
+        )
+    })?;
+    let duration = Duration::from_millis(value.saturating_mul(unit_ms));
+    if duration > max {
+        return Err(format!(
+            "{text:?} exceeds the largest {what}, {} s",
+            max.as_secs()
+        ));
+    }
+    Ok(duration)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -351,5 +384,31 @@ mod tests {
             ),
             "{error}"
         );
+    }
+
+    #[test]
+    fn durations_take_seconds_milliseconds_or_minutes() {
+        let max = Duration::from_hours(1);
+        assert_eq!(parse_duration("5", "x", max), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("5s", "x", max), Ok(Duration::from_secs(5)));
+        assert_eq!(
+            parse_duration("300ms", "x", max),
+            Ok(Duration::from_millis(300))
+        );
+        assert_eq!(parse_duration("2m", "x", max), Ok(Duration::from_mins(2)));
+        assert_eq!(parse_duration("60m", "x", max), Ok(Duration::from_hours(1)));
+        assert_eq!(
+            parse_duration("61m", "bench duration", max),
+            Err("\"61m\" exceeds the largest bench duration, 3600 s".to_owned())
+        );
+        for bad in ["2h", "1.5m", "m", "-1s", ""] {
+            assert_eq!(
+                parse_duration(bad, "x", max),
+                Err(format!(
+                    "{bad:?} is not a duration: use seconds (5, 5s) or milliseconds (300ms) or \
+                     minutes (2m)"
+                ))
+            );
+        }
     }
 }

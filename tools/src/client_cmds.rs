@@ -12,7 +12,7 @@ use bus::{
     BATCH_HEADER_SIZE, BatchBuilder, Client, ClientError, HEADER_SIZE, MESSAGE_HEADER_SIZE,
     Namespace, PRODUCER_STAMP_SIZE, Producer,
 };
-use shardline::arg_values::AddressList;
+use shardline::arg_values::{AddressList, parse_duration};
 use shardline::output::{print_line, stdout_error};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -68,27 +68,6 @@ fn parse_request_timeout(text: &str) -> Result<Duration, String> {
     if timeout.is_zero() {
         return Err(format!(
             "{text:?} leaves a request no time to be answered: use e.g. 30s or 500ms"
-        ));
-    }
-    Ok(timeout)
-}
-
-/// A duration flag: `N` or `Ns` (seconds) or `Nms` (milliseconds), at most `max`; `what` names
-/// the flag's timeout in the error.
-fn parse_duration(text: &str, what: &str, max: Duration) -> Result<Duration, String> {
-    let (digits, unit_ms) = if let Some(digits) = text.strip_suffix("ms") {
-        (digits, 1)
-    } else {
-        (text.strip_suffix('s').unwrap_or(text), 1000)
-    };
-    let value: u64 = digits.parse().map_err(|_| {
-        format!("{text:?} is not a duration: use seconds (5, 5s) or milliseconds (300ms)")
-    })?;
-    let timeout = Duration::from_millis(value.saturating_mul(unit_ms));
-    if timeout > max {
-        return Err(format!(
-            "{text:?} exceeds the largest {what}, {} s",
-            max.as_secs()
         ));
     }
     Ok(timeout)
@@ -800,7 +779,11 @@ mod tests {
         );
         assert_eq!(
             parse_request_timeout("2h"),
-            Err("\"2h\" is not a duration: use seconds (5, 5s) or milliseconds (300ms)".to_owned())
+            Err(
+                "\"2h\" is not a duration: use seconds (5, 5s) or milliseconds (300ms) or minutes \
+                 (2m)"
+                    .to_owned()
+            )
         );
         assert_eq!(
             parse_request_timeout("3601s"),
@@ -825,7 +808,8 @@ mod tests {
         assert_eq!(
             parse_connect_timeout("1.5s"),
             Err(
-                "\"1.5s\" is not a duration: use seconds (5, 5s) or milliseconds (300ms)"
+                "\"1.5s\" is not a duration: use seconds (5, 5s) or milliseconds (300ms) or \
+                 minutes (2m)"
                     .to_owned()
             )
         );

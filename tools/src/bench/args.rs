@@ -9,13 +9,18 @@ use std::time::Duration;
 use bus::limits::{BATCH_MESSAGE_COUNT_MAX, MESSAGE_SIZE_MAX_DEFAULT, PARTITION_COUNT_MAX};
 use bus::{BATCH_HEADER_SIZE, HEADER_SIZE, MESSAGE_HEADER_SIZE};
 
-use super::limits::{CONSUMER_COUNT_MAX, METADATA_OP_COUNT_MAX, PRODUCER_COUNT_MAX};
+use super::limits::{
+    CONSUMER_COUNT_MAX, METADATA_OP_COUNT_MAX, PRODUCER_COUNT_MAX, REPEAT_COUNT_MAX,
+    RUN_DURATION_MAX,
+};
 use super::metadata::METADATA_CLIENT_COUNT_MAX;
 use super::plan::{
     BenchPlan, MetadataClients, PayloadChoice, ServerTarget, ShardRequest, Workload,
 };
 use super::server::ServerOptions;
+use super::sweep::EFFICIENCY_MARGIN_DEFAULT;
 use super::workload::ProduceStop;
+use crate::arg_values::{parse_byte_size_u32, parse_duration};
 
 /// Default total messages when neither `--messages` nor `--duration` is given.
 const MESSAGES_DEFAULT: u64 = 1_000_000;
@@ -29,6 +34,8 @@ const PRODUCERS_DEFAULT: u32 = 2;
 const CONSUMERS_DEFAULT: u32 = 2;
 const BATCH_DEFAULT: u32 = 1000;
 const STREAM_ID_DEFAULT: u32 = 1;
+/// Runs of each shard count unless `--repeat` says otherwise.
+const REPEAT_DEFAULT: u32 = 1;
 
 /// Load generator and report: starts a server (or uses `--addr`), writes messages, reads every
 /// acknowledged message back and verifies it, and reports throughput, latency and the server's CPU.
@@ -36,12 +43,28 @@ const STREAM_ID_DEFAULT: u32 = 1;
 /// doing their I/O, so the figure does not depend on the bench's own CPU.
 ///
 /// `--workload metadata` measures metadata commit latency instead: see `--workload`.
-#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+#[derive(Debug, Clone, PartialEq, clap::Args)]
 pub struct BenchArgs {
     /// Shard counts to compare, one run per count on a fresh embedded server: a comma-separated
-    /// list such as `1,2,4`; `all` runs one shard per CPU the process may use (its affinity mask).
+    /// list such as `1,2,4`; `all` runs one shard per CPU the process may use (its affinity mask,
+    /// capped by the cgroup CPU quota, or the `--cpus` list); `sweep` alone runs 1, 2, 4, ...
+    /// doubling up to that count, and that count itself when it is not a power of two (6 CPUs:
+    /// 1,2,4,6). With more than one count or `--repeat`, the report ends with the median and
+    /// spread per count and a recommended count.
     #[arg(long, value_name = "LIST", default_value = "all")]
     pub shards: String,
+
+    /// Runs of each shard count, 1..=100, each on a fresh server. The runs go in rounds
+    /// (`--shards 1,2 --repeat 3`: 1,2,1,2,1,2) so that drift over the sequence (page cache,
+    /// other tenants) is spread over every count; the report gives the median and spread.
+    #[arg(long, value_name = "K", default_value_t = REPEAT_DEFAULT)]
+    pub repeat: u32,
+
+    /// The recommendation's margin: a larger shard count is recommended only while its msgs per
+    /// server-CPU-second stay at least this fraction of the 1-shard figure (0 < F <= 1)
+    /// [default: 0.8].
+    #[arg(long, value_name = "F")]
+    pub efficiency_margin: Option<f64>,
 
     /// Bench a server that is already running instead of starting one. Its stream `--stream-id`
     /// must not exist yet. `--shards` may then name at most one count (checked against the server).
@@ -111,14 +134,16 @@ pub struct BenchArgs {
     #[arg(long, value_name = "M")]
     pub messages: Option<u64>,
 
-    /// Produce for this many seconds instead of a message count, then read back what was
-    /// acknowledged. With `--workload metadata --clients N` (N >= 2): how long the concurrent
-    /// clients register, instead of `--metadata-ops` Registers each.
-    #[arg(long, value_name = "SECS")]
-    pub duration: Option<u64>,
+    /// Produce for this long instead of a message count, then read back what was acknowledged:
+    /// `10s`, `2m`, or plain seconds (`10`); whole seconds, 1 s to 24 h. With `--workload
+    /// metadata --clients N` (N >= 2): how long the concurrent clients register, instead of
+    /// `--metadata-ops` Registers each.
+    #[arg(long, value_name = "DURATION", value_parser = parse_run_duration)]
+    pub duration: Option<Duration>,
 
-    /// Payload bytes per message [default: 1000 unless --payload-file].
-    #[arg(long, value_name = "BYTES")]
+    /// Payload bytes per message: plain bytes (`1000`) or with a binary suffix (`1KiB`, `1MiB`)
+    /// [default: 1000 unless --payload-file].
+    #[arg(long, value_name = "BYTES", value_parser = parse_byte_size_u32)]
     pub message_size: Option<u32>,
 
     /// Send the lines of this file as payloads (one message per line, cycled; empty lines
@@ -136,6 +161,22 @@ pub struct BenchArgs {
     /// cannot be created fails at once).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+
+    /// Also write one CSV row per run and phase to this file (created before the first run, so a
+    /// path that cannot be written fails at once; written when the runs end, also after a failed
+    /// verification, for the runs that completed).
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+
+    /// Also write SVG charts into this directory (created before the first run): throughput and
+    /// per-core efficiency vs shard count, latency percentiles per count, per-shard CPU.
+    #[arg(long, value_name = "DIR")]
+    pub charts: Option<PathBuf>,
+
+    /// Compare this run's figures with an earlier `--json` report (read before the first run):
+    /// each figure as new/old, flagged where it moved beyond the run-to-run spread.
+    #[arg(long, value_name = "OLD.json")]
+    pub compare: Option<PathBuf>,
 
     /// Id of the stream the bench creates (with topic 1 `bench`). Change it to bench a running
     /// server again (`--addr`), since the stream must not exist yet.
@@ -177,6 +218,14 @@ pub struct BenchArgs {
 pub enum BenchArgsError {
     #[error("--{flag} must be at least 1")]
     Zero { flag: &'static str },
+    #[error(
+        "--efficiency-margin {value}: expected a fraction above 0 and at most 1, the share of the \
+         1-shard msgs per server-CPU-second a larger count must keep (e.g. 0.8)"
+    )]
+    EfficiencyMargin { value: String },
+    /// `--shards sweep` could not learn what `all` resolves to (the server's rule says why).
+    #[error("--shards sweep: {reason}")]
+    Topology { reason: String },
     #[error("--{flag} {value} exceeds the limit {max}")]
     AboveLimit {
         flag: &'static str,
@@ -242,11 +291,26 @@ pub enum BenchArgsError {
     },
 }
 
-fn parse_shards(value: &str) -> Result<Vec<ShardRequest>, BenchArgsError> {
+/// What `--shards` asked for, before `sweep` is expanded against the allowed CPUs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ShardSpec {
+    List(Vec<ShardRequest>),
+    Sweep,
+}
+
+fn parse_shards(value: &str) -> Result<ShardSpec, BenchArgsError> {
     let error = |rule| BenchArgsError::Shards {
         value: value.to_string(),
         rule,
     };
+    if value.trim() == "sweep" {
+        return Ok(ShardSpec::Sweep);
+    }
+    if value.split(',').any(|item| item.trim() == "sweep") {
+        return Err(error(
+            "`sweep` stands alone: it already runs 1, 2, 4, ... up to the allowed CPUs",
+        ));
+    }
     let requests = value
         .split(',')
         .map(|item| match item.trim() {
@@ -266,7 +330,67 @@ fn parse_shards(value: &str) -> Result<Vec<ShardRequest>, BenchArgsError> {
     if seen.len() != requests.len() {
         return Err(error("a shard count is listed twice"));
     }
-    Ok(requests)
+    Ok(ShardSpec::List(requests))
+}
+
+/// The counts of `--shards sweep` when `all` resolves to `all_count` shards: 1, 2, 4, ...
+/// doubling while at most `all_count`, then `all_count` itself if it is not a power of two.
+///
+/// # Panics
+/// If `all_count` is 0 (a topology always places at least one shard).
+pub fn sweep_counts(all_count: u16) -> Vec<u16> {
+    assert!(all_count >= 1, "a topology places at least one shard");
+    let mut counts: Vec<u16> = std::iter::successors(Some(1_u16), |count| count.checked_mul(2))
+        .take_while(|count| *count <= all_count)
+        .collect();
+    if !all_count.is_power_of_two() {
+        counts.push(all_count);
+    }
+    counts
+}
+
+/// `--shards sweep` for the embedded server `options` describe: the shard count `--shards all`
+/// resolves to by the server's own rule (affinity mask, cgroup quota, `--cpus`), swept.
+fn sweep_requests(options: &ServerOptions) -> Result<Vec<ShardRequest>, BenchArgsError> {
+    let cpus = options
+        .cpus
+        .as_deref()
+        .map(str::parse::<runtime::CpuList>)
+        .transpose()
+        .map_err(|error| BenchArgsError::Cpus {
+            reason: error.to_string(),
+        })?;
+    let topology = runtime::Topology::resolve(&runtime::TopologyConfig {
+        shards: runtime::ShardCountArg::All,
+        cpus,
+        pin: !options.no_pin,
+    })
+    .map_err(|error| BenchArgsError::Topology {
+        reason: error.to_string(),
+    })?;
+    Ok(sweep_counts(topology.shard_count())
+        .into_iter()
+        .map(ShardRequest::Count)
+        .collect())
+}
+
+/// `--duration`: the forms of [`parse_duration`] (`10s`, `2m`, plain seconds), a whole number of
+/// seconds from 1 s to [`RUN_DURATION_MAX`]. A run under a second measures its own start (the
+/// connections, the first batches), not throughput, and the report counts whole seconds.
+fn parse_run_duration(text: &str) -> Result<Duration, String> {
+    let duration = parse_duration(text, "bench duration", RUN_DURATION_MAX)?;
+    if duration < Duration::from_secs(1) {
+        return Err(format!(
+            "{text:?} is under a second: a run needs at least 1 s to measure throughput rather \
+             than its own start (e.g. 10s, 2m)"
+        ));
+    }
+    if duration.subsec_nanos() != 0 {
+        return Err(format!(
+            "{text:?} is not a whole number of seconds: runs are timed in seconds (e.g. 10s, 2m)"
+        ));
+    }
+    Ok(duration)
 }
 
 fn check_fsync(value: &str) -> Result<(), BenchArgsError> {
@@ -383,10 +507,8 @@ impl BenchArgs {
                     rule: "a run stops after a message count or after a time, not both",
                 });
             }
-            (_, Some(seconds)) => {
-                at_least_one("duration", seconds)?;
-                ProduceStop::Duration(Duration::from_secs(seconds))
-            }
+            // `parse_run_duration` guarantees whole seconds, at least one.
+            (_, Some(duration)) => ProduceStop::Duration(duration),
             (messages, None) => {
                 let messages = messages.unwrap_or(MESSAGES_DEFAULT);
                 at_least_one("messages", messages)?;
@@ -414,7 +536,7 @@ impl BenchArgs {
                 PayloadChoice::Size(size)
             }
         };
-        let shard_requests = parse_shards(&self.shards)?;
+        let shard_spec = parse_shards(&self.shards)?;
         if let Some(value) = &self.fsync {
             check_fsync(value)?;
         }
@@ -426,7 +548,30 @@ impl BenchArgs {
                 value: value.clone(),
             });
         }
-        let server = self.server_target(&shard_requests)?;
+        let server = self.server_target(&shard_spec)?;
+        let shard_requests = match (shard_spec, &server) {
+            (ShardSpec::List(requests), _) => requests,
+            (ShardSpec::Sweep, ServerTarget::Embedded { options, .. }) => sweep_requests(options)?,
+            (ShardSpec::Sweep, ServerTarget::External { .. }) => {
+                unreachable!("server_target refuses sweep with --addr")
+            }
+        };
+        let repeat_count = self.repeat;
+        if !(1..=REPEAT_COUNT_MAX).contains(&repeat_count) {
+            return Err(BenchArgsError::OutOfRange {
+                flag: "repeat",
+                value: repeat_count.into(),
+                min: 1,
+                max: REPEAT_COUNT_MAX.into(),
+                rule: "runs of each shard count, each on a fresh server",
+            });
+        }
+        let efficiency_margin = self.efficiency_margin.unwrap_or(EFFICIENCY_MARGIN_DEFAULT);
+        if !(efficiency_margin > 0.0 && efficiency_margin <= 1.0) {
+            return Err(BenchArgsError::EfficiencyMargin {
+                value: efficiency_margin.to_string(),
+            });
+        }
         at_least_one("stream-id", self.stream_id.into())?;
         let metadata_op_count = self.metadata_ops.unwrap_or(METADATA_OPS_DEFAULT);
         at_least_one("metadata-ops", metadata_op_count.into())?;
@@ -442,6 +587,8 @@ impl BenchArgs {
         };
         Ok(BenchPlan {
             shard_requests,
+            repeat_count,
+            efficiency_margin,
             server,
             producer_count: self.producers,
             consumer_count: self.consumers,
@@ -451,6 +598,9 @@ impl BenchArgs {
             payload,
             concurrent: self.concurrent,
             json: self.json.clone(),
+            csv: self.csv.clone(),
+            charts: self.charts.clone(),
+            compare: self.compare.clone(),
             stream_id: self.stream_id,
             workload: self.workload,
             metadata_op_count,
@@ -473,10 +623,12 @@ impl BenchArgs {
             });
         }
         let duration = match (self.workload, self.duration) {
-            (Workload::Metadata, Some(seconds)) if count == 1 => {
-                return Err(BenchArgsError::MetadataDurationWithOneClient { seconds });
+            (Workload::Metadata, Some(duration)) if count == 1 => {
+                return Err(BenchArgsError::MetadataDurationWithOneClient {
+                    seconds: duration.as_secs(),
+                });
             }
-            (Workload::Metadata, Some(seconds)) => Some(Duration::from_secs(seconds)),
+            (Workload::Metadata, Some(duration)) => Some(duration),
             _ => None,
         };
         Ok(MetadataClients { count, duration })
@@ -506,6 +658,13 @@ impl BenchArgs {
                     ("payload-file", self.payload_file.is_some()),
                     ("concurrent", self.concurrent),
                     ("stream-id", self.stream_id != STREAM_ID_DEFAULT),
+                    // The metadata workload reports its own latency figures per run, which the
+                    // sweep summary, CSV, charts and comparison do not read.
+                    ("repeat", self.repeat != REPEAT_DEFAULT),
+                    ("efficiency-margin", self.efficiency_margin.is_some()),
+                    ("csv", self.csv.is_some()),
+                    ("charts", self.charts.is_some()),
+                    ("compare", self.compare.is_some()),
                 ],
             ),
         };
@@ -519,10 +678,16 @@ impl BenchArgs {
         }
     }
     /// The server the runs talk to; server flags belong to the embedded server only.
-    fn server_target(
-        &self,
-        shard_requests: &[ShardRequest],
-    ) -> Result<ServerTarget, BenchArgsError> {
+    fn server_target(&self, shard_spec: &ShardSpec) -> Result<ServerTarget, BenchArgsError> {
+        if self.addr.is_some() && self.repeat != REPEAT_DEFAULT {
+            return Err(BenchArgsError::Conflict {
+                first: "repeat",
+                second: "addr",
+                rule: "each repeat needs a fresh server, where the bench stream does not exist \
+                       yet; against a running server, run the bench again with another \
+                       --stream-id",
+            });
+        }
         let Some(addr) = &self.addr else {
             if self.server_pid.is_some() {
                 return Err(BenchArgsError::ServerPidWithoutAddr);
@@ -553,11 +718,21 @@ impl BenchArgs {
                 data_root: self.data_root.clone(),
             });
         };
-        if shard_requests.len() > 1 {
-            return Err(BenchArgsError::Shards {
-                value: self.shards.clone(),
-                rule: "--addr targets one running server, so list at most one count",
-            });
+        match shard_spec {
+            ShardSpec::Sweep => {
+                return Err(BenchArgsError::Shards {
+                    value: self.shards.clone(),
+                    rule: "`sweep` starts embedded servers on this host's CPUs; --addr targets \
+                           one running server, so list at most one count",
+                });
+            }
+            ShardSpec::List(requests) if requests.len() > 1 => {
+                return Err(BenchArgsError::Shards {
+                    value: self.shards.clone(),
+                    rule: "--addr targets one running server, so list at most one count",
+                });
+            }
+            ShardSpec::List(_) => {}
         }
         let embedded_only = [
             ("fsync", self.fsync.is_some()),
@@ -603,12 +778,33 @@ mod tests {
         parse(flags).validate().unwrap_err().to_string()
     }
 
+    /// The first line of clap's refusal (a `value_parser` error names the flag and the value).
+    fn parse_error(flags: &[&str]) -> String {
+        let mut argv = vec!["bench"];
+        argv.extend_from_slice(flags);
+        let error = Cli::try_parse_from(argv).unwrap_err().to_string();
+        error.lines().next().unwrap().to_string()
+    }
+
     #[test]
     fn clap_definition_is_consistent_and_help_teaches() {
         use clap::CommandFactory as _;
         Cli::command().debug_assert();
         let help = Cli::command().render_long_help().to_string();
         assert!(help.contains("--payload-file <FILE>"), "{help}");
+        for taught in [
+            "--repeat <K>",
+            "`sweep` alone runs 1, 2, 4, ...",
+            "--duration <DURATION>",
+            "`10s`, `2m`",
+            "`1KiB`",
+            "--csv <FILE>",
+            "--charts <DIR>",
+            "--compare <OLD.json>",
+            "--efficiency-margin <F>",
+        ] {
+            assert!(help.contains(taught), "{taught}: {help}");
+        }
     }
 
     #[test]
@@ -618,6 +814,8 @@ mod tests {
             plan,
             BenchPlan {
                 shard_requests: vec![ShardRequest::All],
+                repeat_count: 1,
+                efficiency_margin: EFFICIENCY_MARGIN_DEFAULT,
                 server: ServerTarget::Embedded {
                     options: ServerOptions::default(),
                     data_root: None
@@ -630,6 +828,9 @@ mod tests {
                 payload: PayloadChoice::Size(1000),
                 concurrent: false,
                 json: None,
+                csv: None,
+                charts: None,
+                compare: None,
                 stream_id: 1,
                 workload: Workload::ProduceConsume,
                 metadata_op_count: 200,
@@ -670,7 +871,6 @@ mod tests {
             error(&["--consumers", "0"]),
             "--consumers must be at least 1"
         );
-        assert_eq!(error(&["--duration", "0"]), "--duration must be at least 1");
         assert_eq!(
             error(&["--message-size", "0"]),
             "--message-size must be at least 1"
@@ -724,11 +924,11 @@ mod tests {
     fn shard_lists_are_checked() {
         assert_eq!(
             parse_shards("1, 2,all").unwrap(),
-            vec![
+            ShardSpec::List(vec![
                 ShardRequest::Count(1),
                 ShardRequest::Count(2),
                 ShardRequest::All
-            ]
+            ])
         );
         assert_eq!(
             error(&["--shards", "0"]),
@@ -741,6 +941,188 @@ mod tests {
         assert_eq!(
             error(&["--shards", "2,2"]),
             "--shards 2,2: a shard count is listed twice"
+        );
+    }
+
+    #[test]
+    fn sweep_doubles_up_to_the_all_count_and_ends_on_it() {
+        let table: [(u16, &[u16]); 9] = [
+            (1, &[1]),
+            (2, &[1, 2]),
+            (3, &[1, 2, 3]),
+            (4, &[1, 2, 4]),
+            (6, &[1, 2, 4, 6]),
+            (8, &[1, 2, 4, 8]),
+            (12, &[1, 2, 4, 8, 12]),
+            (1024, &[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]),
+            (
+                u16::MAX,
+                &[
+                    1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768,
+                    65535,
+                ],
+            ),
+        ];
+        for (all_count, expected) in table {
+            assert_eq!(sweep_counts(all_count), expected, "all = {all_count}");
+        }
+    }
+
+    #[test]
+    fn sweep_expands_against_what_all_resolves_to() {
+        // `--cpus` fixes what `all` resolves to (no quota applies to an explicit list).
+        let allowed = runtime::allowed_cpus().unwrap();
+        for take in 1..=allowed.len().min(3) {
+            let cpus = allowed[..take]
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            let plan = parse(&["--shards", "sweep", "--cpus", &cpus])
+                .validate()
+                .unwrap();
+            let expected: Vec<ShardRequest> = sweep_counts(u16::try_from(take).unwrap())
+                .into_iter()
+                .map(ShardRequest::Count)
+                .collect();
+            assert_eq!(plan.shard_requests, expected, "--cpus {cpus}");
+        }
+        // Without --cpus: the affinity mask, capped by a cgroup quota, as `serve --shards all`.
+        let all_count = runtime::Topology::resolve(&runtime::TopologyConfig {
+            shards: runtime::ShardCountArg::All,
+            cpus: None,
+            pin: false,
+        })
+        .unwrap()
+        .shard_count();
+        let plan = parse(&["--shards", "sweep", "--no-pin"])
+            .validate()
+            .unwrap();
+        assert_eq!(
+            plan.shard_requests.last(),
+            Some(&ShardRequest::Count(all_count))
+        );
+        assert_eq!(plan.shard_requests[0], ShardRequest::Count(1));
+    }
+
+    #[test]
+    fn sweep_stands_alone_and_needs_the_embedded_server() {
+        assert_eq!(
+            error(&["--shards", "1,sweep"]),
+            "--shards 1,sweep: `sweep` stands alone: it already runs 1, 2, 4, ... up to the \
+             allowed CPUs"
+        );
+        assert_eq!(
+            error(&["--shards", "sweep", "--addr", "127.0.0.1:9000"]),
+            "--shards sweep: `sweep` starts embedded servers on this host's CPUs; --addr targets \
+             one running server, so list at most one count"
+        );
+    }
+
+    #[test]
+    fn repeat_is_bounded_and_needs_fresh_servers() {
+        let rule = "runs of each shard count, each on a fresh server";
+        assert_eq!(
+            error(&["--repeat", "0"]),
+            format!("--repeat 0 is outside 1..=100: {rule}")
+        );
+        assert_eq!(
+            error(&["--repeat", "101"]),
+            format!("--repeat 101 is outside 1..=100: {rule}")
+        );
+        assert_eq!(
+            parse(&["--repeat", "100"]).validate().unwrap().repeat_count,
+            100
+        );
+        assert_eq!(
+            error(&["--repeat", "2", "--addr", "127.0.0.1:9000"]),
+            "--repeat and --addr cannot both be given: each repeat needs a fresh server, where \
+             the bench stream does not exist yet; against a running server, run the bench again \
+             with another --stream-id"
+        );
+    }
+
+    #[test]
+    fn efficiency_margin_is_a_fraction_up_to_one() {
+        for bad in ["0", "-0.5", "1.5", "NaN"] {
+            assert_eq!(
+                error(&[&format!("--efficiency-margin={bad}")]),
+                format!(
+                    "--efficiency-margin {bad}: expected a fraction above 0 and at most 1, the \
+                     share of the 1-shard msgs per server-CPU-second a larger count must keep \
+                     (e.g. 0.8)"
+                )
+            );
+        }
+        for (text, margin) in [("1", 1.0), ("0.5", 0.5)] {
+            let plan = parse(&["--efficiency-margin", text]).validate().unwrap();
+            assert!((plan.efficiency_margin - margin).abs() < f64::EPSILON);
+        }
+    }
+
+    #[test]
+    fn durations_take_units_and_plain_seconds() {
+        for (text, seconds) in [("10", 10), ("10s", 10), ("2m", 120), ("2000ms", 2)] {
+            let plan = parse(&["--duration", text]).validate().unwrap();
+            assert_eq!(
+                plan.stop,
+                ProduceStop::Duration(Duration::from_secs(seconds)),
+                "{text}"
+            );
+        }
+        let flag = "error: invalid value";
+        assert_eq!(
+            parse_error(&["--duration", "500ms"]),
+            format!(
+                "{flag} '500ms' for '--duration <DURATION>': \"500ms\" is under a second: a run \
+                 needs at least 1 s to measure throughput rather than its own start (e.g. 10s, 2m)"
+            )
+        );
+        assert_eq!(
+            parse_error(&["--duration", "1500ms"]),
+            format!(
+                "{flag} '1500ms' for '--duration <DURATION>': \"1500ms\" is not a whole number \
+                 of seconds: runs are timed in seconds (e.g. 10s, 2m)"
+            )
+        );
+        assert_eq!(
+            parse_error(&["--duration", "2h"]),
+            format!(
+                "{flag} '2h' for '--duration <DURATION>': \"2h\" is not a duration: use seconds \
+                 (5, 5s) or milliseconds (300ms) or minutes (2m)"
+            )
+        );
+        assert_eq!(
+            parse_error(&["--duration", "1441m"]),
+            format!(
+                "{flag} '1441m' for '--duration <DURATION>': \"1441m\" exceeds the largest \
+                 bench duration, 86400 s"
+            )
+        );
+        assert!(parse(&["--duration", "1440m"]).validate().is_ok());
+    }
+
+    #[test]
+    fn message_sizes_take_binary_suffixes_and_plain_bytes() {
+        for (text, bytes) in [
+            ("1000", 1000),
+            ("1KiB", 1024),
+            ("4 kib", 4096),
+            ("1MiB", 1 << 20),
+        ] {
+            let plan = parse(&["--message-size", text, "--batch", "10"])
+                .validate()
+                .unwrap();
+            assert_eq!(plan.payload, PayloadChoice::Size(bytes), "{text}");
+        }
+        assert_eq!(
+            parse_error(&["--message-size", "1KB"]),
+            "error: invalid value '1KB' for '--message-size <BYTES>': \"1KB\" is not a size: use \
+             bytes, an integer (e.g. 67108864), or one with a suffix KiB, MiB or GiB (e.g. 64MiB)"
+        );
+        assert_eq!(
+            error(&["--message-size", "0KiB"]),
+            "--message-size must be at least 1"
         );
     }
 
@@ -838,6 +1220,11 @@ mod tests {
             &["--payload-file", "x.log"],
             &["--concurrent"],
             &["--stream-id", "7"],
+            &["--repeat", "3"],
+            &["--efficiency-margin", "0.5"],
+            &["--csv", "x.csv"],
+            &["--charts", "charts"],
+            &["--compare", "old.json"],
         ] {
             let mut argv = vec!["--workload", "metadata"];
             argv.extend_from_slice(flags);
@@ -928,7 +1315,7 @@ mod tests {
              --clients 2 or more; the single-client rounds are counted by --metadata-ops"
         );
         assert_eq!(
-            error(&[
+            parse_error(&[
                 "--workload",
                 "metadata",
                 "--clients",
@@ -936,7 +1323,8 @@ mod tests {
                 "--duration",
                 "0"
             ]),
-            "--duration must be at least 1"
+            "error: invalid value '0' for '--duration <DURATION>': \"0\" is under a second: a \
+             run needs at least 1 s to measure throughput rather than its own start (e.g. 10s, 2m)"
         );
     }
 

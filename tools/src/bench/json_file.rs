@@ -1,5 +1,6 @@
-//! The `--json` file: opened before the first run, so that a path that cannot be written fails at
-//! once, naming the path, instead of after the whole bench; written once, when the report exists.
+//! The report files (`--json`, `--csv`): opened before the first run, so that a path that cannot
+//! be written fails at once, naming the flag and the path, instead of after the whole bench;
+//! written once, when the report exists.
 //!
 //! Must never leave a file it created behind without a report (a bench that fails before its
 //! report removes it) and never empties a file that existed until the report replaces its contents.
@@ -12,9 +13,11 @@ use anyhow::Context as _;
 
 use serde::Serialize;
 
-/// An open `--json` file, waiting for its report.
+/// An open report file, waiting for its report.
 #[derive(Debug)]
-pub struct JsonReportFile {
+pub struct ReportFile {
+    /// The flag that named the file (`--csv`), for errors.
+    flag: &'static str,
     path: PathBuf,
     file: File,
     /// This bench created the file (it did not exist), so removes it if no report comes.
@@ -23,14 +26,15 @@ pub struct JsonReportFile {
     written: bool,
 }
 
-impl JsonReportFile {
-    /// Opens `path` for writing, creating it if missing; an existing file keeps its contents.
+impl ReportFile {
+    /// Opens `path`, named by `flag` (`--csv`), for writing, creating it if missing; an existing
+    /// file keeps its contents.
     ///
     /// # Errors
-    /// `cannot create --json PATH` with the OS error: a missing parent directory, no write
+    /// `cannot create FLAG PATH` with the OS error: a missing parent directory, no write
     /// permission, a directory at `path`.
-    pub fn open(path: &Path) -> anyhow::Result<JsonReportFile> {
-        let context = || format!("cannot create --json {}", path.display());
+    pub fn open(flag: &'static str, path: &Path) -> anyhow::Result<ReportFile> {
+        let context = || format!("cannot create {flag} {}", path.display());
         let (file, created) = match OpenOptions::new().write(true).create_new(true).open(path) {
             Ok(file) => (file, true),
             Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => (
@@ -42,7 +46,8 @@ impl JsonReportFile {
             ),
             Err(error) => return Err(error).with_context(context),
         };
-        Ok(JsonReportFile {
+        Ok(ReportFile {
+            flag,
             path: path.to_path_buf(),
             file,
             created,
@@ -50,29 +55,53 @@ impl JsonReportFile {
         })
     }
 
-    /// Replaces the file's contents with `report` (a `BenchReport` or a `MetadataBenchReport`) as
-    /// pretty JSON and a final newline.
+    /// Replaces the file's contents with `text`.
     ///
     /// # Errors
-    /// The report cannot be serialized, or `cannot write --json PATH` with the OS error.
-    pub fn write(mut self, report: &impl Serialize) -> anyhow::Result<()> {
-        let text = serde_json::to_string_pretty(report).context("cannot serialize the report")?;
+    /// `cannot write FLAG PATH` with the OS error.
+    pub fn write_text(mut self, text: &str) -> anyhow::Result<()> {
         self.file
             .set_len(0)
             .and_then(|()| self.file.write_all(text.as_bytes()))
-            .and_then(|()| self.file.write_all(b"\n"))
-            .with_context(|| format!("cannot write --json {}", self.path.display()))?;
+            .with_context(|| format!("cannot write {} {}", self.flag, self.path.display()))?;
         self.written = true;
         Ok(())
     }
 }
 
-impl Drop for JsonReportFile {
+impl Drop for ReportFile {
     fn drop(&mut self) {
         if self.created && !self.written {
             // Err: it is gone already or its directory changed; an empty file is all that stays.
             let _ = std::fs::remove_file(&self.path);
         }
+    }
+}
+
+/// An open `--json` file, waiting for its report.
+#[derive(Debug)]
+pub struct JsonReportFile(ReportFile);
+
+impl JsonReportFile {
+    /// Opens `path` for writing, creating it if missing; an existing file keeps its contents.
+    ///
+    /// # Errors
+    /// `cannot create --json PATH` with the OS error: a missing parent directory, no write
+    /// permission, a directory at `path`.
+    pub fn open(path: &Path) -> anyhow::Result<JsonReportFile> {
+        ReportFile::open("--json", path).map(JsonReportFile)
+    }
+
+    /// Replaces the file's contents with `report` (a `BenchReport` or a `MetadataBenchReport`) as
+    /// pretty JSON and a final newline.
+    ///
+    /// # Errors
+    /// The report cannot be serialized, or `cannot write --json PATH` with the OS error.
+    pub fn write(self, report: &impl Serialize) -> anyhow::Result<()> {
+        let mut text =
+            serde_json::to_string_pretty(report).context("cannot serialize the report")?;
+        text.push('\n');
+        self.0.write_text(&text)
     }
 }
 
@@ -82,7 +111,11 @@ mod tests {
     use super::*;
 
     fn empty_report() -> BenchReport {
-        BenchReport { runs: Vec::new() }
+        BenchReport {
+            runs: Vec::new(),
+            summary: Vec::new(),
+            recommendation: None,
+        }
     }
 
     #[test]
@@ -125,8 +158,27 @@ mod tests {
         file.write(&empty_report()).unwrap();
         assert_eq!(
             std::fs::read_to_string(&path).unwrap(),
-            "{\n  \"runs\": []\n}\n"
+            "{\n  \"runs\": [],\n  \"summary\": [],\n  \"recommendation\": null\n}\n"
         );
+    }
+
+    #[test]
+    fn other_report_files_name_their_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("missing").join("x.csv");
+        let error = ReportFile::open("--csv", &path).unwrap_err();
+        assert_eq!(
+            format!("{error:#}"),
+            format!(
+                "cannot create --csv {}: No such file or directory (os error 2)",
+                path.display()
+            )
+        );
+        let path = dir.path().join("x.csv");
+        let file = ReportFile::open("--csv", &path).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
+        file.write_text("a,b\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "a,b\n");
     }
 
     #[test]

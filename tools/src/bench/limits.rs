@@ -73,3 +73,19 @@ pub const LATENCY_US_MAX: u64 = 60_000_000;
 
 /// Significant decimal digits of the latency histograms (0.1 % relative error).
 pub const LATENCY_SIGNIFICANT_DIGITS: u8 = 3;
+
+/// Most runs of each shard count (`--repeat`). Three to five repeats show the spread a median
+/// needs; a hundred runs of a one-minute bench is already most of a working day, so a larger
+/// value is a typo more often than a plan.
+pub const REPEAT_COUNT_MAX: u32 = 100;
+
+/// Longest `--duration` of one run. A run keeps every acknowledged batch's range in memory for
+/// the read-back, and a day of producing is a soak test, not a bench.
+pub const RUN_DURATION_MAX: Duration = Duration::from_hours(24);
+
+/// Payload bytes a run must produce before its report carries a page-cache note (first run of
+/// the sequence or a later one; README, Benchmarking). 256 MiB is 65 536 pages of 4 KiB; at
+/// microseconds per first-touch fault on a VM whose host backs guest memory lazily, that is on
+/// the order of a few hundred milliseconds, as long as the default 1 GB run itself. A chosen
+/// bound, not measured per host: smaller runs are short enough for other noise to dominate.
+pub const PAGE_CACHE_NOTE_BYTES_MIN: u64 = 256 << 20;

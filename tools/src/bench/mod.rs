@@ -1,6 +1,8 @@
 //! `shardline bench`: the load generator and its report. Orchestration lives here: one run per
-//! requested shard count, each on a fresh embedded server (or on `--addr`), with a
-//! produce phase and a consume phase that reads back and verifies every acknowledged message.
+//! requested shard count and repeat (`plan::run_order`: interleaved rounds), each on a fresh
+//! embedded server (or on `--addr`), with a produce phase and a consume phase that reads back and
+//! verifies every acknowledged message; then the summary and recommendation (`sweep`) and the
+//! report files (`--json`, `--csv`, `--charts`, `--compare`), all checked before the first run.
 //!
 //! The headline figure is messages per server-CPU-second (DESIGN section 12), so it must never
 //! count the bench's own CPU: only the server process is measured, from `/proc`.
@@ -29,35 +31,41 @@ pub mod verify;
 pub mod workload;
 
 use std::net::{SocketAddr, ToSocketAddrs as _};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, anyhow, bail};
 use bus::{Client, ClientError, ErrorCode};
 
 use self::ack::AckLedger;
-use self::json_file::JsonReportFile;
+use self::json_file::{JsonReportFile, ReportFile};
 use self::payload::PayloadSource;
 use self::phase::{PhaseOutcome, latest_finish, progress_bar, run_phase};
+use self::plan::ScheduledRun;
 use self::report::{
-    BenchReport, PhaseFigures, PhaseMeasurement, RunReport, new_latency_histogram,
-    per_shard_reports, render_ratios, render_run,
+    BenchReport, LATENCY_NOTE, PhaseFigures, PhaseMeasurement, RunReport, new_latency_histogram,
+    page_cache_note, per_shard_reports, render_config, render_ratios, render_run,
+    render_run_compact,
 };
 use self::server::EmbeddedServer;
+use self::sweep::{CountSummary, Recommendation};
 use self::verify::{PartitionVerdict, VerificationSummary};
 use self::workload::{ProduceStop, SharedProgress, TopicLayout};
 
 pub use self::args::{BenchArgs, BenchArgsError};
 pub use self::plan::{BenchPlan, PayloadChoice, ServerTarget, ShardRequest, Workload};
 
-/// Runs the bench as `args` say, prints a table per run (and the ratios between runs), writes
-/// `--json`, and fails if any acknowledged message was not read back intact. `--workload metadata`
-/// runs [`metadata::run`] instead.
+/// Runs the bench as `args` say: every scheduled run (a table each, or one line each with
+/// `--repeat` above 1), then, when more than one run happened, the median and spread per shard
+/// count and the recommendation; writes `--json`, `--csv`, `--charts` and prints `--compare`
+/// (also after a failed run, for the runs that completed), and fails if any acknowledged message
+/// was not read back intact. `--workload metadata` runs [`metadata::run`] instead.
 ///
 /// # Errors
-/// Invalid arguments (naming the flag and the rule), a `--json` path that cannot be created
-/// (checked before anything starts), a server that fails to start or stop, a
-/// worker's request failing beyond its retry budget, an existing stream on `--addr`, or a failed
+/// Invalid arguments (naming the flag and the rule), a `--json` or `--csv` path that cannot be
+/// created, a `--charts` directory that cannot be created or written, a `--compare` file that is
+/// not a bench report (all checked before anything starts), a server that fails to start or stop,
+/// a worker's request failing beyond its retry budget, an existing stream on `--addr`, or a failed
 /// verification (naming the counts and the first bad partition and offset).
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let plan = args.validate()?;
@@ -69,9 +77,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     // The load generator builds and verifies megabyte batches too.
     shards::resources::tune_allocator();
-    let json_file = plan.json.as_deref().map(JsonReportFile::open).transpose()?;
+    let outputs = Outputs::open(&plan)?;
     if plan.workload == Workload::Metadata {
-        return metadata::run(&plan, json_file);
+        // `validate` refuses --csv, --charts and --compare there: only --json is open.
+        return metadata::run(&plan, outputs.json);
     }
     let payload = match &plan.payload {
         PayloadChoice::Size(size_bytes) => PayloadSource::fixed(*size_bytes as usize),
@@ -83,32 +92,186 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         bus::limits::MESSAGE_SIZE_MAX_DEFAULT,
         args::DEFAULT_LIMIT_OWNER,
     )?;
-    let mut runs = Vec::new();
-    for request in &plan.shard_requests {
-        let (run, summary) = run_one(&plan, *request, &payload)?;
-        crate::output::print_text(&render_run(&run))?;
+    let schedule = plan.schedule();
+    if plan.repeat_count > 1 {
+        crate::output::print_line(&sequence_header(&plan, schedule.len()))?;
+    }
+    let mut runs = Vec::with_capacity(schedule.len());
+    for scheduled in schedule {
+        let (run, verification) = match run_one(&plan, scheduled, &payload) {
+            Ok(outcome) => outcome,
+            Err(error) => return Err(outputs.finish_after_failure(&plan, &runs, error)),
+        };
+        print_run(&plan, &run)?;
         runs.push(run);
-        if !summary.is_clean() {
-            write_json(json_file, &runs)?;
-            bail!(
-                "verification failed with {} shards: {summary}",
-                runs.last().map_or(0, |r| r.shards)
+        if !verification.is_clean() {
+            let error = anyhow!(
+                "verification failed with {} shards: {verification}",
+                runs.last().map_or(0, |run| run.shards)
             );
+            return Err(outputs.finish_after_failure(&plan, &runs, error));
         }
     }
-    if let Some(ratios) = render_ratios(&runs) {
-        crate::output::print_line(&format!("\n{ratios}"))?;
+    let (summary, recommendation) = summarize(&plan, &runs);
+    if runs.len() > 1 {
+        print_summary(&plan, &runs, &summary, recommendation.as_ref())?;
     }
-    write_json(json_file, &runs)
+    outputs.finish(&runs, summary, recommendation)
 }
 
-fn write_json(json_file: Option<JsonReportFile>, runs: &[RunReport]) -> anyhow::Result<()> {
-    let Some(json_file) = json_file else {
-        return Ok(());
-    };
-    json_file.write(&BenchReport {
-        runs: runs.to_vec(),
-    })
+/// The first line of a sequence with `--repeat` above 1, whose runs print one line each.
+fn sequence_header(plan: &BenchPlan, run_count: usize) -> String {
+    let counts = plan
+        .shard_requests
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    format!(
+        "== {run_count} runs: shards {counts}, {} rounds of one run per count, each on a fresh \
+         server; one line per run (--json holds every figure)",
+        plan.repeat_count
+    )
+}
+
+/// One run's report on stdout: its table, or one line when `--repeat` is above 1 (preceded, for
+/// the first run, by the setup and what the latency figures time).
+fn print_run(plan: &BenchPlan, run: &RunReport) -> anyhow::Result<()> {
+    if plan.repeat_count == 1 {
+        return crate::output::print_text(&render_run(run));
+    }
+    if run.sequence == 0 {
+        crate::output::print_line(&format!("config: {}", render_config(&run.config)))?;
+        crate::output::print_line(LATENCY_NOTE)?;
+    }
+    crate::output::print_text(&render_run_compact(run, plan.repeat_count))
+}
+
+/// The median and spread per count, and the recommendation (`None` when `runs` is empty or
+/// [`sweep::recommend`] finds nothing to choose from).
+fn summarize(plan: &BenchPlan, runs: &[RunReport]) -> (Vec<CountSummary>, Option<Recommendation>) {
+    if runs.is_empty() {
+        return (Vec::new(), None);
+    }
+    let summary = sweep::summarize(runs);
+    let recommendation = sweep::recommend(&summary, plan.efficiency_margin);
+    (summary, recommendation)
+}
+
+/// After more than one run: the ratios between single runs (without `--repeat`), the summary
+/// table and the recommendation line.
+fn print_summary(
+    plan: &BenchPlan,
+    runs: &[RunReport],
+    summary: &[CountSummary],
+    recommendation: Option<&Recommendation>,
+) -> anyhow::Result<()> {
+    if plan.repeat_count == 1
+        && let Some(ratios) = render_ratios(runs)
+    {
+        crate::output::print_line(&format!("\n{ratios}"))?;
+    }
+    // One blank line before the table, whether or not the table starts with one.
+    let table = sweep::render_summary(summary);
+    crate::output::print_text(&format!("\n{}", table.trim_start_matches('\n')))?;
+    if let Some(recommendation) = recommendation {
+        crate::output::print_line(&format!("recommendation: {}", recommendation.line))?;
+    }
+    Ok(())
+}
+
+/// The report outputs besides stdout, each checked before the first run so that a bad path
+/// fails in a second rather than after a long sweep.
+struct Outputs {
+    json: Option<JsonReportFile>,
+    csv: Option<ReportFile>,
+    charts: Option<PathBuf>,
+    compare: Option<compare::Baseline>,
+}
+
+impl Outputs {
+    /// Opens `--json` and `--csv` (created if missing), creates `--charts` and checks that it
+    /// takes files, and loads `--compare`.
+    fn open(plan: &BenchPlan) -> anyhow::Result<Outputs> {
+        Ok(Outputs {
+            json: plan.json.as_deref().map(JsonReportFile::open).transpose()?,
+            csv: plan
+                .csv
+                .as_deref()
+                .map(|path| ReportFile::open("--csv", path))
+                .transpose()?,
+            charts: plan.charts.as_deref().map(prepare_charts_dir).transpose()?,
+            compare: plan
+                .compare
+                .as_deref()
+                .map(compare::load_baseline)
+                .transpose()?,
+        })
+    }
+
+    /// Writes every output for `runs`, and prints the comparison.
+    fn finish(
+        self,
+        runs: &[RunReport],
+        summary: Vec<CountSummary>,
+        recommendation: Option<Recommendation>,
+    ) -> anyhow::Result<()> {
+        if let Some(csv) = self.csv {
+            csv.write_text(&csv_report::render_csv(runs))?;
+        }
+        if let Some(dir) = &self.charts {
+            let files = charts::write_charts(dir, runs, &summary)?;
+            crate::output::print_line(&format!(
+                "\ncharts: {} SVG files in {}",
+                files.len(),
+                dir.display()
+            ))?;
+        }
+        if let Some(baseline) = &self.compare {
+            let table = compare::render_comparison(baseline, runs);
+            crate::output::print_text(&format!("\n{}", table.trim_start_matches('\n')))?;
+        }
+        if let Some(json) = self.json {
+            json.write(&BenchReport {
+                runs: runs.to_vec(),
+                summary,
+                recommendation,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// After a failed run: the outputs for the runs that completed (none: the files this bench
+    /// created are removed), then `error`, with any failure to write them added to it.
+    fn finish_after_failure(
+        self,
+        plan: &BenchPlan,
+        runs: &[RunReport],
+        error: anyhow::Error,
+    ) -> anyhow::Error {
+        if runs.is_empty() {
+            return error;
+        }
+        let (summary, recommendation) = summarize(plan, runs);
+        match self.finish(runs, summary, recommendation) {
+            Ok(()) => error,
+            Err(output_error) => error.context(format!(
+                "and the report of the {} completed runs could not be written: {output_error:#}",
+                runs.len()
+            )),
+        }
+    }
+}
+
+/// `--charts DIR`: creates it (with its parents) and checks that a file can be created in it.
+fn prepare_charts_dir(dir: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create --charts {}", dir.display()))?;
+    let probe = dir.join(".shardline-bench-write-check");
+    std::fs::write(&probe, b"")
+        .and_then(|()| std::fs::remove_file(&probe))
+        .with_context(|| format!("cannot write into --charts {}", dir.display()))?;
+    Ok(dir.to_path_buf())
 }
 
 /// The server of one run: where to connect and whose CPU to measure.
@@ -164,9 +327,10 @@ fn start_server(plan: &BenchPlan, request: ShardRequest) -> anyhow::Result<RunSe
 
 fn run_one(
     plan: &BenchPlan,
-    request: ShardRequest,
+    scheduled: ScheduledRun,
     payload: &PayloadSource,
 ) -> anyhow::Result<(RunReport, VerificationSummary)> {
+    let request = scheduled.request;
     let mut server = start_server(plan, request)?;
     // Checked before the stream is created, so a refused run leaves nothing behind.
     check_external_shard_count(plan, request, server.addr)?;
@@ -187,7 +351,7 @@ fn run_one(
     };
     Ok(build_report(
         plan,
-        request,
+        scheduled,
         &server_label(plan),
         &server,
         &layout,
@@ -526,7 +690,7 @@ fn measure(
 
 fn build_report(
     plan: &BenchPlan,
-    request: ShardRequest,
+    scheduled: ScheduledRun,
     server_label: &str,
     server: &RunServer,
     layout: &TopicLayout,
@@ -563,17 +727,16 @@ fn build_report(
             &measured.consume,
         ),
         config: plan.run_config(
-            request,
+            scheduled.request,
             server_label,
             pid,
             payload,
             cpu_note,
             server.data_dir.as_deref(),
         ),
-        // Set by the sequence that runs it (bench orchestration helper).
-        repeat: 1,
-        sequence: 0,
-        page_cache_note: None,
+        repeat: scheduled.repeat,
+        sequence: scheduled.sequence,
+        page_cache_note: page_cache_note(measured.produce.payload_bytes, scheduled.sequence),
     };
     (report, summary)
 }
@@ -588,6 +751,84 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         bench: BenchArgs,
+    }
+
+    fn plan(flags: &[&str]) -> BenchPlan {
+        let mut argv = vec!["bench"];
+        argv.extend_from_slice(flags);
+        Cli::try_parse_from(argv).unwrap().bench.validate().unwrap()
+    }
+
+    fn read_json(path: &Path) -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn after_a_failed_run_the_report_files_hold_the_completed_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("j.json");
+        let csv = dir.path().join("c.csv");
+        let plan = plan(&[
+            "--json",
+            json.to_str().unwrap(),
+            "--csv",
+            csv.to_str().unwrap(),
+        ]);
+        let outputs = Outputs::open(&plan).unwrap();
+        // Opened before the first run: both exist, empty, while the runs go.
+        assert_eq!(std::fs::read_to_string(&json).unwrap(), "");
+        assert_eq!(std::fs::read_to_string(&csv).unwrap(), "");
+        let runs = [
+            sweep::fixtures::run(1, 1, 0, 1000.0, Some(500.0)),
+            sweep::fixtures::run(2, 1, 1, 1900.0, Some(475.0)),
+        ];
+        let error = outputs.finish_after_failure(
+            &plan,
+            &runs,
+            anyhow!("verification failed with 2 shards: x"),
+        );
+        assert_eq!(format!("{error:#}"), "verification failed with 2 shards: x");
+        let report = read_json(&json);
+        assert_eq!(report["runs"].as_array().unwrap().len(), 2);
+        assert_eq!(report["summary"].as_array().unwrap().len(), 2);
+        assert_eq!(report["recommendation"]["shards"], 2, "{report:#}");
+        // A header and one row per run and phase.
+        assert_eq!(std::fs::read_to_string(&csv).unwrap().lines().count(), 5);
+    }
+
+    #[test]
+    fn a_failure_before_any_run_completes_leaves_no_report_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("j.json");
+        let csv = dir.path().join("c.csv");
+        let plan = plan(&[
+            "--json",
+            json.to_str().unwrap(),
+            "--csv",
+            csv.to_str().unwrap(),
+        ]);
+        let outputs = Outputs::open(&plan).unwrap();
+        let error = outputs.finish_after_failure(&plan, &[], anyhow!("the server did not start"));
+        assert_eq!(error.to_string(), "the server did not start");
+        assert!(!json.exists());
+        assert!(!csv.exists());
+    }
+
+    #[test]
+    fn the_charts_dir_is_created_and_left_empty_before_the_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let charts = dir.path().join("a").join("charts");
+        assert_eq!(prepare_charts_dir(&charts).unwrap(), charts);
+        assert_eq!(std::fs::read_dir(&charts).unwrap().count(), 0);
+        let file = dir.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        assert_eq!(
+            format!("{:#}", prepare_charts_dir(&file).unwrap_err()),
+            format!(
+                "cannot create --charts {}: File exists (os error 17)",
+                file.display()
+            )
+        );
     }
 
     #[test]

@@ -218,6 +218,8 @@ mod tests {
     fn a_worker_that_cannot_connect_fails_the_phase_without_hanging() {
         let plan = BenchPlan {
             shard_requests: vec![ShardRequest::Count(1)],
+            repeat_count: 1,
+            efficiency_margin: 0.8,
             server: ServerTarget::External {
                 addr: "127.0.0.1:1".to_string(),
                 pid: None,
@@ -230,6 +232,9 @@ mod tests {
             payload: PayloadChoice::Size(10),
             concurrent: true,
             json: None,
+            csv: None,
+            charts: None,
+            compare: None,
             stream_id: 1,
             workload: Workload::ProduceConsume,
             metadata_op_count: 1,

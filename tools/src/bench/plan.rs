@@ -54,6 +54,39 @@ impl std::fmt::Display for ShardRequest {
     }
 }
 
+/// One run of the sequence: the shard count, which repeat of it this is, and where the run
+/// stands in the invocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScheduledRun {
+    pub request: ShardRequest,
+    /// 1-based: the k-th run of this shard count.
+    pub repeat: u32,
+    /// 0-based position in the invocation: 0 is the first run of the sequence.
+    pub sequence: u32,
+}
+
+/// The order of the runs: `repeat_count` rounds, each running every request once in the order
+/// given (`1,2,4,1,2,4`), not each count `repeat_count` times in a row (`1,1,2,2,4,4`).
+/// Interleaving spreads slow drift (another tenant of the VM, thermal limits, the page cache and
+/// guest memory warming up over the first runs) over every count instead of charging it all to
+/// the counts that happen to run first, so the medians compare like with like and the spread
+/// per count includes the drift instead of hiding it.
+///
+/// # Panics
+/// If `repeat_count` is 0 or the sequence exceeds `u32::MAX` runs (both refused by `validate`).
+pub fn run_order(requests: &[ShardRequest], repeat_count: u32) -> Vec<ScheduledRun> {
+    assert!(repeat_count >= 1, "validate refuses --repeat 0");
+    (1..=repeat_count)
+        .flat_map(|repeat| requests.iter().map(move |request| (*request, repeat)))
+        .enumerate()
+        .map(|(sequence, (request, repeat))| ScheduledRun {
+            request,
+            repeat,
+            sequence: u32::try_from(sequence).expect("validate bounds the run count"),
+        })
+        .collect()
+}
+
 /// Where the payloads come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PayloadChoice {
@@ -94,9 +127,15 @@ impl MetadataClients {
 }
 
 /// Validated flags.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct BenchPlan {
+    /// The shard counts to run, in order (`--shards`, `sweep` expanded).
     pub shard_requests: Vec<ShardRequest>,
+    /// Runs of each shard count, each on a fresh server (`--repeat`, 1..=`REPEAT_COUNT_MAX`).
+    pub repeat_count: u32,
+    /// Per-core efficiency a larger shard count must keep, as a fraction of the 1-shard figure,
+    /// to be recommended (`--efficiency-margin`, 0 < F <= 1).
+    pub efficiency_margin: f64,
     pub server: ServerTarget,
     pub producer_count: u32,
     pub consumer_count: u32,
@@ -106,6 +145,12 @@ pub struct BenchPlan {
     pub payload: PayloadChoice,
     pub concurrent: bool,
     pub json: Option<PathBuf>,
+    /// `--csv`: one row per run and phase.
+    pub csv: Option<PathBuf>,
+    /// `--charts`: the directory the SVG charts go to.
+    pub charts: Option<PathBuf>,
+    /// `--compare`: an earlier `--json` report to hold this one against.
+    pub compare: Option<PathBuf>,
     pub stream_id: u32,
     pub workload: Workload,
     /// Metadata rounds (`--metadata-ops`); used by [`Workload::Metadata`] only.
@@ -119,6 +164,11 @@ pub struct BenchPlan {
 }
 
 impl BenchPlan {
+    /// Every run of the invocation in order: see [`run_order`].
+    pub fn schedule(&self) -> Vec<ScheduledRun> {
+        run_order(&self.shard_requests, self.repeat_count)
+    }
+
     /// The embedded server's options (defaults for `--addr`) and the fsync policy as reported.
     pub fn server_options_and_fsync(&self) -> (ServerOptions, String) {
         match &self.server {
@@ -175,5 +225,53 @@ impl BenchPlan {
             // Err: the directory is gone already or cannot be inspected; no warning then.
             data_dir_on_tmpfs: data_dir.and_then(|dir| super::server::is_on_tmpfs(dir).ok()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeats_run_in_interleaved_rounds_numbered_per_count_and_in_sequence() {
+        let requests = [
+            ShardRequest::Count(1),
+            ShardRequest::Count(2),
+            ShardRequest::All,
+        ];
+        let order: Vec<(String, u32, u32)> = run_order(&requests, 2)
+            .into_iter()
+            .map(|run| (run.request.to_string(), run.repeat, run.sequence))
+            .collect();
+        let expected = [
+            ("1", 1, 0),
+            ("2", 1, 1),
+            ("all", 1, 2),
+            ("1", 2, 3),
+            ("2", 2, 4),
+            ("all", 2, 5),
+        ]
+        .map(|(request, repeat, sequence)| (request.to_string(), repeat, sequence));
+        assert_eq!(order, expected);
+    }
+
+    #[test]
+    fn one_repeat_is_the_list_in_order() {
+        let requests = [ShardRequest::Count(4), ShardRequest::Count(1)];
+        assert_eq!(
+            run_order(&requests, 1),
+            [
+                ScheduledRun {
+                    request: ShardRequest::Count(4),
+                    repeat: 1,
+                    sequence: 0
+                },
+                ScheduledRun {
+                    request: ShardRequest::Count(1),
+                    repeat: 1,
+                    sequence: 1
+                },
+            ]
+        );
     }
 }

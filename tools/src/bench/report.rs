@@ -12,7 +12,8 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::cpu::PhaseCpu;
-use super::limits::{LATENCY_SIGNIFICANT_DIGITS, LATENCY_US_MAX};
+use super::limits::{LATENCY_SIGNIFICANT_DIGITS, LATENCY_US_MAX, PAGE_CACHE_NOTE_BYTES_MIN};
+use super::sweep::{CountSummary, Recommendation};
 
 /// An empty latency histogram, µs, 1 µs .. [`LATENCY_US_MAX`].
 pub fn new_latency_histogram() -> Histogram<u64> {
@@ -150,7 +151,13 @@ pub struct RunReport {
 /// The `--json` document.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BenchReport {
+    /// Every completed run, in the order they ran.
     pub runs: Vec<RunReport>,
+    /// Median and spread per resolved shard count, ascending (`sweep::summarize` of `runs`).
+    pub summary: Vec<CountSummary>,
+    /// The recommended shard count and why; `null` when there is nothing to choose from (see
+    /// `sweep::recommend`).
+    pub recommendation: Option<Recommendation>,
 }
 
 /// What one phase measured.
@@ -254,20 +261,14 @@ fn or_na(value: Option<f64>, decimals: usize) -> String {
     value.map_or_else(|| "n/a".to_string(), |value| format!("{value:.decimals$}"))
 }
 
-/// The table for one run, as printed on stdout.
-pub fn render_run(run: &RunReport) -> String {
-    let config = &run.config;
-    let mut out = String::new();
+/// The run's setup in one line: `server=embedded producers=2 ... fsync=never`.
+pub fn render_config(config: &RunConfig) -> String {
     let size = match (config.messages, config.duration_seconds) {
         (_, Some(seconds)) => format!("duration={seconds}s"),
         (messages, None) => format!("messages={}", messages.unwrap_or(0)),
     };
-    let _ = writeln!(
-        out,
-        "\n== shards={} (requested {}) server={} producers={} consumers={} partitions={} batch={} \
-         {size} payload={} fsync={}{}",
-        run.shards,
-        config.shards_requested,
+    format!(
+        "server={} producers={} consumers={} partitions={} batch={} {size} payload={} fsync={}{}",
         config.server,
         config.producers,
         config.consumers,
@@ -276,6 +277,19 @@ pub fn render_run(run: &RunReport) -> String {
         config.payload,
         config.fsync,
         if config.concurrent { " concurrent" } else { "" },
+    )
+}
+
+/// The table for one run, as printed on stdout.
+pub fn render_run(run: &RunReport) -> String {
+    let config = &run.config;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n== shards={} (requested {}) {}",
+        run.shards,
+        config.shards_requested,
+        render_config(config),
     );
     let _ = writeln!(
         out,
@@ -364,8 +378,36 @@ pub fn render_run(run: &RunReport) -> String {
     out
 }
 
+/// One run in one line, for sequences with `--repeat` above 1 (`repeat_count`), followed by its
+/// warnings and page-cache note, each on an indented line of its own:
+/// `run 4: shards=2 repeat 2/3 | produce 2167265 msgs/s 2127660 msgs/srv-cpu-s p99 2049us |
+/// consume ... | lost 0`.
+pub fn render_run_compact(run: &RunReport, repeat_count: u32) -> String {
+    let phase = |name: &str, phase: &PhaseFigures| {
+        format!(
+            "{name} {:.0} msgs/s {} msgs/srv-cpu-s p99 {}us",
+            phase.msgs_per_sec,
+            or_na(phase.msgs_per_server_cpu_second, 0),
+            phase.latency_us.p99
+        )
+    };
+    let mut out = format!(
+        "run {}: shards={} repeat {}/{repeat_count} | {} | {} | lost {}\n",
+        run.sequence + 1,
+        run.shards,
+        run.repeat,
+        phase("produce", &run.produce),
+        phase("consume", &run.consume),
+        run.messages_lost
+    );
+    for line in run.config.cpu_note.iter().chain(&run_warnings(run)) {
+        let _ = writeln!(out, "  {line}");
+    }
+    out
+}
+
 /// What the figures mean and what may skew them: where the data was, what the latency columns
-/// time, and warnings for a data directory on tmpfs and partitions that load shards unevenly.
+/// time, then [`run_warnings`].
 pub fn run_notes(run: &RunReport) -> Vec<String> {
     let config = &run.config;
     let mut lines = vec![LATENCY_NOTE.to_string()];
@@ -379,7 +421,15 @@ pub fn run_notes(run: &RunReport) -> Vec<String> {
             config.server
         )),
     }
-    if config.data_dir_on_tmpfs == Some(true) {
+    lines.extend(run_warnings(run));
+    lines
+}
+
+/// What may skew one run's figures: a data directory on tmpfs, partitions that load shards
+/// unevenly, and the page-cache note (first run of the sequence or a later one).
+pub fn run_warnings(run: &RunReport) -> Vec<String> {
+    let mut lines = Vec::new();
+    if run.config.data_dir_on_tmpfs == Some(true) {
         lines.push(
             "warning: the data directory is on tmpfs (memory): fsync costs nothing there, so \
              these figures do not measure a disk; pass --data-root on the disk you mean to measure"
@@ -387,7 +437,35 @@ pub fn run_notes(run: &RunReport) -> Vec<String> {
         );
     }
     lines.extend(placement_warning(&run.per_shard));
+    lines.extend(run.page_cache_note.clone());
     lines
+}
+
+/// The page-cache label of a run that produced `payload_bytes` and stands at `sequence`
+/// (0-based) in its invocation; `None` below [`PAGE_CACHE_NOTE_BYTES_MIN`]. The first run's
+/// page cache grows into guest memory nothing touched since the VM booted, which on a VM whose
+/// host backs memory lazily costs a fault per page; later runs reuse the pages the earlier
+/// runs freed (their data directories are removed). The two kinds are labelled so that a
+/// reader does not compare them blindly (README, Benchmarking).
+pub fn page_cache_note(payload_bytes: u64, sequence: u32) -> Option<String> {
+    if payload_bytes < PAGE_CACHE_NOTE_BYTES_MIN {
+        return None;
+    }
+    let written = format!("{} MiB of payload", payload_bytes >> 20);
+    Some(if sequence == 0 {
+        format!(
+            "page cache: first run of this sequence ({written}): its page cache grew into memory \
+             untouched since boot, slower to fault in on a VM than the memory later runs reuse; \
+             compare it with later runs with care"
+        )
+    } else {
+        format!(
+            "page cache: run {} of this sequence ({written}): its page cache reuses memory the \
+             earlier runs faulted in, which the first run could not; compare it with the first \
+             run with care",
+            sequence + 1
+        )
+    })
 }
 
 /// What the p50us..max-us columns time.
@@ -567,9 +645,12 @@ mod tests {
     fn json_has_exactly_the_documented_keys() {
         let report = BenchReport {
             runs: vec![run(None, 1)],
+            summary: Vec::new(),
+            recommendation: None,
         };
         let value = serde_json::to_value(&report).unwrap();
-        assert_eq!(keys(&value), ["runs"]);
+        assert_eq!(keys(&value), ["recommendation", "runs", "summary"]);
+        assert!(value["recommendation"].is_null());
         let run = &value["runs"][0];
         let phase_keys = [
             "busy_retries",
@@ -590,7 +671,10 @@ mod tests {
             "messages_lost",
             "messages_sent",
             "messages_verified",
+            "page_cache_note",
             "per_shard",
+            "repeat",
+            "sequence",
             "shards",
         ]);
         run_keys.sort_unstable();
@@ -700,6 +784,60 @@ mod tests {
                 .kind(),
             std::io::ErrorKind::NotFound
         );
+    }
+
+    #[test]
+    fn page_cache_notes_label_large_runs_first_or_later() {
+        assert_eq!(page_cache_note(PAGE_CACHE_NOTE_BYTES_MIN - 1, 0), None);
+        assert_eq!(page_cache_note(0, 3), None);
+        assert_eq!(
+            page_cache_note(1_000_000_000, 0).unwrap(),
+            "page cache: first run of this sequence (953 MiB of payload): its page cache grew \
+             into memory untouched since boot, slower to fault in on a VM than the memory later \
+             runs reuse; compare it with later runs with care"
+        );
+        assert_eq!(
+            page_cache_note(PAGE_CACHE_NOTE_BYTES_MIN, 2).unwrap(),
+            "page cache: run 3 of this sequence (256 MiB of payload): its page cache reuses \
+             memory the earlier runs faulted in, which the first run could not; compare it with \
+             the first run with care"
+        );
+    }
+
+    #[test]
+    fn the_page_cache_note_is_printed_and_serialized_with_the_run() {
+        let mut report = run(Some(cpu()), 2);
+        report.page_cache_note = page_cache_note(1 << 30, 0);
+        let note = report.page_cache_note.clone().unwrap();
+        assert!(render_run(&report).contains(&format!("\n{note}\n")));
+        assert_eq!(run_notes(&report).last(), Some(&note));
+        let value = serde_json::to_value(&report).unwrap();
+        assert_eq!(value["page_cache_note"], note.as_str());
+        assert!(serde_json::to_value(run(None, 1)).unwrap()["page_cache_note"].is_null());
+    }
+
+    #[test]
+    fn compact_lines_give_the_headline_figures_and_the_warnings() {
+        let mut report = run(Some(cpu()), 2);
+        report.repeat = 2;
+        report.sequence = 4;
+        assert_eq!(
+            render_run_compact(&report, 3),
+            "run 5: shards=2 repeat 2/3 | produce 2000 msgs/s 2000 msgs/srv-cpu-s p99 300us | \
+             consume 2000 msgs/s 2000 msgs/srv-cpu-s p99 300us | lost 0\n"
+        );
+        report.page_cache_note = Some("page cache: x".to_string());
+        report.config.data_dir_on_tmpfs = Some(true);
+        let text = render_run_compact(&run(None, 1), 1);
+        assert!(text.contains("n/a msgs/srv-cpu-s"), "{text}");
+        let lines: Vec<String> = render_run_compact(&report, 3)
+            .lines()
+            .skip(1)
+            .map(str::to_string)
+            .collect();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].starts_with("  warning: the data directory is on tmpfs"));
+        assert_eq!(lines[1], "  page cache: x");
     }
 
     #[test]
