@@ -222,15 +222,40 @@ impl BenchPlan {
             stream_id: self.stream_id,
             cpu_note,
             data_dir: data_dir.map(|dir| dir.display().to_string()),
-            // Err: the directory is gone already or cannot be inspected; no warning then.
-            data_dir_on_tmpfs: data_dir.and_then(|dir| super::server::is_on_tmpfs(dir).ok()),
+            data_dir_on_tmpfs: data_dir.and_then(data_dir_on_tmpfs),
         }
     }
+}
+
+/// Whether a run's data directory was on tmpfs. The run directory is removed when its server
+/// stops, before the report is built: its nearest existing ancestor (the `--data-root` or temp
+/// dir that held it) is on the same filesystem. `None`: cannot be inspected (no warning then).
+fn data_dir_on_tmpfs(dir: &std::path::Path) -> Option<bool> {
+    let existing = dir.ancestors().find(|ancestor| ancestor.exists())?;
+    super::server::is_on_tmpfs(existing).ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_removed_run_directory_is_judged_by_the_directory_that_held_it() {
+        for root in [std::path::Path::new("/dev/shm"), std::path::Path::new(".")] {
+            let Ok(held) = tempfile::tempdir_in(root) else {
+                continue;
+            };
+            let expected = super::super::server::is_on_tmpfs(held.path()).ok();
+            assert!(expected.is_some(), "{}", held.path().display());
+            let removed = held.path().join("run-1").join("data");
+            assert_eq!(
+                data_dir_on_tmpfs(&removed),
+                expected,
+                "{}",
+                removed.display()
+            );
+        }
+    }
 
     #[test]
     fn repeats_run_in_interleaved_rounds_numbered_per_count_and_in_sequence() {
