@@ -64,7 +64,9 @@ use compio::net::TcpStream;
 
 use crate::batch::{BatchView, ProducerStamp};
 use crate::command::{Command, ErrorCode, Operation};
+use crate::consumer::Consumer;
 use crate::frame::{Frame, FrameError, read_frame};
+use crate::group::{GroupAssignment, Heartbeat};
 use crate::header::{HEADER_SIZE, Header};
 use crate::limits::{
     CONNECT_BACKOFF_MAX, MESSAGE_SIZE_MAX_DEFAULT, NOT_PRIMARY_REDIRECT_MAX,
@@ -318,7 +320,15 @@ impl RetryPolicy {
                 | Operation::DeleteTopic
                 | Operation::GetMetadata
                 | Operation::PollMessages
-                | Operation::Register,
+                | Operation::Register
+                | Operation::StoreOffset
+                | Operation::GetOffset
+                | Operation::CreateGroup
+                | Operation::DeleteGroup
+                | Operation::JoinGroup
+                | Operation::LeaveGroup
+                | Operation::GroupHeartbeat
+                | Operation::AlterTopic,
             ) => RetryPolicy::Resend,
             Some(Operation::SendMessages) | None => RetryPolicy::Unsent,
         }
@@ -1124,14 +1134,62 @@ impl Client {
         name: &str,
         partition_count: u32,
     ) -> Result<(), ClientError> {
+        self.create_topic_with_retention(stream_id, topic_id, name, partition_count, 0, 0)
+            .await
+    }
+
+    /// `create_topic` with retention (issue 11 section 4): the owner shard deletes a
+    /// partition's oldest sealed segments once it holds more than `retention_bytes` bytes or
+    /// they are older than `retention_ms` milliseconds; 0 means no limit of that kind.
+    ///
+    /// # Errors
+    /// As `create_topic`.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see `request`).
+    pub async fn create_topic_with_retention(
+        &mut self,
+        stream_id: u32,
+        topic_id: u16,
+        name: &str,
+        partition_count: u32,
+        retention_bytes: u64,
+        retention_ms: u64,
+    ) -> Result<(), ClientError> {
         let mut header = Client::request_header(
             Operation::CreateTopic,
             Namespace::new(stream_id, topic_id, 0),
         );
         header.count = partition_count;
+        header.retention_bytes = retention_bytes;
+        header.retention_ms = retention_ms;
         self.exchange(header, name.as_bytes().to_vec())
             .await
             .map(drop)
+    }
+
+    /// Changes a topic's retention (issue 11 section 4): `None` keeps a limit as it is,
+    /// `Some(0)` removes it. Session-tracked like `create_topic`.
+    ///
+    /// # Errors
+    /// As `request`; e.g. `Server { code: TopicNotFound | InvalidArgument, .. }`.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see `request`).
+    pub async fn alter_topic(
+        &mut self,
+        stream_id: u32,
+        topic_id: u16,
+        retention_bytes: Option<u64>,
+        retention_ms: Option<u64>,
+    ) -> Result<(), ClientError> {
+        let mut header = Client::request_header(
+            Operation::AlterTopic,
+            Namespace::new(stream_id, topic_id, 0),
+        );
+        header.retention_bytes = retention_bytes.unwrap_or(u64::MAX);
+        header.retention_ms = retention_ms.unwrap_or(u64::MAX);
+        self.exchange(header, Vec::new()).await.map(drop)
     }
 
     /// Deletes topic `topic_id` of stream `stream_id`.
@@ -1273,6 +1331,210 @@ impl Client {
     ) -> Result<Vec<u8>, ClientError> {
         Ok(self.poll(namespace, offset, max_count).await?.batches)
     }
+}
+
+impl Client {
+    /// Stores `consumer`'s offset in partition `namespace` (issue 11 section 1): `offset` is
+    /// the next offset it will read, so everything below it counts as consumed. For a group
+    /// (`ConsumerKind::Group`) `generation` is the member's generation from `join_group` or
+    /// `heartbeat`; it is ignored for a plain consumer. Durable by the partition's fsync policy
+    /// when this returns. Retried after `Busy`, `ShuttingDown` and connection failures (storing
+    /// the same offset twice is harmless).
+    ///
+    /// # Errors
+    /// As `request`; e.g. `Server { code: PartitionNotFound | InvalidArgument, .. }`, or for a
+    /// group `Server { code: NotGroupMember | PartitionNotAssigned, .. }`.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see `request`): the offset may or may not be stored.
+    pub async fn store_offset(
+        &mut self,
+        namespace: Namespace,
+        consumer: &Consumer,
+        generation: u32,
+        offset: u64,
+    ) -> Result<(), ClientError> {
+        let mut header = Client::request_header(Operation::StoreOffset, namespace);
+        header.count = consumer.kind as u32;
+        header.generation = generation;
+        header.offset = offset;
+        self.exchange(header, consumer.name.as_bytes().to_vec())
+            .await
+            .map(drop)
+    }
+
+    /// The offset `consumer` last stored in partition `namespace`, or `None` if it never stored
+    /// one there.
+    ///
+    /// # Errors
+    /// As `request`; e.g. `Server { code: PartitionNotFound, .. }`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe in effect: it changes nothing (see `request` for the connection).
+    pub async fn get_offset(
+        &mut self,
+        namespace: Namespace,
+        consumer: &Consumer,
+    ) -> Result<Option<u64>, ClientError> {
+        let mut header = Client::request_header(Operation::GetOffset, namespace);
+        header.count = consumer.kind as u32;
+        let frame = self
+            .exchange(header, consumer.name.as_bytes().to_vec())
+            .await?;
+        Ok((frame.header.count == 1).then_some(frame.header.offset))
+    }
+
+    /// Creates consumer group `group` on topic `topic_id` of stream `stream_id`.
+    /// Session-tracked like `create_topic`.
+    ///
+    /// # Errors
+    /// As `request`; e.g. `Server { code: GroupAlreadyExists | TopicNotFound, .. }`.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see `request`).
+    pub async fn create_group(
+        &mut self,
+        stream_id: u32,
+        topic_id: u16,
+        group: &str,
+    ) -> Result<(), ClientError> {
+        let header = Client::request_header(
+            Operation::CreateGroup,
+            Namespace::new(stream_id, topic_id, 0),
+        );
+        self.exchange(header, group.as_bytes().to_vec())
+            .await
+            .map(drop)
+    }
+
+    /// Deletes consumer group `group` of a topic. Session-tracked like `create_topic`.
+    ///
+    /// # Errors
+    /// As `request`; e.g. `Server { code: GroupNotFound, .. }`.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see `request`).
+    pub async fn delete_group(
+        &mut self,
+        stream_id: u32,
+        topic_id: u16,
+        group: &str,
+    ) -> Result<(), ClientError> {
+        let header = Client::request_header(
+            Operation::DeleteGroup,
+            Namespace::new(stream_id, topic_id, 0),
+        );
+        self.exchange(header, group.as_bytes().to_vec())
+            .await
+            .map(drop)
+    }
+
+    /// Joins consumer group `group` as a member (this client's id) and returns the first
+    /// assignment. Keep the membership alive with `heartbeat` within the server's session
+    /// timeout.
+    ///
+    /// # Errors
+    /// As `request`; e.g. `Server { code: GroupNotFound | NotPrimary, .. }`, `Protocol` if the
+    /// body is not `GroupAssignment` JSON.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see `request`).
+    pub async fn join_group(
+        &mut self,
+        stream_id: u32,
+        topic_id: u16,
+        group: &str,
+    ) -> Result<GroupAssignment, ClientError> {
+        let header =
+            Client::request_header(Operation::JoinGroup, Namespace::new(stream_id, topic_id, 0));
+        let frame = self.exchange(header, group.as_bytes().to_vec()).await?;
+        group_assignment(&frame.body)
+    }
+
+    /// Leaves consumer group `group`; its partitions go to the other members.
+    ///
+    /// # Errors
+    /// As `request`; e.g. `Server { code: GroupNotFound | NotGroupMember, .. }`.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see `request`).
+    pub async fn leave_group(
+        &mut self,
+        stream_id: u32,
+        topic_id: u16,
+        group: &str,
+    ) -> Result<(), ClientError> {
+        let header = Client::request_header(
+            Operation::LeaveGroup,
+            Namespace::new(stream_id, topic_id, 0),
+        );
+        self.exchange(header, group.as_bytes().to_vec())
+            .await
+            .map(drop)
+    }
+
+    /// A member's heartbeat: reports the partitions it still holds and returns its current
+    /// assignment (a new generation after a rebalance).
+    ///
+    /// # Errors
+    /// As `request`; e.g. `Server { code: NotGroupMember, .. }` (join again).
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see `request`).
+    pub async fn heartbeat(
+        &mut self,
+        stream_id: u32,
+        topic_id: u16,
+        heartbeat: &Heartbeat,
+    ) -> Result<GroupAssignment, ClientError> {
+        let header = Client::request_header(
+            Operation::GroupHeartbeat,
+            Namespace::new(stream_id, topic_id, 0),
+        );
+        let body = serde_json::to_vec(heartbeat).expect("a heartbeat serializes: plain data");
+        let frame = self.exchange(header, body).await?;
+        group_assignment(&frame.body)
+    }
+
+    /// `poll` that the owner shard may hold up to `wait` for a message at `offset` to arrive
+    /// (issue 11 section 3): returns as soon as one is appended, or empty (caught up) when
+    /// `wait` passes. The request deadline is extended by `wait`.
+    ///
+    /// # Errors
+    /// As `poll`; `Server { code: ResourceExhausted, .. }` when the owner shard already holds
+    /// its maximum of parked polls.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see `request`).
+    pub async fn poll_wait(
+        &mut self,
+        namespace: Namespace,
+        offset: u64,
+        max_count: u32,
+        wait: Duration,
+    ) -> Result<PollResult, ClientError> {
+        let saved = self.request_timeout;
+        self.request_timeout = saved.saturating_add(wait);
+        let mut header = Client::request_header(Operation::PollMessages, namespace);
+        header.offset = offset;
+        header.count = max_count;
+        header.wait_ms = u32::try_from(wait.as_millis()).unwrap_or(u32::MAX);
+        let result = self.exchange(header, Vec::new()).await;
+        self.request_timeout = saved;
+        let frame = result?;
+        Ok(PollResult {
+            offset,
+            message_count: frame.header.count,
+            next_offset: frame.header.next_offset,
+            first_offset: frame.header.first_offset,
+            batches: frame.body,
+        })
+    }
+}
+
+fn group_assignment(body: &[u8]) -> Result<GroupAssignment, ClientError> {
+    serde_json::from_slice(body)
+        .map_err(|error| ClientError::Protocol(format!("bad group assignment body: {error}")))
 }
 
 /// Helper for callers: the messages at or above `offset` in a poll reply body.

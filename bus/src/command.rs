@@ -67,6 +67,33 @@ pub enum Operation {
     /// body. Success reply: `offset` = the session number (the op number that committed the
     /// Register), empty body.
     Register = 9,
+    /// Stores a consumer's offset in one partition on its owner shard (issue 11 section 1).
+    /// Request: `namespace` = the partition, `offset` = the next offset the consumer will read
+    /// (Kafka's committed position: everything below it is consumed), `count` = `ConsumerKind`
+    /// (0 consumer, 1 group), `generation` = the member's group generation (kind 1 only), body =
+    /// the consumer or group name (UTF-8, 1..=`NAME_LEN_MAX` bytes). Reply: empty. Durable by the
+    /// partition's fsync policy before the reply.
+    StoreOffset = 10,
+    /// Reads a stored consumer offset. Request as `StoreOffset` without `offset`. Reply: `count`
+    /// = 1 and `offset` = the stored offset, or `count` = 0 when none is stored.
+    GetOffset = 11,
+    /// Creates a consumer group on a topic (session-tracked metadata change). Request:
+    /// `namespace` = (stream, topic, 0), body = the group name.
+    CreateGroup = 12,
+    /// Deletes a consumer group (session-tracked). Request as `CreateGroup`.
+    DeleteGroup = 13,
+    /// The calling client (`client` id) joins a group as a member; not committed: membership is
+    /// the primary's soft state. Request as `CreateGroup`; reply body: `GroupAssignment` JSON.
+    JoinGroup = 14,
+    /// The calling client leaves a group. Request as `CreateGroup`; empty reply.
+    LeaveGroup = 15,
+    /// A member's heartbeat: keeps its membership alive, reports the partitions it still reads,
+    /// and returns its current assignment. Request: `namespace` = (stream, topic, 0), body =
+    /// `bus::group::Heartbeat` JSON; reply body: `GroupAssignment` JSON.
+    GroupHeartbeat = 16,
+    /// Changes a topic's retention (session-tracked). Request: `namespace` = (stream, topic, 0),
+    /// `retention_bytes` / `retention_ms`: the new limit, 0 = unlimited, `u64::MAX` = unchanged.
+    AlterTopic = 17,
 }
 
 /// Stable numeric error codes (never renumbered). `Busy` and `ShuttingDown` are retryable.
@@ -116,6 +143,16 @@ pub enum ErrorCode {
     /// a view change is under way or the address is not known yet). Nothing was applied; the
     /// client retries against that address (or the next one it knows).
     NotPrimary = 19,
+    /// The consumer group named in the request does not exist on that topic.
+    GroupNotFound = 20,
+    /// A group with that name already exists on the topic.
+    GroupAlreadyExists = 21,
+    /// The client is not a member of the group (never joined, left, or its session timed out,
+    /// or the primary changed and membership was lost): join again.
+    NotGroupMember = 22,
+    /// A group member stored an offset for a partition not assigned to it in the current
+    /// generation (the body names both): a rebalance moved it; heartbeat for the new assignment.
+    PartitionNotAssigned = 23,
 }
 
 impl Command {
@@ -167,7 +204,7 @@ impl Command {
 
 impl Operation {
     /// Every v1 operation, in numeric order.
-    pub const ALL: [Operation; 9] = [
+    pub const ALL: [Operation; 17] = [
         Operation::Ping,
         Operation::CreateStream,
         Operation::DeleteStream,
@@ -177,6 +214,14 @@ impl Operation {
         Operation::SendMessages,
         Operation::PollMessages,
         Operation::Register,
+        Operation::StoreOffset,
+        Operation::GetOffset,
+        Operation::CreateGroup,
+        Operation::DeleteGroup,
+        Operation::JoinGroup,
+        Operation::LeaveGroup,
+        Operation::GroupHeartbeat,
+        Operation::AlterTopic,
     ];
 
     /// The operation numbered `value`, or `None` for a number no operation has.
@@ -191,6 +236,14 @@ impl Operation {
             7 => Some(Operation::SendMessages),
             8 => Some(Operation::PollMessages),
             9 => Some(Operation::Register),
+            10 => Some(Operation::StoreOffset),
+            11 => Some(Operation::GetOffset),
+            12 => Some(Operation::CreateGroup),
+            13 => Some(Operation::DeleteGroup),
+            14 => Some(Operation::JoinGroup),
+            15 => Some(Operation::LeaveGroup),
+            16 => Some(Operation::GroupHeartbeat),
+            17 => Some(Operation::AlterTopic),
             _ => None,
         }
     }
@@ -206,13 +259,16 @@ impl Operation {
                 | Operation::DeleteStream
                 | Operation::CreateTopic
                 | Operation::DeleteTopic
+                | Operation::CreateGroup
+                | Operation::DeleteGroup
+                | Operation::AlterTopic
         )
     }
 }
 
 impl ErrorCode {
     /// Every error code, in numeric order.
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::Busy,
         ErrorCode::StreamNotFound,
         ErrorCode::StreamAlreadyExists,
@@ -232,6 +288,10 @@ impl ErrorCode {
         ErrorCode::SequenceGap,
         ErrorCode::ResourceExhausted,
         ErrorCode::NotPrimary,
+        ErrorCode::GroupNotFound,
+        ErrorCode::GroupAlreadyExists,
+        ErrorCode::NotGroupMember,
+        ErrorCode::PartitionNotAssigned,
     ];
 
     /// The error code numbered `value`, or `None` for 0 (success) and unknown numbers.
@@ -256,6 +316,10 @@ impl ErrorCode {
             17 => Some(ErrorCode::SequenceGap),
             18 => Some(ErrorCode::ResourceExhausted),
             19 => Some(ErrorCode::NotPrimary),
+            20 => Some(ErrorCode::GroupNotFound),
+            21 => Some(ErrorCode::GroupAlreadyExists),
+            22 => Some(ErrorCode::NotGroupMember),
+            23 => Some(ErrorCode::PartitionNotAssigned),
             _ => None,
         }
     }
@@ -300,6 +364,12 @@ impl ErrorCode {
                 "server at a connection, partition or open-file limit, retry later"
             }
             ErrorCode::NotPrimary => "this replica is not the primary; retry at the primary",
+            ErrorCode::GroupNotFound => "consumer group not found",
+            ErrorCode::GroupAlreadyExists => "consumer group already exists",
+            ErrorCode::NotGroupMember => "not a member of the consumer group; join again",
+            ErrorCode::PartitionNotAssigned => {
+                "partition not assigned to this member in the current generation; heartbeat"
+            }
         }
     }
 }
@@ -336,13 +406,13 @@ mod tests {
             assert_eq!(Operation::from_u8(operation as u8), Some(operation));
         }
         assert_eq!(Operation::from_u8(0), None);
-        assert_eq!(Operation::from_u8(10), None);
+        assert_eq!(Operation::from_u8(18), None);
         assert_eq!(Operation::from_u8(u8::MAX), None);
         assert_eq!(
             (1..=u8::MAX)
                 .filter(|&v| Operation::from_u8(v).is_some())
                 .count(),
-            9
+            17
         );
     }
 
@@ -353,7 +423,9 @@ mod tests {
         assert_eq!(Command::Hello as u8, 13);
         assert_eq!(Command::StateChunk as u8, 17);
         let operations: Vec<u8> = Operation::ALL.iter().map(|&o| o as u8).collect();
-        assert_eq!(operations, (1..=9).collect::<Vec<u8>>());
+        assert_eq!(operations, (1..=17).collect::<Vec<u8>>());
+        assert_eq!(Operation::StoreOffset as u8, 10);
+        assert_eq!(Operation::AlterTopic as u8, 17);
         assert_eq!(Command::Eviction as u8, 3);
         assert_eq!(Operation::Register as u8, 9);
     }
@@ -370,7 +442,10 @@ mod tests {
                 Operation::CreateStream,
                 Operation::DeleteStream,
                 Operation::CreateTopic,
-                Operation::DeleteTopic
+                Operation::DeleteTopic,
+                Operation::CreateGroup,
+                Operation::DeleteGroup,
+                Operation::AlterTopic,
             ]
         );
     }
@@ -378,7 +453,8 @@ mod tests {
     #[test]
     fn error_code_numbers_are_stable() {
         let numbers: Vec<u32> = ErrorCode::ALL.iter().map(|&c| c as u32).collect();
-        assert_eq!(numbers, (1..=19).collect::<Vec<u32>>());
+        assert_eq!(numbers, (1..=23).collect::<Vec<u32>>());
+        assert_eq!(ErrorCode::PartitionNotAssigned as u32, 23);
         assert_eq!(ErrorCode::NotPrimary as u32, 19);
         assert_eq!(ErrorCode::StorageFull as u32, 14);
         assert_eq!(ErrorCode::ResourceExhausted as u32, 18);
@@ -388,7 +464,7 @@ mod tests {
             assert_eq!(ErrorCode::from_u32(code as u32), Some(code));
         }
         assert_eq!(ErrorCode::from_u32(0), None);
-        assert_eq!(ErrorCode::from_u32(20), None);
+        assert_eq!(ErrorCode::from_u32(24), None);
         assert_eq!(ErrorCode::from_u32(u32::MAX), None);
     }
 

@@ -29,7 +29,11 @@
 //! | 128..136 | `first_offset`     | u64, send/poll reply: the partition's first offset         |
 //! | 136..144 | `producer`         | u64, send: idempotent producer id (0 = not idempotent)     |
 //! | 144..152 | `sequence`         | u64, send: producer's sequence of this batch's first message |
-//! | 152..256 | `reserved`         | zero                                                       |
+//! | 152..160 | `retention_bytes`  | u64, topic create/alter: size limit (0 = none, alter: MAX = keep) |
+//! | 160..168 | `retention_ms`     | u64, topic create/alter: age limit (0 = none, alter: MAX = keep) |
+//! | 168..172 | `wait_ms`          | u32, poll: how long the owner may park it for new data     |
+//! | 172..176 | `generation`       | u32, group: the member's generation (store, assignment)    |
+//! | 176..256 | `reserved`         | zero                                                       |
 //!
 //! The header is cast with bytemuck in native byte order; `lib.rs` refuses to compile on a
 //! big-endian target so that native order is the little-endian wire order.
@@ -78,7 +82,19 @@ pub struct Header {
     /// SendMessages with `producer != 0`: the producer's sequence number of this batch's first
     /// message in this partition (each message takes one sequence number).
     pub sequence: u64,
-    pub reserved: [u8; 104],
+    /// `CreateTopic` / `AlterTopic`: the topic's retention by size, bytes per partition (0 =
+    /// unlimited; `AlterTopic`: `u64::MAX` = unchanged).
+    pub retention_bytes: u64,
+    /// `CreateTopic` / `AlterTopic`: the topic's retention by age, milliseconds (0 = unlimited;
+    /// `AlterTopic`: `u64::MAX` = unchanged).
+    pub retention_ms: u64,
+    /// `PollMessages`: with no message at `offset`, the owner shard may hold the poll this many
+    /// milliseconds for one to arrive (0 = answer at once; bounded by the server).
+    pub wait_ms: u32,
+    /// `StoreOffset` of a group (`count` = 1): the member's generation; `JoinGroup` /
+    /// `GroupHeartbeat` replies: the group's generation.
+    pub generation: u32,
+    pub reserved: [u8; 80],
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() == HEADER_SIZE);
@@ -217,11 +233,15 @@ mod tests {
         assert_eq!(offset_of!(Header, count), 104);
         assert_eq!(offset_of!(Header, error_code), 108);
         assert_eq!(offset_of!(Header, timestamp_us), 112);
+        assert_eq!(offset_of!(Header, retention_bytes), 152);
+        assert_eq!(offset_of!(Header, retention_ms), 160);
+        assert_eq!(offset_of!(Header, wait_ms), 168);
+        assert_eq!(offset_of!(Header, generation), 172);
         assert_eq!(offset_of!(Header, next_offset), 120);
         assert_eq!(offset_of!(Header, first_offset), 128);
         assert_eq!(offset_of!(Header, producer), 136);
         assert_eq!(offset_of!(Header, sequence), 144);
-        assert_eq!(offset_of!(Header, reserved), 152);
+        assert_eq!(offset_of!(Header, reserved), 176);
         assert_eq!(std::mem::size_of::<Header>(), 256);
     }
 
@@ -347,11 +367,11 @@ mod tests {
         header.set_checksums(b"");
         assert!(header.validate_prefix(MAX).is_ok());
         header.command = Command::Eviction as u8;
-        header.operation = 10;
+        header.operation = 18;
         header.checksum = header.calculate_checksum();
         assert!(matches!(
             header.validate_prefix(MAX),
-            Err(FrameError::UnknownOperation { operation: 10 })
+            Err(FrameError::UnknownOperation { operation: 18 })
         ));
     }
 

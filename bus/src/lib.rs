@@ -10,8 +10,11 @@ compile_error!("bus casts little-endian wire structs in native order: big-endian
 pub mod batch;
 pub mod client;
 pub mod command;
+pub mod consumer;
 pub mod frame;
+pub mod group;
 pub mod header;
+pub mod keys;
 pub mod limits;
 pub mod namespace;
 pub mod producer;
@@ -25,15 +28,18 @@ pub use batch::{
 };
 pub use client::{Client, ClientError, PollResult, SendAck};
 pub use command::{Command, ErrorCode, Operation};
+pub use consumer::{Consumer, ConsumerKind};
 pub use frame::{
     Frame, FrameError, encode_frame, read_body, read_frame, read_header, read_request_header,
     write_frame,
 };
+pub use group::{GroupAssignment, Heartbeat};
 pub use header::{HEADER_SIZE, Header, PROTOCOL_VERSION};
+pub use keys::partition_for_key;
 pub use namespace::Namespace;
 pub use producer::Producer;
 pub use reply::{error_reply, eviction, not_primary, reply_header};
-pub use wire::{Metadata, PartitionInfo, StreamInfo, TopicInfo};
+pub use wire::{GroupInfo, GroupMemberInfo, Metadata, PartitionInfo, StreamInfo, TopicInfo};
 
 #[cfg(test)]
 pub(crate) mod test_support {

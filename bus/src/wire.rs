@@ -38,6 +38,35 @@ pub struct TopicInfo {
     pub topic_id: u16,
     pub name: String,
     pub partitions: Vec<PartitionInfo>,
+    /// Retention by size, bytes per partition (0 = unlimited).
+    #[serde(default)]
+    pub retention_bytes: u64,
+    /// Retention by age, milliseconds (0 = unlimited).
+    #[serde(default)]
+    pub retention_ms: u64,
+    /// The topic's consumer groups, by name.
+    #[serde(default)]
+    pub groups: Vec<GroupInfo>,
+}
+
+/// One consumer group and, as the primary knows them, its live members.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GroupInfo {
+    pub name: String,
+    /// The group's generation (0 while it has no members).
+    #[serde(default)]
+    pub generation: u32,
+    #[serde(default)]
+    pub members: Vec<GroupMemberInfo>,
+}
+
+/// One live member of a consumer group.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GroupMemberInfo {
+    /// The member's client id, `0x`-prefixed hex.
+    pub client: String,
+    /// The partitions assigned to it.
+    pub partitions: Vec<u16>,
 }
 
 /// One partition and the shard that owns its log.
@@ -47,6 +76,9 @@ pub struct PartitionInfo {
     pub owner_shard: u16,
     /// Next offset to be assigned (messages in the partition).
     pub next_offset: u64,
+    /// First offset still retained (0 until retention deleted a segment).
+    #[serde(default)]
+    pub first_offset: u64,
 }
 
 #[cfg(test)]

@@ -247,7 +247,11 @@ fn control_operations_put_ids_in_namespace_and_names_in_body() {
                         partition_id: 0,
                         owner_shard: 1,
                         next_offset: 9,
+                        first_offset: 0,
                     }],
+                    retention_bytes: 0,
+                    retention_ms: 0,
+                    groups: Vec::new(),
                 }],
             }],
             ..Metadata::default()

@@ -292,6 +292,10 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
                     topic_id: namespace.topic_id(),
                     name,
                     partition_count: header.count,
+                    retention: crate::metadata::Retention {
+                        bytes: header.retention_bytes,
+                        ms: header.retention_ms,
+                    },
                 };
                 metadata(shard, header, op).await
             }
@@ -303,6 +307,42 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
                 topic_id: namespace.topic_id(),
             };
             metadata(shard, header, op).await
+        }
+        Operation::AlterTopic => {
+            let keep_or = |value: u64| (value != u64::MAX).then_some(value);
+            let op = MetadataOp::AlterTopic {
+                stream_id: namespace.stream_id(),
+                topic_id: namespace.topic_id(),
+                retention_bytes: keep_or(header.retention_bytes),
+                retention_ms: keep_or(header.retention_ms),
+            };
+            metadata(shard, header, op).await
+        }
+        Operation::CreateGroup | Operation::DeleteGroup => match name_from(&body) {
+            Ok(name) => {
+                let (stream_id, topic_id) = (namespace.stream_id(), namespace.topic_id());
+                let op = if operation == Operation::CreateGroup {
+                    MetadataOp::CreateGroup {
+                        stream_id,
+                        topic_id,
+                        name,
+                    }
+                } else {
+                    MetadataOp::DeleteGroup {
+                        stream_id,
+                        topic_id,
+                        name,
+                    }
+                };
+                metadata(shard, header, op).await
+            }
+            Err(reply) => reply,
+        },
+        Operation::JoinGroup | Operation::LeaveGroup | Operation::GroupHeartbeat => {
+            crate::groups::handle(shard, header, body).await
+        }
+        Operation::StoreOffset | Operation::GetOffset => {
+            crate::offsets::handle(shard, header, body).await
         }
         Operation::GetMetadata => return get_metadata(shard, header).await,
         Operation::Register => {
@@ -361,6 +401,7 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
                     namespace,
                     offset: header.offset,
                     max_count: header.count,
+                    wait_ms: header.wait_ms,
                 };
                 shard.call(owner, request).await
             }
@@ -383,6 +424,19 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
             ends,
         } => offset_out_of_range(header, namespace, offset, ends),
         ShardReply::MetadataDone => encode_ok(header, Vec::new(), 0, 0),
+        ShardReply::Ok {
+            offset,
+            count,
+            generation,
+            body,
+        } => {
+            let mut reply = bus::reply::reply_header(header);
+            reply.offset = offset;
+            reply.count = count;
+            reply.generation = generation;
+            reply.set_checksums(&body);
+            (bytemuck::bytes_of(&reply).to_vec(), body)
+        }
         ShardReply::Registered { session } => encode_ok(header, Vec::new(), session, 0),
         ShardReply::Cached(cached) => {
             if cached.operation != header.operation {
@@ -425,7 +479,7 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
             ),
             Vec::new(),
         ),
-        ShardReply::Offsets(_) | ShardReply::Status(_) => {
+        ShardReply::Offsets(_) | ShardReply::Status(_) | ShardReply::Group(_) => {
             error_reply(header, ErrorCode::Internal, "unexpected reply")
         }
     }
@@ -458,9 +512,15 @@ async fn get_metadata(shard: &Rc<Shard>, header: &bus::Header) -> EncodedReply {
         ShardReply::Error { code, message } => return error_reply(header, code, &message),
         _ => return error_reply(header, ErrorCode::Internal, "unexpected reply"),
     };
-    let metadata = shard.metadata_wire(&status, |namespace| {
-        offsets.get(&namespace).copied().unwrap_or(0)
-    });
+    let metadata = shard.metadata_wire(
+        &status,
+        |namespace| {
+            offsets
+                .get(&namespace)
+                .map_or((0, 0), |ends| (ends.first_offset, ends.next_offset))
+        },
+        |_, _, _| None,
+    );
     let body = serde_json::to_vec(&metadata).expect("metadata serializes: plain data");
     encode_ok(header, body, 0, 0)
 }

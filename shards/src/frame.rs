@@ -45,12 +45,28 @@ pub enum ShardRequest {
         namespace: Namespace,
         batch: Vec<u8>,
     },
-    /// Read from the owned partition.
+    /// Read from the owned partition. With `wait_ms` > 0 and no message at `offset`, the owner
+    /// may park the poll until one is appended (issue 11 section 3).
     Poll {
         namespace: Namespace,
         offset: u64,
         max_count: u32,
+        wait_ms: u32,
     },
+    /// Store `consumer`'s offset in the owned partition (issue 11 section 1); a group's store
+    /// was authorized by shard 0 before it was sent here.
+    StoreOffset {
+        namespace: Namespace,
+        consumer: bus::Consumer,
+        offset: u64,
+    },
+    /// Read `consumer`'s stored offset in the owned partition.
+    GetOffset {
+        namespace: Namespace,
+        consumer: bus::Consumer,
+    },
+    /// A consumer-group request for shard 0 (issue 11 section 2).
+    Group(crate::groups::GroupRequest),
     /// Order, persist and apply a Register or metadata change of client `client`'s request
     /// `request` (shard 0 only; deduplicated through the client table).
     Metadata {
@@ -58,7 +74,7 @@ pub enum ShardRequest {
         request: u64,
         operation: PrepareOperation,
     },
-    /// Next offsets of every partition this shard owns (for GetMetadata).
+    /// First and next offsets of every partition this shard owns (for GetMetadata).
     PartitionOffsets,
     /// Shard 0's current replica status: view, primary, commit (for GetMetadata).
     ReplicaStatus,
@@ -117,7 +133,17 @@ pub enum ShardReply {
     Evicted {
         reason: String,
     },
-    Offsets(Vec<(Namespace, u64)>),
+    Offsets(Vec<(Namespace, PartitionEnds)>),
+    /// A success with no partition ends: the reply header's `offset`, `count` and `generation`,
+    /// and a body (stored offsets, group assignments).
+    Ok {
+        offset: u64,
+        count: u32,
+        generation: u32,
+        body: Vec<u8>,
+    },
+    /// A consumer-group answer between shards (never encoded for a client).
+    Group(crate::groups::GroupReply),
     Status(crate::shard::ReplicaStatus),
     Error {
         code: ErrorCode,

@@ -108,7 +108,7 @@ pub struct RequestCount {
 
 /// Operation label of each request-table row: index = the wire operation number (0 and unknown
 /// numbers count as `unknown`).
-const OPERATION_LABELS: [&str; 10] = [
+const OPERATION_LABELS: [&str; 18] = [
     "unknown",
     "ping",
     "create_stream",
@@ -119,11 +119,19 @@ const OPERATION_LABELS: [&str; 10] = [
     "send_messages",
     "poll_messages",
     "register",
+    "store_offset",
+    "get_offset",
+    "create_group",
+    "delete_group",
+    "join_group",
+    "leave_group",
+    "group_heartbeat",
+    "alter_topic",
 ];
 
 /// Result label of each request-table column: index = the reply's wire error code (0 = `ok`),
 /// the last column for a code this table does not know.
-const RESULT_LABELS: [&str; 21] = [
+const RESULT_LABELS: [&str; 25] = [
     "ok",
     "busy",
     "stream_not_found",
@@ -144,6 +152,10 @@ const RESULT_LABELS: [&str; 21] = [
     "sequence_gap",
     "resource_exhausted",
     "not_primary",
+    "group_not_found",
+    "group_already_exists",
+    "not_group_member",
+    "partition_not_assigned",
     "unknown",
 ];
 

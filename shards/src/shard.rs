@@ -711,6 +711,7 @@ impl Shard {
                 namespace,
                 offset,
                 max_count,
+                wait_ms: _,
             } => {
                 let log = match self.owned_log(namespace).await {
                     Ok(log) => log,
@@ -799,9 +800,19 @@ impl Shard {
                 self.partitions
                     .borrow()
                     .iter()
-                    .map(|(namespace, log)| (*namespace, log.next_offset()))
+                    .map(|(namespace, log)| (*namespace, partition_ends(log)))
                     .collect(),
             ),
+            ShardRequest::StoreOffset {
+                namespace,
+                consumer,
+                offset,
+            } => crate::offsets::store(self, namespace, consumer, offset).await,
+            ShardRequest::GetOffset {
+                namespace,
+                consumer,
+            } => crate::offsets::get(self, namespace, consumer).await,
+            ShardRequest::Group(request) => crate::groups::execute(self, request).await,
         }
     }
 
@@ -1392,7 +1403,12 @@ impl Shard {
                     remove_deleted_dir(partition_dir(&self.config.data_dir, namespace)).await;
                 }
             }
-            MetadataOp::CreateStream { .. } => {}
+            // Retention and groups change only the metadata copy: the owner reads the retention
+            // from it, shard 0's group coordinator the groups.
+            MetadataOp::CreateStream { .. }
+            | MetadataOp::AlterTopic { .. }
+            | MetadataOp::CreateGroup { .. }
+            | MetadataOp::DeleteGroup { .. } => {}
         }
         if failures.is_empty() {
             Ok(())
@@ -1508,7 +1524,8 @@ impl Shard {
     pub fn metadata_wire(
         &self,
         status: &ReplicaStatus,
-        next_offset: impl Fn(Namespace) -> u64,
+        ends: impl Fn(Namespace) -> (u64, u64),
+        groups: impl Fn(u32, u16, &str) -> Option<bus::GroupInfo>,
     ) -> bus::Metadata {
         let replica_count = self.config.replica_count().max(1);
         bus::Metadata {
@@ -1521,7 +1538,7 @@ impl Shard {
             ..self
                 .metadata
                 .borrow()
-                .to_wire(self.shard_count, next_offset)
+                .to_wire(self.shard_count, ends, groups)
         }
     }
 

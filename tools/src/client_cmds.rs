@@ -13,6 +13,7 @@ use bus::{
     Namespace, PRODUCER_STAMP_SIZE, Producer,
 };
 use shardline::arg_values::{AddressList, parse_duration};
+use shardline::names::{NameOrId, ResolvedTopic};
 use shardline::output::{print_line, stdout_error};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -119,22 +120,23 @@ pub enum TopicCommand {
 
 #[derive(Debug, clap::Args)]
 pub struct PartitionArgs {
-    /// Stream id.
-    #[arg(long)]
-    pub stream: u32,
-    /// Topic id.
-    #[arg(long)]
-    pub topic: u16,
+    /// Stream: its id or its name.
+    #[arg(long, value_parser = NameOrId::parse, value_name = "ID|NAME")]
+    pub stream: NameOrId,
+    /// Topic: its id or its name.
+    #[arg(long, value_parser = NameOrId::parse, value_name = "ID|NAME")]
+    pub topic: NameOrId,
     /// Partition id (0-based).
-    #[arg(long, default_value_t = 0)]
-    pub partition: u16,
+    #[arg(long)]
+    pub partition: Option<u16>,
     #[command(flatten)]
     pub addr: AddrArgs,
 }
 
 impl PartitionArgs {
-    fn namespace(&self) -> Namespace {
-        Namespace::new(self.stream, self.topic, self.partition)
+    /// The topic these arguments name, looked up on the server when given by name.
+    async fn resolve(&self, client: &mut Client) -> anyhow::Result<ResolvedTopic> {
+        shardline::names::resolve_topic(client, &self.stream, &self.topic).await
     }
 }
 
@@ -322,9 +324,14 @@ pub fn send(args: &SendArgs) -> anyhow::Result<()> {
     if lines.is_empty() {
         bail!("no messages to send: the input has no non-empty line");
     }
-    let namespace = args.partition.namespace();
     block_on(async move {
-        let client = connect(&args.partition.addr).await?;
+        let mut client = connect(&args.partition.addr).await?;
+        let topic = args.partition.resolve(&mut client).await?;
+        let namespace = Namespace::new(
+            topic.stream_id,
+            topic.topic_id,
+            args.partition.partition.unwrap_or(0),
+        );
         let client = with_server_message_size(client).await?;
         let batches = batch_ranges(&lines, args.batch, client.max_message_size())?;
         // An idempotent producer with a random id per invocation: a batch whose reply is lost
@@ -497,9 +504,14 @@ fn sent_line(namespace: Namespace, acked: &[Range<u64>]) -> String {
 /// an offset beyond the end (`OffsetOutOfRange`) or a damaged entry is an error after the
 /// messages before it were printed.
 pub fn poll(args: &PollArgs) -> anyhow::Result<()> {
-    let namespace = args.partition.namespace();
     block_on(async move {
         let mut client = connect(&args.partition.addr).await?;
+        let topic = args.partition.resolve(&mut client).await?;
+        let namespace = Namespace::new(
+            topic.stream_id,
+            topic.topic_id,
+            args.partition.partition.unwrap_or(0),
+        );
         let mut stdout = std::io::stdout().lock();
         let mut offset = args.offset;
         let mut printed = 0u32;

@@ -5,5 +5,6 @@ pub mod bench;
 pub mod config_file;
 pub mod doctor;
 pub mod metrics;
+pub mod names;
 pub mod output;
 pub mod sim;

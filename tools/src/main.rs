@@ -7,6 +7,7 @@
 //! take down what it was logging about.
 
 mod client_cmds;
+mod group_cmds;
 mod inspect;
 mod serve;
 
@@ -41,6 +42,9 @@ enum Command {
     /// Create or delete topics.
     #[command(subcommand)]
     Topic(client_cmds::TopicCommand),
+    /// Create, delete or list consumer groups of a topic.
+    #[command(subcommand)]
+    Group(group_cmds::GroupCommand),
     /// Send messages to a partition, one per non-empty line from a file or stdin.
     Send(client_cmds::SendArgs),
     /// Read messages from a partition: `OFFSET<TAB>PAYLOAD` lines (or --output raw|json).
@@ -139,6 +143,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(args) => shardline::bench::run(&args),
         Command::Stream(command) => client_cmds::stream(command),
         Command::Topic(command) => client_cmds::topic(command),
+        Command::Group(command) => group_cmds::run(command),
         Command::Send(args) => client_cmds::send(&args),
         Command::Poll(args) => client_cmds::poll(&args),
         Command::Metadata(args) => client_cmds::metadata(&args),

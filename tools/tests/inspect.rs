@@ -601,6 +601,7 @@ fn snapshot(dir: &Path, pairing: Option<(u64, Option<u64>)>) -> (PathBuf, u64) {
                 topic_id,
                 name: format!("t{topic_id}"),
                 partition_count,
+                retention: shards::metadata::Retention::default(),
             },
         );
     }

@@ -90,6 +90,7 @@ fn metadata_of(streams: u32) -> MetadataState {
             topic_id: 1,
             name: "events".to_owned(),
             partition_count: 4,
+            retention: shards::metadata::Retention::default(),
         };
         state.apply(op, &create_topic);
     }

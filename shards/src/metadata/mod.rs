@@ -34,6 +34,31 @@ pub struct TopicState {
     pub name: String,
     /// Partitions are numbered 0..partition_count.
     pub partition_count: u32,
+    /// Retention limits (issue 11 section 4); absent in state written before retention.
+    #[serde(default, skip_serializing_if = "Retention::is_unlimited")]
+    pub retention: Retention,
+    /// The topic's consumer groups by name (issue 11 section 2). Membership is the primary's
+    /// soft state, not part of this; absent in state written before groups.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub groups: std::collections::BTreeSet<String>,
+}
+
+/// A topic's retention: the owner shard deletes a partition's oldest sealed segments past either
+/// limit (issue 11 section 4). 0 means no limit of that kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Retention {
+    /// Bytes per partition (segment file bytes), 0 = unlimited.
+    pub bytes: u64,
+    /// Age of a segment's newest message, milliseconds, 0 = unlimited.
+    pub ms: u64,
+}
+
+impl Retention {
+    /// Whether neither limit is set.
+    pub fn is_unlimited(&self) -> bool {
+        self.bytes == 0 && self.ms == 0
+    }
 }
 
 /// One metadata change, as ordered by shard 0.
@@ -52,10 +77,32 @@ pub enum MetadataOp {
         topic_id: u16,
         name: String,
         partition_count: u32,
+        /// Absent in prepares written before retention, and when unlimited (so the JSON of a
+        /// topic without retention, and the checksum the client table keeps of it, is what it
+        /// was before retention existed).
+        #[serde(default, skip_serializing_if = "Retention::is_unlimited")]
+        retention: Retention,
     },
     DeleteTopic {
         stream_id: u32,
         topic_id: u16,
+    },
+    /// Changes a topic's retention: `None` keeps a limit, `Some(0)` removes it.
+    AlterTopic {
+        stream_id: u32,
+        topic_id: u16,
+        retention_bytes: Option<u64>,
+        retention_ms: Option<u64>,
+    },
+    CreateGroup {
+        stream_id: u32,
+        topic_id: u16,
+        name: String,
+    },
+    DeleteGroup {
+        stream_id: u32,
+        topic_id: u16,
+        name: String,
     },
 }
 
@@ -133,6 +180,7 @@ impl MetadataState {
                 topic_id,
                 name,
                 partition_count,
+                retention: _,
             } => {
                 let stream = self.stream(*stream_id)?;
                 if *topic_id == 0 {
@@ -168,17 +216,85 @@ impl MetadataState {
             MetadataOp::DeleteTopic {
                 stream_id,
                 topic_id,
+            } => self.topic(*stream_id, *topic_id).map(|_| ()),
+            MetadataOp::AlterTopic {
+                stream_id,
+                topic_id,
+                retention_bytes,
+                retention_ms,
             } => {
-                let stream = self.stream(*stream_id)?;
-                if !stream.topics.contains_key(topic_id) {
+                self.topic(*stream_id, *topic_id)?;
+                if retention_bytes.is_none() && retention_ms.is_none() {
                     return Err(reject(
-                        ErrorCode::TopicNotFound,
-                        format!("topic {topic_id} does not exist in stream {stream_id}"),
+                        ErrorCode::InvalidArgument,
+                        "topic alter changes nothing: give a retention by size or by age".into(),
+                    ));
+                }
+                Ok(())
+            }
+            MetadataOp::CreateGroup {
+                stream_id,
+                topic_id,
+                name,
+            } => {
+                let topic = self.topic(*stream_id, *topic_id)?;
+                bus::consumer::validate_consumer_name(name).map_err(|message| {
+                    reject(
+                        ErrorCode::InvalidArgument,
+                        message.replacen("consumer", "group", 1),
+                    )
+                })?;
+                if topic.groups.contains(name) {
+                    return Err(reject(
+                        ErrorCode::GroupAlreadyExists,
+                        format!("group {name:?} already exists on topic {stream_id}/{topic_id}"),
+                    ));
+                }
+                Ok(())
+            }
+            MetadataOp::DeleteGroup {
+                stream_id,
+                topic_id,
+                name,
+            } => {
+                let topic = self.topic(*stream_id, *topic_id)?;
+                if !topic.groups.contains(name) {
+                    return Err(reject(
+                        ErrorCode::GroupNotFound,
+                        format!("group {name:?} does not exist on topic {stream_id}/{topic_id}"),
                     ));
                 }
                 Ok(())
             }
         }
+    }
+
+    fn topic(&self, stream_id: u32, topic_id: u16) -> Result<&TopicState, Rejection> {
+        self.stream(stream_id)?
+            .topics
+            .get(&topic_id)
+            .ok_or_else(|| {
+                reject(
+                    ErrorCode::TopicNotFound,
+                    format!("topic {topic_id} does not exist in stream {stream_id}"),
+                )
+            })
+    }
+
+    /// The retention of the topic of `namespace`, `None` when the topic does not exist.
+    pub fn retention(&self, namespace: Namespace) -> Option<Retention> {
+        self.streams
+            .get(&namespace.stream_id())
+            .and_then(|s| s.topics.get(&namespace.topic_id()))
+            .map(|t| t.retention)
+    }
+
+    /// Whether consumer group `name` exists on topic `stream_id`/`topic_id`.
+    pub fn group_exists(&self, stream_id: u32, topic_id: u16, name: &str) -> bool {
+        self.streams
+            .get(&stream_id)
+            .and_then(|s| s.topics.get(&topic_id))
+            .is_some_and(|t| t.groups.contains(name))
     }
 
     fn stream(&self, stream_id: u32) -> Result<&StreamState, Rejection> {
@@ -226,6 +342,7 @@ impl MetadataState {
                 topic_id,
                 name,
                 partition_count,
+                retention,
             } => {
                 let stream = self.streams.get_mut(stream_id).expect("validated above");
                 stream.topics.insert(
@@ -233,6 +350,8 @@ impl MetadataState {
                     TopicState {
                         name: name.clone(),
                         partition_count: *partition_count,
+                        retention: *retention,
+                        groups: std::collections::BTreeSet::new(),
                     },
                 );
             }
@@ -242,6 +361,36 @@ impl MetadataState {
             } => {
                 let stream = self.streams.get_mut(stream_id).expect("validated above");
                 stream.topics.remove(topic_id);
+            }
+            MetadataOp::AlterTopic {
+                stream_id,
+                topic_id,
+                retention_bytes,
+                retention_ms,
+            } => {
+                let topic = self.topic_mut(*stream_id, *topic_id);
+                if let Some(bytes) = retention_bytes {
+                    topic.retention.bytes = *bytes;
+                }
+                if let Some(ms) = retention_ms {
+                    topic.retention.ms = *ms;
+                }
+            }
+            MetadataOp::CreateGroup {
+                stream_id,
+                topic_id,
+                name,
+            } => {
+                self.topic_mut(*stream_id, *topic_id)
+                    .groups
+                    .insert(name.clone());
+            }
+            MetadataOp::DeleteGroup {
+                stream_id,
+                topic_id,
+                name,
+            } => {
+                self.topic_mut(*stream_id, *topic_id).groups.remove(name);
             }
         }
         self.op = op_number;
@@ -254,6 +403,13 @@ impl MetadataState {
     ///
     /// # Errors
     /// The first rule a stream or topic breaks, naming it.
+    fn topic_mut(&mut self, stream_id: u32, topic_id: u16) -> &mut TopicState {
+        self.streams
+            .get_mut(&stream_id)
+            .and_then(|s| s.topics.get_mut(&topic_id))
+            .expect("validated above")
+    }
+
     pub fn check(&self) -> Result<(), String> {
         let mut stream_names = std::collections::HashMap::new();
         for (stream_id, stream) in &self.streams {
@@ -279,6 +435,7 @@ impl MetadataState {
                     topic_id: *topic_id,
                     name: topic.name.clone(),
                     partition_count: topic.partition_count,
+                    retention: topic.retention,
                 };
                 // `single` holds the stream without topics: this checks ids, name and partition
                 // rules; uniqueness is the map's (ids) and the set's (names).
@@ -391,15 +548,22 @@ impl MetadataState {
                         .collect()
                 })
                 .unwrap_or_default(),
-            MetadataOp::CreateStream { .. } => Vec::new(),
+            MetadataOp::CreateStream { .. }
+            | MetadataOp::AlterTopic { .. }
+            | MetadataOp::CreateGroup { .. }
+            | MetadataOp::DeleteGroup { .. } => Vec::new(),
         }
     }
 
     /// The wire view for GetMetadata; `next_offset` looks up each partition's next offset.
+    /// The `GetMetadata` body of this state: `ends` gives each partition's first and next
+    /// offsets (from its owner shard), `groups` each group's live membership (from the primary's
+    /// soft state; `None` lists the group with no members).
     pub fn to_wire(
         &self,
         shard_count: u16,
-        next_offset: impl Fn(Namespace) -> u64,
+        ends: impl Fn(Namespace) -> (u64, u64),
+        groups: impl Fn(u32, u16, &str) -> Option<bus::GroupInfo>,
     ) -> bus::Metadata {
         bus::Metadata {
             shard_count,
@@ -418,11 +582,28 @@ impl MetadataState {
                             partitions: (0..topic.partition_count)
                                 .map(|p| {
                                     let namespace = Namespace::new(*stream_id, *topic_id, p as u16);
+                                    let (first_offset, next_offset) = ends(namespace);
                                     bus::PartitionInfo {
                                         partition_id: p as u16,
                                         owner_shard: crate::shard_for(namespace, shard_count).0,
-                                        next_offset: next_offset(namespace),
+                                        next_offset,
+                                        first_offset,
                                     }
+                                })
+                                .collect(),
+                            retention_bytes: topic.retention.bytes,
+                            retention_ms: topic.retention.ms,
+                            groups: topic
+                                .groups
+                                .iter()
+                                .map(|name| {
+                                    groups(*stream_id, *topic_id, name).unwrap_or_else(|| {
+                                        bus::GroupInfo {
+                                            name: name.clone(),
+                                            generation: 0,
+                                            members: Vec::new(),
+                                        }
+                                    })
                                 })
                                 .collect(),
                         })
@@ -455,6 +636,7 @@ mod tests {
             topic_id: 2,
             name: "t".into(),
             partition_count: 3,
+            retention: crate::metadata::Retention::default(),
         };
         state.apply(2, &topic);
         assert!(state.partition_exists(Namespace::new(1, 2, 2)));
@@ -505,6 +687,7 @@ mod tests {
             topic_id: 1,
             name: "t".into(),
             partition_count: 1,
+            retention: crate::metadata::Retention::default(),
         };
         assert_eq!(
             state.validate(&no_stream).unwrap_err().code,
@@ -515,6 +698,7 @@ mod tests {
             topic_id: 1,
             name: "t".into(),
             partition_count: 0,
+            retention: crate::metadata::Retention::default(),
         };
         assert_eq!(
             state.validate(&zero).unwrap_err().code,
@@ -539,6 +723,7 @@ mod tests {
             topic_id: 1,
             name: "t".into(),
             partition_count: 2,
+            retention: crate::metadata::Retention::default(),
         };
         state.apply(2, &topic);
         let stream = state.missing(Namespace::new(9, 1, 0));
@@ -575,6 +760,7 @@ mod tests {
                 topic_id: 1,
                 name: "t".into(),
                 partition_count: 2,
+                retention: crate::metadata::Retention::default(),
             },
         );
         state.check().unwrap();

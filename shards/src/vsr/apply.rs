@@ -27,6 +27,9 @@ pub fn change_operation(op: &MetadataOp) -> u8 {
         MetadataOp::DeleteStream { .. } => bus::Operation::DeleteStream,
         MetadataOp::CreateTopic { .. } => bus::Operation::CreateTopic,
         MetadataOp::DeleteTopic { .. } => bus::Operation::DeleteTopic,
+        MetadataOp::AlterTopic { .. } => bus::Operation::AlterTopic,
+        MetadataOp::CreateGroup { .. } => bus::Operation::CreateGroup,
+        MetadataOp::DeleteGroup { .. } => bus::Operation::DeleteGroup,
     };
     operation as u8
 }

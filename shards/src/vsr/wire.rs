@@ -8,7 +8,7 @@
 //! replica-bus [`Command`], 4..=17) and `replica` (the sender's index). Every other field is zero
 //! unless the table below gives it a meaning; decoding ignores the fields a command does not use.
 //!
-//! | command          | `offset` (96..104) | `next_offset` (120..128) | `count` (104..108) | `reserved[0..16]` (152..168) | body |
+//! | command          | `offset` (96..104) | `next_offset` (120..128) | `count` (104..108) | `reserved[0..16]` (176..192) | body |
 //! |------------------|--------------------|--------------------------|--------------------|------------------------------|------|
 //! | Prepare          | op                 | commit                   |                    |                              | one journal record |
 //! | PrepareOk        | op                 |                          |                    | checksum                     | empty |
@@ -1116,7 +1116,7 @@ mod tests {
                 checksum: 0xfeed,
             },
         );
-        assert_eq!(&frame[152..168], &0xfeed_u128.to_le_bytes());
+        assert_eq!(&frame[176..192], &0xfeed_u128.to_le_bytes());
         assert_eq!(frame.len(), HEADER_SIZE);
     }
 

@@ -245,6 +245,7 @@ mod tests {
             partition_id,
             owner_shard: 0,
             next_offset: 0,
+            first_offset: 0,
         };
         let layout = TopicLayout {
             stream_id: 1,

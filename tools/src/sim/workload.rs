@@ -86,12 +86,40 @@ pub fn generate_operations(prng: &mut Prng, request_count: u64) -> Vec<MetadataO
                     topic_id,
                     name: format!("topic-{stream_id}-{topic_id}"),
                     partition_count: prng.range_inclusive(1, 4) as u32,
+                    retention: shards::metadata::Retention {
+                        bytes: prng.below(2) * 1_000_000,
+                        ms: 0,
+                    },
                 }
             }
-            _ => MetadataOp::DeleteTopic {
+            8 => MetadataOp::DeleteTopic {
                 stream_id: prng.range_inclusive(1, u64::from(next_stream_id)) as u32,
                 topic_id: prng.range_inclusive(1, 3) as u16,
             },
+            // Issue 11: retention changes and consumer groups take the same commit path.
+            _ => {
+                let stream_id = prng.range_inclusive(1, u64::from(next_stream_id)) as u32;
+                let topic_id = prng.range_inclusive(1, 3) as u16;
+                let name = format!("group-{}", prng.below(2));
+                match prng.below(3) {
+                    0 => MetadataOp::AlterTopic {
+                        stream_id,
+                        topic_id,
+                        retention_bytes: None,
+                        retention_ms: Some(prng.below(3) * 60_000),
+                    },
+                    1 => MetadataOp::CreateGroup {
+                        stream_id,
+                        topic_id,
+                        name,
+                    },
+                    _ => MetadataOp::DeleteGroup {
+                        stream_id,
+                        topic_id,
+                        name,
+                    },
+                }
+            }
         })
         .collect()
 }

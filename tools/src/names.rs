@@ -1,0 +1,110 @@
+//! Streams and topics by name or id (issue 11 section 5): every CLI argument that names a stream
+//! or topic takes either; a value that parses as a number is an id, anything else a name.
+
+use bus::{Client, Metadata, StreamInfo, TopicInfo};
+
+/// A stream or topic as the user wrote it: an id (digits) or a name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NameOrId {
+    Id(u32),
+    Name(String),
+}
+
+impl NameOrId {
+    /// Parses a CLI value: digits are an id, anything else a name (never empty).
+    ///
+    /// # Errors
+    /// The value is empty.
+    pub fn parse(text: &str) -> Result<NameOrId, String> {
+        if text.is_empty() {
+            return Err("an empty value names no stream or topic: give an id or a name".into());
+        }
+        Ok(match text.parse::<u32>() {
+            Ok(id) => NameOrId::Id(id),
+            Err(_) => NameOrId::Name(text.to_owned()),
+        })
+    }
+}
+
+impl std::fmt::Display for NameOrId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NameOrId::Id(id) => write!(f, "{id}"),
+            NameOrId::Name(name) => write!(f, "{name:?}"),
+        }
+    }
+}
+
+/// A topic found in the server's metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedTopic {
+    pub stream_id: u32,
+    pub topic_id: u16,
+    pub partition_count: u32,
+}
+
+/// The stream `stream` names in `metadata`.
+///
+/// # Errors
+/// No stream has that id or name; the message names what was looked for.
+pub fn find_stream<'m>(
+    metadata: &'m Metadata,
+    stream: &NameOrId,
+) -> anyhow::Result<&'m StreamInfo> {
+    metadata
+        .streams
+        .iter()
+        .find(|s| match stream {
+            NameOrId::Id(id) => s.stream_id == *id,
+            NameOrId::Name(name) => s.name == *name,
+        })
+        .ok_or_else(|| {
+            anyhow::anyhow!("no stream {stream} on the server (see `shardline stream list`)")
+        })
+}
+
+/// The topic `topic` names in stream `stream` of `metadata`.
+///
+/// # Errors
+/// No such stream, or no topic with that id or name in it.
+pub fn find_topic<'m>(
+    metadata: &'m Metadata,
+    stream: &NameOrId,
+    topic: &NameOrId,
+) -> anyhow::Result<(&'m StreamInfo, &'m TopicInfo)> {
+    let stream_info = find_stream(metadata, stream)?;
+    let topic_info = stream_info
+        .topics
+        .iter()
+        .find(|t| match topic {
+            NameOrId::Id(id) => u32::from(t.topic_id) == *id,
+            NameOrId::Name(name) => t.name == *name,
+        })
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "no topic {topic} in stream {} {:?} (see `shardline topic list {}`)",
+                stream_info.stream_id,
+                stream_info.name,
+                stream_info.stream_id
+            )
+        })?;
+    Ok((stream_info, topic_info))
+}
+
+/// Resolves `stream` and `topic` against the server's metadata (one `GetMetadata`).
+///
+/// # Errors
+/// The metadata request failed, or no such stream or topic exists.
+pub async fn resolve_topic(
+    client: &mut Client,
+    stream: &NameOrId,
+    topic: &NameOrId,
+) -> anyhow::Result<ResolvedTopic> {
+    let metadata = client.get_metadata().await?;
+    let (stream_info, topic_info) = find_topic(&metadata, stream, topic)?;
+    Ok(ResolvedTopic {
+        stream_id: stream_info.stream_id,
+        topic_id: topic_info.topic_id,
+        partition_count: topic_info.partitions.len() as u32,
+    })
+}
