@@ -10,6 +10,7 @@ mod client_cmds;
 mod group_cmds;
 mod inspect;
 mod serve;
+mod stream_cmds;
 
 use std::io::Write as _;
 
@@ -36,12 +37,12 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Measure throughput per core: produce, then consume and verify every message.
     Bench(shardline::bench::BenchArgs),
-    /// Create or delete streams.
+    /// Create, delete or list streams (by id or name).
     #[command(subcommand)]
-    Stream(client_cmds::StreamCommand),
-    /// Create or delete topics.
+    Stream(stream_cmds::StreamCommand),
+    /// Create, delete, alter (retention) or list topics (by id or name).
     #[command(subcommand)]
-    Topic(client_cmds::TopicCommand),
+    Topic(stream_cmds::TopicCommand),
     /// Create, delete or list consumer groups of a topic.
     #[command(subcommand)]
     Group(group_cmds::GroupCommand),
@@ -141,8 +142,8 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve::run(&args, config_file.as_ref()),
         Command::Bench(args) => shardline::bench::run(&args),
-        Command::Stream(command) => client_cmds::stream(command),
-        Command::Topic(command) => client_cmds::topic(command),
+        Command::Stream(command) => stream_cmds::stream(command),
+        Command::Topic(command) => stream_cmds::topic(command),
         Command::Group(command) => group_cmds::run(command),
         Command::Send(args) => client_cmds::send(&args),
         Command::Poll(args) => client_cmds::poll(&args),
