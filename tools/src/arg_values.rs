@@ -504,7 +504,15 @@ mod tests {
         assert_eq!(parse_retention_bytes("4KiB"), Ok(4096));
         let refused = "is not a retention size: use bytes (e.g. 1073741824), or a whole number \
                        with a suffix KiB, MiB, GiB or TiB (e.g. 512MiB, 1GiB); 0 keeps every byte";
-        for bad in ["1GB", "1.5GiB", "TiB", "-1", "", "20000000TiB", "18446744073709551615"] {
+        for bad in [
+            "1GB",
+            "1.5GiB",
+            "TiB",
+            "-1",
+            "",
+            "20000000TiB",
+            "18446744073709551615",
+        ] {
             assert_eq!(
                 parse_retention_bytes(bad),
                 Err(format!("{bad:?} {refused}")),
@@ -525,9 +533,11 @@ mod tests {
         assert_eq!(parse_retention_ms("7 D"), Ok(604_800_000));
         assert_eq!(
             parse_retention_ms("1w"),
-            Err("\"1w\" is not a retention age: use milliseconds (e.g. 3600000) or a whole number \
+            Err(
+                "\"1w\" is not a retention age: use milliseconds (e.g. 3600000) or a whole number \
                  with a unit ms, s, m, h or d (e.g. 90s, 12h, 7d); 0 keeps messages of any age"
-                .to_owned())
+                    .to_owned()
+            )
         );
         assert!(parse_retention_ms("1.5h").is_err());
         assert!(parse_retention_ms("").is_err());

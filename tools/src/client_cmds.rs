@@ -250,7 +250,7 @@ struct PlannedBatch {
 /// input order for a key per message (partitions ascending).
 ///
 /// # Errors
-/// A line too long for any frame (`batch_ranges`); a `--partition` the topic does not have.
+/// A line too long for any frame (`batch_ranges`).
 fn plan_batches(
     lines: &[Vec<u8>],
     routing: &Routing,
@@ -265,19 +265,12 @@ fn plan_batches(
         message_indices: range.collect(),
     };
     Ok(match routing {
-        Routing::Partition(partition) => {
-            if u32::from(*partition) >= partition_count {
-                bail!(
-                    "--partition {partition} is not a partition of the topic: it has {} (0-{})",
-                    counted(u64::from(partition_count), "partition"),
-                    partition_count - 1
-                );
-            }
-            ranges
-                .into_iter()
-                .map(|range| contiguous(*partition, range))
-                .collect()
-        }
+        // A partition the topic lacks is the server's to refuse (`PartitionNotFound`), reported
+        // with where the batch went.
+        Routing::Partition(partition) => ranges
+            .into_iter()
+            .map(|range| contiguous(*partition, range))
+            .collect(),
         Routing::RoundRobin { start } => {
             let mut partitioner = Partitioner::round_robin_from(*start);
             ranges
@@ -335,12 +328,17 @@ fn line_keys(lines: &[Vec<u8>], line_numbers: &[u64], field: &str) -> anyhow::Re
         .zip(line_numbers)
         .map(|(line, line_number)| {
             let refuse = |why: String| {
-                anyhow::anyhow!("line {line_number} {why} (--key-field {field:?}); nothing was sent")
+                anyhow::anyhow!(
+                    "line {line_number} {why} (--key-field {field:?}); nothing was sent"
+                )
             };
             let value: serde_json::Value = serde_json::from_slice(line)
                 .map_err(|error| refuse(format!("is not a JSON object: {error}")))?;
             let serde_json::Value::Object(object) = value else {
-                return Err(refuse(format!("is not a JSON object but {}", json_kind(&value))));
+                return Err(refuse(format!(
+                    "is not a JSON object but {}",
+                    json_kind(&value)
+                )));
             };
             match object.get(field) {
                 None => Err(refuse(format!("has no field {field:?}"))),
@@ -1005,16 +1003,10 @@ mod tests {
     }
 
     #[test]
-    fn issue11_5_a_partition_the_topic_lacks_is_refused_before_sending() {
+    fn issue11_5_a_partition_sends_every_batch_there() {
         assert_eq!(
-            plan_batches(&lines(1, 1), &Routing::Partition(8), 8, 100, 1 << 20)
-                .unwrap_err()
-                .to_string(),
-            "--partition 8 is not a partition of the topic: it has 8 partitions (0-7)"
-        );
-        assert_eq!(
-            plan_batches(&lines(3, 1), &Routing::Partition(7), 8, 100, 1 << 20).unwrap(),
-            vec![planned(7, &[0, 1, 2])]
+            plan_batches(&lines(3, 1), &Routing::Partition(7), 8, 2, 1 << 20).unwrap(),
+            vec![planned(7, &[0, 1]), planned(7, &[2])]
         );
     }
 
@@ -1042,9 +1034,13 @@ mod tests {
     #[test]
     fn issue11_5_key_field_refuses_a_line_naming_its_number_and_the_field() {
         let refused = |line: &str, line_number: u64| {
-            line_keys(&texts(&["{\"user\":\"ok\"}", line]), &[1, line_number], "user")
-                .unwrap_err()
-                .to_string()
+            line_keys(
+                &texts(&["{\"user\":\"ok\"}", line]),
+                &[1, line_number],
+                "user",
+            )
+            .unwrap_err()
+            .to_string()
         };
         assert_eq!(
             refused(r#"{"name":"ann"}"#, 3),

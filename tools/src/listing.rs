@@ -74,7 +74,11 @@ pub fn topic_rows(stream: &StreamInfo) -> Vec<TopicRow> {
             messages: topic_message_count(topic),
             retention_bytes: topic.retention_bytes,
             retention_ms: topic.retention_ms,
-            groups: topic.groups.iter().map(|group| group.name.clone()).collect(),
+            groups: topic
+                .groups
+                .iter()
+                .map(|group| group.name.clone())
+                .collect(),
         })
         .collect()
 }
@@ -382,7 +386,11 @@ mod tests {
                 "{text} parses back"
             );
         }
-        for (text, ms) in [("1500ms", 1500), ("36h", 36 * 3_600_000), ("2d", 172_800_000)] {
+        for (text, ms) in [
+            ("1500ms", 1500),
+            ("36h", 36 * 3_600_000),
+            ("2d", 172_800_000),
+        ] {
             assert_eq!(crate::arg_values::parse_retention_ms(text), Ok(ms));
         }
     }
@@ -390,6 +398,10 @@ mod tests {
     #[test]
     #[should_panic(expected = "one cell per column")]
     fn a_short_row_is_a_caller_bug() {
-        render_table(&["A", "B"], &[Align::Left, Align::Left], &[vec!["x".into()]]);
+        render_table(
+            &["A", "B"],
+            &[Align::Left, Align::Left],
+            &[vec!["x".into()]],
+        );
     }
 }

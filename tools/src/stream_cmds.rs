@@ -352,7 +352,10 @@ mod tests {
             panic!("stream create ID NAME parses");
         };
         assert_eq!((stream_id, name.as_str()), (Some(7), "orders"));
-        assert!(parse(&["stream", "create", "0", "orders"]).is_err(), "ids start at 1");
+        assert!(
+            parse(&["stream", "create", "0", "orders"]).is_err(),
+            "ids start at 1"
+        );
     }
 
     #[test]
@@ -430,7 +433,10 @@ mod tests {
     #[test]
     fn issue11_5_next_free_id_is_one_past_the_largest() {
         assert_eq!(next_free_id([].into_iter(), u32::MAX, "stream").unwrap(), 1);
-        assert_eq!(next_free_id([3, 9, 1].into_iter(), u32::MAX, "stream").unwrap(), 10);
+        assert_eq!(
+            next_free_id([3, 9, 1].into_iter(), u32::MAX, "stream").unwrap(),
+            10
+        );
         assert_eq!(
             next_free_id([u16::MAX].into_iter(), u16::MAX, "topic")
                 .unwrap_err()

@@ -352,7 +352,10 @@ fn issue11_5_keyed_sends_land_where_partition_for_key_says() {
         .map(|user| bus::partition_for_key(user.as_bytes(), 8))
         .chain([bus::partition_for_key(b"42", 8)])
         .collect();
-    assert!(field_partitions.len() >= 3, "the keys spread: {field_partitions:?}");
+    assert!(
+        field_partitions.len() >= 3,
+        "the keys spread: {field_partitions:?}"
+    );
     assert_eq!(
         sent.lines().count(),
         field_partitions.len(),
@@ -392,7 +395,15 @@ fn issue11_5_keyed_sends_land_where_partition_for_key_says() {
     let output = run(
         &server,
         &[
-            "send", "--stream", "1", "--topic", "1", "--partition", "0", "--key", "k",
+            "send",
+            "--stream",
+            "1",
+            "--topic",
+            "1",
+            "--partition",
+            "0",
+            "--key",
+            "k",
         ],
         b"m\n",
     );
@@ -469,7 +480,14 @@ fn issue11_4_topic_alter_changes_what_topic_list_shows() {
     assert_eq!(
         client(
             &server,
-            &["topic", "alter", "orders", "events", "--retention-ms", "12h"]
+            &[
+                "topic",
+                "alter",
+                "orders",
+                "events",
+                "--retention-ms",
+                "12h"
+            ]
         ),
         "altered topic 1/1: retention unchanged by size, 12h by age\n"
     );
@@ -500,5 +518,9 @@ fn issue11_4_topic_alter_changes_what_topic_list_shows() {
          \"retention_bytes\":2199023255552,\"retention_ms\":0,\"groups\":[]}]\n"
     );
     let output = run(&server, &["topic", "alter", "orders", "events"], b"");
-    assert_eq!(output.status.code(), Some(2), "a change is required: {output:?}");
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "a change is required: {output:?}"
+    );
 }
