@@ -205,15 +205,15 @@ pub fn render_topics(rows: &[TopicRow]) -> String {
 /// A retention size for people: `unlimited` for 0, else the largest binary unit that divides it
 /// exactly (`1GiB`, `1536KiB`, `1000B`), in the form `--retention-bytes` accepts.
 pub fn byte_size_text(bytes: u64) -> String {
-    if bytes == 0 {
-        return "unlimited".to_owned();
-    }
     const UNITS: [(&str, u64); 4] = [
         ("TiB", 1 << 40),
         ("GiB", 1 << 30),
         ("MiB", 1 << 20),
         ("KiB", 1 << 10),
     ];
+    if bytes == 0 {
+        return "unlimited".to_owned();
+    }
     UNITS
         .iter()
         .find(|(_, size)| bytes.is_multiple_of(*size))
@@ -226,15 +226,15 @@ pub fn byte_size_text(bytes: u64) -> String {
 /// A retention age for people: `unlimited` for 0, else the largest unit that divides it exactly
 /// (`7d`, `36h`, `90s`, `1500ms`), in the form `--retention-ms` accepts.
 pub fn age_text(ms: u64) -> String {
-    if ms == 0 {
-        return "unlimited".to_owned();
-    }
     const UNITS: [(&str, u64); 4] = [
         ("d", 86_400_000),
         ("h", 3_600_000),
         ("m", 60_000),
         ("s", 1_000),
     ];
+    if ms == 0 {
+        return "unlimited".to_owned();
+    }
     UNITS
         .iter()
         .find(|(_, unit_ms)| ms.is_multiple_of(*unit_ms))

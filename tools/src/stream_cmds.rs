@@ -3,7 +3,10 @@
 //! a name (`shardline::names`); `create` without an id takes the next free one. Lists are
 //! shaped by `shardline::listing`. Never touches partition data: the server does.
 
+use std::fmt::Write as _;
+
 use anyhow::Context as _;
+use bus::Client;
 use shardline::arg_values::{parse_retention_bytes, parse_retention_ms};
 use shardline::listing;
 use shardline::names::{
@@ -144,6 +147,46 @@ where
     }
 }
 
+/// The id of a new stream: `stream_id` when given, else the next free one on the server.
+///
+/// # Errors
+/// The metadata request failed; every id is taken.
+async fn new_stream_id(client: &mut Client, stream_id: Option<u32>) -> anyhow::Result<u32> {
+    if let Some(id) = stream_id {
+        return Ok(id);
+    }
+    let metadata = client.get_metadata().await?;
+    next_free_id(
+        metadata.streams.iter().map(|s| s.stream_id),
+        u32::MAX,
+        "stream",
+    )
+}
+
+/// The (stream id, topic id) of a new topic: the stream by id or name, the topic id when given,
+/// else the next free one in that stream. No round trip when both are ids.
+///
+/// # Errors
+/// The metadata request failed; no such stream; every topic id is taken.
+async fn new_topic_ids(
+    client: &mut Client,
+    stream: &NameOrId,
+    topic_id: Option<u16>,
+) -> anyhow::Result<(u32, u16)> {
+    if let (NameOrId::Id(stream_id), Some(topic_id)) = (stream, topic_id) {
+        return Ok((*stream_id, topic_id));
+    }
+    let metadata = client.get_metadata().await?;
+    let stream_info = find_stream(&metadata, stream)?;
+    let topic_id = if let Some(id) = topic_id {
+        id
+    } else {
+        let ids = stream_info.topics.iter().map(|t| t.topic_id);
+        next_free_id(ids, u16::MAX, "topic")?
+    };
+    Ok((stream_info.stream_id, topic_id))
+}
+
 pub fn stream(command: StreamCommand) -> anyhow::Result<()> {
     block_on(async move {
         match command {
@@ -154,14 +197,7 @@ pub fn stream(command: StreamCommand) -> anyhow::Result<()> {
             } => {
                 check_name_not_numeric(&name, "stream")?;
                 let mut client = connect(&addr).await?;
-                let stream_id = match stream_id {
-                    Some(id) => id,
-                    None => {
-                        let metadata = client.get_metadata().await?;
-                        let ids = metadata.streams.iter().map(|s| s.stream_id);
-                        next_free_id(ids, u32::MAX, "stream")?
-                    }
-                };
+                let stream_id = new_stream_id(&mut client, stream_id).await?;
                 client.create_stream(stream_id, &name).await?;
                 print_line(&format!("created stream {stream_id} {name:?}"))
             }
@@ -199,11 +235,12 @@ fn created_topic_line(
         counted(u64::from(partition_count), "partition")
     );
     if retention_bytes != 0 || retention_ms != 0 {
-        line.push_str(&format!(
+        let _ = write!(
+            line,
             ", retention {} by size and {} by age",
             listing::byte_size_text(retention_bytes),
             listing::age_text(retention_ms)
-        ));
+        );
     }
     line
 }
@@ -232,21 +269,7 @@ pub fn topic(command: TopicCommand) -> anyhow::Result<()> {
             } => {
                 check_name_not_numeric(&name, "topic")?;
                 let mut client = connect(&addr).await?;
-                let (stream_id, topic_id) = match (&stream, topic_id) {
-                    (NameOrId::Id(stream_id), Some(topic_id)) => (*stream_id, topic_id),
-                    _ => {
-                        let metadata = client.get_metadata().await?;
-                        let stream_info = find_stream(&metadata, &stream)?;
-                        let topic_id = match topic_id {
-                            Some(id) => id,
-                            None => {
-                                let ids = stream_info.topics.iter().map(|t| t.topic_id);
-                                next_free_id(ids, u16::MAX, "topic")?
-                            }
-                        };
-                        (stream_info.stream_id, topic_id)
-                    }
-                };
+                let (stream_id, topic_id) = new_topic_ids(&mut client, &stream, topic_id).await?;
                 let retention_bytes = retention.retention_bytes.unwrap_or(0);
                 let retention_ms = retention.retention_ms.unwrap_or(0);
                 client
