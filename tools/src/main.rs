@@ -46,7 +46,9 @@ enum Command {
     /// Create, delete or list consumer groups of a topic.
     #[command(subcommand)]
     Group(group_cmds::GroupCommand),
-    /// Send messages to a partition, one per non-empty line from a file or stdin.
+    /// Send messages, one per non-empty line from a file or stdin: to --partition, to the
+    /// partition of --key or of each line's --key-field, or batch after batch round-robin over
+    /// the topic's partitions.
     Send(client_cmds::SendArgs),
     /// Read messages from a partition: `OFFSET<TAB>PAYLOAD` lines (or --output raw|json).
     Poll(client_cmds::PollArgs),
