@@ -252,14 +252,20 @@ struct PlannedBatch {
 /// # Errors
 /// A line too long for any frame (`batch_ranges`).
 fn plan_batches(
-    lines: &[Vec<u8>],
+    input: &InputLines,
     routing: &Routing,
     partition_count: u32,
     batch_message_count_max: u32,
     frame_size_max: u32,
 ) -> anyhow::Result<Vec<PlannedBatch>> {
     // Cut over the whole input first: a line too long is refused naming its place in the input.
-    let ranges = batch_ranges(lines, batch_message_count_max, frame_size_max)?;
+    let lines = &input.messages;
+    let ranges = batch_ranges(
+        lines,
+        &input.line_numbers,
+        batch_message_count_max,
+        frame_size_max,
+    )?;
     let contiguous = |partition: u16, range: Range<usize>| PlannedBatch {
         partition,
         message_indices: range.collect(),
@@ -298,7 +304,15 @@ fn plan_batches(
             let mut planned = Vec::new();
             for (partition, indices) in by_partition {
                 let group: Vec<&[u8]> = indices.iter().map(|&i| lines[i].as_slice()).collect();
-                for range in batch_ranges(&group, batch_message_count_max, frame_size_max)? {
+                let group_line_numbers: Vec<u64> =
+                    indices.iter().map(|&i| input.line_numbers[i]).collect();
+                let group_ranges = batch_ranges(
+                    &group,
+                    &group_line_numbers,
+                    batch_message_count_max,
+                    frame_size_max,
+                )?;
+                for range in group_ranges {
                     planned.push(PlannedBatch {
                         partition,
                         message_indices: indices[range].to_vec(),
@@ -382,14 +396,15 @@ pub fn send(args: &SendArgs) -> anyhow::Result<()> {
         None => message_lines(std::io::stdin().lock())
             .context("cannot read messages from standard input")?,
     };
-    let lines = input.messages;
+    let input = &input;
+    let lines = &input.messages;
     if lines.is_empty() {
         bail!("no messages to send: the input has no non-empty line");
     }
     let routing = match (&args.key, &args.key_field, args.partition.partition) {
         (Some(key), _, _) => Routing::Key(key.as_bytes().to_vec()),
         (None, Some(field), _) => {
-            Routing::KeyPerMessage(line_keys(&lines, &input.line_numbers, field)?)
+            Routing::KeyPerMessage(line_keys(lines, &input.line_numbers, field)?)
         }
         (None, None, Some(partition)) => Routing::Partition(partition),
         // A random first partition: runs of one batch each spread over the partitions too.
@@ -402,7 +417,7 @@ pub fn send(args: &SendArgs) -> anyhow::Result<()> {
         let topic = args.partition.resolve(&mut client).await?;
         let client = with_server_message_size(client).await?;
         let planned = plan_batches(
-            &lines,
+            input,
             &routing,
             topic.partition_count,
             args.batch,
@@ -519,15 +534,21 @@ fn send_frame_size(payload_lens: impl IntoIterator<Item = usize>) -> usize {
 }
 
 /// Splits `lines` into consecutive batches of at most `batch_message_count_max` messages whose
-/// request frame fits in `frame_size_max` bytes.
+/// request frame fits in `frame_size_max` bytes; `line_numbers[i]` is where `lines[i]` was in
+/// the input (for the error).
 ///
 /// # Errors
 /// A line too long to fit in any request frame, naming its line number, its size and the limit.
+///
+/// # Panics
+/// If `line_numbers` has not one number per line (a caller bug).
 fn batch_ranges(
     lines: &[impl AsRef<[u8]>],
+    line_numbers: &[u64],
     batch_message_count_max: u32,
     frame_size_max: u32,
 ) -> anyhow::Result<Vec<Range<usize>>> {
+    assert_eq!(lines.len(), line_numbers.len(), "one line number per line");
     let frame_size_max = frame_size_max as usize;
     let payload_len_max = frame_size_max.saturating_sub(send_frame_size([0]));
     let mut batches = Vec::new();
@@ -540,7 +561,7 @@ fn batch_ranges(
                 "line {} holds {} bytes, more than the {payload_len_max} bytes a message may hold \
                  under the server's --max-message-size {frame_size_max} (the request frame, \
                  {} bytes of headers included)",
-                index + 1,
+                line_numbers[index],
                 line.len(),
                 send_frame_size([0]),
             );
@@ -739,11 +760,44 @@ mod tests {
         (0..count).map(|_| vec![b'x'; len]).collect()
     }
 
+    /// Line numbers 1..=count: an input without empty lines.
+    fn numbered(count: usize) -> Vec<u64> {
+        (1..=count as u64).collect()
+    }
+
+    fn input_of(messages: Vec<Vec<u8>>) -> InputLines {
+        InputLines {
+            line_numbers: numbered(messages.len()),
+            messages,
+        }
+    }
+
+    #[test]
+    fn issue11_5_a_line_too_long_is_named_by_its_line_in_the_input() {
+        let text = format!("a\n\n\n{}\n", "x".repeat(689));
+        let input = message_lines(text.as_bytes()).unwrap();
+        for routing in [
+            Routing::Partition(0),
+            Routing::RoundRobin { start: 0 },
+            Routing::KeyPerMessage(vec![b"k".to_vec(); 2]),
+        ] {
+            assert_eq!(
+                plan_batches(&input, &routing, 2, 100, 1024)
+                    .unwrap_err()
+                    .to_string(),
+                "line 4 holds 689 bytes, more than the 688 bytes a message may hold under the \
+                 server's --max-message-size 1024 (the request frame, 336 bytes of headers \
+                 included)",
+                "{routing:?}"
+            );
+        }
+    }
+
     #[test]
     fn issue7_6_batches_are_cut_to_fit_the_frame_limit() {
         // 100 lines of 20 bytes (21 with the newline) under --max-message-size 1024: 304 bytes
         // of frame header, batch header and producer stamp leave 720, 13 messages of 52 bytes.
-        let batches = batch_ranges(&lines(100, 20), 100, 1024).unwrap();
+        let batches = batch_ranges(&lines(100, 20), &numbered(100), 100, 1024).unwrap();
         assert_eq!(batches.len(), 8);
         assert_eq!(batches[0], 0..13);
         assert_eq!(batches[7], 91..100);
@@ -756,7 +810,7 @@ mod tests {
     #[test]
     fn batches_also_respect_the_message_count() {
         assert_eq!(
-            batch_ranges(&lines(25, 1), 10, 1 << 20).unwrap(),
+            batch_ranges(&lines(25, 1), &numbered(25), 10, 1 << 20).unwrap(),
             vec![0..10, 10..20, 20..25]
         );
     }
@@ -766,14 +820,16 @@ mod tests {
         let mut input = lines(3, 5);
         input[1] = vec![b'y'; 689];
         assert_eq!(
-            batch_ranges(&input, 100, 1024).unwrap_err().to_string(),
+            batch_ranges(&input, &numbered(3), 100, 1024)
+                .unwrap_err()
+                .to_string(),
             "line 2 holds 689 bytes, more than the 688 bytes a message may hold under the \
              server's --max-message-size 1024 (the request frame, 336 bytes of headers included)"
         );
         input[1].pop();
         // 688 bytes fill a frame alone: 336 + 688 = 1024.
         assert_eq!(
-            batch_ranges(&input, 100, 1024).unwrap(),
+            batch_ranges(&input, &numbered(3), 100, 1024).unwrap(),
             vec![0..1, 1..2, 2..3]
         );
     }
@@ -950,7 +1006,7 @@ mod tests {
     fn issue11_5_round_robin_sends_batch_after_batch_to_the_next_partition() {
         let routing = Routing::RoundRobin { start: 2 };
         assert_eq!(
-            plan_batches(&lines(7, 1), &routing, 3, 2, 1 << 20).unwrap(),
+            plan_batches(&input_of(lines(7, 1)), &routing, 3, 2, 1 << 20).unwrap(),
             vec![
                 planned(2, &[0, 1]),
                 planned(0, &[2, 3]),
@@ -966,7 +1022,7 @@ mod tests {
         let partition = partition_for_key(&key, 8) as u16;
         assert_eq!(partition, 5, "the README's example");
         assert_eq!(
-            plan_batches(&lines(5, 1), &Routing::Key(key), 8, 2, 1 << 20).unwrap(),
+            plan_batches(&input_of(lines(5, 1)), &Routing::Key(key), 8, 2, 1 << 20).unwrap(),
             vec![
                 planned(partition, &[0, 1]),
                 planned(partition, &[2, 3]),
@@ -982,8 +1038,14 @@ mod tests {
             .map(|key| key.as_bytes().to_vec())
             .collect();
         let partition_of = |key: &str| partition_for_key(key.as_bytes(), 4) as u16;
-        let plan =
-            plan_batches(&lines(6, 1), &Routing::KeyPerMessage(keys), 4, 2, 1 << 20).unwrap();
+        let plan = plan_batches(
+            &input_of(lines(6, 1)),
+            &Routing::KeyPerMessage(keys),
+            4,
+            2,
+            1 << 20,
+        )
+        .unwrap();
         // Each partition's messages in input order, at most 2 per batch, partitions ascending.
         let mut expected: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (index, key) in ["a", "b", "a", "c", "b", "a"].iter().enumerate() {
@@ -1005,7 +1067,14 @@ mod tests {
     #[test]
     fn issue11_5_a_partition_sends_every_batch_there() {
         assert_eq!(
-            plan_batches(&lines(3, 1), &Routing::Partition(7), 8, 2, 1 << 20).unwrap(),
+            plan_batches(
+                &input_of(lines(3, 1)),
+                &Routing::Partition(7),
+                8,
+                2,
+                1 << 20
+            )
+            .unwrap(),
             vec![planned(7, &[0, 1]), planned(7, &[2])]
         );
     }
