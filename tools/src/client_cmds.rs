@@ -103,9 +103,9 @@ pub struct SendArgs {
     #[command(flatten)]
     pub partition: PartitionArgs,
     /// Send every message to the partition of this key: XXH3-64 of its UTF-8 bytes (seed 0)
-    /// modulo the topic's partition count (issue 11 section 5), so the same key always lands on
-    /// the same partition while the count stays the same. Without --partition, --key and
-    /// --key-field, batches go round-robin over the partitions.
+    /// modulo the topic's partition count, so the same key always lands on the same partition
+    /// while the count stays the same. Without --partition, --key and --key-field, batches go
+    /// round-robin over the partitions, from a random one.
     #[arg(long, value_name = "KEY", conflicts_with_all = ["partition", "key_field"])]
     pub key: Option<String>,
     /// Key each message by a field of its line, read as a JSON object: a string value keys by
