@@ -35,7 +35,7 @@ pub use frame::{
 };
 pub use group::{GroupAssignment, Heartbeat};
 pub use header::{HEADER_SIZE, Header, PROTOCOL_VERSION};
-pub use keys::partition_for_key;
+pub use keys::{Partitioner, partition_for_key};
 pub use namespace::Namespace;
 pub use producer::Producer;
 pub use reply::{error_reply, eviction, not_primary, reply_header};

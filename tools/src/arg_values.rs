@@ -229,6 +229,88 @@ pub fn parse_duration(text: &str, what: &str, max: Duration) -> Result<Duration,
     Ok(duration)
 }
 
+/// Bytes in a tebibyte, the one suffix `--retention-bytes` takes beyond `parse_byte_size`'s.
+const TEBIBYTE: u64 = 1 << 40;
+
+/// Parses `--retention-bytes` (issue 11 section 4): a byte size as `parse_byte_size` takes it
+/// (`1073741824`, `512MiB`, `1GiB`), or with the suffix `TiB` (`2TiB`); `0` means no limit by
+/// size.
+///
+/// # Errors
+/// A text naming `text` and the accepted forms, or a size of `u64::MAX` bytes and above (the
+/// wire reserves `u64::MAX` for "keep the current limit" in `AlterTopic`).
+pub fn parse_retention_bytes(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let lower = trimmed.to_ascii_lowercase();
+    let size = match lower.strip_suffix("tib") {
+        Some(digits) => digits
+            .trim_end()
+            .parse::<u64>()
+            .ok()
+            .and_then(|count| count.checked_mul(TEBIBYTE))
+            .ok_or_else(|| retention_bytes_refused(text)),
+        None => parse_byte_size(trimmed).map_err(|_| retention_bytes_refused(text)),
+    }?;
+    if size == u64::MAX {
+        return Err(retention_bytes_refused(text));
+    }
+    Ok(size)
+}
+
+/// The error of a `--retention-bytes` value that is not a size.
+fn retention_bytes_refused(text: &str) -> String {
+    format!(
+        "{text:?} is not a retention size: use bytes (e.g. 1073741824), or a whole number with a \
+         suffix KiB, MiB, GiB or TiB (e.g. 512MiB, 1GiB); 0 keeps every byte"
+    )
+}
+
+/// Units `--retention-ms` takes, with their milliseconds; a bare number is milliseconds.
+const RETENTION_UNITS: [(&str, u64); 5] = [
+    ("ms", 1),
+    ("s", 1_000),
+    ("m", 60_000),
+    ("h", 3_600_000),
+    ("d", 86_400_000),
+];
+
+/// Parses `--retention-ms` (issue 11 section 4): a whole number of milliseconds (`86400000`),
+/// or one with a unit `ms`, `s`, `m` (minutes), `h` or `d` (days): `90s`, `12h`, `7d`; `0`
+/// means no limit by age.
+///
+/// # Errors
+/// A text naming `text` and the accepted forms (not a whole number, an unknown unit), or an age
+/// of `u64::MAX` milliseconds and above (reserved on the wire for "keep the current limit").
+pub fn parse_retention_ms(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let digits_end = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(digits_end);
+    let unit = unit.trim_start().to_ascii_lowercase();
+    let unit_ms = if unit.is_empty() {
+        Some(1)
+    } else {
+        RETENTION_UNITS
+            .iter()
+            .find(|(name, _)| *name == unit)
+            .map(|(_, ms)| *ms)
+    };
+    let refused = || {
+        format!(
+            "{text:?} is not a retention age: use milliseconds (e.g. 3600000) or a whole number \
+             with a unit ms, s, m, h or d (e.g. 90s, 12h, 7d); 0 keeps messages of any age"
+        )
+    };
+    let (Ok(count), Some(unit_ms)) = (digits.parse::<u64>(), unit_ms) else {
+        return Err(refused());
+    };
+    match count.checked_mul(unit_ms) {
+        Some(ms) if ms != u64::MAX => Ok(ms),
+        _ => Err(format!("{text:?} is too long a retention age")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -410,5 +492,58 @@ mod tests {
                 ))
             );
         }
+    }
+
+    #[test]
+    fn issue11_4_retention_bytes_take_binary_suffixes_up_to_tib() {
+        assert_eq!(parse_retention_bytes("0"), Ok(0));
+        assert_eq!(parse_retention_bytes("1048576"), Ok(1 << 20));
+        assert_eq!(parse_retention_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_retention_bytes("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_retention_bytes("2 tib"), Ok(2 << 40));
+        assert_eq!(parse_retention_bytes("4KiB"), Ok(4096));
+        let refused = "is not a retention size: use bytes (e.g. 1073741824), or a whole number \
+                       with a suffix KiB, MiB, GiB or TiB (e.g. 512MiB, 1GiB); 0 keeps every byte";
+        for bad in [
+            "1GB",
+            "1.5GiB",
+            "TiB",
+            "-1",
+            "",
+            "20000000TiB",
+            "18446744073709551615",
+        ] {
+            assert_eq!(
+                parse_retention_bytes(bad),
+                Err(format!("{bad:?} {refused}")),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn issue11_4_retention_ms_takes_units_up_to_days() {
+        assert_eq!(parse_retention_ms("0"), Ok(0));
+        assert_eq!(parse_retention_ms("1500"), Ok(1500));
+        assert_eq!(parse_retention_ms("250ms"), Ok(250));
+        assert_eq!(parse_retention_ms("90s"), Ok(90_000));
+        assert_eq!(parse_retention_ms("30m"), Ok(1_800_000));
+        assert_eq!(parse_retention_ms("12h"), Ok(43_200_000));
+        assert_eq!(parse_retention_ms("7d"), Ok(604_800_000));
+        assert_eq!(parse_retention_ms("7 D"), Ok(604_800_000));
+        assert_eq!(
+            parse_retention_ms("1w"),
+            Err(
+                "\"1w\" is not a retention age: use milliseconds (e.g. 3600000) or a whole number \
+                 with a unit ms, s, m, h or d (e.g. 90s, 12h, 7d); 0 keeps messages of any age"
+                    .to_owned()
+            )
+        );
+        assert!(parse_retention_ms("1.5h").is_err());
+        assert!(parse_retention_ms("").is_err());
+        assert_eq!(
+            parse_retention_ms("300000000000000d"),
+            Err("\"300000000000000d\" is too long a retention age".to_owned())
+        );
     }
 }

@@ -1,7 +1,9 @@
-//! Client commands: `stream`, `topic`, `send`, `poll`, `metadata`. Each runs one compio runtime on
-//! the calling thread and talks to a running server with the `bus` client. Output goes through
-//! `shardline::output`, so a reader that closes stdout early ends the command quietly.
+//! Client commands: `send`, `poll`, `metadata` (`stream` and `topic` are in `stream_cmds`). Each
+//! runs one compio runtime on the calling thread and talks to a running server with the `bus`
+//! client. Output goes through `shardline::output`, so a reader that closes stdout early ends the
+//! command quietly.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::ops::Range;
 use std::path::PathBuf;
@@ -10,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use bus::{
     BATCH_HEADER_SIZE, BatchBuilder, Client, ClientError, HEADER_SIZE, MESSAGE_HEADER_SIZE,
-    Namespace, PRODUCER_STAMP_SIZE, Producer,
+    Namespace, PRODUCER_STAMP_SIZE, Partitioner, Producer, partition_for_key,
 };
 use shardline::arg_values::{AddressList, parse_duration};
 use shardline::names::{NameOrId, ResolvedTopic};
@@ -74,50 +76,6 @@ fn parse_request_timeout(text: &str) -> Result<Duration, String> {
     Ok(timeout)
 }
 
-#[derive(Debug, clap::Subcommand)]
-pub enum StreamCommand {
-    /// Create a stream: `shardline stream create 1 orders`.
-    Create {
-        /// Stream id (>= 1).
-        stream_id: u32,
-        /// Stream name (1-255 bytes of UTF-8, unique).
-        name: String,
-        #[command(flatten)]
-        addr: AddrArgs,
-    },
-    /// Delete a stream with its topics and their data.
-    Delete {
-        stream_id: u32,
-        #[command(flatten)]
-        addr: AddrArgs,
-    },
-}
-
-#[derive(Debug, clap::Subcommand)]
-pub enum TopicCommand {
-    /// Create a topic: `shardline topic create 1 1 events --partitions 8`.
-    Create {
-        /// Stream id the topic belongs to.
-        stream_id: u32,
-        /// Topic id (>= 1).
-        topic_id: u16,
-        /// Topic name (unique in the stream).
-        name: String,
-        /// Number of partitions (1..=4096); each is owned by one shard.
-        #[arg(long, default_value_t = 1)]
-        partitions: u32,
-        #[command(flatten)]
-        addr: AddrArgs,
-    },
-    /// Delete a topic and its data.
-    Delete {
-        stream_id: u32,
-        topic_id: u16,
-        #[command(flatten)]
-        addr: AddrArgs,
-    },
-}
-
 #[derive(Debug, clap::Args)]
 pub struct PartitionArgs {
     /// Stream: its id or its name.
@@ -144,6 +102,19 @@ impl PartitionArgs {
 pub struct SendArgs {
     #[command(flatten)]
     pub partition: PartitionArgs,
+    /// Send every message to the partition of this key: XXH3-64 of its UTF-8 bytes (seed 0)
+    /// modulo the topic's partition count, so the same key always lands on the same partition
+    /// while the count stays the same. Without --partition, --key and --key-field, batches go
+    /// round-robin over the partitions, from a random one.
+    #[arg(long, value_name = "KEY", conflicts_with_all = ["partition", "key_field"])]
+    pub key: Option<String>,
+    /// Key each message by a field of its line, read as a JSON object: a string value keys by
+    /// its UTF-8 bytes, a number or boolean by its JSON text (`42`, `true`), mapped as --key.
+    /// Messages keep their input order within each partition. A line that is not a JSON object,
+    /// lacks the field, or holds null, an array or an object there is refused before anything
+    /// is sent.
+    #[arg(long, value_name = "FIELD", conflicts_with = "partition")]
+    pub key_field: Option<String>,
     /// File with one message per line (`\n` or `\r\n`); stdin when absent. Empty lines are
     /// skipped, as by `bench --payload-file`.
     #[arg(long)]
@@ -185,7 +156,7 @@ pub struct PollArgs {
     pub output: PollOutput,
 }
 
-fn block_on<T>(future: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+pub(crate) fn block_on<T>(future: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
     compio::runtime::Runtime::new()
         .context("cannot start the I/O runtime")?
         .block_on(future)
@@ -193,7 +164,7 @@ fn block_on<T>(future: impl Future<Output = anyhow::Result<T>>) -> anyhow::Resul
 
 /// Connects to the first address of `--addr` that accepts, retrying refused connects (each
 /// address in turn) for `--connect-timeout`; each request of the client then has `--timeout`.
-async fn connect(args: &AddrArgs) -> anyhow::Result<Client> {
+pub(crate) async fn connect(args: &AddrArgs) -> anyhow::Result<Client> {
     let addr = &args.addr;
     Client::connect_any_with_timeout(&addr.0, args.connect_timeout)
         .await
@@ -246,72 +217,176 @@ fn connect_attempts(timeout: Duration, attempt_count: u32) -> String {
     }
 }
 
-pub fn stream(command: StreamCommand) -> anyhow::Result<()> {
-    block_on(async move {
-        match command {
-            StreamCommand::Create {
-                stream_id,
-                name,
-                addr,
-            } => {
-                connect(&addr)
-                    .await?
-                    .create_stream(stream_id, &name)
-                    .await?;
-                print_line(&format!("created stream {stream_id} {name:?}"))?;
-            }
-            StreamCommand::Delete { stream_id, addr } => {
-                connect(&addr).await?.delete_stream(stream_id).await?;
-                print_line(&format!("deleted stream {stream_id}"))?;
-            }
-        }
-        Ok(())
-    })
-}
-
-pub fn topic(command: TopicCommand) -> anyhow::Result<()> {
-    block_on(async move {
-        match command {
-            TopicCommand::Create {
-                stream_id,
-                topic_id,
-                name,
-                partitions,
-                addr,
-            } => {
-                connect(&addr)
-                    .await?
-                    .create_topic(stream_id, topic_id, &name, partitions)
-                    .await?;
-                print_line(&format!(
-                    "created topic {stream_id}/{topic_id} {name:?} with {}",
-                    counted(u64::from(partitions), "partition")
-                ))?;
-            }
-            TopicCommand::Delete {
-                stream_id,
-                topic_id,
-                addr,
-            } => {
-                connect(&addr)
-                    .await?
-                    .delete_topic(stream_id, topic_id)
-                    .await?;
-                print_line(&format!("deleted topic {stream_id}/{topic_id}"))?;
-            }
-        }
-        Ok(())
-    })
-}
-
 fn now_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
 }
 
+/// Where `send` puts its messages (issue 11 section 5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Routing {
+    /// `--partition N`: every batch to partition N.
+    Partition(u16),
+    /// Neither `--partition` nor a key: batch after batch over the partitions, from `start`.
+    RoundRobin { start: u32 },
+    /// `--key K`: every batch to `partition_for_key(K)`.
+    Key(Vec<u8>),
+    /// `--key-field F`: message `i` to `partition_for_key(keys[i])`.
+    KeyPerMessage(Vec<Vec<u8>>),
+}
+
+/// One request of `send`: the indices (into the input's messages, ascending) of the messages
+/// it carries to `partition`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PlannedBatch {
+    partition: u16,
+    message_indices: Vec<usize>,
+}
+
+/// Cuts `lines` into the batches `send` sends, in sending order, each within
+/// `batch_message_count_max` messages and `frame_size_max` bytes of frame: consecutive batches
+/// for one partition or round-robin (each batch to the next partition), or per partition in
+/// input order for a key per message (partitions ascending).
+///
+/// # Errors
+/// A line too long for any frame (`batch_ranges`).
+fn plan_batches(
+    input: &InputLines,
+    routing: &Routing,
+    partition_count: u32,
+    batch_message_count_max: u32,
+    frame_size_max: u32,
+) -> anyhow::Result<Vec<PlannedBatch>> {
+    // Cut over the whole input first: a line too long is refused naming its place in the input.
+    let lines = &input.messages;
+    let ranges = batch_ranges(
+        lines,
+        &input.line_numbers,
+        batch_message_count_max,
+        frame_size_max,
+    )?;
+    let contiguous = |partition: u16, range: Range<usize>| PlannedBatch {
+        partition,
+        message_indices: range.collect(),
+    };
+    Ok(match routing {
+        // A partition the topic lacks is the server's to refuse (`PartitionNotFound`), reported
+        // with where the batch went.
+        Routing::Partition(partition) => ranges
+            .into_iter()
+            .map(|range| contiguous(*partition, range))
+            .collect(),
+        Routing::RoundRobin { start } => {
+            let mut partitioner = Partitioner::round_robin_from(*start);
+            ranges
+                .into_iter()
+                .map(|range| {
+                    let partition = partitioner.next_partition(partition_count);
+                    contiguous(partition_id(partition), range)
+                })
+                .collect()
+        }
+        Routing::Key(key) => {
+            let partition = partition_id(partition_for_key(key, partition_count));
+            ranges
+                .into_iter()
+                .map(|range| contiguous(partition, range))
+                .collect()
+        }
+        Routing::KeyPerMessage(keys) => {
+            assert_eq!(keys.len(), lines.len(), "one key per message");
+            let mut by_partition: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+            for (index, key) in keys.iter().enumerate() {
+                let partition = partition_id(partition_for_key(key, partition_count));
+                by_partition.entry(partition).or_default().push(index);
+            }
+            let mut planned = Vec::new();
+            for (partition, indices) in by_partition {
+                let group: Vec<&[u8]> = indices.iter().map(|&i| lines[i].as_slice()).collect();
+                let group_line_numbers: Vec<u64> =
+                    indices.iter().map(|&i| input.line_numbers[i]).collect();
+                let group_ranges = batch_ranges(
+                    &group,
+                    &group_line_numbers,
+                    batch_message_count_max,
+                    frame_size_max,
+                )?;
+                for range in group_ranges {
+                    planned.push(PlannedBatch {
+                        partition,
+                        message_indices: indices[range].to_vec(),
+                    });
+                }
+            }
+            planned
+        }
+    })
+}
+
+/// A partition index below a topic's partition count (at most `u16::MAX + 1`) as a partition id.
+fn partition_id(partition: u32) -> u16 {
+    u16::try_from(partition).expect("a topic's partition ids fit in u16")
+}
+
+/// The key of each line for `--key-field FIELD` (issue 11 section 5): the line is a JSON object;
+/// a string value keys by its UTF-8 bytes, a number or boolean by its JSON text (integers as
+/// written; other numbers as `serde_json` prints them back, e.g. `1e3` as `1000.0`).
+///
+/// # Errors
+/// The first line (by its number in the input, `line_numbers[i]`) that is not a JSON object,
+/// has no `field`, or holds null, an array or an object in it.
+fn line_keys(lines: &[Vec<u8>], line_numbers: &[u64], field: &str) -> anyhow::Result<Vec<Vec<u8>>> {
+    lines
+        .iter()
+        .zip(line_numbers)
+        .map(|(line, line_number)| {
+            let refuse = |why: String| {
+                anyhow::anyhow!(
+                    "line {line_number} {why} (--key-field {field:?}); nothing was sent"
+                )
+            };
+            let value: serde_json::Value = serde_json::from_slice(line)
+                .map_err(|error| refuse(format!("is not a JSON object: {error}")))?;
+            let serde_json::Value::Object(object) = value else {
+                return Err(refuse(format!(
+                    "is not a JSON object but {}",
+                    json_kind(&value)
+                )));
+            };
+            match object.get(field) {
+                None => Err(refuse(format!("has no field {field:?}"))),
+                Some(serde_json::Value::String(text)) => Ok(text.as_bytes().to_vec()),
+                Some(number @ serde_json::Value::Number(_)) => Ok(number.to_string().into_bytes()),
+                Some(serde_json::Value::Bool(flag)) => Ok(flag.to_string().into_bytes()),
+                Some(other) => Err(refuse(format!(
+                    "holds {} in field {field:?}: a key is a string, a number or a boolean",
+                    json_kind(other)
+                ))),
+            }
+        })
+        .collect()
+}
+
+/// `null`, `a boolean`, `a number`, `a string`, `an array` or `an object`, for error messages.
+fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// Sends the input's messages (issue 11 section 5): to `--partition`, to the partition of
+/// `--key` or of each line's `--key-field`, or batch after batch round-robin over the topic's
+/// partitions from a random one. Prints one `sent` line per partition, partitions ascending.
+/// Everything that can be refused (a bad line, a key field, a line too large) is refused before
+/// the first batch is sent.
 pub fn send(args: &SendArgs) -> anyhow::Result<()> {
-    let lines = match &args.file {
+    let input = match &args.file {
         Some(path) => {
             let file = std::fs::File::open(path)
                 .with_context(|| format!("cannot open {}", path.display()))?;
@@ -321,37 +396,66 @@ pub fn send(args: &SendArgs) -> anyhow::Result<()> {
         None => message_lines(std::io::stdin().lock())
             .context("cannot read messages from standard input")?,
     };
+    let input = &input;
+    let lines = &input.messages;
     if lines.is_empty() {
         bail!("no messages to send: the input has no non-empty line");
     }
+    let routing = match (&args.key, &args.key_field, args.partition.partition) {
+        (Some(key), _, _) => Routing::Key(key.as_bytes().to_vec()),
+        (None, Some(field), _) => {
+            Routing::KeyPerMessage(line_keys(lines, &input.line_numbers, field)?)
+        }
+        (None, None, Some(partition)) => Routing::Partition(partition),
+        // A random first partition: runs of one batch each spread over the partitions too.
+        (None, None, None) => Routing::RoundRobin {
+            start: (bus::producer::producer_id_new() % u64::from(u32::MAX)) as u32,
+        },
+    };
     block_on(async move {
         let mut client = connect(&args.partition.addr).await?;
         let topic = args.partition.resolve(&mut client).await?;
-        let namespace = Namespace::new(
-            topic.stream_id,
-            topic.topic_id,
-            args.partition.partition.unwrap_or(0),
-        );
         let client = with_server_message_size(client).await?;
-        let batches = batch_ranges(&lines, args.batch, client.max_message_size())?;
+        let planned = plan_batches(
+            input,
+            &routing,
+            topic.partition_count,
+            args.batch,
+            client.max_message_size(),
+        )?;
         // An idempotent producer with a random id per invocation: a batch whose reply is lost
         // (reconnect, server restart) is resent and appended once.
         let mut producer = Producer::new(client);
-        let mut acked = Vec::with_capacity(batches.len());
-        for range in batches {
-            let chunk = &lines[range.clone()];
-            let mut builder =
-                BatchBuilder::with_capacity(chunk.len(), chunk.iter().map(Vec::len).sum());
-            for (index, line) in chunk.iter().enumerate() {
-                builder.push((range.start + index) as u64, now_us(), line);
+        let mut acked: BTreeMap<u16, Vec<Range<u64>>> = BTreeMap::new();
+        let mut acked_count = 0u64;
+        for batch in planned {
+            let namespace = Namespace::new(topic.stream_id, topic.topic_id, batch.partition);
+            let mut builder = BatchBuilder::with_capacity(
+                batch.message_indices.len(),
+                batch.message_indices.iter().map(|&i| lines[i].len()).sum(),
+            );
+            for &index in &batch.message_indices {
+                builder.push(index as u64, now_us(), &lines[index]);
             }
             let ack = producer
                 .send(namespace, builder)
                 .await
-                .with_context(|| send_failed_context(namespace, range.start as u64))?;
-            acked.push(ack.base_offset..ack.base_offset + chunk.len() as u64);
+                .with_context(|| send_failed_context(namespace, acked_count))?;
+            let count = batch.message_indices.len() as u64;
+            acked_count += count;
+            acked
+                .entry(batch.partition)
+                .or_default()
+                .push(ack.base_offset..ack.base_offset + count);
         }
-        print_line(&sent_line(namespace, &acked))
+        let report: Vec<String> = acked
+            .iter()
+            .map(|(&partition, ranges)| {
+                let namespace = Namespace::new(topic.stream_id, topic.topic_id, partition);
+                sent_line(namespace, ranges)
+            })
+            .collect();
+        print_line(&report.join("\n"))
     })
 }
 
@@ -364,18 +468,32 @@ fn send_failed_context(namespace: Namespace, acked_count: u64) -> String {
     )
 }
 
+/// `send`'s input: its non-empty lines and where each was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct InputLines {
+    /// One message per non-empty line, without its `\n` or `\r\n`.
+    messages: Vec<Vec<u8>>,
+    /// The 1-based line number in the input of each of `messages`.
+    line_numbers: Vec<u64>,
+}
+
 /// The messages of `send`'s input, as bytes (any bytes, UTF-8 or not): one per line, without its
 /// `\n` or `\r\n`; empty lines are skipped (the rule `bench --payload-file` follows too).
 ///
 /// # Errors
 /// A read error of `reader`; the caller names the input.
-fn message_lines(mut reader: impl BufRead) -> std::io::Result<Vec<Vec<u8>>> {
-    let mut lines = Vec::new();
+fn message_lines(mut reader: impl BufRead) -> std::io::Result<InputLines> {
+    let mut input = InputLines {
+        messages: Vec::new(),
+        line_numbers: Vec::new(),
+    };
+    let mut line_number = 0u64;
     loop {
         let mut line = Vec::new();
         if reader.read_until(b'\n', &mut line)? == 0 {
-            return Ok(lines);
+            return Ok(input);
         }
+        line_number += 1;
         if line.last() == Some(&b'\n') {
             line.pop();
         }
@@ -383,7 +501,8 @@ fn message_lines(mut reader: impl BufRead) -> std::io::Result<Vec<Vec<u8>>> {
             line.pop();
         }
         if !line.is_empty() {
-            lines.push(line);
+            input.messages.push(line);
+            input.line_numbers.push(line_number);
         }
     }
 }
@@ -415,27 +534,34 @@ fn send_frame_size(payload_lens: impl IntoIterator<Item = usize>) -> usize {
 }
 
 /// Splits `lines` into consecutive batches of at most `batch_message_count_max` messages whose
-/// request frame fits in `frame_size_max` bytes.
+/// request frame fits in `frame_size_max` bytes; `line_numbers[i]` is where `lines[i]` was in
+/// the input (for the error).
 ///
 /// # Errors
 /// A line too long to fit in any request frame, naming its line number, its size and the limit.
+///
+/// # Panics
+/// If `line_numbers` has not one number per line (a caller bug).
 fn batch_ranges(
-    lines: &[Vec<u8>],
+    lines: &[impl AsRef<[u8]>],
+    line_numbers: &[u64],
     batch_message_count_max: u32,
     frame_size_max: u32,
 ) -> anyhow::Result<Vec<Range<usize>>> {
+    assert_eq!(lines.len(), line_numbers.len(), "one line number per line");
     let frame_size_max = frame_size_max as usize;
     let payload_len_max = frame_size_max.saturating_sub(send_frame_size([0]));
     let mut batches = Vec::new();
     let mut start = 0;
     let mut frame_size = send_frame_size([]);
     for (index, line) in lines.iter().enumerate() {
+        let line = line.as_ref();
         if line.len() > payload_len_max {
             bail!(
                 "line {} holds {} bytes, more than the {payload_len_max} bytes a message may hold \
                  under the server's --max-message-size {frame_size_max} (the request frame, \
                  {} bytes of headers included)",
-                index + 1,
+                line_numbers[index],
                 line.len(),
                 send_frame_size([0]),
             );
@@ -457,7 +583,7 @@ fn batch_ranges(
 }
 
 /// `count` and `noun`, plural unless `count` is 1: `1 message`, `2 messages`.
-fn counted(count: u64, noun: &str) -> String {
+pub(crate) fn counted(count: u64, noun: &str) -> String {
     if count == 1 {
         format!("{count} {noun}")
     } else {
@@ -634,11 +760,44 @@ mod tests {
         (0..count).map(|_| vec![b'x'; len]).collect()
     }
 
+    /// Line numbers 1..=count: an input without empty lines.
+    fn numbered(count: usize) -> Vec<u64> {
+        (1..=count as u64).collect()
+    }
+
+    fn input_of(messages: Vec<Vec<u8>>) -> InputLines {
+        InputLines {
+            line_numbers: numbered(messages.len()),
+            messages,
+        }
+    }
+
+    #[test]
+    fn issue11_5_a_line_too_long_is_named_by_its_line_in_the_input() {
+        let text = format!("a\n\n\n{}\n", "x".repeat(689));
+        let input = message_lines(text.as_bytes()).unwrap();
+        for routing in [
+            Routing::Partition(0),
+            Routing::RoundRobin { start: 0 },
+            Routing::KeyPerMessage(vec![b"k".to_vec(); 2]),
+        ] {
+            assert_eq!(
+                plan_batches(&input, &routing, 2, 100, 1024)
+                    .unwrap_err()
+                    .to_string(),
+                "line 4 holds 689 bytes, more than the 688 bytes a message may hold under the \
+                 server's --max-message-size 1024 (the request frame, 336 bytes of headers \
+                 included)",
+                "{routing:?}"
+            );
+        }
+    }
+
     #[test]
     fn issue7_6_batches_are_cut_to_fit_the_frame_limit() {
         // 100 lines of 20 bytes (21 with the newline) under --max-message-size 1024: 304 bytes
         // of frame header, batch header and producer stamp leave 720, 13 messages of 52 bytes.
-        let batches = batch_ranges(&lines(100, 20), 100, 1024).unwrap();
+        let batches = batch_ranges(&lines(100, 20), &numbered(100), 100, 1024).unwrap();
         assert_eq!(batches.len(), 8);
         assert_eq!(batches[0], 0..13);
         assert_eq!(batches[7], 91..100);
@@ -651,7 +810,7 @@ mod tests {
     #[test]
     fn batches_also_respect_the_message_count() {
         assert_eq!(
-            batch_ranges(&lines(25, 1), 10, 1 << 20).unwrap(),
+            batch_ranges(&lines(25, 1), &numbered(25), 10, 1 << 20).unwrap(),
             vec![0..10, 10..20, 20..25]
         );
     }
@@ -661,14 +820,16 @@ mod tests {
         let mut input = lines(3, 5);
         input[1] = vec![b'y'; 689];
         assert_eq!(
-            batch_ranges(&input, 100, 1024).unwrap_err().to_string(),
+            batch_ranges(&input, &numbered(3), 100, 1024)
+                .unwrap_err()
+                .to_string(),
             "line 2 holds 689 bytes, more than the 688 bytes a message may hold under the \
              server's --max-message-size 1024 (the request frame, 336 bytes of headers included)"
         );
         input[1].pop();
         // 688 bytes fill a frame alone: 336 + 688 = 1024.
         assert_eq!(
-            batch_ranges(&input, 100, 1024).unwrap(),
+            batch_ranges(&input, &numbered(3), 100, 1024).unwrap(),
             vec![0..1, 1..2, 2..3]
         );
     }
@@ -697,7 +858,10 @@ mod tests {
         let input = b"a\n\nb\r\n\r\n\nc";
         assert_eq!(
             message_lines(&input[..]).unwrap(),
-            vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]
+            InputLines {
+                messages: vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()],
+                line_numbers: vec![1, 3, 6],
+            }
         );
     }
 
@@ -705,7 +869,7 @@ mod tests {
     fn issue7_6_send_reads_lines_as_bytes() {
         let input = b"ok line\nbad \xff\xfe line\r\n\n\xc3\n";
         assert_eq!(
-            message_lines(&input[..]).unwrap(),
+            message_lines(&input[..]).unwrap().messages,
             vec![
                 b"ok line".to_vec(),
                 b"bad \xff\xfe line".to_vec(),
@@ -824,6 +988,146 @@ mod tests {
                  minutes (2m)"
                     .to_owned()
             )
+        );
+    }
+
+    fn texts(lines: &[&str]) -> Vec<Vec<u8>> {
+        lines.iter().map(|line| line.as_bytes().to_vec()).collect()
+    }
+
+    fn planned(partition: u16, message_indices: &[usize]) -> PlannedBatch {
+        PlannedBatch {
+            partition,
+            message_indices: message_indices.to_vec(),
+        }
+    }
+
+    #[test]
+    fn issue11_5_round_robin_sends_batch_after_batch_to_the_next_partition() {
+        let routing = Routing::RoundRobin { start: 2 };
+        assert_eq!(
+            plan_batches(&input_of(lines(7, 1)), &routing, 3, 2, 1 << 20).unwrap(),
+            vec![
+                planned(2, &[0, 1]),
+                planned(0, &[2, 3]),
+                planned(1, &[4, 5]),
+                planned(2, &[6]),
+            ]
+        );
+    }
+
+    #[test]
+    fn issue11_5_a_key_sends_every_batch_to_its_partition() {
+        let key = b"user-42".to_vec();
+        let partition = partition_for_key(&key, 8) as u16;
+        assert_eq!(partition, 5, "the README's example");
+        assert_eq!(
+            plan_batches(&input_of(lines(5, 1)), &Routing::Key(key), 8, 2, 1 << 20).unwrap(),
+            vec![
+                planned(partition, &[0, 1]),
+                planned(partition, &[2, 3]),
+                planned(partition, &[4]),
+            ]
+        );
+    }
+
+    #[test]
+    fn issue11_5_keyed_lines_group_by_partition_in_input_order() {
+        let keys: Vec<Vec<u8>> = ["a", "b", "a", "c", "b", "a"]
+            .iter()
+            .map(|key| key.as_bytes().to_vec())
+            .collect();
+        let partition_of = |key: &str| partition_for_key(key.as_bytes(), 4) as u16;
+        let plan = plan_batches(
+            &input_of(lines(6, 1)),
+            &Routing::KeyPerMessage(keys),
+            4,
+            2,
+            1 << 20,
+        )
+        .unwrap();
+        // Each partition's messages in input order, at most 2 per batch, partitions ascending.
+        let mut expected: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (index, key) in ["a", "b", "a", "c", "b", "a"].iter().enumerate() {
+            expected.entry(partition_of(key)).or_default().push(index);
+        }
+        let mut from_plan: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for batch in &plan {
+            assert!(batch.message_indices.len() <= 2, "{plan:?}");
+            from_plan
+                .entry(batch.partition)
+                .or_default()
+                .extend(&batch.message_indices);
+        }
+        assert_eq!(from_plan, expected);
+        let partitions: Vec<u16> = plan.iter().map(|batch| batch.partition).collect();
+        assert!(partitions.is_sorted(), "{partitions:?}");
+    }
+
+    #[test]
+    fn issue11_5_a_partition_sends_every_batch_there() {
+        assert_eq!(
+            plan_batches(
+                &input_of(lines(3, 1)),
+                &Routing::Partition(7),
+                8,
+                2,
+                1 << 20
+            )
+            .unwrap(),
+            vec![planned(7, &[0, 1]), planned(7, &[2])]
+        );
+    }
+
+    #[test]
+    fn issue11_5_key_field_takes_strings_numbers_and_booleans() {
+        let input = texts(&[
+            r#"{"user":"ann","n":1}"#,
+            r#"{"user":42}"#,
+            r#"{"user":true,"x":[1]}"#,
+            r#"{"user":"\u00e9t\u00e9"}"#,
+            r#"{"user":-7}"#,
+        ]);
+        assert_eq!(
+            line_keys(&input, &[1, 2, 3, 4, 5], "user").unwrap(),
+            vec![
+                b"ann".to_vec(),
+                b"42".to_vec(),
+                b"true".to_vec(),
+                "\u{e9}t\u{e9}".as_bytes().to_vec(),
+                b"-7".to_vec(),
+            ]
+        );
+    }
+
+    #[test]
+    fn issue11_5_key_field_refuses_a_line_naming_its_number_and_the_field() {
+        let refused = |line: &str, line_number: u64| {
+            line_keys(
+                &texts(&["{\"user\":\"ok\"}", line]),
+                &[1, line_number],
+                "user",
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        assert_eq!(
+            refused(r#"{"name":"ann"}"#, 3),
+            "line 3 has no field \"user\" (--key-field \"user\"); nothing was sent"
+        );
+        assert_eq!(
+            refused("[1,2]", 2),
+            "line 2 is not a JSON object but an array (--key-field \"user\"); nothing was sent"
+        );
+        assert_eq!(
+            refused(r#"{"user":null}"#, 9),
+            "line 9 holds null in field \"user\": a key is a string, a number or a boolean \
+             (--key-field \"user\"); nothing was sent"
+        );
+        assert!(
+            refused("plain text", 4).starts_with("line 4 is not a JSON object: expected value"),
+            "{}",
+            refused("plain text", 4)
         );
     }
 }

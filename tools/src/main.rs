@@ -10,6 +10,7 @@ mod client_cmds;
 mod group_cmds;
 mod inspect;
 mod serve;
+mod stream_cmds;
 
 use std::io::Write as _;
 
@@ -36,16 +37,18 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Measure throughput per core: produce, then consume and verify every message.
     Bench(shardline::bench::BenchArgs),
-    /// Create or delete streams.
+    /// Create, delete or list streams (by id or name).
     #[command(subcommand)]
-    Stream(client_cmds::StreamCommand),
-    /// Create or delete topics.
+    Stream(stream_cmds::StreamCommand),
+    /// Create, delete, alter (retention) or list topics (by id or name).
     #[command(subcommand)]
-    Topic(client_cmds::TopicCommand),
+    Topic(stream_cmds::TopicCommand),
     /// Create, delete or list consumer groups of a topic.
     #[command(subcommand)]
     Group(group_cmds::GroupCommand),
-    /// Send messages to a partition, one per non-empty line from a file or stdin.
+    /// Send messages, one per non-empty line from a file or stdin: to --partition, to the
+    /// partition of --key or of each line's --key-field, or batch after batch round-robin over
+    /// the topic's partitions.
     Send(client_cmds::SendArgs),
     /// Read messages from a partition: `OFFSET<TAB>PAYLOAD` lines (or --output raw|json).
     Poll(client_cmds::PollArgs),
@@ -141,8 +144,8 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve::run(&args, config_file.as_ref()),
         Command::Bench(args) => shardline::bench::run(&args),
-        Command::Stream(command) => client_cmds::stream(command),
-        Command::Topic(command) => client_cmds::topic(command),
+        Command::Stream(command) => stream_cmds::stream(command),
+        Command::Topic(command) => stream_cmds::topic(command),
         Command::Group(command) => group_cmds::run(command),
         Command::Send(args) => client_cmds::send(&args),
         Command::Poll(args) => client_cmds::poll(&args),

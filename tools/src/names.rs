@@ -108,3 +108,54 @@ pub async fn resolve_topic(
         partition_count: topic_info.partitions.len() as u32,
     })
 }
+
+/// The id of the stream `stream` names: an id as given (no round trip: the server answers
+/// `StreamNotFound` for an unknown one), a name looked up in the server's metadata.
+///
+/// # Errors
+/// The metadata request failed, or no stream has that name.
+pub async fn resolve_stream_id(client: &mut Client, stream: &NameOrId) -> anyhow::Result<u32> {
+    match stream {
+        NameOrId::Id(id) => Ok(*id),
+        NameOrId::Name(_) => {
+            let metadata = client.get_metadata().await?;
+            Ok(find_stream(&metadata, stream)?.stream_id)
+        }
+    }
+}
+
+/// The (stream id, topic id) that `stream` and `topic` name: ids as given, without a round trip,
+/// when both are ids; otherwise looked up in the server's metadata.
+///
+/// # Errors
+/// The metadata request failed; no such stream or topic; a topic id beyond `u16` (ids are
+/// 1..=65535).
+pub async fn resolve_topic_ids(
+    client: &mut Client,
+    stream: &NameOrId,
+    topic: &NameOrId,
+) -> anyhow::Result<(u32, u16)> {
+    if let (NameOrId::Id(stream_id), NameOrId::Id(topic_id)) = (stream, topic) {
+        let topic_id = u16::try_from(*topic_id)
+            .map_err(|_| anyhow::anyhow!("topic id {topic_id} is beyond the largest, 65535"))?;
+        return Ok((*stream_id, topic_id));
+    }
+    let metadata = client.get_metadata().await?;
+    let (stream_info, topic_info) = find_topic(&metadata, stream, topic)?;
+    Ok((stream_info.stream_id, topic_info.topic_id))
+}
+
+/// Refuses a stream or topic name made of digits only: every CLI argument reads digits as an
+/// id, so such a name could never be given back (`what` is `stream` or `topic`).
+///
+/// # Errors
+/// `name` is all ASCII digits (and not empty).
+pub fn check_name_not_numeric(name: &str, what: &str) -> anyhow::Result<()> {
+    if !name.is_empty() && name.bytes().all(|byte| byte.is_ascii_digit()) {
+        anyhow::bail!(
+            "{what} name {name:?} is all digits, which every command reads as an id: give a name \
+             with a letter or a sign in it"
+        );
+    }
+    Ok(())
+}

@@ -183,8 +183,11 @@ fn timeout_is_on_every_client_command_and_its_help_says_what_it_bounds() {
     for command in [
         &["stream", "create"][..],
         &["stream", "delete"],
+        &["stream", "list"],
         &["topic", "create"],
         &["topic", "delete"],
+        &["topic", "alter"],
+        &["topic", "list"],
         &["send"],
         &["poll"],
         &["metadata"],
