@@ -1,7 +1,41 @@
 //! Streams and topics by name or id (issue 11 section 5): every CLI argument that names a stream
 //! or topic takes either; a value that parses as a number is an id, anything else a name.
 
+use std::time::{Duration, Instant};
+
 use bus::{Client, Metadata, StreamInfo, TopicInfo};
+
+/// How long a lookup keeps re-reading metadata that a backup answered without the stream or
+/// topic: a backup applies a committed change after the primary's next `Commit` reaches it, so
+/// a topic created a moment ago through the primary may not be there yet (read-your-writes
+/// across replicas). A single server, or a primary, is answered at once.
+pub const BACKUP_LAG_WAIT: Duration = Duration::from_secs(3);
+
+/// Pause between two metadata reads while waiting for a backup to catch up.
+const BACKUP_LAG_POLL: Duration = Duration::from_millis(50);
+
+/// Reads the server's metadata and applies `find` to it. When `find` fails on a backup's answer
+/// (`replica != primary`), re-reads for up to `BACKUP_LAG_WAIT` before returning the error.
+///
+/// # Errors
+/// The metadata request failed, or `find`'s error once the wait is over (or at once from a
+/// primary).
+async fn lookup<T>(
+    client: &mut Client,
+    find: impl Fn(&Metadata) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let deadline = Instant::now() + BACKUP_LAG_WAIT;
+    loop {
+        let metadata = client.get_metadata().await?;
+        match find(&metadata) {
+            Ok(found) => return Ok(found),
+            Err(_) if metadata.replica != metadata.primary && Instant::now() < deadline => {
+                compio::time::sleep(BACKUP_LAG_POLL).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
 
 /// A stream or topic as the user wrote it: an id (digits) or a name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,7 +125,8 @@ pub fn find_topic<'m>(
     Ok((stream_info, topic_info))
 }
 
-/// Resolves `stream` and `topic` against the server's metadata (one `GetMetadata`).
+/// Resolves `stream` and `topic` against the server's metadata (one `GetMetadata`; more, for up
+/// to `BACKUP_LAG_WAIT`, while a backup answers without them).
 ///
 /// # Errors
 /// The metadata request failed, or no such stream or topic exists.
@@ -100,13 +135,15 @@ pub async fn resolve_topic(
     stream: &NameOrId,
     topic: &NameOrId,
 ) -> anyhow::Result<ResolvedTopic> {
-    let metadata = client.get_metadata().await?;
-    let (stream_info, topic_info) = find_topic(&metadata, stream, topic)?;
-    Ok(ResolvedTopic {
-        stream_id: stream_info.stream_id,
-        topic_id: topic_info.topic_id,
-        partition_count: topic_info.partitions.len() as u32,
+    lookup(client, |metadata| {
+        let (stream_info, topic_info) = find_topic(metadata, stream, topic)?;
+        Ok(ResolvedTopic {
+            stream_id: stream_info.stream_id,
+            topic_id: topic_info.topic_id,
+            partition_count: topic_info.partitions.len() as u32,
+        })
     })
+    .await
 }
 
 /// The id of the stream `stream` names: an id as given (no round trip: the server answers
@@ -118,8 +155,10 @@ pub async fn resolve_stream_id(client: &mut Client, stream: &NameOrId) -> anyhow
     match stream {
         NameOrId::Id(id) => Ok(*id),
         NameOrId::Name(_) => {
-            let metadata = client.get_metadata().await?;
-            Ok(find_stream(&metadata, stream)?.stream_id)
+            lookup(client, |metadata| {
+                Ok(find_stream(metadata, stream)?.stream_id)
+            })
+            .await
         }
     }
 }
@@ -140,9 +179,11 @@ pub async fn resolve_topic_ids(
             .map_err(|_| anyhow::anyhow!("topic id {topic_id} is beyond the largest, 65535"))?;
         return Ok((*stream_id, topic_id));
     }
-    let metadata = client.get_metadata().await?;
-    let (stream_info, topic_info) = find_topic(&metadata, stream, topic)?;
-    Ok((stream_info.stream_id, topic_info.topic_id))
+    lookup(client, |metadata| {
+        let (stream_info, topic_info) = find_topic(metadata, stream, topic)?;
+        Ok((stream_info.stream_id, topic_info.topic_id))
+    })
+    .await
 }
 
 /// Refuses a stream or topic name made of digits only: every CLI argument reads digits as an
