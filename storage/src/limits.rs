@@ -148,3 +148,22 @@ pub const JOURNAL_SEGMENT_SIZE_MAX: u64 = 64 * 1024 * 1024;
 // than JOURNAL_SEGMENT_SIZE_MAX (a record larger than a configured size gets its own segment).
 const _: () = assert!(JOURNAL_RECORD_SIZE_MAX as u64 <= JOURNAL_SEGMENT_SIZE_MAX);
 const _: () = assert!(JOURNAL_BODY_SIZE_MAX as u64 <= u32::MAX as u64);
+
+/// Bytes of sealed-segment index rows one log keeps in memory (`log/sealed.rs`, issue 11 section
+/// 4: memory must not grow with retained data). Only the active segment's index is always held;
+/// a sealed segment's index is read from its file when a read needs it and kept in a
+/// least-recently-used cache of at most this many row bytes and
+/// [`SEALED_INDEX_CACHE_COUNT_MAX`] indexes, except that the index used last is always kept, so
+/// a consumer reading forward through a segment whose index alone exceeds this does not reread
+/// it per poll. The bound per log is therefore `max(1 MiB, one index)`; one index holds 16 bytes
+/// per entry of at least 64 bytes (header and one message header), at most
+/// `segment_size_max / 4` bytes (about 40 KiB per 64 MiB segment of 25 KiB batches). 1 MiB holds
+/// the whole index of a 1 GiB segment of batches of 16 KiB or more.
+pub const SEALED_INDEX_CACHE_BYTES_MAX: usize = 1 << 20;
+
+/// Sealed-segment indexes one log keeps in memory at once (see
+/// [`SEALED_INDEX_CACHE_BYTES_MAX`]): the one a consumer reads, the one just sealed by a roll
+/// (readers catching up read it next), and two more for consumers at other positions.
+pub const SEALED_INDEX_CACHE_COUNT_MAX: usize = 4;
+
+const _: () = assert!(SEALED_INDEX_CACHE_COUNT_MAX >= 1);

@@ -16,6 +16,7 @@ mod completion;
 mod index;
 mod producer_state;
 mod recovery;
+mod sealed;
 mod stats;
 pub mod verify;
 mod writer;
@@ -43,6 +44,7 @@ use closed_files::{ClosedFiles, ReadFile, Reserve};
 use compio::BufResult;
 use completion::Completion;
 use index::SegmentIndex;
+use sealed::{SealedSegment, SealedSegments, load_sealed_index};
 pub use stats::LogStats;
 
 /// When an append is acknowledged relative to fsync (`--fsync`, DESIGN section 6).
@@ -374,8 +376,11 @@ struct State {
     closing: bool,
     writer_done: bool,
     writer_waker: Option<Waker>,
-    /// Sorted by base offset; the last one is the active segment the writer appends to.
-    segments: Vec<Segment>,
+    /// The closed segments before the active one, by summary, with a bounded cache of their
+    /// indexes (issue 11 section 4: only the active segment's index is always in memory).
+    sealed: SealedSegments,
+    /// The segment the writer appends to; its whole index is in memory.
+    active: Segment,
     /// Open files of closed segments, for reads.
     closed_files: ClosedFiles,
     failure: Option<Failure>,
@@ -394,27 +399,30 @@ struct State {
 
 impl State {
     fn active(&self) -> &Segment {
-        self.segments
-            .last()
-            .expect("a log always has an active segment")
+        &self.active
     }
 
     fn active_mut(&mut self) -> &mut Segment {
-        self.segments
-            .last_mut()
-            .expect("a log always has an active segment")
+        &mut self.active
+    }
+
+    /// Segments of the log, the active one included.
+    fn segment_count(&self) -> usize {
+        self.sealed.len() + 1
     }
 
     /// Closes the active segment and starts `next` (a roll): the closed one's file moves to the
-    /// closed-file cache (readers catching up read it next), so the log keeps one descriptor
-    /// for its active segment and at most [`CLOSED_SEGMENT_FILES_OPEN_MAX`] for reads.
+    /// closed-file cache and its index to the sealed-index cache (readers catching up read it
+    /// next), so the log keeps one descriptor for its active segment and at most
+    /// [`CLOSED_SEGMENT_FILES_OPEN_MAX`] for reads, and the closed index only while the cache
+    /// bound allows.
     fn start_segment(&mut self, next: Segment) {
-        let closed = self.active_mut();
+        let mut closed = std::mem::replace(&mut self.active, next);
         let base_offset = closed.index.base_offset;
         if let Some(file) = closed.file.take() {
             self.closed_files.keep_rolled(base_offset, file);
         }
-        self.segments.push(next);
+        self.sealed.push(closed.index);
     }
 
     fn wake_writer(&mut self) {
@@ -453,7 +461,7 @@ impl std::fmt::Debug for PartitionLog {
             .field("config", &self.shared.config)
             .field("next_offset", &state.next_offset)
             .field("acked_offset", &state.acked_offset)
-            .field("segment_count", &state.segments.len())
+            .field("segment_count", &state.segment_count())
             .field("failure", &state.failure)
             .finish_non_exhaustive()
     }
@@ -546,7 +554,8 @@ impl PartitionLog {
             closing: false,
             writer_done: false,
             writer_waker: None,
-            segments: recovered.segments,
+            sealed: recovered.sealed,
+            active: recovered.active,
             closed_files: ClosedFiles::default(),
             failure: None,
             dirty: false,
@@ -699,7 +708,7 @@ impl PartitionLog {
                 next_offset,
             });
         }
-        let spans = self.plan_read(offset, max_count, max_bytes);
+        let spans = self.plan_read(offset, max_count, max_bytes).await?;
         let total_bytes: u64 = spans.iter().map(|span| span.size_bytes).sum();
         let mut bytes = Vec::with_capacity(total_bytes as usize);
         for mut span in spans {
@@ -785,72 +794,64 @@ impl PartitionLog {
     /// The first offset a read can return: the base offset of the first segment (0 until
     /// retention deletes segments).
     pub fn first_offset(&self) -> u64 {
-        self.shared
-            .state
-            .borrow()
-            .segments
-            .first()
-            .map_or(0, |segment| segment.index.base_offset)
+        let state = self.shared.state.borrow();
+        state
+            .sealed
+            .oldest()
+            .map_or(state.active.index.base_offset, |segment| {
+                segment.base_offset
+            })
     }
 
-    /// Chooses the byte ranges `read` returns, without I/O.
-    fn plan_read(&self, offset: u64, max_count: u32, max_bytes: usize) -> Vec<ReadSpan> {
-        let state = self.shared.state.borrow();
-        let mut spans = Vec::new();
-        if offset >= state.acked_offset {
-            return spans;
-        }
-        let first_segment = state
-            .segments
-            .partition_point(|segment| segment.index.base_offset <= offset);
-        let mut collected_count: u64 = 0;
-        let mut collected_bytes: u64 = 0;
-        'segments: for segment in &state.segments[first_segment.saturating_sub(1)..] {
-            let Some(first_row) = segment.index.row_containing(offset) else {
-                continue;
+    /// Chooses the byte ranges `read` returns, segment by segment from the one holding `offset`:
+    /// the active segment's rows are in memory; a sealed segment's index comes from the
+    /// sealed-index cache, or is loaded from its file and cached (issue 11 section 4).
+    ///
+    /// # Errors
+    /// `load_sealed_index`'s, when the index of the first segment to read cannot be loaded; a
+    /// later segment's failure ends the plan before that segment instead (the read returns what
+    /// precedes it, and a read starting there gets the error).
+    async fn plan_read(
+        &self,
+        offset: u64,
+        max_count: u32,
+        max_bytes: usize,
+    ) -> Result<Vec<ReadSpan>, LogError> {
+        let mut plan = ReadPlan {
+            offset,
+            acked_offset: self.acked_offset(),
+            max_count: u64::from(max_count),
+            max_bytes: max_bytes as u64,
+            collected_count: 0,
+            collected_bytes: 0,
+            done: false,
+            spans: Vec::new(),
+        };
+        loop {
+            let missing = {
+                let mut state = self.shared.state.borrow_mut();
+                match plan.extend(&self.shared.dir, &mut state) {
+                    Some(segment) => segment,
+                    None => return Ok(plan.spans),
+                }
             };
-            let mut span: Option<ReadSpan> = None;
-            for row_index in first_row..segment.index.rows.len() {
-                let row = segment.index.rows[row_index];
-                if row.base_offset >= state.acked_offset {
-                    if let Some(span) = span.take() {
-                        spans.push(span);
-                    }
-                    break 'segments;
+            match load_sealed_index(&self.shared.dir, missing).await {
+                // Not cached when retention or a rollback removed the segment meanwhile: the
+                // plan then goes on from the segment that holds the offset now.
+                Ok(index) => {
+                    self.shared
+                        .state
+                        .borrow_mut()
+                        .sealed
+                        .cache(missing, Rc::new(index));
                 }
-                let entry_size = segment.index.entry_end_position(row_index) - row.position;
-                let entry_count = segment.index.entry_end_offset(row_index) - row.base_offset;
-                if collected_count > 0
-                    && (collected_count >= u64::from(max_count)
-                        || collected_bytes + entry_size > max_bytes as u64)
-                {
-                    if let Some(span) = span.take() {
-                        spans.push(span);
-                    }
-                    break 'segments;
+                Err(error) if plan.spans.is_empty() => return Err(error),
+                Err(error) => {
+                    tracing::warn!(%error, "read stopped before a sealed segment whose index cannot be loaded");
+                    return Ok(plan.spans);
                 }
-                collected_count += entry_count;
-                collected_bytes += entry_size;
-                let span = span.get_or_insert_with(|| ReadSpan {
-                    path: segment.path.clone(),
-                    segment_base_offset: segment.index.base_offset,
-                    file: segment.file.clone(),
-                    position: row.position,
-                    size_bytes: 0,
-                    rows: Vec::new(),
-                });
-                span.size_bytes += entry_size;
-                span.rows.push(ExpectedEntry {
-                    base_offset: row.base_offset,
-                    message_count: entry_count,
-                    size_bytes: entry_size,
-                });
-            }
-            if let Some(span) = span.take() {
-                spans.push(span);
             }
         }
-        spans
     }
 
     /// Fsyncs everything written so far (a no-op when nothing was written since the last fsync).
@@ -999,6 +1000,85 @@ struct ReadSpan {
     position: u64,
     size_bytes: u64,
     rows: Vec<ExpectedEntry>,
+}
+
+/// A read being planned: where it has got to and what it has collected.
+#[derive(Debug)]
+struct ReadPlan {
+    /// The next offset to plan from.
+    offset: u64,
+    /// The acknowledged end when the read began: no entry at or past it is returned.
+    acked_offset: u64,
+    max_count: u64,
+    max_bytes: u64,
+    collected_count: u64,
+    collected_bytes: u64,
+    /// A bound or the acknowledged end was reached.
+    done: bool,
+    spans: Vec<ReadSpan>,
+}
+
+impl ReadPlan {
+    /// Adds the spans of the segments holding the next offsets, from the active segment's index
+    /// and the cached indexes of sealed segments, until the read is complete (`None`) or a
+    /// sealed segment's index is not cached (returned: the caller loads it and calls again).
+    fn extend(&mut self, dir: &Path, state: &mut State) -> Option<SealedSegment> {
+        while !self.done && self.offset < self.acked_offset {
+            let Some(segment) = state.sealed.lookup(self.offset) else {
+                let active = &state.active;
+                self.add_rows(&active.index, &active.path, active.file.as_ref());
+                return None;
+            };
+            let Some(index) = state.sealed.cached_index(segment.base_offset) else {
+                return Some(segment);
+            };
+            let path = recovery::segment_path(dir, segment.base_offset);
+            self.add_rows(&index, &path, None);
+            self.offset = index.end_offset;
+        }
+        None
+    }
+
+    /// Adds the entries of one segment from the one holding `self.offset` while the bounds
+    /// allow; `file` is the active segment's (a closed segment is opened when read).
+    fn add_rows(&mut self, index: &SegmentIndex, path: &Path, file: Option<&File>) {
+        let Some(first_row) = index.row_containing(self.offset) else {
+            return;
+        };
+        let mut span: Option<ReadSpan> = None;
+        for row_index in first_row..index.rows.len() {
+            let row = index.rows[row_index];
+            let entry_size = index.entry_end_position(row_index) - row.position;
+            let entry_count = index.entry_end_offset(row_index) - row.base_offset;
+            if row.base_offset >= self.acked_offset
+                || (self.collected_count > 0
+                    && (self.collected_count >= self.max_count
+                        || self.collected_bytes + entry_size > self.max_bytes))
+            {
+                self.done = true;
+                break;
+            }
+            self.collected_count += entry_count;
+            self.collected_bytes += entry_size;
+            let span = span.get_or_insert_with(|| ReadSpan {
+                path: path.to_path_buf(),
+                segment_base_offset: index.base_offset,
+                file: file.cloned(),
+                position: row.position,
+                size_bytes: 0,
+                rows: Vec::new(),
+            });
+            span.size_bytes += entry_size;
+            span.rows.push(ExpectedEntry {
+                base_offset: row.base_offset,
+                message_count: entry_count,
+                size_bytes: entry_size,
+            });
+        }
+        if let Some(span) = span {
+            self.spans.push(span);
+        }
+    }
 }
 
 /// Checks entries read back against the index: same offset, count, length, and checksum.
@@ -1266,11 +1346,8 @@ mod tests {
     /// Segments holding an open file (the active one), and the closed files kept for reads.
     fn open_files(log: &PartitionLog) -> (usize, Vec<u64>) {
         let state = log.shared.state.borrow();
-        let active_count = state
-            .segments
-            .iter()
-            .filter(|segment| segment.file.is_some())
-            .count();
+        // Sealed segments are summaries: they have no file to hold.
+        let active_count = usize::from(state.active.file.is_some());
         let closed = state
             .closed_files
             .files
@@ -1300,7 +1377,7 @@ mod tests {
                 entry[0..8].copy_from_slice(&offset.to_le_bytes());
                 stored.push(entry);
             }
-            assert_eq!(log.shared.state.borrow().segments.len(), 10);
+            assert_eq!(log.shared.state.borrow().segment_count(), 10);
             // The active segment's file, and the one closed last (moved there by the roll).
             assert_eq!(open_files(&log), (1, vec![8]));
             for offset in 0..10u64 {

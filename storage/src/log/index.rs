@@ -1,6 +1,7 @@
 //! The offset index of one segment: one row (`base_offset`, file position) per entry, kept in memory
-//! for every segment and persisted as `{base_offset:020}.index` (through `durable_replace`) when a
-//! segment is closed. This module encodes, decodes and checks; it never does I/O and never trusts a
+//! whole for the active segment and persisted as `{base_offset:020}.index` (through
+//! `durable_replace`) when a segment is closed; a sealed segment's index is read back from that
+//! file on demand (`log/sealed.rs`, issue 11 section 4). This module encodes, decodes and checks; it never does I/O and never trusts a
 //! decoded file before `decode` has checked every row against the segment it describes.
 
 use crate::entry::ENTRY_HEADER_SIZE;

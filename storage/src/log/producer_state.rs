@@ -327,7 +327,9 @@ pub(crate) struct RecoveredProducers {
 }
 
 /// The producer state at the end of the log: the active segment's snapshot plus the stamps
-/// `active_batches` found in the active segment, in log order. When that snapshot is missing or
+/// `active_batches` found in the active segment, in log order. `closed` is the last
+/// [`PRODUCER_SNAPSHOT_FALLBACK_SEGMENT_COUNT_MAX`] closed segments (fewer when the log has
+/// fewer), with their indexes: all that any fallback below reads. When that snapshot is missing or
 /// damaged (logged), the newest usable snapshot of the last
 /// [`PRODUCER_SNAPSHOT_FALLBACK_SEGMENT_COUNT_MAX`] closed segments (the first segment's state is
 /// empty) plus the stamps of every segment from it on, which is the same state; only when none

@@ -7,6 +7,7 @@
 //! found), is never cut before its bytes are kept in a quarantine file beside the segment; when
 //! that copy fails, nothing is cut and no partial copy stays.
 
+use std::collections::VecDeque;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -16,6 +17,7 @@ use compio::io::AsyncWriteAtExt;
 
 use super::index::SegmentIndex;
 use super::producer_state::{ProducerStates, RecoveredProducers, recover_producers};
+use super::sealed::{SealedSegment, SealedSegments};
 use super::verify::{
     Resync, ResyncBudget, check_entry_header, check_entry_payload, damage_verdict,
     resync_entry_header,
@@ -30,7 +32,8 @@ use crate::entry::{
     producer_stamp,
 };
 use crate::limits::{
-    QUARANTINE_FILE_NAME_ATTEMPT_COUNT_MAX, RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES, SCAN_CHUNK_BYTES,
+    PRODUCER_SNAPSHOT_FALLBACK_SEGMENT_COUNT_MAX, QUARANTINE_FILE_NAME_ATTEMPT_COUNT_MAX,
+    RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES, SCAN_CHUNK_BYTES,
 };
 use crate::space::{FreeBytes, free_bytes};
 
@@ -72,7 +75,10 @@ fn durable_error(error: DurableError) -> LogError {
 /// The state `PartitionLog::open` starts from.
 #[derive(Debug)]
 pub(super) struct Recovered {
-    pub(super) segments: Vec<Segment>,
+    /// The closed segments, by summary (their indexes were checked and are read again on demand).
+    pub(super) sealed: SealedSegments,
+    /// The last segment, with its whole index and its file open read-write.
+    pub(super) active: Segment,
     pub(super) report: RecoveryReport,
     /// The producer state at the end of the log, and the snapshot files kept.
     pub(super) producers: RecoveredProducers,
@@ -82,7 +88,7 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
     create_log_dir(dir).await?;
     let base_offsets = list_segments(dir).await?;
     let mut report = RecoveryReport::default();
-    let mut segments = Vec::with_capacity(base_offsets.len().max(1));
+    let mut sealed = SealedSegments::default();
 
     let Some((&last_base_offset, closed_base_offsets)) = base_offsets.split_last() else {
         let path = segment_path(dir, 0);
@@ -97,14 +103,14 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
             dir,
             "fsync log directory after creating a segment",
         ))?;
-        segments.push(Segment {
-            path,
-            file: Some(file),
-            index: SegmentIndex::empty(0),
-        });
         report.segment_count = 1;
         return Ok(Recovered {
-            segments,
+            sealed,
+            active: Segment {
+                path,
+                file: Some(file),
+                index: SegmentIndex::empty(0),
+            },
             report,
             producers: RecoveredProducers::default(),
         });
@@ -112,6 +118,10 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
 
     check_starts_at_zero(dir, base_offsets[0])?;
     let mut expected_base_offset = None;
+    // Only the last closed segments keep their index past this loop: producer recovery may read
+    // them (FORMAT.md section 3, "Open", step 4a). The others are summaries (issue 11 section 4).
+    let mut last_closed: VecDeque<Segment> =
+        VecDeque::with_capacity(PRODUCER_SNAPSHOT_FALLBACK_SEGMENT_COUNT_MAX + 1);
     for &base_offset in closed_base_offsets {
         let path = segment_path(dir, base_offset);
         check_follows(&path, base_offset, expected_base_offset)?;
@@ -119,24 +129,33 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
         report.scanned_segment_count += u32::from(scanned);
         report.entry_count += segment.index.rows.len() as u64;
         expected_base_offset = Some(segment.index.end_offset);
-        segments.push(segment);
+        sealed.push_summary(SealedSegment::of(&segment.index));
+        last_closed.push_back(segment);
+        if last_closed.len() > PRODUCER_SNAPSHOT_FALLBACK_SEGMENT_COUNT_MAX {
+            last_closed.pop_front();
+        }
     }
 
     let path = segment_path(dir, last_base_offset);
     check_follows(&path, last_base_offset, expected_base_offset)?;
     let (segment, cut, last_producer_batches) = open_last_segment(path, last_base_offset).await?;
     report.scanned_segment_count += 1;
-    let producers =
-        recover_producers(dir, &segments, last_base_offset, last_producer_batches).await?;
+    let producers = recover_producers(
+        dir,
+        last_closed.make_contiguous(),
+        last_base_offset,
+        last_producer_batches,
+    )
+    .await?;
     report.producer_batches = producers.states.batches_in_log_order();
     report.truncated_bytes = cut.truncated_bytes;
     report.quarantined = cut.quarantined;
     report.entry_count += segment.index.rows.len() as u64;
     report.next_offset = segment.index.end_offset;
-    segments.push(segment);
-    report.segment_count = segments.len() as u32;
+    report.segment_count = sealed.len() as u32 + 1;
     Ok(Recovered {
-        segments,
+        sealed,
+        active: segment,
         report,
         producers,
     })
@@ -210,21 +229,43 @@ async fn open_closed_segment(
     path: PathBuf,
     base_offset: u64,
 ) -> Result<(Segment, bool), LogError> {
-    let size_bytes = compio::fs::metadata(&path)
+    let (index, scanned) = load_closed_index(dir, &path, base_offset).await?;
+    if scanned {
+        durable_replace(&index_path(dir, base_offset), index.encode())
+            .await
+            .map_err(durable_error)?;
+    }
+    Ok((
+        Segment {
+            path,
+            file: None,
+            index,
+        },
+        scanned,
+    ))
+}
+
+/// The index of the closed segment at `path`: its index file when that verifies and matches the
+/// segment file as it is now, else (logged) a strict scan of the segment. Returns whether it
+/// scanned; writes nothing (open rewrites a rebuilt index file, reads of sealed segments leave
+/// that to the next open).
+///
+/// # Errors
+/// `Io` naming the file when it cannot be read; `Corrupt { path, position }` when the scan finds
+/// an invalid entry (inside a closed segment that is damage, never a torn tail).
+pub(super) async fn load_closed_index(
+    dir: &Path,
+    path: &Path,
+    base_offset: u64,
+) -> Result<(SegmentIndex, bool), LogError> {
+    let size_bytes = compio::fs::metadata(path)
         .await
-        .map_err(io_error(&path, "stat segment"))?
+        .map_err(io_error(path, "stat segment"))?
         .len();
     let index_file = index_path(dir, base_offset);
     let why_scan = match read_verified(&index_file).await {
         Ok(Some(payload)) => match SegmentIndex::decode(&payload, base_offset, size_bytes) {
-            Ok(index) => {
-                let segment = Segment {
-                    path,
-                    file: None,
-                    index,
-                };
-                return Ok((segment, false));
-            }
+            Ok(index) => return Ok((index, false)),
             Err(reason) => reason,
         },
         Ok(None) => "index file missing".to_owned(),
@@ -237,29 +278,19 @@ async fn open_closed_segment(
         reason = %why_scan,
         "rescanning closed segment: its index file is not usable"
     );
-    let file = File::open(&path)
+    let file = File::open(path)
         .await
-        .map_err(io_error(&path, "open segment"))?;
-    let scan = scan_segment(&file, &path, base_offset, size_bytes).await?;
+        .map_err(io_error(path, "open segment"))?;
+    let scan = scan_segment(&file, path, base_offset, size_bytes).await?;
     drop(file);
     if let Some(torn) = scan.invalid {
         return Err(LogError::Corrupt {
-            path,
+            path: path.to_path_buf(),
             position: torn.position,
             reason: format!("in a closed segment: {}", torn.reason),
         });
     }
-    durable_replace(&index_file, scan.index.encode())
-        .await
-        .map_err(durable_error)?;
-    Ok((
-        Segment {
-            path,
-            file: None,
-            index: scan.index,
-        },
-        true,
-    ))
+    Ok((scan.index, true))
 }
 
 /// The producer stamps of the entries in the last `RECOVERY_PREVIOUS_SEGMENT_TAIL_BYTES` of a

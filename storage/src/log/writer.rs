@@ -33,6 +33,7 @@ use crate::limits::WRITE_IOVEC_COUNT_MAX;
 use crate::space::{FreeBytes, free_bytes};
 
 use super::index::SegmentIndex;
+use super::sealed::load_sealed_index;
 
 /// What the writer does next.
 enum Work {
@@ -330,15 +331,7 @@ async fn recover_from_refusal(
 async fn roll_back(shared: &Shared, dir_dirty: &mut bool) -> Result<(), Failure> {
     let acked_offset = shared.state.borrow().acked_offset;
     loop {
-        let deleted = {
-            let mut state = shared.state.borrow_mut();
-            if state.segments.len() > 1 && state.active().index.base_offset > acked_offset {
-                state.segments.pop()
-            } else {
-                None
-            }
-        };
-        let Some(segment) = deleted else {
+        let Some(segment) = return_to_newest_sealed(shared, acked_offset).await? else {
             break;
         };
         remove_if_present(&segment.path, "delete a rolled-back segment").await?;
@@ -394,6 +387,52 @@ async fn roll_back(shared: &Shared, dir_dirty: &mut bool) -> Result<(), Failure>
     )
     .await?;
     Ok(())
+}
+
+/// When the active segment starts past `acked_offset` (a roll of the failed group created it),
+/// makes the newest sealed segment active again, with its whole index (from the sealed-index
+/// cache, or from the index file the roll wrote), and returns the segment it replaces, for the
+/// caller to delete; `None` when the active segment holds the acknowledged end.
+async fn return_to_newest_sealed(
+    shared: &Shared,
+    acked_offset: u64,
+) -> Result<Option<Segment>, Failure> {
+    let (newest, cached) = {
+        let mut state = shared.state.borrow_mut();
+        if state.active().index.base_offset <= acked_offset {
+            return Ok(None);
+        }
+        let newest = *state
+            .sealed
+            .newest()
+            .expect("a segment past the acknowledged end was started by a roll");
+        (newest, state.sealed.cached_index(newest.base_offset))
+    };
+    let index = match cached {
+        Some(index) => index,
+        None => Rc::new(
+            load_sealed_index(&shared.dir, newest)
+                .await
+                .map_err(|error| {
+                    Failure::new(
+                        &segment_path(&shared.dir, newest.base_offset),
+                        "load the index of the segment a rollback makes active again",
+                        &std::io::Error::other(error.to_string()),
+                    )
+                })?,
+        ),
+    };
+    let mut state = shared.state.borrow_mut();
+    assert_eq!(state.sealed.pop_newest(), Some(newest));
+    let index = Rc::try_unwrap(index).unwrap_or_else(|shared_index| (*shared_index).clone());
+    Ok(Some(std::mem::replace(
+        &mut state.active,
+        Segment {
+            path: segment_path(&shared.dir, newest.base_offset),
+            file: None,
+            index,
+        },
+    )))
 }
 
 /// Deletes the producer-state snapshots of segments past the (rolled-back) active one: written by
@@ -810,13 +849,13 @@ async fn write_producer_snapshot(
 async fn remove_old_producer_snapshots(shared: &Shared) {
     let stale: Vec<u64> = {
         let state = shared.state.borrow();
-        let segment_count = state.segments.len();
-        let previous_base_offset = state.segments[segment_count - 2].index.base_offset;
-        let acknowledged_base_offset = state
-            .segments
-            .iter()
-            .rev()
-            .map(|segment| segment.index.base_offset)
+        let previous_base_offset = state
+            .sealed
+            .newest()
+            .expect("called after a roll sealed a segment")
+            .base_offset;
+        let acknowledged_base_offset = std::iter::once(state.active().index.base_offset)
+            .chain(state.sealed.iter().rev().map(|segment| segment.base_offset))
             .find(|base_offset| *base_offset <= state.acked_offset)
             .unwrap_or(0);
         let keep_from = previous_base_offset.min(acknowledged_base_offset);
