@@ -342,7 +342,7 @@ struct State {
     /// Bytes one record per consumer takes: what the file shrinks to when compacted (less the
     /// header).
     live_bytes: u64,
-    /// Under `Interval`: bytes were written since the last fsync.
+    /// Under `Interval` or `Never`: bytes were written since the last fsync.
     dirty: bool,
     last_sync_at: Instant,
     /// Why the store stopped writing (a failed fsync, or a failed write it could not undo).
@@ -473,7 +473,7 @@ impl ConsumerOffsets {
                 let mut state = self.state.borrow_mut();
                 state.file_size_bytes = Some(position + record_len);
                 state.remember(key, offset);
-                if matches!(self.fsync, FsyncPolicy::Interval(_)) {
+                if self.fsync != FsyncPolicy::Always {
                     state.dirty = true;
                 }
             }
@@ -510,7 +510,8 @@ impl ConsumerOffsets {
         if due { self.sync().await } else { Ok(()) }
     }
 
-    /// Fsyncs the file if appends under `Interval` are not yet durable (also at shutdown).
+    /// Fsyncs the file if appends under `Interval` or `Never` are not yet durable (the tick,
+    /// and the final fsync at shutdown, as the partition log's `close`).
     ///
     /// # Errors
     /// `Failed` if the store failed before; `Io` naming the step, after which the store is
