@@ -501,6 +501,12 @@ async fn run_shard(
             close_failed = true;
         }
     }
+    for offsets in shard.offsets.all() {
+        if let Err(e) = offsets.sync().await {
+            tracing::error!(shard = shard_id.0, error = %e, "final fsync of consumer offsets failed");
+            close_failed = true;
+        }
+    }
     if let Some(reason) = fail_stop {
         return Err(format!("stopped: {reason}"));
     }
@@ -567,10 +573,16 @@ async fn on_event(shard: &Rc<Shard>, config: &ServerConfig, event: PumpEvent<Sha
         PumpEvent::Tick => {
             if matches!(config.fsync, storage::FsyncPolicy::Interval(_)) {
                 let logs = shard.logs();
+                let offsets = shard.offsets.all();
                 compio::runtime::spawn(async move {
                     for log in logs {
                         if let Err(e) = log.on_tick().await {
                             tracing::error!(error = %e, "interval fsync failed");
+                        }
+                    }
+                    for offsets in offsets {
+                        if let Err(e) = offsets.on_tick().await {
+                            tracing::error!(error = %e, "interval fsync of consumer offsets failed");
                         }
                     }
                 })

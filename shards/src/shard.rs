@@ -110,6 +110,8 @@ pub struct Shard {
     /// Owned partitions that are committed but whose log failed to open; retried on each send
     /// or poll to them (`Shard::owned_log`).
     unopened: UnopenedPartitions,
+    /// Consumer offsets of the partitions this shard owns (issue 11 section 1).
+    pub(crate) offsets: crate::offsets::OffsetStores,
     pending: RefCell<AHashMap<u64, TxOneshot<ShardReply>>>,
     request_id_next: Cell<u64>,
     /// Shard 0 only: metadata requests in arrival order, served one at a time.
@@ -266,7 +268,7 @@ fn message_count_from(batches: &[u8], offset: u64) -> u32 {
 }
 
 /// The offsets a send or poll reply reports for `log`: what a reader can see now.
-fn partition_ends(log: &storage::PartitionLog) -> PartitionEnds {
+pub(crate) fn partition_ends(log: &storage::PartitionLog) -> PartitionEnds {
     PartitionEnds {
         first_offset: log.first_offset(),
         next_offset: log.acked_offset(),
@@ -426,6 +428,7 @@ impl Shard {
             partitions: RefCell::new(AHashMap::new()),
             producers: RefCell::new(ProducerTable::default()),
             unopened: UnopenedPartitions::default(),
+            offsets: crate::offsets::OffsetStores::default(),
             pending: RefCell::new(AHashMap::new()),
             request_id_next: Cell::new(1),
             metadata_queue,
@@ -573,6 +576,9 @@ impl Shard {
             tracing::debug!(shard = self.id.0, %namespace, next_offset = report.next_offset, "partition open");
             self.restore_producers(namespace, &report.producer_batches);
             self.partitions.borrow_mut().insert(namespace, Rc::new(log));
+            self.offsets
+                .open_at_boot(self.id.0, namespace, &dir, self.config.fsync)
+                .await?;
         }
         Ok(())
     }
@@ -930,7 +936,10 @@ impl Shard {
     /// The reply to send: `PartitionNotFound` when this shard has no such partition, `Busy`
     /// while another request opens it, the failed open's `StorageFull`, `ResourceExhausted` or
     /// `StorageFailure`.
-    async fn owned_log(&self, namespace: Namespace) -> Result<Rc<PartitionLog>, ShardReply> {
+    pub(crate) async fn owned_log(
+        &self,
+        namespace: Namespace,
+    ) -> Result<Rc<PartitionLog>, ShardReply> {
         if let Some(log) = self.partitions.borrow().get(&namespace).cloned() {
             return Ok(log);
         }
@@ -1277,6 +1286,7 @@ impl Shard {
             let log = self.partitions.borrow_mut().remove(&namespace);
             self.unopened.remove(namespace);
             self.producers.borrow_mut().remove_partition(namespace);
+            self.offsets.remove(namespace);
             if let Some(log) = log
                 && let Err(e) = log.close().await
             {
@@ -1395,6 +1405,7 @@ impl Shard {
                     let log = self.partitions.borrow_mut().remove(&namespace);
                     self.unopened.remove(namespace);
                     self.producers.borrow_mut().remove_partition(namespace);
+                    self.offsets.remove(namespace);
                     if let Some(log) = log
                         && let Err(e) = log.close().await
                     {

@@ -1,7 +1,7 @@
 //! Durable storage: partition segment logs (append through `io_uring`, offset index, torn-tail
 //! recovery, fsync policies with group commit) and the durable file replace with a verified
 //! trailer used for metadata, the superblock, the metadata journal (WAL) and the checkpoint
-//! snapshot.
+//! snapshot; and the consumer offsets file of each partition (issue 11 section 1).
 //!
 //! `storage` never touches sockets and never depends on `bus`. Byte layouts and crash cases:
 //! `storage/FORMAT.md`.
@@ -13,6 +13,7 @@ pub mod fault;
 pub mod journal;
 pub mod limits;
 pub mod log;
+pub mod offsets;
 pub mod snapshot;
 pub mod space;
 pub mod superblock;
@@ -32,6 +33,10 @@ pub use journal::{
 };
 pub use log::{
     AppendFuture, FsyncPolicy, LogConfig, LogError, PartitionLog, Quarantine, RecoveryReport,
+};
+pub use offsets::{
+    CONSUMER_OFFSETS_FILE_NAME, ConsumerKey, ConsumerOffsets, OffsetsError, OffsetsRecovery,
+    decode_offsets,
 };
 pub use snapshot::{
     SNAPSHOT_FILE_NAME, Snapshot, SnapshotDefect, SnapshotError, read_snapshot, write_snapshot,

@@ -167,3 +167,29 @@ pub const SEALED_INDEX_CACHE_BYTES_MAX: usize = 1 << 20;
 pub const SEALED_INDEX_CACHE_COUNT_MAX: usize = 4;
 
 const _: () = assert!(SEALED_INDEX_CACHE_COUNT_MAX >= 1);
+
+/// Consumers (and groups) whose offsets one partition keeps (issue 11 section 1). Each costs at
+/// most one record of [`OFFSET_RECORD_SIZE_MAX`] bytes on disk after compaction and about as much
+/// in memory, so 4096 bound a partition's offsets to about 1.1 MiB either way; more consumers on
+/// one partition is a naming bug (a fresh name per run), refused with
+/// `OffsetsError::TooManyConsumers` rather than grown without bound.
+pub const CONSUMERS_PER_PARTITION_MAX: usize = 4096;
+/// Longest consumer or group name in an offsets record (bytes), as `bus::limits::NAME_LEN_MAX`.
+pub const CONSUMER_NAME_LEN_MAX: usize = 255;
+/// Largest offsets record: 24-byte header + the longest name (bytes).
+pub const OFFSET_RECORD_SIZE_MAX: usize =
+    crate::offsets::OFFSET_RECORD_HEADER_SIZE + CONSUMER_NAME_LEN_MAX;
+/// An offsets file is compacted (rewritten with one record per consumer) before an append that
+/// would make it larger than this or twice its live records, whichever is larger (bytes). 64 KiB
+/// is about 1,700 stores of one consumer between compactions, so compaction (two fsyncs and a
+/// rename) costs well under 1% of the stores even under `--fsync always`.
+pub const OFFSETS_COMPACT_BYTES_MIN: u64 = 64 * 1024;
+/// Largest offsets file this version writes (bytes): the header, then at most twice the live
+/// records of the most consumers (compaction runs before an append past that) or the minimal
+/// compaction bound. Open refuses a larger file as corrupt before reading it.
+pub const OFFSETS_FILE_SIZE_MAX: u64 = crate::offsets::OFFSETS_FILE_HEADER_SIZE as u64
+    + OFFSETS_COMPACT_BYTES_MIN
+    + 2 * (CONSUMERS_PER_PARTITION_MAX * OFFSET_RECORD_SIZE_MAX) as u64;
+
+const _: () = assert!(CONSUMER_NAME_LEN_MAX <= u16::MAX as usize);
+const _: () = assert!(OFFSET_RECORD_SIZE_MAX as u64 <= OFFSETS_COMPACT_BYTES_MIN);

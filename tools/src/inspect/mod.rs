@@ -8,6 +8,7 @@
 //! on the data directory of a stopped server or on a copy. It runs no server code and no runtime.
 
 mod metadata;
+mod offsets;
 mod segment;
 mod snapshot;
 mod superblock;
@@ -58,6 +59,10 @@ What each KIND checks (all by the rules of storage/FORMAT.md):
               trailer, magic, the session count against the largest --clients-table-max, unique
               non-zero client ids, reply rings and bodies within their bounds, then the session
               rules install checks, and lists the sessions.
+  offsets     PATH is the data directory (every partition's consumer-offsets), a partition
+              directory or one consumer-offsets file (issue 11 section 1). Lists each consumer's
+              and group's stored offset, and tells a torn last record (open cuts it) from
+              damage before it (open refuses to boot), with file and byte position.
 
 Files are opened read-only and never modified: a torn tail is reported, not truncated.
 
@@ -97,6 +102,8 @@ enum Kind {
     Manifest,
     /// A client-table transfer artifact saved to a file (`storage/FORMAT.md` section 11).
     Clients,
+    /// Consumer offsets: the data directory, a partition directory or a `consumer-offsets` file.
+    Offsets,
 }
 
 impl Kind {
@@ -109,6 +116,7 @@ impl Kind {
             Kind::Metadata => "metadata",
             Kind::Manifest => "manifest",
             Kind::Clients => "clients",
+            Kind::Offsets => "offsets",
         }
     }
 }
@@ -187,6 +195,7 @@ pub fn run(args: &InspectArgs) -> ExitCode {
         Kind::Metadata => metadata::inspect(&path).map(|(r, d)| emit(args, &path, &r, &d)),
         Kind::Manifest => transfer::inspect_manifest(&path).map(|(r, d)| emit(args, &path, &r, &d)),
         Kind::Clients => transfer::inspect_clients(&path).map(|(r, d)| emit(args, &path, &r, &d)),
+        Kind::Offsets => offsets::inspect(&path).map(|(r, d)| emit(args, &path, &r, &d)),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -38,6 +38,10 @@ fn takes(kind: Kind) -> &'static str {
         }
         Kind::Manifest => "inspect manifest takes a file holding one state-transfer manifest",
         Kind::Clients => "inspect clients takes a file holding one client-table transfer artifact",
+        Kind::Offsets => {
+            "inspect offsets takes the data directory, a partition directory or one \
+             consumer-offsets file"
+        }
     }
 }
 
