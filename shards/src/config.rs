@@ -442,6 +442,23 @@ mod tests {
     }
 
     #[test]
+    fn issue11_3_parked_polls_max_bounds_name_the_flag() {
+        let mut config = ServerConfig::new(PathBuf::from("/tmp/x"));
+        for bad in [0, crate::limits::PARKED_POLLS_MAX_LIMIT + 1] {
+            config.parked_polls_max = bad;
+            let message = config.validate().unwrap_err().to_string();
+            assert!(
+                message.starts_with(&format!(
+                    "invalid --parked-polls-max value \"{bad}\": must be between 1 and 1048576"
+                )),
+                "{message}"
+            );
+        }
+        config.parked_polls_max = crate::limits::PARKED_POLLS_MAX_LIMIT;
+        assert!(config.validate().is_ok());
+    }
+
+    #[test]
     fn clients_table_max_and_checkpoint_interval_bounds() {
         let mut config = ServerConfig::new(PathBuf::from("/tmp/x"));
         config.clients_table_max = 0;
