@@ -2,7 +2,8 @@
 //! the owner shard and answered with the append that wakes it; `shardline poll --follow` prints
 //! messages appended after it started and exits 0 on SIGTERM; parked polls are answered, and the
 //! server exits 0, at SIGTERM; `--parked-polls-max` refuses one more clearly; the largest wire
-//! wait is accepted (clamped) and still woken by an append.
+//! wait is accepted (clamped) and still woken by an append; a deleted topic answers its parked
+//! polls.
 //!
 //! Whether a poll is parked is read from the server's own gauge `shardline_parked_polls`, never
 //! guessed from elapsed time.
@@ -250,6 +251,37 @@ fn issue11_3_past_parked_polls_max_a_poll_with_a_wait_is_refused_naming_the_flag
     append(addr, namespace, &["both"]);
     assert_eq!(first.join().unwrap().unwrap(), owned(&[(0, "both")]));
     assert_eq!(second.join().unwrap().unwrap(), owned(&[(0, "both")]));
+    assert_eq!(served.server.stop(), Some(0));
+}
+
+#[test]
+fn issue11_3_deleting_the_topic_answers_its_parked_polls() {
+    let dir = tempfile::tempdir().unwrap();
+    let served = serve(&dir.path().join("data"), &["--shards", "2"]);
+    let addr = served.server.addr;
+    create_topic(addr, 2);
+    let waiting: Vec<_> = (0..2)
+        .map(|partition| park_poll(addr, Namespace::new(1, 1, partition), 0))
+        .collect();
+    wait_parked(served.metrics, 2);
+    block_on(async {
+        let mut client = Client::connect(addr).await.unwrap();
+        client.delete_topic(1, 1).await.unwrap();
+    });
+    for poll in waiting {
+        let error = poll.join().unwrap().unwrap_err();
+        assert!(
+            matches!(
+                error,
+                ClientError::Server {
+                    code: ErrorCode::TopicNotFound,
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+    }
+    wait_parked(served.metrics, 0);
     assert_eq!(served.server.stop(), Some(0));
 }
 
