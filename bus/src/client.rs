@@ -1498,7 +1498,8 @@ impl Client {
 
     /// `poll` that the owner shard may hold up to `wait` for a message at `offset` to arrive
     /// (issue 11 section 3): returns as soon as one is appended, or empty (caught up) when
-    /// `wait` passes. The request deadline is extended by `wait`.
+    /// `wait` passes or the server stops. `wait` is clamped to `limits::POLL_WAIT_MAX` (the
+    /// server clamps it too), and the request deadline is extended by the clamped wait.
     ///
     /// # Errors
     /// As `poll`; `Server { code: ResourceExhausted, .. }` when the owner shard already holds
@@ -1513,6 +1514,7 @@ impl Client {
         max_count: u32,
         wait: Duration,
     ) -> Result<PollResult, ClientError> {
+        let wait = wait.min(crate::limits::POLL_WAIT_MAX);
         let saved = self.request_timeout;
         self.request_timeout = saved.saturating_add(wait);
         let mut header = Client::request_header(Operation::PollMessages, namespace);

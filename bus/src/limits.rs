@@ -59,6 +59,13 @@ pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
 /// makes at most 5 connects a second.
 pub const CONNECT_BACKOFF_MAX: Duration = Duration::from_millis(200);
 
+/// Longest a server parks one `PollMessages` waiting for data (header `wait_ms`, issue 11
+/// section 3): a larger wait is clamped to this. A minute is far longer than a follower needs
+/// between two re-polls (each costs one round trip) and short enough that a poll whose client
+/// went away holds its parked slot only briefly; it also stays well inside a client's default
+/// request deadline plus the wait it adds.
+pub const POLL_WAIT_MAX: Duration = Duration::from_mins(1);
+
 // A full batch of empty messages fits in a default-sized message.
 const _: () = assert!(
     BATCH_HEADER_SIZE + (BATCH_MESSAGE_COUNT_MAX as usize) * MESSAGE_HEADER_SIZE
@@ -76,3 +83,5 @@ const _: () = assert!(RETRY_BACKOFF_MIN.as_nanos() <= CONNECT_BACKOFF_MAX.as_nan
 // The default deadline of a call leaves room for the retries its retry budget allows.
 const _: () = assert!(REQUEST_TIMEOUT_DEFAULT.as_nanos() >= RETRY_BUDGET_DEFAULT.as_nanos());
 const _: () = assert!(CONNECT_BACKOFF_MAX.as_nanos() * 4 <= CONNECT_TIMEOUT_DEFAULT.as_nanos());
+// A clamped wait fits the wire's u32 milliseconds.
+const _: () = assert!(POLL_WAIT_MAX.as_millis() <= u32::MAX as u128);

@@ -70,6 +70,9 @@ pub struct ServerConfig {
     pub connection_idle_timeout: std::time::Duration,
     /// Client sessions shard 0 keeps; registering one more evicts the least recently committed.
     pub clients_table_max: usize,
+    /// Polls with a wait one shard holds parked at once (issue 11 section 3); one more is
+    /// refused with `ResourceExhausted`.
+    pub parked_polls_max: usize,
     /// Committed metadata ops between checkpoints (snapshot, superblock, journal release).
     pub checkpoint_interval: u64,
     /// Metadata journal segment size before it rolls, bytes ([`JOURNAL_SEGMENT_SIZE_MIN`] ..=
@@ -118,6 +121,7 @@ impl ServerConfig {
             idle_poll: std::time::Duration::ZERO,
             connection_idle_timeout: crate::limits::CONNECTION_IDLE_TIMEOUT,
             clients_table_max: crate::limits::CLIENTS_TABLE_MAX_DEFAULT,
+            parked_polls_max: crate::limits::PARKED_POLLS_MAX_DEFAULT,
             checkpoint_interval: crate::limits::CHECKPOINT_INTERVAL_DEFAULT,
             journal_segment_size_max: storage::limits::JOURNAL_SEGMENT_SIZE_MAX,
             cluster: 0,
@@ -208,6 +212,16 @@ impl ServerConfig {
                 "clients_table_max",
                 self.clients_table_max.to_string(),
                 format!("must be between 1 and {CLIENTS_TABLE_MAX_LIMIT} sessions"),
+            ));
+        }
+        if !(1..=crate::limits::PARKED_POLLS_MAX_LIMIT).contains(&self.parked_polls_max) {
+            return Err(invalid(
+                "parked_polls_max",
+                self.parked_polls_max.to_string(),
+                format!(
+                    "must be between 1 and {} parked polls per shard",
+                    crate::limits::PARKED_POLLS_MAX_LIMIT
+                ),
             ));
         }
         if !(1..=CHECKPOINT_INTERVAL_LIMIT).contains(&self.checkpoint_interval) {
@@ -370,6 +384,7 @@ fn flag_of(key: &'static str) -> &'static str {
         "idle_poll_us" => "--idle-poll-us",
         "connection_idle_timeout_s" => "--idle-timeout-s",
         "clients_table_max" => "--clients-table-max",
+        "parked_polls_max" => "--parked-polls-max",
         "checkpoint_interval" => "--checkpoint-interval",
         "journal_segment_size_max" => "--journal-segment-size",
         "shards" => "--shards",
@@ -424,6 +439,23 @@ mod tests {
                 .to_string()
                 .contains("--inbox-capacity value \"0\"")
         );
+    }
+
+    #[test]
+    fn issue11_3_parked_polls_max_bounds_name_the_flag() {
+        let mut config = ServerConfig::new(PathBuf::from("/tmp/x"));
+        for bad in [0, crate::limits::PARKED_POLLS_MAX_LIMIT + 1] {
+            config.parked_polls_max = bad;
+            let message = config.validate().unwrap_err().to_string();
+            assert!(
+                message.starts_with(&format!(
+                    "invalid --parked-polls-max value \"{bad}\": must be between 1 and 1048576"
+                )),
+                "{message}"
+            );
+        }
+        config.parked_polls_max = crate::limits::PARKED_POLLS_MAX_LIMIT;
+        assert!(config.validate().is_ok());
     }
 
     #[test]

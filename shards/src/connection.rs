@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::time::Duration;
 
 use bus::{Command, ErrorCode, Frame, Namespace, Operation};
 use compio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -113,6 +114,13 @@ pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: Soc
         // counts against the same budget, so clients that never read cannot grow memory.
         let mut reply_permit = None;
         if frame.header.operation == Operation::PollMessages as u8 {
+            // Wait first, then reserve: a parked poll holds no reply budget (issue 11 section 3).
+            if let Some((head, body)) = wait_for_message(&shard, &frame.header).await {
+                if !write_reply(&shard, &mut stream, peer, head, body).await {
+                    return;
+                }
+                continue;
+            }
             let reserve = shard.reserve_receive_bytes(shard.poll_bytes_max() as u64);
             let Ok(permit) = compio::time::timeout(RECEIVE_BUDGET_WAIT_MAX, reserve).await else {
                 let busy = bus::reply::error_reply(
@@ -134,6 +142,46 @@ pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: Soc
         if !write_reply(&shard, &mut stream, peer, head, body).await {
             return;
         }
+    }
+}
+
+/// How long the owner may park a poll whose header asks for `wait_ms`: at most
+/// `bus::limits::POLL_WAIT_MAX` (issue 11 section 3); zero means no wait.
+pub fn poll_wait(wait_ms: u32) -> Duration {
+    Duration::from_millis(u64::from(wait_ms)).min(bus::limits::POLL_WAIT_MAX)
+}
+
+/// For a poll with a wait (header `wait_ms` > 0): waits on the owner shard until its partition has
+/// a message at the poll's offset, the wait (`poll_wait`) passes or the server stops, holding no
+/// reply budget meanwhile. `None` when the poll goes on (no wait asked, or the wait ended; a
+/// poll the owner would refuse goes on at once and is refused by `handle_request`), or the
+/// refusal to send instead: `ResourceExhausted` when the owner holds `--parked-polls-max`
+/// parked polls.
+///
+/// # Cancel safety
+/// Cancel safe: a dropped wait frees its parked slot on the owner (a remote one when its reply
+/// arrives or its wait ends).
+async fn wait_for_message(shard: &Rc<Shard>, header: &bus::Header) -> Option<EncodedReply> {
+    let namespace = Namespace(header.namespace);
+    if header.wait_ms == 0
+        || header.count == 0
+        || shard.check_serves_data().is_err()
+        || !shard.partition_exists(namespace)
+    {
+        return None;
+    }
+    let request = ShardRequest::AwaitMessage {
+        namespace,
+        offset: header.offset,
+        wait: poll_wait(header.wait_ms),
+    };
+    match shard
+        .call(shard_for(namespace, shard.shard_count), request)
+        .await
+    {
+        ShardReply::Parked(_) => None,
+        ShardReply::Error { code, message } => Some(error_reply(header, code, &message)),
+        _ => Some(error_reply(header, ErrorCode::Internal, "unexpected reply")),
     }
 }
 
@@ -401,7 +449,6 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
                     namespace,
                     offset: header.offset,
                     max_count: header.count,
-                    wait_ms: header.wait_ms,
                 };
                 shard.call(owner, request).await
             }
@@ -479,9 +526,10 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
             ),
             Vec::new(),
         ),
-        ShardReply::Offsets(_) | ShardReply::Status(_) | ShardReply::Group(_) => {
-            error_reply(header, ErrorCode::Internal, "unexpected reply")
-        }
+        ShardReply::Offsets(_)
+        | ShardReply::Status(_)
+        | ShardReply::Group(_)
+        | ShardReply::Parked(_) => error_reply(header, ErrorCode::Internal, "unexpected reply"),
     }
 }
 
@@ -593,4 +641,18 @@ fn encode_ok(request: &bus::Header, body: Vec<u8>, offset: u64, count: u32) -> E
     header.count = count;
     header.set_checksums(&body);
     (bytemuck::bytes_of(&header).to_vec(), body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issue11_3_a_poll_wait_is_clamped_to_poll_wait_max() {
+        assert_eq!(poll_wait(0), Duration::ZERO);
+        assert_eq!(poll_wait(250), Duration::from_millis(250));
+        assert_eq!(poll_wait(60_000), bus::limits::POLL_WAIT_MAX);
+        assert_eq!(poll_wait(60_001), bus::limits::POLL_WAIT_MAX);
+        assert_eq!(poll_wait(u32::MAX), bus::limits::POLL_WAIT_MAX);
+    }
 }

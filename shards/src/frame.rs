@@ -45,13 +45,22 @@ pub enum ShardRequest {
         namespace: Namespace,
         batch: Vec<u8>,
     },
-    /// Read from the owned partition. With `wait_ms` > 0 and no message at `offset`, the owner
-    /// may park the poll until one is appended (issue 11 section 3).
+    /// Read from the owned partition, answering at once.
     Poll {
         namespace: Namespace,
         offset: u64,
         max_count: u32,
-        wait_ms: u32,
+    },
+    /// Wait, without reading, until the owned partition has a message at `offset` (issue 11
+    /// section 3): answered `Parked(Appended)` at once when it has one (or `offset` is not its
+    /// end: the poll that follows answers that), else parked until an append (`Appended`), for
+    /// at most `wait` (`TimedOut`), or until the server stops (`Stopped`). A full parked set is
+    /// an `Error` with `ResourceExhausted`. The connection reserves its reply budget only after
+    /// this answer, then polls.
+    AwaitMessage {
+        namespace: Namespace,
+        offset: u64,
+        wait: std::time::Duration,
     },
     /// Store `consumer`'s offset in the owned partition (issue 11 section 1); a group's store
     /// was authorized by shard 0 before it was sent here.
@@ -116,6 +125,8 @@ pub enum ShardReply {
         ends: PartitionEnds,
     },
     MetadataDone,
+    /// The answer to `AwaitMessage`: why the wait ended.
+    Parked(crate::parked::Release),
     /// A Register committed at op `session`.
     Registered {
         session: u64,

@@ -15,6 +15,7 @@ pub mod metadata;
 pub mod metrics;
 pub mod namespace;
 pub mod offsets;
+pub mod parked;
 pub mod producers;
 pub mod replica_bus;
 pub mod resources;

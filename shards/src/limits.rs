@@ -21,6 +21,14 @@ pub const MESH_RETRY_MAX: u32 = 50_000;
 /// they had read (and answer later ones `ShuttingDown`) for at most this long before they are
 /// closed; well inside the launcher's 30 s `SHUTDOWN_DEADLINE`, which also covers the fsyncs.
 pub const SHUTDOWN_DRAIN_DEADLINE: Duration = Duration::from_secs(5);
+/// Default `--parked-polls-max`: polls one shard holds parked waiting for data at once (issue 11
+/// section 3). A parked poll costs a few hundred bytes (its task, a waker, a map entry and a
+/// runtime timer: about 4 MiB at this default) and no CPU while it waits; past the bound a poll
+/// with a wait is refused with `ResourceExhausted`, so many idle followers cannot grow memory
+/// without limit.
+pub const PARKED_POLLS_MAX_DEFAULT: usize = 16_384;
+/// Largest `--parked-polls-max` (about 256 MiB of parked polls per shard).
+pub const PARKED_POLLS_MAX_LIMIT: usize = 1 << 20;
 /// Name of the lock file that keeps a second server off the same data directory.
 pub const LOCK_FILE_NAME: &str = "LOCK";
 /// Default `--idle-timeout-s`: a connection with no complete frame for this long is closed (Kafka's

@@ -423,6 +423,8 @@ pub struct ShardMetricsSnapshot {
     pub cpu_seconds: f64,
     /// Partitions this shard owns and has open (gauge).
     pub partitions: u64,
+    /// Polls parked on this shard's partitions waiting for data (gauge; issue 11 section 3).
+    pub parked_polls: u64,
     /// Shard 0 only: metadata consensus and checkpoint figures.
     pub replica: Option<ReplicaMetricsSnapshot>,
 }

@@ -441,6 +441,16 @@ async fn run_shard(
             event => on_event(&shard, &config, event).await,
         }
     }
+    // Parked polls answer now, with what their partitions hold, so they do not hold the drain
+    // up until their waits pass (issue 11 section 3).
+    let parked_count = shard.release_parked_polls();
+    if parked_count > 0 {
+        tracing::info!(
+            shard = shard_id.0,
+            parked_polls = parked_count,
+            "stopping: released parked polls"
+        );
+    }
 
     // Drain: no new connection, each connection finishes the request it holds and answers what
     // its client already sent with `ShuttingDown`, while every shard keeps pumping so that

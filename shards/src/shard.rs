@@ -23,6 +23,7 @@ use crate::limits::{
 };
 use crate::metadata::{MetadataOp, MetadataState};
 use crate::metrics::{ReplicaMetrics, ReplicaMetricsSnapshot, ShardMetrics, ShardMetricsSnapshot};
+use crate::parked::{ParkedPolls, Release};
 use crate::producers::{ProducerTable, Verdict};
 use crate::resources::ResourceBudget;
 use crate::shard_for;
@@ -131,6 +132,8 @@ pub struct Shard {
     budget: ResourceBudget,
     connection_count: Cell<u64>,
     receive_budget: ReceiveBudget,
+    /// Polls waiting on this shard's partitions for data (issue 11 section 3, `parked.rs`).
+    parked: Rc<ParkedPolls>,
     /// This shard's counters (`crate::metrics`); every log it opens reports its fsyncs here.
     metrics: Rc<ShardMetrics>,
     /// Shard 0 only: the metadata counters.
@@ -419,6 +422,7 @@ impl Shard {
         let status = ReplicaStatus::initial(&config, client_address);
         let metadata_queue = (id == ShardId(0))
             .then(|| crossfire::mpsc::bounded_async::<MetadataQueueItem>(METADATA_QUEUE_MAX));
+        let parked = ParkedPolls::new(id.0, config.parked_polls_max);
         Shard {
             id,
             shard_count,
@@ -441,6 +445,7 @@ impl Shard {
             budget,
             connection_count: Cell::new(0),
             receive_budget: ReceiveBudget::new(RECEIVE_BYTES_MAX_PER_SHARD),
+            parked,
             metrics: Rc::new(ShardMetrics::default()),
             replica_metrics: (id == ShardId(0)).then(ReplicaMetrics::default),
         }
@@ -713,11 +718,15 @@ impl Shard {
     pub async fn execute(self: &Rc<Self>, request: ShardRequest) -> ShardReply {
         match request {
             ShardRequest::Send { namespace, batch } => self.send(namespace, batch).await,
+            ShardRequest::AwaitMessage {
+                namespace,
+                offset,
+                wait,
+            } => self.await_message(namespace, offset, wait).await,
             ShardRequest::Poll {
                 namespace,
                 offset,
                 max_count,
-                wait_ms: _,
             } => {
                 let log = match self.owned_log(namespace).await {
                     Ok(log) => log,
@@ -822,6 +831,55 @@ impl Shard {
         }
     }
 
+    /// Waits until the owned partition `namespace` has a message at `offset` (issue 11 section 3,
+    /// `ShardRequest::AwaitMessage`), for at most `wait`: parks the poll when `offset` is the
+    /// partition's end, so it costs no CPU until an append, its timer or the stop signal wakes
+    /// it. Any other offset (data there, or one the poll refuses) and a partition whose log is
+    /// not open answer `Parked(Appended)` at once, and the poll that follows answers.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped wait frees its parked slot.
+    async fn await_message(
+        &self,
+        namespace: Namespace,
+        offset: u64,
+        wait: std::time::Duration,
+    ) -> ShardReply {
+        // The end is checked and the poll parked with no `.await` between, so an append that
+        // acknowledges messages after the check always finds the poll parked.
+        let at_end = self
+            .partitions
+            .borrow()
+            .get(&namespace)
+            .is_some_and(|log| log.acked_offset() == offset);
+        if !at_end {
+            return ShardReply::Parked(Release::Appended);
+        }
+        let parked = match self.parked.park(namespace) {
+            Ok(parked) => parked,
+            Err(crate::parked::ParkError::Stopped) => return ShardReply::Parked(Release::Stopped),
+            Err(e @ crate::parked::ParkError::Full { .. }) => {
+                return ShardReply::error(ErrorCode::ResourceExhausted, e.to_string());
+            }
+        };
+        let release = compio::time::timeout(wait, parked)
+            .await
+            .unwrap_or(Release::TimedOut);
+        ShardReply::Parked(release)
+    }
+
+    /// Releases every poll parked on this shard (the stop signal fired): each is answered with
+    /// what its partition holds, so the drain is not held up by waits; later waits are not
+    /// parked. Returns how many were parked.
+    pub fn release_parked_polls(&self) -> usize {
+        self.parked.release_all()
+    }
+
+    /// Polls parked on this shard now.
+    pub fn parked_poll_count(&self) -> usize {
+        self.parked.parked_count()
+    }
+
     /// Appends a validated batch to the owned partition `namespace`: a stamped batch through the
     /// producer table (`send_idempotent`), a plain one directly.
     async fn send(&self, namespace: Namespace, batch: Vec<u8>) -> ShardReply {
@@ -857,6 +915,8 @@ impl Shard {
         match result {
             Ok(base_offset) => {
                 self.metrics.appended(message_count, byte_count);
+                // Acknowledged, so readable: the polls waiting for it read it now.
+                self.parked.release_partition(namespace);
                 ShardReply::Sent {
                     base_offset,
                     message_count,
@@ -1287,6 +1347,7 @@ impl Shard {
             self.unopened.remove(namespace);
             self.producers.borrow_mut().remove_partition(namespace);
             self.offsets.remove(namespace);
+            self.parked.release_partition(namespace);
             if let Some(log) = log
                 && let Err(e) = log.close().await
             {
@@ -1406,6 +1467,9 @@ impl Shard {
                     self.unopened.remove(namespace);
                     self.producers.borrow_mut().remove_partition(namespace);
                     self.offsets.remove(namespace);
+                    // Its waiting polls answer now (the partition is gone) instead of at their
+                    // timeout.
+                    self.parked.release_partition(namespace);
                     if let Some(log) = log
                         && let Err(e) = log.close().await
                     {
@@ -1573,6 +1637,7 @@ impl Shard {
             receive_budget_bytes_max: self.receive_budget.bytes_max(),
             cpu_seconds: crate::metrics::thread_cpu_seconds(),
             partitions: self.partitions.borrow().len() as u64,
+            parked_polls: self.parked.parked_count() as u64,
             replica: self.replica_metrics_snapshot(),
             ..ShardMetricsSnapshot::default()
         };

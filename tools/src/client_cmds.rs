@@ -144,12 +144,26 @@ pub enum PollOutput {
 pub struct PollArgs {
     #[command(flatten)]
     pub partition: PartitionArgs,
-    /// First offset to read.
+    /// First offset to read (with --consumer: only when that consumer stored no offset here).
     #[arg(long, default_value_t = 0)]
     pub offset: u64,
-    /// Largest number of messages to print.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
-    pub count: u32,
+    /// Largest number of messages to print: 100 by default, no limit with --follow.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub count: Option<u32>,
+    /// Keep printing messages as they are appended, like `tail -f`, until SIGINT or SIGTERM
+    /// (then exit 0) or --count messages. Each poll waits on the server (parked, no busy
+    /// polling) up to 60 s for new data, then polls again.
+    #[arg(long)]
+    pub follow: bool,
+    /// Read as this named consumer: start from the offset it stored in the partition (the next
+    /// offset it reads), or from --offset when it stored none.
+    #[arg(long, value_name = "NAME", value_parser = parse_consumer)]
+    pub consumer: Option<bus::Consumer>,
+    /// Store --consumer's offset (the next offset to read) once the messages are printed: at the
+    /// end, or with --follow after each printed batch, so a restart resumes after the last
+    /// message printed.
+    #[arg(long, requires = "consumer")]
+    pub commit: bool,
     /// Output format: `text` (`OFFSET<TAB>PAYLOAD` per line), `raw` (payload bytes only, one per
     /// line) or `json` (one object per line with offset, timestamp_us, id and payload).
     #[arg(long, value_enum, default_value_t = PollOutput::Text)]
@@ -625,10 +639,21 @@ fn sent_line(namespace: Namespace, acked: &[Range<u64>]) -> String {
     )
 }
 
-/// Prints up to `--count` messages from `--offset` in the `--output` format. Stops early,
-/// exit 0, when it reaches the end of the partition (saying so on stderr if it printed nothing);
-/// an offset beyond the end (`OffsetOutOfRange`) or a damaged entry is an error after the
-/// messages before it were printed.
+/// `--consumer`: a plain consumer's name (`bus::Consumer` rules: 1..=255 bytes of UTF-8, no
+/// control characters).
+fn parse_consumer(text: &str) -> Result<bus::Consumer, String> {
+    bus::Consumer::new(bus::ConsumerKind::Consumer, text)
+}
+
+/// `poll --count` without --follow when not given.
+const POLL_COUNT_DEFAULT: u32 = 100;
+
+/// Prints up to `--count` messages from `--offset` (or `--consumer`'s stored offset) in the
+/// `--output` format; with `--follow` keeps printing new ones until a signal
+/// (`crate::follow`); with `--commit` stores the consumer's offset after printing. Without
+/// --follow it stops early, exit 0, when it reaches the end of the partition (saying so on
+/// stderr if it printed nothing); an offset beyond the end (`OffsetOutOfRange`) or a damaged
+/// entry is an error after the messages before it were printed.
 pub fn poll(args: &PollArgs) -> anyhow::Result<()> {
     block_on(async move {
         let mut client = connect(&args.partition.addr).await?;
@@ -638,13 +663,18 @@ pub fn poll(args: &PollArgs) -> anyhow::Result<()> {
             topic.topic_id,
             args.partition.partition.unwrap_or(0),
         );
+        let start = start_offset(&mut client, namespace, args).await?;
+        if args.follow {
+            return crate::follow::follow(&mut client, namespace, start, args).await;
+        }
+        let count = args.count.unwrap_or(POLL_COUNT_DEFAULT);
         let mut stdout = std::io::stdout().lock();
-        let mut offset = args.offset;
+        let mut offset = start;
         let mut printed = 0u32;
         let mut next_offset = None;
-        while printed < args.count {
+        while printed < count {
             let result = client
-                .poll(namespace, offset, args.count - printed)
+                .poll(namespace, offset, count - printed)
                 .await
                 .with_context(|| format!("poll of {namespace} at offset {offset} failed"))?;
             next_offset = Some(result.next_offset);
@@ -652,26 +682,104 @@ pub fn poll(args: &PollArgs) -> anyhow::Result<()> {
             if messages.is_empty() {
                 break;
             }
-            for message in messages.iter().take((args.count - printed) as usize) {
-                if !message.verify() {
-                    bail!("message at offset {} failed its checksum", message.offset);
-                }
-                write_message(&mut stdout, args.output, message).map_err(stdout_error)?;
-                printed += 1;
-                offset = message.offset + 1;
-            }
+            let (written, after) = write_messages(
+                &mut stdout,
+                args.output,
+                &messages,
+                (count - printed) as usize,
+            )?;
+            printed += written as u32;
+            offset = after.unwrap_or(offset);
         }
         stdout.flush().map_err(stdout_error)?;
         if printed == 0 {
-            let next_offset = next_offset.unwrap_or(args.offset);
+            let next_offset = next_offset.unwrap_or(start);
             eprintln!(
-                "caught up: no messages at or after offset {} in {namespace} (its next offset is \
-                 {next_offset})",
-                args.offset
+                "caught up: no messages at or after offset {start} in {namespace} (its next offset \
+                 is {next_offset})"
             );
+        } else if args.commit {
+            commit_offset(&mut client, namespace, args, offset).await?;
         }
         Ok(())
     })
+}
+
+/// Where `poll` starts: `--consumer`'s stored offset in `namespace` when it has one, else
+/// `--offset`.
+///
+/// # Errors
+/// The `GetOffset` request failed.
+async fn start_offset(
+    client: &mut Client,
+    namespace: Namespace,
+    args: &PollArgs,
+) -> anyhow::Result<u64> {
+    let Some(consumer) = &args.consumer else {
+        return Ok(args.offset);
+    };
+    let stored = client
+        .get_offset(namespace, consumer)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot read the stored offset of consumer {:?} in {namespace}",
+                consumer.name
+            )
+        })?;
+    Ok(stored.unwrap_or(args.offset))
+}
+
+/// Stores `--consumer`'s offset in `namespace` as `next_offset` (the next offset it reads).
+///
+/// # Errors
+/// The `StoreOffset` request failed (the messages were printed; the next run with this
+/// consumer prints them again).
+pub(crate) async fn commit_offset(
+    client: &mut Client,
+    namespace: Namespace,
+    args: &PollArgs,
+    next_offset: u64,
+) -> anyhow::Result<()> {
+    let Some(consumer) = &args.consumer else {
+        return Ok(());
+    };
+    client
+        .store_offset(namespace, consumer, 0, next_offset)
+        .await
+        .with_context(|| {
+            format!(
+                "printed messages up to offset {} but could not store consumer {:?}'s offset in \
+                 {namespace}; they are printed again on its next run",
+                next_offset.saturating_sub(1),
+                consumer.name
+            )
+        })
+}
+
+/// Writes up to `limit` of `messages` to `out` in the `output` format, checking each one's
+/// checksum first. Returns how many were written and the offset after the last one (`None`
+/// when none was).
+///
+/// # Errors
+/// A message failed its checksum (those before it were written), or stdout failed.
+pub(crate) fn write_messages(
+    out: &mut impl Write,
+    output: PollOutput,
+    messages: &[bus::MessageView<'_>],
+    limit: usize,
+) -> anyhow::Result<(usize, Option<u64>)> {
+    let mut written = 0;
+    let mut after = None;
+    for message in messages.iter().take(limit) {
+        if !message.verify() {
+            bail!("message at offset {} failed its checksum", message.offset);
+        }
+        write_message(out, output, message).map_err(stdout_error)?;
+        written += 1;
+        after = Some(message.offset + 1);
+    }
+    Ok((written, after))
 }
 
 /// One line of `poll --output json`.

@@ -7,6 +7,7 @@
 //! take down what it was logging about.
 
 mod client_cmds;
+mod follow;
 mod group_cmds;
 mod inspect;
 mod serve;

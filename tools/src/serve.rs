@@ -107,6 +107,11 @@ pub struct ServeArgs {
     /// whose latest commit is oldest; that client's next request is answered with an Eviction.
     #[arg(long, env = "SHARDLINE_CLIENTS_TABLE_MAX", default_value_t = shards::limits::CLIENTS_TABLE_MAX_DEFAULT)]
     pub clients_table_max: usize,
+    /// Polls with a wait (`poll --follow`, `Client::poll_wait`) each shard holds parked at once
+    /// while their partition has nothing new (1..=1048576). One parked poll costs a few hundred
+    /// bytes and no CPU while it waits; one more is refused with ResourceExhausted.
+    #[arg(long, env = "SHARDLINE_PARKED_POLLS_MAX", default_value_t = shards::limits::PARKED_POLLS_MAX_DEFAULT)]
+    pub parked_polls_max: usize,
     /// Committed metadata ops between checkpoints (1..=1048576). A checkpoint writes a snapshot
     /// of metadata and client sessions, records it in the superblock and releases the journal
     /// below it; boot replays at most this many ops. A clean shutdown always checkpoints.
@@ -173,6 +178,7 @@ impl ServeArgs {
         config.idle_poll = std::time::Duration::from_micros(self.idle_poll_us);
         config.connection_idle_timeout = std::time::Duration::from_secs(self.idle_timeout_s);
         config.clients_table_max = self.clients_table_max;
+        config.parked_polls_max = self.parked_polls_max;
         config.checkpoint_interval = self.checkpoint_interval;
         config.journal_segment_size_max = self.journal_segment_size;
         config.cluster = self.cluster;

@@ -327,6 +327,13 @@ fn encode_shard_gauges(
     )?;
     gauge(
         encoder,
+        "parked_polls",
+        "Polls parked on the shard's partitions waiting for data",
+        None,
+        per_shard(shards, |s| s.parked_polls),
+    )?;
+    gauge(
+        encoder,
         "receive_budget",
         "Request and reply bytes the shard holds against its \
         receive budget",
@@ -602,6 +609,7 @@ mod tests {
             partitions: base + 16,
             reply_lane_depth: base + 17,
             connections_max: base + 18,
+            parked_polls: base + 19,
             replica: (index == 0).then(|| ReplicaMetricsSnapshot {
                 ops_committed: 21,
                 commit_latency_seconds: histogram(&[(0.001, 4)], 4, 0.002),
@@ -686,6 +694,7 @@ mod tests {
         ("shardline_reply_lane_depth", "gauge"),
         ("shardline_connections_max", "gauge"),
         ("shardline_connections_open", "gauge"),
+        ("shardline_parked_polls", "gauge"),
         ("shardline_receive_budget_bytes", "gauge"),
         ("shardline_receive_budget_max_bytes", "gauge"),
         ("shardline_partitions", "gauge"),
@@ -760,6 +769,7 @@ mod tests {
         expect("shardline_partitions", "shard=\"1\"", "1016");
         expect("shardline_reply_lane_depth", "shard=\"1\"", "1017");
         expect("shardline_connections_max", "shard=\"1\"", "1018");
+        expect("shardline_parked_polls", "shard=\"1\"", "1019");
         expect("shardline_shard_up", "shard=\"0\"", "1");
         expect("shardline_metadata_ops_committed_total", "", "21");
         expect("shardline_checkpoints_total", "", "22");
