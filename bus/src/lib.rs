@@ -13,6 +13,7 @@ pub mod command;
 pub mod consumer;
 pub mod frame;
 pub mod group;
+pub mod group_member;
 pub mod header;
 pub mod keys;
 pub mod limits;
@@ -34,6 +35,7 @@ pub use frame::{
     write_frame,
 };
 pub use group::{GroupAssignment, Heartbeat};
+pub use group_member::{GroupMember, GroupMemberError, GroupPoll};
 pub use header::{HEADER_SIZE, Header, PROTOCOL_VERSION};
 pub use keys::{Partitioner, partition_for_key};
 pub use namespace::Namespace;

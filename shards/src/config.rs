@@ -95,6 +95,10 @@ pub struct ServerConfig {
     /// Ticks a backup waits without hearing from its primary before it starts a view change
     /// (randomized up to twice this, so two backups do not collide forever).
     pub view_change_timeout_ticks: u64,
+    /// A consumer-group member silent for this long is removed and its partitions reassigned
+    /// (issue 11 section 2; [`crate::limits::GROUP_SESSION_TIMEOUT_MIN`] ..=
+    /// [`crate::limits::GROUP_SESSION_TIMEOUT_MAX`]).
+    pub group_session_timeout: std::time::Duration,
 }
 
 impl ServerConfig {
@@ -130,6 +134,7 @@ impl ServerConfig {
             tick: crate::limits::TICK_DEFAULT,
             heartbeat_ticks: crate::limits::HEARTBEAT_TICKS_DEFAULT,
             view_change_timeout_ticks: crate::limits::VIEW_CHANGE_TIMEOUT_TICKS_DEFAULT,
+            group_session_timeout: crate::limits::GROUP_SESSION_TIMEOUT_DEFAULT,
         }
     }
 
@@ -184,6 +189,19 @@ impl ServerConfig {
                 format!(
                     "must be between {SEGMENT_SIZE_MIN} and {} bytes",
                     storage::limits::SEGMENT_SIZE_MAX_LIMIT
+                ),
+            ));
+        }
+        let session_range =
+            crate::limits::GROUP_SESSION_TIMEOUT_MIN..=crate::limits::GROUP_SESSION_TIMEOUT_MAX;
+        if !session_range.contains(&self.group_session_timeout) {
+            return Err(invalid(
+                "group_session_timeout",
+                format!("{}ms", self.group_session_timeout.as_millis()),
+                format!(
+                    "must be between {} ms and {} s",
+                    session_range.start().as_millis(),
+                    session_range.end().as_secs()
                 ),
             ));
         }
@@ -396,6 +414,7 @@ fn flag_of(key: &'static str) -> &'static str {
         "tick" => "--tick-ms",
         "heartbeat_ticks" => "--heartbeat-ticks",
         "view_change_timeout_ticks" => "--view-change-timeout-ticks",
+        "group_session_timeout" => "--group-session-timeout",
         _ => key,
     }
 }

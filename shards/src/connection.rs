@@ -560,6 +560,11 @@ async fn get_metadata(shard: &Rc<Shard>, header: &bus::Header) -> EncodedReply {
         ShardReply::Error { code, message } => return error_reply(header, code, &message),
         _ => return error_reply(header, ErrorCode::Internal, "unexpected reply"),
     };
+    let groups = match crate::groups::snapshot(shard).await {
+        Ok(groups) => groups,
+        Err(ShardReply::Error { code, message }) => return error_reply(header, code, &message),
+        Err(_) => return error_reply(header, ErrorCode::Internal, "unexpected reply"),
+    };
     let metadata = shard.metadata_wire(
         &status,
         |namespace| {
@@ -567,7 +572,14 @@ async fn get_metadata(shard: &Rc<Shard>, header: &bus::Header) -> EncodedReply {
                 .get(&namespace)
                 .map_or((0, 0), |ends| (ends.first_offset, ends.next_offset))
         },
-        |_, _, _| None,
+        |stream_id, topic_id, name| {
+            groups
+                .iter()
+                .find(|(key, _)| {
+                    key.stream_id == stream_id && key.topic_id == topic_id && key.name == name
+                })
+                .map(|(_, info)| info.clone())
+        },
     );
     let body = serde_json::to_vec(&metadata).expect("metadata serializes: plain data");
     encode_ok(header, body, 0, 0)

@@ -159,3 +159,18 @@ pub const REPLICA_LINK_REFUSED_WINDOW: Duration = Duration::from_secs(1);
 const _: () =
     assert!(SHUTDOWN_DRAIN_DEADLINE.as_secs() < runtime::launcher::SHUTDOWN_DEADLINE.as_secs());
 const _: () = assert!(LISTEN_BIND_RETRY_SLEEP.as_millis() < LISTEN_BIND_RETRY_MAX.as_millis());
+
+/// Default `--group-session-timeout-ms`: a consumer-group member that sends no heartbeat (nor
+/// join or store) for this long is removed and its partitions reassigned (issue 11 section 2).
+/// Kafka's `session.timeout.ms` defaulted to 10 s for years; long enough for a member's poll loop
+/// to heartbeat between polls, short enough that a dead member's partitions move soon.
+pub const GROUP_SESSION_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// Shortest accepted group session timeout: below this a member's ordinary poll round trip
+/// could outlast its session.
+pub const GROUP_SESSION_TIMEOUT_MIN: Duration = Duration::from_millis(100);
+/// Longest accepted group session timeout: a dead member keeps its partitions unread this long.
+pub const GROUP_SESSION_TIMEOUT_MAX: Duration = Duration::from_hours(1);
+/// Live members one consumer group holds; one more join is refused `ResourceExhausted`. Bounds
+/// the primary's soft state per group (each member: about 100 bytes plus its held partitions)
+/// and the work of one rebalance (members × partitions).
+pub const GROUP_MEMBER_COUNT_MAX: usize = 1024;

@@ -138,6 +138,9 @@ pub struct Shard {
     metrics: Rc<ShardMetrics>,
     /// Shard 0 only: the metadata counters.
     replica_metrics: Option<ReplicaMetrics>,
+    /// Shard 0: consumer-group membership, the primary's soft state (issue 11 section 2);
+    /// empty on every other shard.
+    groups: RefCell<crate::groups::Coordinator>,
 }
 
 /// The bytes of request bodies and poll replies a shard's connections hold at once: a
@@ -448,6 +451,7 @@ impl Shard {
             parked,
             metrics: Rc::new(ShardMetrics::default()),
             replica_metrics: (id == ShardId(0)).then(ReplicaMetrics::default),
+            groups: RefCell::new(crate::groups::Coordinator::default()),
         }
     }
 
@@ -1586,6 +1590,18 @@ impl Shard {
                 tracing::error!(shard = self.id.0, frame = ?other, "unexpected frame on the reply lane; dropped");
             }
         }
+    }
+
+    /// Shard 0: the consumer-group coordinator (`crate::groups`). Never borrow it across an
+    /// `.await`.
+    pub fn group_coordinator(&self) -> &RefCell<crate::groups::Coordinator> {
+        &self.groups
+    }
+
+    /// `read` applied to this shard's metadata copy, without copying it. `read` must not call
+    /// back into the shard's metadata.
+    pub fn with_metadata<R>(&self, read: impl FnOnce(&MetadataState) -> R) -> R {
+        read(&self.metadata.borrow())
     }
 
     /// A copy of this shard's metadata (shard 0 hands it to its core at startup).

@@ -159,6 +159,21 @@ pub struct ServeArgs {
     /// section for every metric.
     #[arg(long, env = "SHARDLINE_METRICS_LISTEN", value_name = "HOST:PORT", value_parser = shardline::arg_values::parse_host_port, help_heading = "Metrics")]
     pub metrics_listen: Option<SocketAddr>,
+    /// A consumer-group member that sends no heartbeat for this long is removed and its
+    /// partitions go to the other members (issue 11 section 2): seconds (`10`, `10s`),
+    /// milliseconds (`500ms`) or minutes (`2m`), between 100ms and 60m.
+    #[arg(long, env = "SHARDLINE_GROUP_SESSION_TIMEOUT", default_value = "10s", value_name = "DURATION", value_parser = parse_group_session_timeout, help_heading = "Consumer groups")]
+    pub group_session_timeout: std::time::Duration,
+}
+
+/// `--group-session-timeout`: a duration as `parse_duration` takes it; the range is checked by
+/// `ServerConfig::validate`, which names the rule.
+fn parse_group_session_timeout(text: &str) -> Result<std::time::Duration, String> {
+    shardline::arg_values::parse_duration(
+        text,
+        "group session timeout",
+        shards::limits::GROUP_SESSION_TIMEOUT_MAX,
+    )
 }
 
 impl ServeArgs {
@@ -190,6 +205,7 @@ impl ServeArgs {
         config.tick = std::time::Duration::from_millis(self.tick_ms);
         config.heartbeat_ticks = self.heartbeat_ticks;
         config.view_change_timeout_ticks = self.view_change_timeout_ticks;
+        config.group_session_timeout = self.group_session_timeout;
         config
     }
 }

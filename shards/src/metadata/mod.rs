@@ -289,6 +289,14 @@ impl MetadataState {
             .map(|t| t.retention)
     }
 
+    /// The partition count of topic `stream_id`/`topic_id`, `None` when it does not exist.
+    pub fn partition_count(&self, stream_id: u32, topic_id: u16) -> Option<u32> {
+        self.streams
+            .get(&stream_id)
+            .and_then(|s| s.topics.get(&topic_id))
+            .map(|t| t.partition_count)
+    }
+
     /// Whether consumer group `name` exists on topic `stream_id`/`topic_id`.
     pub fn group_exists(&self, stream_id: u32, topic_id: u16, name: &str) -> bool {
         self.streams

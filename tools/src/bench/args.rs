@@ -157,6 +157,18 @@ pub struct BenchArgs {
     #[arg(long)]
     pub concurrent: bool,
 
+    /// Read the consume phase with the members of one consumer group (issue 11 section 2, like
+    /// iggy-bench's balanced consumer group): each of --consumers joins group `bench`, the server
+    /// assigns the partitions, members store the group's offsets, and every message must be
+    /// consumed exactly once across them. Not with --concurrent.
+    #[arg(long, conflicts_with = "concurrent")]
+    pub consumer_group: bool,
+
+    /// With --consumer-group: every member but the first leaves and joins again every 64 polls,
+    /// so partitions move between members all through the phase (still exactly once).
+    #[arg(long, requires = "consumer_group")]
+    pub group_churn: bool,
+
     /// Also write the report as JSON to this file (opened before the first run: a path that
     /// cannot be created fails at once).
     #[arg(long, value_name = "FILE")]
@@ -606,6 +618,9 @@ impl BenchArgs {
             metadata_op_count,
             metadata_clients,
             baseline_root,
+            consumer_group: self.consumer_group.then_some(super::group::GroupMode {
+                churn: self.group_churn,
+            }),
         })
     }
 
@@ -657,6 +672,7 @@ impl BenchArgs {
                     ("message-size", self.message_size.is_some()),
                     ("payload-file", self.payload_file.is_some()),
                     ("concurrent", self.concurrent),
+                    ("consumer-group", self.consumer_group),
                     ("stream-id", self.stream_id != STREAM_ID_DEFAULT),
                     // The metadata workload reports its own latency figures per run, which the
                     // sweep summary, CSV, charts and comparison do not read.
@@ -836,6 +852,7 @@ mod tests {
                 metadata_op_count: 200,
                 metadata_clients: MetadataClients::ONE,
                 baseline_root: None,
+                consumer_group: None,
             }
         );
     }
@@ -1165,6 +1182,31 @@ mod tests {
         assert_eq!(
             error(&["--io-driver", "epoll"]),
             "--io-driver epoll: expected io-uring or poll"
+        );
+    }
+
+    #[test]
+    fn issue11_2_consumer_group_mode_parses_and_refuses_what_it_cannot_do() {
+        use crate::bench::group::GroupMode;
+        assert_eq!(parse(&[]).validate().unwrap().consumer_group, None);
+        let plan = parse(&["--consumer-group"]).validate().unwrap();
+        assert_eq!(plan.consumer_group, Some(GroupMode { churn: false }));
+        let plan = parse(&["--consumer-group", "--group-churn"])
+            .validate()
+            .unwrap();
+        assert_eq!(plan.consumer_group, Some(GroupMode { churn: true }));
+        assert_eq!(
+            parse_error(&["--group-churn"]),
+            "error: the following required arguments were not provided:",
+            "churn needs the group mode"
+        );
+        assert!(
+            parse_error(&["--consumer-group", "--concurrent"]).contains("cannot be used with"),
+            "the group mode reads after the produce phase"
+        );
+        assert_eq!(
+            error(&["--workload", "metadata", "--consumer-group"]),
+            "--consumer-group applies to --workload produce-consume only, not to --workload metadata"
         );
     }
 

@@ -17,6 +17,7 @@ pub mod compare;
 pub mod cpu;
 pub mod csv_report;
 pub mod disk_baseline;
+pub mod group;
 pub mod json_file;
 pub mod limits;
 pub mod metadata;
@@ -593,15 +594,20 @@ fn measure(
             "consume",
             Some(progress.messages_acked.load(Ordering::Relaxed)),
         );
-        let consume = run_phase(
-            plan,
-            server.addr,
-            server.pid,
-            state,
-            0,
-            plan.consumer_count,
-            &bar,
-        );
+        let consume = match plan.consumer_group {
+            Some(mode) => {
+                group::run_group_consume(plan, mode, server.addr, server.pid, state, &bar)
+            }
+            None => run_phase(
+                plan,
+                server.addr,
+                server.pid,
+                state,
+                0,
+                plan.consumer_count,
+                &bar,
+            ),
+        };
         bar.finish_and_clear();
         let consume = consume?;
         (produce, consume)

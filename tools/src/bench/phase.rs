@@ -240,6 +240,7 @@ mod tests {
             metadata_op_count: 1,
             metadata_clients: crate::bench::plan::MetadataClients::ONE,
             baseline_root: None,
+            consumer_group: None,
         };
         let partition = |partition_id| PartitionInfo {
             partition_id,

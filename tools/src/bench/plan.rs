@@ -161,6 +161,9 @@ pub struct BenchPlan {
     /// `--addr` (`--data-root`); `None` there means the system temp dir. Always `None` for an
     /// embedded server, whose run directory is used.
     pub baseline_root: Option<PathBuf>,
+    /// `--consumer-group [--group-churn]`: the consume phase is read by the members of one
+    /// consumer group (`super::group`); `None` for pinned consumers.
+    pub consumer_group: Option<super::group::GroupMode>,
 }
 
 impl BenchPlan {
