@@ -175,6 +175,12 @@ impl SealedSegments {
         true
     }
 
+    /// Drops every cached index (tests of the paths that load one).
+    #[cfg(test)]
+    pub(crate) fn clear_cache(&mut self) {
+        self.cache = IndexCache::default();
+    }
+
     /// Bytes of index rows cached now (for tests and metrics).
     #[cfg(test)]
     pub(crate) fn cached_row_bytes(&self) -> usize {

@@ -883,3 +883,53 @@ async fn remove_old_producer_snapshots(shared: &Shared) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::{LogConfig, PartitionLog};
+
+    /// Issue 11 section 4: a rollback that returns to the newest sealed segment when its index
+    /// is no longer cached reads it back, whole, from the index file the roll wrote.
+    #[test]
+    fn issue11_4_rollback_reloads_an_uncached_sealed_index() {
+        let dir = tempfile::tempdir().unwrap();
+        compio::runtime::Runtime::new().unwrap().block_on(async {
+            let config = LogConfig {
+                fsync: FsyncPolicy::Never,
+                segment_size_max: 150,
+            };
+            let (log, _) = PartitionLog::open(dir.path(), config).await.unwrap();
+            // 72-byte entries, 150-byte segments: segment 0 (offsets 0 and 1), segment 2.
+            for seed in 0..3u8 {
+                log.append(crate::entry::build_entry(0, 1, &[seed; 8]))
+                    .await
+                    .unwrap();
+            }
+            // The writer is stopped: the state below is this test's alone.
+            log.close().await.unwrap();
+            let shared = &log.shared;
+            let sealed_index = {
+                let mut state = shared.state.borrow_mut();
+                let index = (*state.sealed.cached_index(0).unwrap()).clone();
+                state.sealed.clear_cache();
+                index
+            };
+            assert_eq!((sealed_index.end_offset, sealed_index.rows.len()), (2, 2));
+            assert!(
+                return_to_newest_sealed(shared, 2).await.unwrap().is_none(),
+                "the active segment holds the acknowledged end"
+            );
+            let replaced = return_to_newest_sealed(shared, 1).await.unwrap().unwrap();
+            assert_eq!(replaced.index.base_offset, 2);
+            let state = shared.state.borrow();
+            assert_eq!(state.active.index, sealed_index);
+            assert_eq!(state.active.path, segment_path(dir.path(), 0));
+            assert!(
+                state.active.file.is_none(),
+                "reopen_active gives it its file"
+            );
+            assert!(state.sealed.is_empty());
+        });
+    }
+}
