@@ -286,3 +286,30 @@ fn failure_reply(
         format!("consumer offset {action} in {namespace} failed: {error}"),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issue11_1_a_request_names_its_consumer_by_kind_and_body() {
+        let reader = consumer_from(0, b"reader").unwrap();
+        assert_eq!(reader.kind, bus::ConsumerKind::Consumer);
+        assert_eq!(
+            key_of(&reader),
+            ConsumerKey {
+                kind: 0,
+                name: "reader".to_owned()
+            }
+        );
+        assert_eq!(key_of(&consumer_from(1, b"g").unwrap()).kind, 1);
+        let unknown = consumer_from(2, b"reader").unwrap_err();
+        assert!(unknown.contains("unknown consumer kind 2"), "{unknown}");
+        assert!(consumer_from(0, b"").is_err());
+        assert!(
+            consumer_from(0, &[0xff, 0xfe])
+                .unwrap_err()
+                .contains("not UTF-8")
+        );
+    }
+}
