@@ -92,6 +92,10 @@ pub struct ServerConfig {
     /// Ticks a backup waits without hearing from its primary before it starts a view change
     /// (randomized up to twice this, so two backups do not collide forever).
     pub view_change_timeout_ticks: u64,
+    /// How often each shard applies topic retention to the partitions it owns (issue 11
+    /// section 4); a pass also runs after every acknowledged roll.
+    /// [`crate::limits::RETENTION_INTERVAL_MIN`] ..= [`crate::limits::RETENTION_INTERVAL_MAX`].
+    pub retention_interval: std::time::Duration,
 }
 
 impl ServerConfig {
@@ -126,6 +130,7 @@ impl ServerConfig {
             tick: crate::limits::TICK_DEFAULT,
             heartbeat_ticks: crate::limits::HEARTBEAT_TICKS_DEFAULT,
             view_change_timeout_ticks: crate::limits::VIEW_CHANGE_TIMEOUT_TICKS_DEFAULT,
+            retention_interval: crate::limits::RETENTION_INTERVAL_DEFAULT,
         }
     }
 
@@ -357,6 +362,21 @@ impl ServerConfig {
                 ),
             ));
         }
+        let (interval_min, interval_max) = (
+            crate::limits::RETENTION_INTERVAL_MIN,
+            crate::limits::RETENTION_INTERVAL_MAX,
+        );
+        if !(interval_min..=interval_max).contains(&self.retention_interval) {
+            return Err(invalid(
+                "retention_interval",
+                format!("{}ms", self.retention_interval.as_millis()),
+                format!(
+                    "must be between {} ms and {} s",
+                    interval_min.as_millis(),
+                    interval_max.as_secs()
+                ),
+            ));
+        }
         Ok(())
     }
 }
@@ -381,6 +401,7 @@ fn flag_of(key: &'static str) -> &'static str {
         "tick" => "--tick-ms",
         "heartbeat_ticks" => "--heartbeat-ticks",
         "view_change_timeout_ticks" => "--view-change-timeout-ticks",
+        "retention_interval" => "--retention-interval",
         _ => key,
     }
 }

@@ -18,6 +18,7 @@ pub mod offsets;
 pub mod producers;
 pub mod replica_bus;
 pub mod resources;
+pub mod retention;
 pub mod server;
 pub mod shard;
 pub mod store;

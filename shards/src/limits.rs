@@ -151,3 +151,14 @@ pub const REPLICA_LINK_REFUSED_WINDOW: Duration = Duration::from_secs(1);
 const _: () =
     assert!(SHUTDOWN_DRAIN_DEADLINE.as_secs() < runtime::launcher::SHUTDOWN_DEADLINE.as_secs());
 const _: () = assert!(LISTEN_BIND_RETRY_SLEEP.as_millis() < LISTEN_BIND_RETRY_MAX.as_millis());
+
+/// Default `--retention-interval` (issue 11 section 4): how often each shard applies topic
+/// retention to the partitions it owns besides after every roll. 10 s keeps an age limit within
+/// seconds of exact while a pass costs one header read per expired segment.
+pub const RETENTION_INTERVAL_DEFAULT: Duration = Duration::from_secs(10);
+/// Shortest `--retention-interval`: one consensus tick; shorter only burns CPU.
+pub const RETENTION_INTERVAL_MIN: Duration = Duration::from_millis(10);
+/// Longest `--retention-interval` (one day): an age limit is enforced at least this often.
+pub const RETENTION_INTERVAL_MAX: Duration = Duration::from_hours(24);
+const _: () = assert!(RETENTION_INTERVAL_MIN.as_nanos() <= RETENTION_INTERVAL_DEFAULT.as_nanos());
+const _: () = assert!(RETENTION_INTERVAL_DEFAULT.as_nanos() <= RETENTION_INTERVAL_MAX.as_nanos());
