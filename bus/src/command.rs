@@ -122,8 +122,9 @@ pub enum ErrorCode {
     /// request was applied; the body names the partition or the journal and the free space.
     /// Retryable once space is freed.
     StorageFull = 14,
-    /// A poll asked for an offset beyond the partition's next offset; the body names both. The
-    /// reply's `next_offset` and `first_offset` say where the partition's data is.
+    /// A poll asked for an offset beyond the partition's next offset, or below its first offset
+    /// (retention deleted it, issue 11 section 4); the body names the offset asked and both
+    /// ends. The reply's `next_offset` and `first_offset` say where the partition's data is.
     OffsetOutOfRange = 15,
     /// A frame's `size` exceeds the server's `max_message_size`; the body names both. The server
     /// closes the connection after this reply (it cannot skip the unread body safely).
@@ -357,7 +358,9 @@ impl ErrorCode {
             ErrorCode::StorageFull => {
                 "storage full; nothing was applied, retry after freeing space"
             }
-            ErrorCode::OffsetOutOfRange => "offset beyond the partition's next offset",
+            ErrorCode::OffsetOutOfRange => {
+                "offset beyond the partition's next offset or below its first offset"
+            }
             ErrorCode::MessageTooLarge => "message larger than the server's max message size",
             ErrorCode::SequenceGap => "producer sequence gap; nothing was appended",
             ErrorCode::ResourceExhausted => {

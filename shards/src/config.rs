@@ -99,6 +99,10 @@ pub struct ServerConfig {
     /// (issue 11 section 2; [`crate::limits::GROUP_SESSION_TIMEOUT_MIN`] ..=
     /// [`crate::limits::GROUP_SESSION_TIMEOUT_MAX`]).
     pub group_session_timeout: std::time::Duration,
+    /// How often each shard applies topic retention to the partitions it owns (issue 11
+    /// section 4); a pass also runs after every acknowledged roll.
+    /// [`crate::limits::RETENTION_INTERVAL_MIN`] ..= [`crate::limits::RETENTION_INTERVAL_MAX`].
+    pub retention_interval: std::time::Duration,
 }
 
 impl ServerConfig {
@@ -135,6 +139,7 @@ impl ServerConfig {
             heartbeat_ticks: crate::limits::HEARTBEAT_TICKS_DEFAULT,
             view_change_timeout_ticks: crate::limits::VIEW_CHANGE_TIMEOUT_TICKS_DEFAULT,
             group_session_timeout: crate::limits::GROUP_SESSION_TIMEOUT_DEFAULT,
+            retention_interval: crate::limits::RETENTION_INTERVAL_DEFAULT,
         }
     }
 
@@ -389,6 +394,21 @@ impl ServerConfig {
                 ),
             ));
         }
+        let (interval_min, interval_max) = (
+            crate::limits::RETENTION_INTERVAL_MIN,
+            crate::limits::RETENTION_INTERVAL_MAX,
+        );
+        if !(interval_min..=interval_max).contains(&self.retention_interval) {
+            return Err(invalid(
+                "retention_interval",
+                format!("{}ms", self.retention_interval.as_millis()),
+                format!(
+                    "must be between {} ms and {} s",
+                    interval_min.as_millis(),
+                    interval_max.as_secs()
+                ),
+            ));
+        }
         Ok(())
     }
 }
@@ -415,6 +435,7 @@ fn flag_of(key: &'static str) -> &'static str {
         "heartbeat_ticks" => "--heartbeat-ticks",
         "view_change_timeout_ticks" => "--view-change-timeout-ticks",
         "group_session_timeout" => "--group-session-timeout",
+        "retention_interval" => "--retention-interval",
         _ => key,
     }
 }

@@ -622,9 +622,10 @@ fn encode_partition_reply(
     (bytemuck::bytes_of(&header).to_vec(), body)
 }
 
-/// The `OffsetOutOfRange` reply to a poll beyond the partition's end: the message names the
-/// offset asked and the partition's next and first offsets, which the header also carries so a
-/// consumer can resume without parsing text.
+/// The `OffsetOutOfRange` reply to a poll beyond the partition's end, or below its first offset
+/// (retention deleted it, issue 11 section 4): the message names the offset asked and the
+/// partition's next and first offsets, which the header also carries so a consumer can resume
+/// without parsing text.
 fn offset_out_of_range(
     request: &bus::Header,
     namespace: Namespace,
@@ -636,11 +637,19 @@ fn offset_out_of_range(
     header.offset = offset;
     header.next_offset = ends.next_offset;
     header.first_offset = ends.first_offset;
-    let message = format!(
-        "offset {offset} is beyond the end of partition {namespace}: its next offset is {} \
-         (first offset {}); poll at or below the next offset",
-        ends.next_offset, ends.first_offset
-    );
+    let message = if offset < ends.first_offset {
+        format!(
+            "offset {offset} is below the first offset {} of partition {namespace}: retention \
+             deleted the messages before it (next offset {}); poll at or above the first offset",
+            ends.first_offset, ends.next_offset
+        )
+    } else {
+        format!(
+            "offset {offset} is beyond the end of partition {namespace}: its next offset is {} \
+             (first offset {}); poll at or below the next offset",
+            ends.next_offset, ends.first_offset
+        )
+    };
     (
         bus::encode_frame(&mut header, message.as_bytes()),
         Vec::new(),

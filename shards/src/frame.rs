@@ -118,7 +118,8 @@ pub enum ShardReply {
         message_count: u32,
         ends: PartitionEnds,
     },
-    /// A poll at an offset beyond the partition's next offset.
+    /// A poll at an offset beyond the partition's next offset, or below its first offset
+    /// (retention deleted it, issue 11 section 4).
     OffsetOutOfRange {
         namespace: Namespace,
         offset: u64,

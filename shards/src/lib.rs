@@ -19,6 +19,7 @@ pub mod parked;
 pub mod producers;
 pub mod replica_bus;
 pub mod resources;
+pub mod retention;
 pub mod server;
 pub mod shard;
 pub mod store;

@@ -174,3 +174,13 @@ pub const GROUP_SESSION_TIMEOUT_MAX: Duration = Duration::from_hours(1);
 /// the primary's soft state per group (each member: about 100 bytes plus its held partitions)
 /// and the work of one rebalance (members × partitions).
 pub const GROUP_MEMBER_COUNT_MAX: usize = 1024;
+/// Default `--retention-interval` (issue 11 section 4): how often each shard applies topic
+/// retention to the partitions it owns besides after every roll. 10 s keeps an age limit within
+/// seconds of exact while a pass costs one header read per expired segment.
+pub const RETENTION_INTERVAL_DEFAULT: Duration = Duration::from_secs(10);
+/// Shortest `--retention-interval`: one consensus tick; shorter only burns CPU.
+pub const RETENTION_INTERVAL_MIN: Duration = Duration::from_millis(10);
+/// Longest `--retention-interval` (one day): an age limit is enforced at least this often.
+pub const RETENTION_INTERVAL_MAX: Duration = Duration::from_hours(24);
+const _: () = assert!(RETENTION_INTERVAL_MIN.as_nanos() <= RETENTION_INTERVAL_DEFAULT.as_nanos());
+const _: () = assert!(RETENTION_INTERVAL_DEFAULT.as_nanos() <= RETENTION_INTERVAL_MAX.as_nanos());

@@ -433,6 +433,7 @@ async fn run_shard(
     ));
     let metrics_task = metrics_lane
         .map(|lane| compio::runtime::spawn(answer_metrics_requests(Rc::clone(&shard), lane)));
+    let retention_task = compio::runtime::spawn(crate::retention::run(Rc::clone(&shard)));
     startup.report(Ok(()));
 
     loop {
@@ -488,6 +489,7 @@ async fn run_shard(
     tracing::info!(shard = shard_id.0, "stopping: fsyncing logs");
     drop(metadata_task);
     drop(metrics_task);
+    drop(retention_task);
     connections.cancel_all();
     let mut close_failed = false;
     let fail_stop = shard.fail_stop_reason();

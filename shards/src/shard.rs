@@ -141,6 +141,8 @@ pub struct Shard {
     /// Shard 0: consumer-group membership, the primary's soft state (issue 11 section 2);
     /// empty on every other shard.
     groups: RefCell<crate::groups::Coordinator>,
+    /// Wakes this shard's retention task after a roll (`crate::retention`, issue 11 section 4).
+    retention_signal: Rc<crate::retention::RetentionSignal>,
 }
 
 /// The bytes of request bodies and poll replies a shard's connections hold at once: a
@@ -452,6 +454,7 @@ impl Shard {
             metrics: Rc::new(ShardMetrics::default()),
             replica_metrics: (id == ShardId(0)).then(ReplicaMetrics::default),
             groups: RefCell::new(crate::groups::Coordinator::default()),
+            retention_signal: Rc::default(),
         }
     }
 
@@ -485,12 +488,15 @@ impl Shard {
     }
 
     /// Opens the partition log in `dir` with this shard's log configuration, reporting its
-    /// fsyncs to this shard's metrics.
+    /// fsyncs to this shard's metrics and its acknowledged rolls to its retention task.
     async fn open_log(
         &self,
         dir: &std::path::Path,
     ) -> Result<(PartitionLog, storage::RecoveryReport), storage::LogError> {
-        let stats: Rc<dyn storage::log::LogStats> = self.metrics.clone();
+        let stats: Rc<dyn storage::log::LogStats> = Rc::new(crate::retention::RetentionSink::new(
+            Rc::clone(&self.metrics),
+            Rc::clone(&self.retention_signal),
+        ));
         PartitionLog::open_with_stats(dir, self.log_config(), stats).await
     }
 
@@ -746,13 +752,14 @@ impl Shard {
                             ends: partition_ends(&log),
                         }
                     }
-                    Err(storage::LogError::OffsetOutOfRange { offset, .. }) => {
-                        ShardReply::OffsetOutOfRange {
-                            namespace,
-                            offset,
-                            ends: partition_ends(&log),
-                        }
-                    }
+                    Err(
+                        storage::LogError::OffsetOutOfRange { offset, .. }
+                        | storage::LogError::OffsetRetained { offset, .. },
+                    ) => ShardReply::OffsetOutOfRange {
+                        namespace,
+                        offset,
+                        ends: partition_ends(&log),
+                    },
                     Err(e @ storage::LogError::DescriptorsExhausted { .. }) => {
                         tracing::warn!(shard = self.id.0, %namespace, error = %e, "read refused at the open-file limit");
                         ShardReply::error(
@@ -1636,6 +1643,27 @@ impl Shard {
     /// Every partition log of this shard (for ticks and shutdown).
     pub fn logs(&self) -> Vec<Rc<PartitionLog>> {
         self.partitions.borrow().values().cloned().collect()
+    }
+
+    /// The open logs of the partitions this shard owns, each with its topic's retention as of
+    /// this shard's metadata copy (issue 11 section 4; `crate::retention`).
+    pub fn logs_with_retention(
+        &self,
+    ) -> Vec<(Namespace, Rc<PartitionLog>, crate::metadata::Retention)> {
+        let metadata = self.metadata.borrow();
+        self.partitions
+            .borrow()
+            .iter()
+            .filter_map(|(namespace, log)| {
+                let retention = metadata.retention(*namespace)?;
+                Some((*namespace, Rc::clone(log), retention))
+            })
+            .collect()
+    }
+
+    /// The signal that wakes this shard's retention task (`crate::retention::run`).
+    pub fn retention_signal(&self) -> Rc<crate::retention::RetentionSignal> {
+        Rc::clone(&self.retention_signal)
     }
 
     /// This shard's metrics as of now (`crate::metrics`): its counters, the gauges read now

@@ -17,6 +17,7 @@ mod index;
 mod producer_state;
 mod recovery;
 mod sealed;
+pub mod retention;
 mod stats;
 pub mod verify;
 mod writer;
@@ -45,6 +46,7 @@ use compio::BufResult;
 use completion::Completion;
 use index::SegmentIndex;
 use sealed::{SealedSegment, SealedSegments, load_sealed_index};
+pub use retention::{RetentionOutcome, RetentionPolicy};
 pub use stats::LogStats;
 
 /// When an append is acknowledged relative to fsync (`--fsync`, DESIGN section 6).
@@ -241,6 +243,10 @@ pub enum LogError {
     /// resumes at `next_offset` (one past the last acknowledged message).
     #[error("offset {offset} is beyond the next offset {next_offset}")]
     OffsetOutOfRange { offset: u64, next_offset: u64 },
+    /// A read asked for an offset below the log's first offset: retention deleted the segments
+    /// holding it (issue 11 section 4). The reader resumes at `first_offset`.
+    #[error("offset {offset} is below the first offset {first_offset}: retention deleted it")]
+    OffsetRetained { offset: u64, first_offset: u64 },
 }
 
 /// A write or fsync failure: kept to fail everything after it with the same error (poisoned), or,
@@ -441,6 +447,8 @@ struct Shared {
     faults: FaultInjector,
     /// Where fsyncs are reported (`PartitionLog::open_with_stats`).
     stats: Option<Rc<dyn LogStats>>,
+    /// Set while a retention pass runs on this log (`retention.rs`): passes never overlap.
+    retention_running: std::cell::Cell<bool>,
 }
 
 /// One partition's log, owned by one shard (!Send). Methods take `&self`; concurrent appends from
@@ -571,6 +579,7 @@ impl PartitionLog {
             state: RefCell::new(state),
             faults: FaultInjector::default(),
             stats,
+            retention_running: std::cell::Cell::new(false),
         });
         compio::runtime::spawn(writer::run(Rc::clone(&shared))).detach();
         Ok((PartitionLog { shared }, recovered.report))
@@ -678,7 +687,8 @@ impl PartitionLog {
     /// Entries are concatenated as stored (header + payload each). Reading stops before the entry
     /// that would exceed `max_bytes` or once `max_count` messages are collected, but the first
     /// entry is always returned whole. An `offset` equal to `acked_offset()` returns an empty
-    /// `Vec` (the reader is caught up); one before the first segment starts at the first entry.
+    /// `Vec` (the reader is caught up); one below `first_offset()` is refused (retention deleted
+    /// it).
     /// Every returned entry's header and checksum are checked against the index after the read:
     /// reading stops before the first entry that fails, so the intact entries before a damaged
     /// one are returned, and the damage is an error only for a read that starts at it.
@@ -686,6 +696,8 @@ impl PartitionLog {
     /// # Errors
     /// - `OffsetOutOfRange`: `offset` is beyond `acked_offset()` (nothing was ever written
     ///   there; resume at `next_offset`).
+    /// - `OffsetRetained`: `offset` is below `first_offset()`, also when retention deleted its
+    ///   segment while this read waited (resume at `first_offset`; issue 11 section 4).
     /// - `Io` naming the segment, when the first entry to return cannot be read (or its closed
     ///   segment cannot be opened: closed segments are opened on demand).
     /// - `DescriptorsExhausted` naming the segment, when that open was refused for lack of file
@@ -708,7 +720,15 @@ impl PartitionLog {
                 next_offset,
             });
         }
-        let spans = self.plan_read(offset, max_count, max_bytes).await?;
+        self.check_not_retained(offset)?;
+        let spans = match self.plan_read(offset, max_count, max_bytes).await {
+            Ok(spans) => spans,
+            Err(error) => {
+                // Retention may have deleted the segment while its index was loading.
+                self.check_not_retained(offset)?;
+                return Err(error);
+            }
+        };
         let total_bytes: u64 = spans.iter().map(|span| span.size_bytes).sum();
         let mut bytes = Vec::with_capacity(total_bytes as usize);
         for mut span in spans {
@@ -746,6 +766,8 @@ impl PartitionLog {
             if let Some((intact_bytes, error)) = failure {
                 bytes.truncate(start + intact_bytes);
                 if bytes.is_empty() {
+                    // Retention may have deleted the segment while this read waited for it.
+                    self.check_not_retained(offset)?;
                     return Err(error);
                 }
                 // The entries before the damaged one are served; the next read starts at it

@@ -229,6 +229,19 @@ pub fn parse_duration(text: &str, what: &str, max: Duration) -> Result<Duration,
     Ok(duration)
 }
 
+/// Parses `serve --retention-interval` (issue 11 section 4) as [`parse_duration`] does, at most
+/// a day (`ServerConfig::validate` checks the lower bound).
+///
+/// # Errors
+/// As [`parse_duration`].
+pub fn parse_retention_interval(text: &str) -> Result<Duration, String> {
+    parse_duration(
+        text,
+        "retention interval",
+        shards::limits::RETENTION_INTERVAL_MAX,
+    )
+}
+
 /// Bytes in a tebibyte, the one suffix `--retention-bytes` takes beyond `parse_byte_size`'s.
 const TEBIBYTE: u64 = 1 << 40;
 

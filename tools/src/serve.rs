@@ -164,6 +164,12 @@ pub struct ServeArgs {
     /// milliseconds (`500ms`) or minutes (`2m`), between 100ms and 60m.
     #[arg(long, env = "SHARDLINE_GROUP_SESSION_TIMEOUT", default_value = "10s", value_name = "DURATION", value_parser = parse_group_session_timeout, help_heading = "Consumer groups")]
     pub group_session_timeout: std::time::Duration,
+    /// How often each shard deletes the sealed segments of its partitions that are past their
+    /// topic's retention (--retention-bytes / --retention-ms of `topic create` and `topic
+    /// alter`): seconds (10, 10s), milliseconds (500ms) or minutes (5m), 10ms..=1 day. A pass
+    /// also runs as soon as a segment roll is acknowledged.
+    #[arg(long, env = "SHARDLINE_RETENTION_INTERVAL", default_value = "10s", value_parser = shardline::arg_values::parse_retention_interval, value_name = "DURATION")]
+    pub retention_interval: std::time::Duration,
 }
 
 /// `--group-session-timeout`: a duration as `parse_duration` takes it; the range is checked by
@@ -206,6 +212,7 @@ impl ServeArgs {
         config.heartbeat_ticks = self.heartbeat_ticks;
         config.view_change_timeout_ticks = self.view_change_timeout_ticks;
         config.group_session_timeout = self.group_session_timeout;
+        config.retention_interval = self.retention_interval;
         config
     }
 }
@@ -245,6 +252,7 @@ pub fn run(args: &ServeArgs, file: Option<&ConfigFile>) -> anyhow::Result<()> {
         journal_segment_size = config.journal_segment_size_max,
         tick_ms = config.tick.as_millis() as u64, heartbeat_ticks = config.heartbeat_ticks,
         view_change_timeout_ticks = config.view_change_timeout_ticks,
+        retention_interval_ms = config.retention_interval.as_millis() as u64,
         metrics_listen = %args.metrics_listen.map_or_else(|| "off".to_owned(), |addr| addr.to_string()),
         config_file = %file.map_or_else(|| "none".to_owned(), |file| file.path.display().to_string()),
         "starting"

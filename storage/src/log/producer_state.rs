@@ -347,8 +347,23 @@ pub(crate) async fn recover_producers(
     active_batches: Vec<ProducerBatch>,
 ) -> Result<RecoveredProducers, super::LogError> {
     let (mut states, loaded) = match closed.last() {
-        // The first segment has nothing before it, so no snapshot.
-        None => (ProducerStates::default(), None),
+        // The first segment of a log has nothing before it, so no snapshot.
+        None if active_base_offset == 0 => (ProducerStates::default(), None),
+        // Retention deleted every sealed segment (issue 11 section 4): the active segment's
+        // snapshot is the only record of the producers before it.
+        None => match load_snapshot(dir, active_base_offset).await {
+            Ok(states) => (states, Some(active_base_offset)),
+            Err(reason) => {
+                tracing::warn!(
+                    snapshot = %producer_snapshot_path(dir, active_base_offset).display(),
+                    %reason,
+                    "producer-state snapshot not usable and retention deleted every segment \
+                     before the active one; idempotent producers are recovered from the active \
+                     segment only"
+                );
+                (ProducerStates::default(), None)
+            }
+        },
         Some(_) => match load_snapshot(dir, active_base_offset).await {
             Ok(states) => (states, Some(active_base_offset)),
             Err(reason) => {

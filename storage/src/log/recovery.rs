@@ -18,6 +18,7 @@ use compio::io::AsyncWriteAtExt;
 use super::index::SegmentIndex;
 use super::producer_state::{ProducerStates, RecoveredProducers, recover_producers};
 use super::sealed::{SealedSegment, SealedSegments};
+use super::retention::{read_retention_floor, remove_segment_files, retention_floor_path};
 use super::verify::{
     Resync, ResyncBudget, check_entry_header, check_entry_payload, damage_verdict,
     resync_entry_header,
@@ -86,11 +87,15 @@ pub(super) struct Recovered {
 
 pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
     create_log_dir(dir).await?;
-    let base_offsets = list_segments(dir).await?;
+    let floor = read_retention_floor(dir).await?;
+    let (below_floor, base_offsets) = split_at_floor(dir, list_segments(dir).await?, floor)?;
     let mut report = RecoveryReport::default();
     let mut sealed = SealedSegments::default();
 
     let Some((&last_base_offset, closed_base_offsets)) = base_offsets.split_last() else {
+        if floor > 0 {
+            return Err(missing_from_floor(dir, floor));
+        }
         let path = segment_path(dir, 0);
         let file = OpenOptions::new()
             .read(true)
@@ -116,7 +121,6 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
         });
     };
 
-    check_starts_at_zero(dir, base_offsets[0])?;
     let mut expected_base_offset = None;
     // Only the last closed segments keep their index past this loop: producer recovery may read
     // them (FORMAT.md section 3, "Open", step 4a). The others are summaries (issue 11 section 4).
@@ -153,6 +157,7 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
     report.entry_count += segment.index.rows.len() as u64;
     report.next_offset = segment.index.end_offset;
     report.segment_count = sealed.len() as u32 + 1;
+    complete_retention(dir, floor, &below_floor).await?;
     Ok(Recovered {
         sealed,
         active: segment,
@@ -190,21 +195,83 @@ async fn list_segments(dir: &Path) -> Result<Vec<u64>, LogError> {
     Ok(base_offsets)
 }
 
-/// A partition log starts at offset 0 (no retention deletes segments yet), so a first segment
-/// with a later base offset means the files before it were lost: reading on would serve a gap.
-fn check_starts_at_zero(dir: &Path, first_base_offset: u64) -> Result<(), LogError> {
-    if first_base_offset == 0 {
+/// Splits `base_offsets` at the retention `floor` (issue 11 section 4) into the segments below
+/// it and those kept. A partition log starts at its floor (0 without a floor file), so a first
+/// segment kept that starts later means segments at or above the floor were lost: damage
+/// (reading on would serve a gap). A retention pass writes the floor durably before it deletes,
+/// so segments below the floor are a deletion a crash interrupted, which open completes once
+/// the rest of the log checks out (`complete_retention`).
+///
+/// # Errors
+/// `Corrupt` naming the first segment kept when it starts after the floor.
+fn split_at_floor(
+    dir: &Path,
+    mut base_offsets: Vec<u64>,
+    floor: u64,
+) -> Result<(Vec<u64>, Vec<u64>), LogError> {
+    let kept_from = base_offsets.partition_point(|&base_offset| base_offset < floor);
+    let kept = base_offsets.split_off(kept_from);
+    if let Some(&first_base_offset) = kept.first()
+        && first_base_offset != floor
+    {
+        let starts_at = if floor == 0 {
+            "a partition log starts at offset 0".to_owned()
+        } else {
+            format!(
+                "the retention floor ({}) is {floor}",
+                retention_floor_path(dir).display()
+            )
+        };
+        return Err(LogError::Corrupt {
+            path: segment_path(dir, first_base_offset),
+            position: 0,
+            reason: format!(
+                "the first segment starts at offset {first_base_offset} but {starts_at}: the \
+                 segments before it (from {}) are missing",
+                segment_path(dir, floor).display()
+            ),
+        });
+    }
+    Ok((base_offsets, kept))
+}
+
+/// Deletes the files of the segments `below` the retention `floor` (a retention pass a crash
+/// interrupted), then fsyncs the directory.
+///
+/// # Errors
+/// `Io` naming a file that could not be deleted, or the directory that could not be fsynced.
+async fn complete_retention(dir: &Path, floor: u64, below: &[u64]) -> Result<(), LogError> {
+    if below.is_empty() {
         return Ok(());
     }
-    Err(LogError::Corrupt {
-        path: segment_path(dir, first_base_offset),
+    tracing::info!(
+        dir = %dir.display(),
+        floor,
+        segment_count = below.len(),
+        "completing a retention pass a restart interrupted: deleting the segments below the floor"
+    );
+    for &base_offset in below {
+        remove_segment_files(dir, base_offset).await?;
+    }
+    sync_dir(dir).await.map_err(io_error(
+        dir,
+        "fsync log directory after deleting retained segments",
+    ))
+}
+
+/// The error of a log whose retention floor is above 0 but that has no segment left: retention
+/// never deletes the active segment, so the segment at the floor was lost.
+fn missing_from_floor(dir: &Path, floor: u64) -> LogError {
+    LogError::Corrupt {
+        path: segment_path(dir, floor),
         position: 0,
         reason: format!(
-            "the first segment starts at offset {first_base_offset} but a partition log starts \
-             at offset 0: the segments before it (from {}) are missing",
-            segment_path(dir, 0).display()
+            "the retention floor ({}) is {floor} but no segment from it on exists: the segments \
+             from {} are missing",
+            retention_floor_path(dir).display(),
+            segment_path(dir, floor).display()
         ),
-    })
+    }
 }
 
 fn check_follows(path: &Path, base_offset: u64, expected: Option<u64>) -> Result<(), LogError> {

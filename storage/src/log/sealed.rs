@@ -19,7 +19,7 @@ use super::index::{IndexRow, SegmentIndex};
 use super::recovery::{load_closed_index, segment_path};
 use crate::limits::{SEALED_INDEX_CACHE_BYTES_MAX, SEALED_INDEX_CACHE_COUNT_MAX};
 
-/// What a log remembers of a sealed segment without its index: 32 bytes per segment.
+/// What a log remembers of a sealed segment without its index: 48 bytes per segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SealedSegment {
     pub(crate) base_offset: u64,
@@ -29,6 +29,9 @@ pub(crate) struct SealedSegment {
     pub(crate) size_bytes: u64,
     /// Entries (batches) in the segment.
     pub(crate) entry_count: u64,
+    /// Byte position of the segment's last entry (`None` for an empty segment): retention by age
+    /// reads that entry's timestamp (issue 11 section 4).
+    pub(crate) last_entry_position: Option<u64>,
 }
 
 impl SealedSegment {
@@ -39,6 +42,7 @@ impl SealedSegment {
             end_offset: index.end_offset,
             size_bytes: index.size_bytes,
             entry_count: index.rows.len() as u64,
+            last_entry_position: index.rows.last().map(|row| row.position),
         }
     }
 
@@ -65,20 +69,13 @@ impl SealedSegments {
     }
 
     /// Whether the log has no sealed segment (only its active one).
-    #[allow(
-        dead_code,
-        reason = "for retention (issue 11 section 4), which deletes the oldest sealed segments"
-    )]
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.segments.is_empty()
     }
 
     /// Bytes of all sealed segment files together (what retention by size weighs; issue 11
     /// section 4).
-    #[allow(
-        dead_code,
-        reason = "for retention (issue 11 section 4), which deletes the oldest sealed segments"
-    )]
     pub(crate) fn size_bytes(&self) -> u64 {
         self.size_bytes
     }
@@ -126,10 +123,6 @@ impl SealedSegments {
 
     /// Forgets the oldest sealed segment and its cached index (retention deleted its files, or
     /// is about to). Constant time.
-    #[allow(
-        dead_code,
-        reason = "for retention (issue 11 section 4), which deletes the oldest sealed segments"
-    )]
     pub(crate) fn pop_oldest(&mut self) -> Option<SealedSegment> {
         let segment = self.segments.pop_front()?;
         self.size_bytes -= segment.size_bytes;

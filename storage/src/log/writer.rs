@@ -121,6 +121,7 @@ async fn process_group(
         });
     }
     let written_end_offset = entries.last().map(Entry::end_offset);
+    let active_base_before = shared.state.borrow().active().index.base_offset;
     match write_group(shared, entries, &stamps, sync_required).await {
         Ok(()) => {
             if let Some(end_offset) = written_end_offset {
@@ -133,6 +134,13 @@ async fn process_group(
                 for stamp in stamps {
                     state.producers.record(stamp);
                 }
+            }
+            // Retention (issue 11 section 4) may only delete acknowledged segments: tell the
+            // owner once the group that rolled is acknowledged, not at the roll itself.
+            if shared.state.borrow().active().index.base_offset != active_base_before
+                && let Some(stats) = &shared.stats
+            {
+                stats.segments_sealed();
             }
             for (base_offset, completion) in completions {
                 completion.complete(Ok(base_offset));

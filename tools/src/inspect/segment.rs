@@ -389,6 +389,31 @@ fn check_indexed_entry(indexed: &IndexedEntry, bytes: &[u8]) -> LogEntry {
 
 /// The payload of a durable file (`durable_replace`: payload, then its XXH3-64 as a trailer), or
 /// why it does not verify.
+/// The retention floor of partition directory `dir` (issue 11 section 4): 0 without a
+/// `retention-floor` file; `None`, with a damage finding naming the file, when it does not
+/// verify or decode (open refuses such a directory).
+fn retention_floor(dir: &Path, damage: &mut Vec<Damage>) -> anyhow::Result<Option<u64>> {
+    use storage::log::retention::{RETENTION_FLOOR_FILE_NAME, decode_retention_floor};
+    let floor_file = dir.join(RETENTION_FLOOR_FILE_NAME);
+    if !floor_file.exists() {
+        return Ok(Some(0));
+    }
+    match verified_payload(&floor_file)?.and_then(|payload| decode_retention_floor(&payload)) {
+        Ok(floor) => Ok(Some(floor)),
+        Err(reason) => {
+            damage.push(Damage::new(
+                &floor_file,
+                Some(0),
+                format!(
+                    "retention floor file is damaged ({reason}): open refuses the partition, as \
+                     missing segments cannot be told from retention"
+                ),
+            ));
+            Ok(None)
+        }
+    }
+}
+
 fn verified_payload(path: &Path) -> anyhow::Result<Result<Vec<u8>, String>> {
     let mut bytes = match read_bounded(path, DURABLE_FILE_SIZE_MAX)? {
         Ok(bytes) => bytes,
@@ -563,13 +588,26 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SegmentReport, Vec<Damage>
     }
     let mut segments = Vec::new();
     let mut size_bytes = 0u64;
-    // A partition directory starts at offset 0; a lone file is checked from its own name. `None`
-    // once a segment ends where open cannot follow (it refuses to boot there already).
-    let mut expected: Option<u64> = if path.is_dir() { Some(0) } else { None };
+    // A partition directory starts at its retention floor (0 without one); a lone file is checked
+    // from its own name. `None` once a segment ends where open cannot follow (it refuses to boot
+    // there already), or when the floor file is damaged (reported).
+    let floor = if path.is_dir() {
+        retention_floor(path, &mut damage)?
+    } else {
+        None
+    };
+    let mut expected: Option<u64> = floor;
     let mut next_offset = None;
     let file_count = files.len();
     for (segment_index, (base_offset, file)) in files.into_iter().enumerate() {
         let last = final_is_last && segment_index + 1 == file_count;
+        if let (Some(base_offset), Some(floor)) = (base_offset, floor)
+            && base_offset < floor
+        {
+            // Below the retention floor: a deletion a restart interrupted, which open completes
+            // (issue 11 section 4). Not part of the log.
+            continue;
+        }
         if let (Some(base_offset), Some(expected)) = (base_offset, expected)
             && base_offset != expected
         {
