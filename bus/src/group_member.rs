@@ -5,9 +5,9 @@
 //!
 //! Delivery: a partition gained starts at the group's stored offset (0 when none is stored), so a
 //! message is delivered again only when a member stopped without storing what it had read (it
-//! crashed, or its session timed out while it was slow). `poll` first stores the position of the
-//! previous poll's partition (the caller has processed those messages by the time it polls
-//! again), and a lost partition's position is stored before it is released, so members that
+//! crashed, or its session timed out while it was slow). `poll` first stores the positions read
+//! so far (the caller has processed those messages by the time it polls again; at every poll, or
+//! at most every `with_commit_interval`), and a lost partition's position is stored before it is released, so members that
 //! `close` never deliver a message twice.
 //!
 //! This module must never read a partition the coordinator did not hand it, and never release a
@@ -89,8 +89,10 @@ pub struct GroupMember {
     positions: BTreeMap<u16, Position>,
     /// The index in `positions` of the partition the next poll reads (round robin).
     next_index: usize,
-    /// The partition of the previous poll, whose position is stored before the next one.
-    uncommitted: Option<u16>,
+    /// When positions were last stored by `poll`.
+    last_commit: Instant,
+    /// Positions are stored by a `poll` at most this often (zero: at every poll).
+    commit_interval: Duration,
     last_heartbeat: Instant,
     heartbeat_interval: Duration,
     idle_wait: Duration,
@@ -127,7 +129,8 @@ impl GroupMember {
             generation: 0,
             positions: BTreeMap::new(),
             next_index: 0,
-            uncommitted: None,
+            last_commit: Instant::now(),
+            commit_interval: Duration::ZERO,
             last_heartbeat: Instant::now(),
             heartbeat_interval: HEARTBEAT_INTERVAL_DEFAULT,
             idle_wait: IDLE_WAIT_DEFAULT,
@@ -149,6 +152,17 @@ impl GroupMember {
     #[must_use]
     pub fn with_idle_wait(mut self, wait: Duration) -> GroupMember {
         self.idle_wait = wait;
+        self
+    }
+
+    /// Stores positions from `poll` at most every `interval` (default zero: every poll stores
+    /// what the previous poll read). A longer interval saves a store round trip per poll; a
+    /// member that stops without `close` then leaves up to `interval` of reads unstored, which
+    /// the next member of those partitions reads again. Lost partitions and `close` always
+    /// store.
+    #[must_use]
+    pub fn with_commit_interval(mut self, interval: Duration) -> GroupMember {
+        self.commit_interval = interval;
         self
     }
 
@@ -189,8 +203,9 @@ impl GroupMember {
         Namespace::new(self.stream_id, self.topic_id, partition)
     }
 
-    /// Stores the position of the previous poll's partition, heartbeats when due, then reads the
-    /// next assigned partition in turn from this member's position there. With no partition it
+    /// Stores the positions read so far (every poll, or per `with_commit_interval`), heartbeats
+    /// when due, then reads the next assigned partition in turn from this member's position
+    /// there. With no partition it
     /// waits the idle wait and heartbeats, and returns a `GroupPoll` with `partition: None`.
     ///
     /// # Errors
@@ -202,8 +217,9 @@ impl GroupMember {
     /// next poll repeats them).
     pub async fn poll(&mut self) -> Result<GroupPoll, GroupMemberError> {
         self.client()?;
-        if let Some(partition) = self.uncommitted.take() {
-            match self.store(partition).await {
+        if self.last_commit.elapsed() >= self.commit_interval {
+            self.last_commit = Instant::now();
+            match self.commit().await {
                 Ok(()) => {}
                 // This member was removed (its session timed out): the heartbeat rejoins.
                 Err(GroupMemberError::Client(ClientError::Server {
@@ -232,10 +248,24 @@ impl GroupMember {
         self.next_index = self.next_index.wrapping_add(1);
         let namespace = self.namespace(partition);
         let count = self.poll_count;
-        let result = self
+        let result = match self
             .client()?
             .poll(namespace, position.next_offset, count)
-            .await?;
+            .await
+        {
+            Ok(result) => result,
+            Err(ClientError::Server {
+                code: ErrorCode::OffsetOutOfRange,
+                ..
+            }) => {
+                self.move_into_range(partition).await?;
+                return Ok(GroupPoll {
+                    partition: Some(partition),
+                    result: None,
+                });
+            }
+            Err(error) => return Err(error.into()),
+        };
         let read = result
             .messages()
             .map_err(|source| GroupMemberError::Batch { partition, source })?;
@@ -244,12 +274,35 @@ impl GroupMember {
             if let Some(position) = self.positions.get_mut(&partition) {
                 position.next_offset = next_offset;
             }
-            self.uncommitted = Some(partition);
         }
         Ok(GroupPoll {
             partition: Some(partition),
             result: Some(result),
         })
+    }
+
+    /// Moves the position in `partition` into what the partition holds after a poll was out of
+    /// range: up to its first offset when retention deleted the stored position (those messages
+    /// are gone), down to its next offset when the position is beyond it (the topic was
+    /// recreated).
+    async fn move_into_range(&mut self, partition: u16) -> Result<(), GroupMemberError> {
+        let metadata = self.client()?.get_metadata().await?;
+        let ends = metadata
+            .streams
+            .iter()
+            .filter(|s| s.stream_id == self.stream_id)
+            .flat_map(|s| &s.topics)
+            .filter(|t| t.topic_id == self.topic_id)
+            .flat_map(|t| &t.partitions)
+            .find(|p| p.partition_id == partition)
+            .map(|p| (p.first_offset, p.next_offset));
+        if let (Some((first_offset, next_offset)), Some(position)) =
+            (ends, self.positions.get_mut(&partition))
+        {
+            // Not `clamp`: the bounds come from the server, and clamp panics on a reversed pair.
+            position.next_offset = position.next_offset.max(first_offset).min(next_offset);
+        }
+        Ok(())
     }
 
     /// Stores this member's position in every partition it reads where it read past the stored
@@ -262,7 +315,6 @@ impl GroupMember {
     /// # Cancel safety
     /// Not cancel safe: some offsets may be stored.
     pub async fn commit(&mut self) -> Result<(), GroupMemberError> {
-        self.uncommitted = None;
         let partitions: Vec<u16> = self.positions.keys().copied().collect();
         for partition in partitions {
             self.store(partition).await?;
@@ -331,7 +383,6 @@ impl GroupMember {
     /// Joins (again), dropping every partition: a member that is not one may not store.
     async fn rejoin(&mut self) -> Result<(), GroupMemberError> {
         self.positions.clear();
-        self.uncommitted = None;
         let (stream_id, topic_id) = (self.stream_id, self.topic_id);
         let group = self.consumer.name.clone();
         let assignment = self
@@ -365,9 +416,6 @@ impl GroupMember {
                 Err(error) => return Err(error),
             }
             self.positions.remove(partition);
-            if self.uncommitted == Some(*partition) {
-                self.uncommitted = None;
-            }
         }
         for partition in assignment.partitions {
             if self.positions.contains_key(&partition) {

@@ -428,3 +428,42 @@ fn issue11_2_group_members_consume_every_message_exactly_once_while_members_come
     );
     assert_eq!(counts.len(), total, "every message consumed");
 }
+
+#[test]
+fn issue11_2_a_backup_answers_group_requests_not_primary() {
+    use common::cluster::{Cluster, others, raw_request};
+    let cluster = Cluster::start();
+    let primary = cluster.wait_for_primary(&[0, 1, 2]);
+    let backup = others(primary)[0];
+    let clients = cluster.clients.clone();
+    let assignment = block_on(async move {
+        let mut client = Client::connect_any(&clients).await.unwrap();
+        client.create_stream(1, "orders").await.unwrap();
+        client
+            .create_topic(1, 1, "events", u32::from(PARTITION_COUNT))
+            .await
+            .unwrap();
+        client.create_group(1, 1, GROUP).await.unwrap();
+        // The client library follows a backup's NotPrimary to the primary.
+        let mut member = Client::connect(clients[backup]).await.unwrap();
+        member.join_group(1, 1, GROUP).await.unwrap()
+    });
+    assert_eq!(
+        assignment.partitions,
+        (0..PARTITION_COUNT).collect::<Vec<_>>()
+    );
+    let (header, _) = raw_request(
+        cluster.clients[backup],
+        0x6e0,
+        1,
+        bus::Operation::JoinGroup,
+        Namespace::new(1, 1, 0),
+        GROUP.as_bytes(),
+    )
+    .expect("the backup answers");
+    assert_eq!(
+        ErrorCode::from_u32(header.error_code),
+        Some(ErrorCode::NotPrimary),
+        "a backup holds no membership"
+    );
+}

@@ -41,6 +41,10 @@ pub const CHURN_POLL_COUNT: u32 = 64;
 /// member reaches its new member within a few milliseconds (the coordinator hands it over at the
 /// new member's next heartbeat).
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(20);
+/// Members store their positions at most this often while they poll (and always when they
+/// release a partition or leave): a store per poll would add a round trip (and, under `--fsync
+/// always`, an fsync) to every poll, which no pinned consumer pays.
+pub const COMMIT_INTERVAL: Duration = Duration::from_millis(100);
 /// The phase fails when no message is verified for this long (a partition nobody reads).
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -265,7 +269,8 @@ async fn member_loop(
         .await
         .context("cannot join the group")?
         .with_poll_count(plan.batch_message_count)
-        .with_heartbeat_interval(HEARTBEAT_INTERVAL);
+        .with_heartbeat_interval(HEARTBEAT_INTERVAL)
+        .with_commit_interval(COMMIT_INTERVAL);
         shared.join_count.fetch_add(1, Ordering::Relaxed);
         let mut poll_count = 0;
         let churn_due = |poll_count: u32| churn && poll_count >= CHURN_POLL_COUNT;
