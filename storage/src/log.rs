@@ -16,8 +16,8 @@ mod completion;
 mod index;
 mod producer_state;
 mod recovery;
-mod sealed;
 pub mod retention;
+mod sealed;
 mod stats;
 pub mod verify;
 mod writer;
@@ -45,8 +45,8 @@ use closed_files::{ClosedFiles, ReadFile, Reserve};
 use compio::BufResult;
 use completion::Completion;
 use index::SegmentIndex;
-use sealed::{SealedSegment, SealedSegments, load_sealed_index};
 pub use retention::{RetentionOutcome, RetentionPolicy};
+use sealed::{SealedSegment, SealedSegments, load_sealed_index};
 pub use stats::LogStats;
 
 /// When an append is acknowledged relative to fsync (`--fsync`, DESIGN section 6).

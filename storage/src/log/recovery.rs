@@ -17,8 +17,8 @@ use compio::io::AsyncWriteAtExt;
 
 use super::index::SegmentIndex;
 use super::producer_state::{ProducerStates, RecoveredProducers, recover_producers};
-use super::sealed::{SealedSegment, SealedSegments};
 use super::retention::{read_retention_floor, remove_segment_files, retention_floor_path};
+use super::sealed::{SealedSegment, SealedSegments};
 use super::verify::{
     Resync, ResyncBudget, check_entry_header, check_entry_payload, damage_verdict,
     resync_entry_header,

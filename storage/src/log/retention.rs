@@ -226,7 +226,10 @@ impl State {
             .sealed
             .oldest()
             .map_or(self.active.index.base_offset, |segment| segment.base_offset);
-        assert_eq!(next_base, floor, "the retention floor is a segment boundary");
+        assert_eq!(
+            next_base, floor,
+            "the retention floor is a segment boundary"
+        );
         self.closed_files.files.retain(|(base, _)| *base >= floor);
         dropped
     }
