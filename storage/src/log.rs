@@ -41,7 +41,7 @@ use crate::limits::{
     APPEND_QUEUE_BYTES_MAX, APPEND_QUEUE_ENTRY_COUNT_MAX, ENTRY_SIZE_MAX, SEGMENT_SIZE_MAX_LIMIT,
 };
 use crate::space::{FreeBytes, is_descriptors_exhausted, is_storage_full};
-use closed_files::{ClosedFiles, ReadFile, Reserve};
+use closed_files::{ClosedFiles, ReadFile, Reserve, SlotReservation};
 use compio::BufResult;
 use completion::Completion;
 use index::SegmentIndex;
@@ -813,6 +813,22 @@ impl PartitionLog {
         ))
     }
 
+    /// A closed-file slot for loading a sealed segment's index file, waiting while reads in
+    /// flight hold every slot (issue 7 section 2: a partition's descriptors stay within its
+    /// budget).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a reservation dropped unused gives its slot back.
+    async fn index_load_slot(&self) -> SlotReservation {
+        loop {
+            let reserved = self.shared.state.borrow_mut().closed_files.reserve_slot();
+            match reserved {
+                Ok(reservation) => return reservation,
+                Err(slots) => slots.free().await,
+            }
+        }
+    }
+
     /// The first offset a read can return: the base offset of the first segment (0 until
     /// retention deletes segments).
     pub fn first_offset(&self) -> u64 {
@@ -857,6 +873,20 @@ impl PartitionLog {
                     None => return Ok(plan.spans),
                 }
             };
+            // The index file counts against the log's closed-file descriptors like a segment
+            // a read opens (`closed_files.rs`); a read that waited for the slot may find the
+            // index cached by another meanwhile.
+            let _slot = self.index_load_slot().await;
+            if self
+                .shared
+                .state
+                .borrow_mut()
+                .sealed
+                .cached_index(missing.base_offset)
+                .is_some()
+            {
+                continue;
+            }
             match load_sealed_index(&self.shared.dir, missing).await {
                 // Not cached when retention or a rollback removed the segment meanwhile: the
                 // plan then goes on from the segment that holds the offset now.

@@ -145,8 +145,9 @@ pub struct PollArgs {
     #[command(flatten)]
     pub partition: PartitionArgs,
     /// First offset to read (with --consumer: only when that consumer stored no offset here).
-    #[arg(long, default_value_t = 0)]
-    pub offset: u64,
+    /// Without it: the partition's first retained offset (0 until retention deleted segments).
+    #[arg(long)]
+    pub offset: Option<u64>,
     /// Largest number of messages to print: 100 by default, no limit with --follow.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub count: Option<u32>,
@@ -706,28 +707,55 @@ pub fn poll(args: &PollArgs) -> anyhow::Result<()> {
 }
 
 /// Where `poll` starts: `--consumer`'s stored offset in `namespace` when it has one, else
-/// `--offset`.
+/// `--offset`, else the partition's first retained offset (issue 11 section 4: after retention
+/// deleted segments, offset 0 is `OffsetOutOfRange`).
 ///
 /// # Errors
-/// The `GetOffset` request failed.
+/// The `GetOffset` or `GetMetadata` request failed.
 async fn start_offset(
     client: &mut Client,
     namespace: Namespace,
     args: &PollArgs,
 ) -> anyhow::Result<u64> {
-    let Some(consumer) = &args.consumer else {
-        return Ok(args.offset);
-    };
-    let stored = client
-        .get_offset(namespace, consumer)
+    if let Some(consumer) = &args.consumer {
+        let stored = client
+            .get_offset(namespace, consumer)
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot read the stored offset of consumer {:?} in {namespace}",
+                    consumer.name
+                )
+            })?;
+        if let Some(stored) = stored {
+            return Ok(stored);
+        }
+    }
+    match args.offset {
+        Some(offset) => Ok(offset),
+        None => first_retained_offset(client, namespace).await,
+    }
+}
+
+/// The first offset `namespace` still retains, from the server's metadata (0 for a partition
+/// the metadata does not list: the poll then names the real problem).
+///
+/// # Errors
+/// The `GetMetadata` request failed.
+async fn first_retained_offset(client: &mut Client, namespace: Namespace) -> anyhow::Result<u64> {
+    let metadata = client
+        .get_metadata()
         .await
-        .with_context(|| {
-            format!(
-                "cannot read the stored offset of consumer {:?} in {namespace}",
-                consumer.name
-            )
-        })?;
-    Ok(stored.unwrap_or(args.offset))
+        .context("cannot read the partition's first offset")?;
+    Ok(metadata
+        .streams
+        .iter()
+        .filter(|stream| stream.stream_id == namespace.stream_id())
+        .flat_map(|stream| &stream.topics)
+        .filter(|topic| topic.topic_id == namespace.topic_id())
+        .flat_map(|topic| &topic.partitions)
+        .find(|partition| partition.partition_id == namespace.partition_id())
+        .map_or(0, |partition| partition.first_offset))
 }
 
 /// Stores `--consumer`'s offset in `namespace` as `next_offset` (the next offset it reads).

@@ -159,9 +159,9 @@ pub struct ServeArgs {
     /// section for every metric.
     #[arg(long, env = "SHARDLINE_METRICS_LISTEN", value_name = "HOST:PORT", value_parser = shardline::arg_values::parse_host_port, help_heading = "Metrics")]
     pub metrics_listen: Option<SocketAddr>,
-    /// A consumer-group member that sends no heartbeat for this long is removed and its
-    /// partitions go to the other members (issue 11 section 2): seconds (`10`, `10s`),
-    /// milliseconds (`500ms`) or minutes (`2m`), between 100ms and 60m.
+    /// A consumer-group member that sends no heartbeat, join or offset store for this long is
+    /// removed and its partitions go to the other members (issue 11 section 2): seconds (`10`,
+    /// `10s`), milliseconds (`500ms`) or minutes (`2m`), between 100ms and 60m.
     #[arg(long, env = "SHARDLINE_GROUP_SESSION_TIMEOUT", default_value = "10s", value_name = "DURATION", value_parser = parse_group_session_timeout, help_heading = "Consumer groups")]
     pub group_session_timeout: std::time::Duration,
     /// How often each shard deletes the sealed segments of its partitions that are past their

@@ -175,6 +175,7 @@ fn issue11_4_retention_by_size_moves_the_first_offset_and_restarts_accept_it() {
     });
     assert_eq!(segment_bases(&partition), vec![12, 15, 18]);
     assert_eq!(floor_on_disk(&partition), 12);
+    assert_cli_poll_starts_at_first_offset(server.addr, 12, 20);
 
     assert_eq!(server.stop(), Some(0));
     let server = start(&data_dir);
@@ -244,4 +245,34 @@ fn issue11_4_retention_by_age_set_by_alter_deletes_expired_sealed_segments_only(
         assert_eq!((ack.base_offset, ack.first_offset), (7, 6));
     });
     assert_eq!(server.stop(), Some(0));
+}
+
+/// `shardline poll` without `--offset` starts at the partition's first retained offset (it was
+/// offset 0, which retention turned into `OffsetOutOfRange`): it prints offsets `first..next`.
+fn assert_cli_poll_starts_at_first_offset(addr: std::net::SocketAddr, first: u64, next: u64) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_shardline"))
+        .args([
+            "poll",
+            "--stream",
+            "1",
+            "--topic",
+            "1",
+            "--partition",
+            "0",
+            "--addr",
+        ])
+        .arg(addr.to_string())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "poll failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let printed: Vec<u64> = stdout
+        .lines()
+        .filter_map(|line| line.split('\t').next()?.parse().ok())
+        .collect();
+    assert_eq!(printed, (first..next).collect::<Vec<_>>(), "{stdout}");
 }

@@ -208,16 +208,30 @@ impl ClosedFiles {
             self.files.push_back(entry);
             return Reserve::Cached(file);
         }
+        match self.reserve_slot() {
+            Ok(reservation) => Reserve::Reserved(reservation),
+            Err(slots) => Reserve::Full(slots),
+        }
+    }
+
+    /// A slot for a file a read opens and closes itself (a sealed segment's index file, issue
+    /// 11 section 4): a free one, or one freed by closing the kept files no read holds (least
+    /// recently read first). The slot frees when the reservation drops.
+    ///
+    /// # Errors
+    /// The slot count, to wait on with [`FileSlots::free`], when reads in flight hold every
+    /// slot.
+    pub(super) fn reserve_slot(&mut self) -> Result<SlotReservation, Rc<FileSlots>> {
         loop {
             if self.slots.try_take() {
-                return Reserve::Reserved(SlotReservation {
+                return Ok(SlotReservation {
                     slots: Some(Rc::clone(&self.slots)),
                 });
             }
             // Dropping the cache's handle closes the file and frees its slot unless a read
             // holds it (then the slot frees when that read completes).
             if self.files.pop_front().is_none() {
-                return Reserve::Full(Rc::clone(&self.slots));
+                return Err(Rc::clone(&self.slots));
             }
         }
     }

@@ -18,6 +18,7 @@ use super::LogError;
 use super::index::{IndexRow, SegmentIndex};
 use super::recovery::{load_closed_index, segment_path};
 use crate::limits::{SEALED_INDEX_CACHE_BYTES_MAX, SEALED_INDEX_CACHE_COUNT_MAX};
+use crate::space::is_descriptors_exhausted;
 
 /// What a log remembers of a sealed segment without its index: 48 bytes per segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,7 +205,9 @@ pub(crate) async fn load_sealed_index(
     segment: SealedSegment,
 ) -> Result<SegmentIndex, LogError> {
     let path = segment_path(dir, segment.base_offset);
-    let (index, _scanned) = load_closed_index(dir, &path, segment.base_offset).await?;
+    let (index, _scanned) = load_closed_index(dir, &path, segment.base_offset)
+        .await
+        .map_err(descriptors_exhausted_as_such)?;
     if !segment.matches(&index) {
         let found = SealedSegment::of(&index);
         return Err(LogError::Corrupt {
@@ -225,6 +228,18 @@ pub(crate) async fn load_sealed_index(
         });
     }
     Ok(index)
+}
+
+/// An I/O failure that ran out of file descriptors (`EMFILE`, `ENFILE`) as
+/// `LogError::DescriptorsExhausted`: a transient refusal (`ResourceExhausted` to the client, as a
+/// segment open's), not storage damage.
+fn descriptors_exhausted_as_such(error: LogError) -> LogError {
+    match error {
+        LogError::Io { path, op, source } if is_descriptors_exhausted(&source) => {
+            LogError::DescriptorsExhausted { path, op, source }
+        }
+        other => other,
+    }
 }
 
 /// Sealed-segment indexes, least recently used first, within [`SEALED_INDEX_CACHE_BYTES_MAX`] row
