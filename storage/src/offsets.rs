@@ -228,13 +228,15 @@ fn check_header(bytes: &[u8]) -> Result<(), OffsetsDefect> {
 /// Decodes a whole offsets file (header and records), telling a torn last record from damage.
 ///
 /// A torn tail is what one interrupted append leaves (appends are serialized, so only the last
-/// record can be incomplete): fewer bytes than a record header, a record whose size fields are
-/// impossible or that extends past the end while at most [`OFFSET_RECORD_SIZE_MAX`] bytes
-/// remain, or a bad checksum on the record that ends exactly at the end of the file.
+/// record can be incomplete): fewer bytes than a record header, a record whose consistent size
+/// fields extend past the end, at most [`OFFSET_RECORD_SIZE_MAX`] zero bytes (an extension the
+/// data never reached), or a bad checksum on the record that ends exactly at the end of the
+/// file. Size fields that disagree with each other in non-zero bytes are damage wherever they
+/// are.
 ///
 /// # Errors
 /// A bad header; a record with a bad checksum followed by more bytes; impossible size fields
-/// with more than one record's bytes after them; a valid record with a reserved byte set or a
+/// (unless all that follows is zeros, within one record's size); a valid record with a reserved byte set or a
 /// name that is not UTF-8; more than [`CONSUMERS_PER_PARTITION_MAX`] consumers. Each names the
 /// byte position where the damage starts.
 pub fn decode_offsets(bytes: &[u8]) -> Result<DecodedOffsets, OffsetsDefect> {
@@ -258,14 +260,17 @@ pub fn decode_offsets(bytes: &[u8]) -> Result<DecodedOffsets, OffsetsDefect> {
         let sizes_possible = (1..=CONSUMER_NAME_LEN_MAX).contains(&name_len)
             && size == OFFSET_RECORD_HEADER_SIZE + name_len;
         if !sizes_possible {
-            if remaining <= OFFSET_RECORD_SIZE_MAX {
+            // An interrupted append leaves a short file, or a zero-filled extension; written
+            // header bytes whose fields disagree are damage (adversarial review: a flipped
+            // name_len in the middle of a small file was cut as torn, losing later records).
+            if remaining <= OFFSET_RECORD_SIZE_MAX && bytes[position..].iter().all(|&b| b == 0) {
                 return Ok(torn(position, records));
             }
             return Err(OffsetsDefect {
                 position: position as u64,
                 reason: format!(
                     "record size {size} with name length {name_len} is impossible, and \
-                     {remaining} bytes follow (more than one record)"
+                     {remaining} bytes follow that are not a zero-filled torn append"
                 ),
             });
         }
@@ -812,6 +817,46 @@ mod tests {
         block_on(reopened.store(&key(0, "a"), 7)).unwrap();
         drop(reopened);
         assert_eq!(open(dir.path()).unwrap().0.get(&key(0, "a")), Some(7));
+    }
+
+    /// Adversarial review: a flipped byte in the size fields of a record in the middle of a small
+    /// file (less than one maximal record after it) is damage, not a torn tail: cutting it lost
+    /// every later, acknowledged record. A zero-filled tail is still torn.
+    #[test]
+    fn issue11_1_impossible_size_fields_mid_file_are_damage_and_a_zero_tail_is_torn() {
+        let dir = tempfile::tempdir().unwrap();
+        let (offsets, _) = open(dir.path()).unwrap();
+        block_on(async {
+            offsets.store(&key(0, "a"), 1).await.unwrap();
+            offsets.store(&key(0, "b"), 2).await.unwrap();
+            offsets.store(&key(0, "c"), 3).await.unwrap();
+        });
+        let path = offsets.path().to_path_buf();
+        drop(offsets);
+        let intact = std::fs::read(&path).unwrap();
+        let second = OFFSETS_FILE_HEADER_SIZE + OFFSET_RECORD_HEADER_SIZE + 1;
+        for field_byte in [8, 9, 14, 15] {
+            let mut bytes = intact.clone();
+            bytes[second + field_byte] ^= 0x07;
+            std::fs::write(&path, &bytes).unwrap();
+            match open(dir.path()).unwrap_err() {
+                OffsetsError::Corrupt { position, .. } => {
+                    assert_eq!(position, second as u64, "byte {field_byte}");
+                }
+                other => panic!("byte {field_byte}: expected Corrupt, got {other:?}"),
+            }
+            assert_eq!(std::fs::read(&path).unwrap(), bytes, "never modified");
+        }
+        let mut zero_tail = intact.clone();
+        zero_tail.extend_from_slice(&[0; 40]);
+        std::fs::write(&path, &zero_tail).unwrap();
+        let (offsets, _) = open(dir.path()).unwrap();
+        drop(offsets);
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            intact,
+            "the zero tail is cut"
+        );
     }
 
     #[test]

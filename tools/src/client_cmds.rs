@@ -144,8 +144,10 @@ pub enum PollOutput {
 pub struct PollArgs {
     #[command(flatten)]
     pub partition: PartitionArgs,
-    /// First offset to read (with --consumer: only when that consumer stored no offset here).
-    /// Without it: the partition's first retained offset (0 until retention deleted segments).
+    /// First offset to read; with --consumer it takes the place of the consumer's stored offset
+    /// (with --commit, the next run resumes after what this one printed). Without it: the
+    /// consumer's stored offset, else the partition's first retained offset (0 until retention
+    /// deleted segments).
     #[arg(long)]
     pub offset: Option<u64>,
     /// Largest number of messages to print: 100 by default, no limit with --follow.
@@ -153,11 +155,13 @@ pub struct PollArgs {
     pub count: Option<u32>,
     /// Keep printing messages as they are appended, like `tail -f`, until SIGINT or SIGTERM
     /// (then exit 0) or --count messages. Each poll waits on the server (parked, no busy
-    /// polling) up to 60 s for new data, then polls again.
+    /// polling) up to 60 s for new data, then polls again. When the server stops, it retries
+    /// for --timeout (30 s by default), so a restart is followed, then exits 1.
     #[arg(long)]
     pub follow: bool,
     /// Read as this named consumer: start from the offset it stored in the partition (the next
-    /// offset it reads), or from --offset when it stored none.
+    /// offset it reads; moved up to the first retained offset when retention deleted it), unless
+    /// --offset is given.
     #[arg(long, value_name = "NAME", value_parser = parse_consumer)]
     pub consumer: Option<bus::Consumer>,
     /// Store --consumer's offset (the next offset to read) once the messages are printed: at the
@@ -699,16 +703,20 @@ pub fn poll(args: &PollArgs) -> anyhow::Result<()> {
                 "caught up: no messages at or after offset {start} in {namespace} (its next offset \
                  is {next_offset})"
             );
-        } else if args.commit {
+        }
+        // Caught up, `--commit` still stores where it started (a `--offset` the user chose is
+        // where the next run resumes).
+        if args.commit {
             commit_offset(&mut client, namespace, args, offset).await?;
         }
         Ok(())
     })
 }
 
-/// Where `poll` starts: `--consumer`'s stored offset in `namespace` when it has one, else
-/// `--offset`, else the partition's first retained offset (issue 11 section 4: after retention
-/// deleted segments, offset 0 is `OffsetOutOfRange`).
+/// Where `poll` starts: `--offset` when given; else `--consumer`'s stored offset in `namespace`,
+/// moved up to the partition's first retained offset when retention deleted it (said on stderr);
+/// else the partition's first retained offset (issue 11 sections 1 and 4: after retention, a
+/// stored offset or offset 0 below the first offset would be `OffsetOutOfRange` at every run).
 ///
 /// # Errors
 /// The `GetOffset` or `GetMetadata` request failed.
@@ -717,23 +725,33 @@ async fn start_offset(
     namespace: Namespace,
     args: &PollArgs,
 ) -> anyhow::Result<u64> {
-    if let Some(consumer) = &args.consumer {
-        let stored = client
-            .get_offset(namespace, consumer)
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot read the stored offset of consumer {:?} in {namespace}",
-                    consumer.name
-                )
-            })?;
-        if let Some(stored) = stored {
-            return Ok(stored);
-        }
+    if let Some(offset) = args.offset {
+        return Ok(offset);
     }
-    match args.offset {
-        Some(offset) => Ok(offset),
-        None => first_retained_offset(client, namespace).await,
+    let first_offset = first_retained_offset(client, namespace).await?;
+    let Some(consumer) = &args.consumer else {
+        return Ok(first_offset);
+    };
+    let stored = client
+        .get_offset(namespace, consumer)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot read the stored offset of consumer {:?} in {namespace}",
+                consumer.name
+            )
+        })?;
+    match stored {
+        Some(stored) if stored < first_offset => {
+            eprintln!(
+                "consumer {:?} stored offset {stored} in {namespace}, which retention deleted: \
+                 starting at the first offset {first_offset}",
+                consumer.name
+            );
+            Ok(first_offset)
+        }
+        Some(stored) => Ok(stored),
+        None => Ok(first_offset),
     }
 }
 

@@ -379,7 +379,8 @@ fn issue11_3_poll_follow_prints_messages_appended_after_it_started() {
     assert_eq!(served.server.stop(), Some(0));
 }
 
-/// Passes once consumer offsets are stored (issue 11 section 1, helper H1's part).
+/// Issue 11 sections 1 and 3: `poll --consumer` resumes after the stored offset, `--follow
+/// --commit` stores as it goes.
 #[test]
 fn issue11_3_poll_consumer_resumes_after_its_committed_offset_and_follow_commits() {
     let dir = tempfile::tempdir().unwrap();
@@ -419,5 +420,23 @@ fn issue11_3_poll_consumer_resumes_after_its_committed_offset_and_follow_commits
     // --follow committed as it went: the next run starts after m4.
     append(addr, namespace, &["m5"]);
     assert_eq!(poll(&["--consumer", "c1", "--count", "5"]), "5\tm5\n");
+    // Adversarial review: an explicit --offset takes the place of the stored offset (how a
+    // consumer is moved), and --commit stores where it started when it was caught up.
+    assert_eq!(
+        poll(&[
+            "--consumer",
+            "c1",
+            "--commit",
+            "--offset",
+            "1",
+            "--count",
+            "1"
+        ]),
+        "1\tm1\n"
+    );
+    assert_eq!(poll(&["--consumer", "c1", "--count", "1"]), "2\tm2\n");
+    assert_eq!(poll(&["--consumer", "c2", "--commit", "--offset", "6"]), "");
+    append(addr, namespace, &["m6"]);
+    assert_eq!(poll(&["--consumer", "c2"]), "6\tm6\n");
     assert_eq!(served.server.stop(), Some(0));
 }
