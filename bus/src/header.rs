@@ -9,7 +9,7 @@
 //! | bytes    | field              | meaning                                                   |
 //! |----------|--------------------|-----------------------------------------------------------|
 //! | 0..16    | `checksum`         | u128, XXH3-128 of header bytes 16..256                     |
-//! | 16..32   | `checksum_body`    | u128, XXH3-128 of the body (also of an empty body)         |
+//! | 16..32   | `checksum_body`    | u128, XXH3-128 of the body (also of an empty body); of a batch body only its batch headers (below) |
 //! | 32..48   | `cluster`          | u128, cluster id                                           |
 //! | 48..52   | `size`             | u32, whole message bytes, header included (>= 256)         |
 //! | 52..56   | `view`             | u32, VSR view of the sender                                |
@@ -35,6 +35,14 @@
 //! | 172..176 | `generation`       | u32, group: the member's generation (store, assignment)    |
 //! | 176..256 | `reserved`         | zero                                                       |
 //!
+//! **Batch bodies** (a `SendMessages` request, a successful `PollMessages` reply: a sequence of
+//! batches, `crate::batch`): `checksum_body` is XXH3-128 of the batches' 32-byte headers only,
+//! concatenated in order (`crate::batch::checksum_of_batches`). Each batch header's own
+//! `checksum` (XXH3-64 of its message section) covers every other byte, so the body is still
+//! covered end to end while the receiver hashes each byte once (issue 12 item 1;
+//! `storage/FORMAT.md` section 3, "Which checksum protects what"). A receiver of a batch body
+//! must therefore check every batch's checksum (`BatchView::parse` does) before trusting it.
+//!
 //! The header is cast with bytemuck in native byte order; `lib.rs` refuses to compile on a
 //! big-endian target so that native order is the little-endian wire order.
 
@@ -42,7 +50,8 @@ use crate::command::{Command, Operation};
 use crate::frame::FrameError;
 
 pub const HEADER_SIZE: usize = 256;
-pub const PROTOCOL_VERSION: u16 = 1;
+/// 2 since issue 12: the `checksum_body` of batch bodies covers their batch headers only.
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// First byte covered by `checksum` (everything after the checksum field itself).
 const CHECKSUM_COVERAGE_START: usize = 16;
@@ -116,25 +125,59 @@ impl Header {
         twox_hash::XxHash3_128::oneshot(&bytemuck::bytes_of(self)[CHECKSUM_COVERAGE_START..])
     }
 
-    /// XXH3-128 of a message body (the value `checksum_body` must hold).
+    /// XXH3-128 of a whole body: the `checksum_body` of every frame whose body is not made of
+    /// batches (see `body_is_batches`).
     pub fn calculate_checksum_body(body: &[u8]) -> u128 {
         twox_hash::XxHash3_128::oneshot(body)
     }
 
-    /// Seals the header for `body`: sets `size` to 256 + `body.len()`, then `checksum_body`, then
+    /// Whether this frame's body is a sequence of batches, whose `checksum_body` covers only the
+    /// batch headers (`crate::batch::checksum_of_batches`): a `SendMessages` request, and a
+    /// `PollMessages` reply with `error_code` 0 (an error reply's body is its UTF-8 message).
+    pub fn body_is_batches(&self) -> bool {
+        let operation = self.operation;
+        (self.command == Command::Request as u8 && operation == Operation::SendMessages as u8)
+            || (self.command == Command::Reply as u8
+                && operation == Operation::PollMessages as u8
+                && self.error_code == 0)
+    }
+
+    /// The `checksum_body` this header must hold for `body`: XXH3-128 of the batch headers
+    /// for a batch body (`body_is_batches`), else of the whole body.
+    pub fn checksum_body_of(&self, body: &[u8]) -> u128 {
+        if self.body_is_batches() {
+            crate::batch::checksum_of_batches(body)
+        } else {
+            Header::calculate_checksum_body(body)
+        }
+    }
+
+    /// Seals the header for `body`: sets `size` to 256 + `body.len()`, then `checksum_body`
+    /// (`checksum_body_of`, so set `command`, `operation` and `error_code` first), then
     /// `checksum` (last, because it covers the other two). Change no field after this.
     ///
     /// # Panics
     /// If 256 + `body.len()` does not fit the u32 `size` field (a caller bug: bodies are bounded by
     /// the max message size long before that).
     pub fn set_checksums(&mut self, body: &[u8]) {
-        let size = HEADER_SIZE + body.len();
+        let checksum_body = self.checksum_body_of(body);
+        self.seal(body.len(), checksum_body);
+    }
+
+    /// Seals the header for a body of `body_size` bytes whose `checksum_body` the caller
+    /// computed (a poll reply served from files: `crate::batch::BatchesChecksum` over the batch
+    /// headers it verified), then sets `checksum`. Change no field after this.
+    ///
+    /// # Panics
+    /// If 256 + `body_size` does not fit the u32 `size` field.
+    pub fn seal(&mut self, body_size: usize, checksum_body: u128) {
+        let size = HEADER_SIZE + body_size;
         assert!(
             u32::try_from(size).is_ok(),
             "message of {size} bytes does not fit a u32 size"
         );
         self.size = size as u32;
-        self.checksum_body = Header::calculate_checksum_body(body);
+        self.checksum_body = checksum_body;
         self.checksum = self.calculate_checksum();
     }
 
@@ -143,9 +186,10 @@ impl Header {
         self.checksum == self.calculate_checksum()
     }
 
-    /// Whether `checksum_body` matches `body`.
+    /// Whether `checksum_body` matches `body` (`checksum_body_of`). For a batch body this proves
+    /// the batch headers only; the batches' own checksums prove the rest.
     pub fn valid_checksum_body(&self, body: &[u8]) -> bool {
-        self.checksum_body == Header::calculate_checksum_body(body)
+        self.checksum_body == self.checksum_body_of(body)
     }
 
     /// Body bytes announced by `size` (0 if `size` is below 256; validate first).
@@ -252,7 +296,7 @@ mod tests {
         header.request = 0x1122_3344_5566_7788;
         let bytes = bytemuck::bytes_of(&header);
         assert_eq!(&bytes[48..52], &[0x04, 0x03, 0x02, 0x01]);
-        assert_eq!(&bytes[56..58], &[1, 0]);
+        assert_eq!(&bytes[56..58], &[2, 0]);
         assert_eq!(bytes[58], 2);
         assert_eq!(bytes[60], 8);
         assert_eq!(&bytes[80..88], &0x1122_3344_5566_7788_u64.to_le_bytes());
@@ -262,7 +306,7 @@ mod tests {
     fn new_is_zeroed_but_version_command_operation() {
         let header = Header::new(Command::Request, Operation::CreateTopic);
         let mut expected: Header = bytemuck::Zeroable::zeroed();
-        expected.protocol_version = 1;
+        expected.protocol_version = 2;
         expected.command = 1;
         expected.operation = 4;
         assert_eq!(header, expected);
@@ -327,10 +371,10 @@ mod tests {
             })
         ));
         assert!(resealed(|h| h.size = 1000).validate_prefix(1000).is_ok());
-        let header = resealed(|h| h.protocol_version = 2);
+        let header = resealed(|h| h.protocol_version = PROTOCOL_VERSION + 1);
         assert!(matches!(
             header.validate_prefix(MAX),
-            Err(FrameError::ProtocolVersion { version: 2 })
+            Err(FrameError::ProtocolVersion { version: 3 })
         ));
         let header = resealed(|h| h.command = 18);
         assert!(matches!(

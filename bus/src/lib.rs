@@ -23,9 +23,9 @@ pub mod reply;
 pub mod wire;
 
 pub use batch::{
-    BATCH_HEADER_SIZE, BatchBuilder, BatchError, BatchHeader, BatchView,
+    BATCH_HEADER_SIZE, BatchBuilder, BatchError, BatchHeader, BatchView, BatchesChecksum,
     MESSAGE_FLAG_PRODUCER_STAMP, MESSAGE_HEADER_SIZE, MessageHeader, MessageView,
-    PRODUCER_STAMP_SIZE, ProducerStamp,
+    PRODUCER_STAMP_SIZE, ProducerStamp, checksum_of_batches,
 };
 pub use client::{Client, ClientError, PollResult, SendAck};
 pub use command::{Command, ErrorCode, Operation};

@@ -3,7 +3,8 @@
 //! the other end reads.
 
 use bus::{
-    Command, FrameError, HEADER_SIZE, Header, Operation, encode_frame, read_frame, write_frame,
+    Command, FrameError, HEADER_SIZE, Header, Operation, PROTOCOL_VERSION, encode_frame,
+    read_frame, write_frame,
 };
 use compio::net::{TcpListener, TcpStream};
 
@@ -229,10 +230,10 @@ fn unknown_operation() {
 
 #[test]
 fn unsupported_protocol_version() {
-    let bytes = resealed(b"", |header| header.protocol_version = 2);
+    let bytes = resealed(b"", |header| header.protocol_version = PROTOCOL_VERSION + 1);
     let result = run(send_then_read(bytes, MAX));
     assert!(
-        matches!(result, Err(FrameError::ProtocolVersion { version: 2 })),
+        matches!(result, Err(FrameError::ProtocolVersion { version: 3 })),
         "{result:?}"
     );
 }

@@ -1467,8 +1467,12 @@ mod tests {
             ));
         }
         assert_eq!(
-            decode(&reseal(|h| h.protocol_version = 2), CLUSTER, 3),
-            Err(WireError::ProtocolVersion { version: 2 })
+            decode(
+                &reseal(|h| h.protocol_version = PROTOCOL_VERSION + 1),
+                CLUSTER,
+                3
+            ),
+            Err(WireError::ProtocolVersion { version: 3 })
         );
         let mut bytes = reseal(|_| {});
         let mut header = header_of(&bytes);
