@@ -1,27 +1,46 @@
 //! Message batches: the `SendMessages` body and the `PollMessages` reply body, byte-identical to the
-//! storage entry (a test in `shards` checks the two layouts agree).
+//! storage entry (a test in `shards` checks the two layouts and checksum rules agree).
 //!
 //! Batch: `BatchHeader` (32 bytes) then `message_count` messages, each `MessageHeader` (32 bytes)
 //! then payload. All integers little-endian.
 //!
 //! `BatchHeader`: 0 `base_offset` u64, 8 `base_timestamp_us` u64, 16 `message_count` u32,
-//! 20 `length` u32 (bytes after the batch header), 24 `checksum` u64 (XXH3-64 of those bytes).
+//! 20 `length` u32 (bytes after the batch header: the *message section*), 24 `checksum` u64
+//! (XXH3-64, over the bytes the checksum rule below names).
 //!
 //! `MessageHeader`: 0 `length` u32 (payload bytes), 4 `offset_delta` u32 (= index in the batch),
-//! 8 `timestamp_delta_us` u32, 12 `reserved` u32, 16 `id` u64, 24 `checksum` u64 (XXH3-64 of the
-//! payload).
+//! 8 `timestamp_delta_us` u32, 12 `reserved` u32 (flags, first message only), 16 `id` u64,
+//! 24 `checksum` u64 (XXH3-64 of the payload).
 //!
 //! A message's offset is `base_offset + offset_delta` and its timestamp
 //! `base_timestamp_us + timestamp_delta_us`. `base_offset` is assigned by the owner shard after
 //! validation and is not covered by the checksum.
 //!
+//! Checksum rule (issue 12 item 1, "hash each byte once"), chosen per batch by bit 1
+//! (`MESSAGE_FLAG_CHECKSUM_OF_HEADERS`) of the first message's `reserved`:
+//! - set (`ChecksumRule::MessageHeaders`, what `BatchBuilder` writes since issue 12): the batch
+//!   `checksum` is XXH3-64 of the message section with every payload left out, i.e. of the
+//!   32-byte message headers in order, then the producer stamp when flagged. Each message header
+//!   holds the XXH3-64 of its own payload, so every byte of the section is covered, and verifying
+//!   the batch hashes each payload byte once (its message checksum) plus 32 bytes per message.
+//! - clear (`ChecksumRule::Section`, every batch built before issue 12): the batch `checksum` is
+//!   XXH3-64 of the whole message section; the message checksums are then a second pass.
+//!
+//! Either way the flag sits in a hashed message header, so flipping it fails the batch checksum.
+//! `BatchView::parse` verifies a batch by its rule (one pass over the payloads under
+//! `MessageHeaders`); `BatchView::parse_verified` also checks the message checksums of a
+//! `Section` batch, which is what the server requires of a `SendMessages` batch before it stores
+//! it. `storage/FORMAT.md` section 3 ("Which checksum protects what") says what each receiver
+//! checks.
+//!
 //! Producer stamp (idempotent sends): when bit 0 (`MESSAGE_FLAG_PRODUCER_STAMP`) of the first
 //! message's `reserved` is set, the message section ends with a 16-byte `ProducerStamp` after the
 //! last message: 0 `producer` u64 (non-zero), 8 `sequence` u64 (the producer's sequence number of
 //! the first message; message `i` has `sequence + i`). It is inside `length` and covered by the
-//! checksum, so the stored entry carries it and recovery rebuilds deduplication from the log
-//! (`storage/FORMAT.md` section 3). A batch without the flag has no stamp (every batch before
-//! issue 7). Other `reserved` bits, and bit 0 of later messages, carry no meaning.
+//! checksum (either rule), so the stored entry carries it and recovery rebuilds deduplication from
+//! the log (`storage/FORMAT.md` section 3). A batch without the flag has no stamp (every batch
+//! before issue 7). Other `reserved` bits, and the `reserved` field of later messages, carry no
+//! meaning.
 //!
 //! Parsing never panics and never reads out of bounds, whatever the bytes.
 
@@ -33,6 +52,13 @@ pub const MESSAGE_HEADER_SIZE: usize = 32;
 pub const PRODUCER_STAMP_SIZE: usize = 16;
 /// Bit of the first message's `reserved` field saying the batch ends with a [`ProducerStamp`].
 pub const MESSAGE_FLAG_PRODUCER_STAMP: u32 = 1;
+/// Bit of the first message's `reserved` field saying the batch `checksum` covers the message
+/// headers and the stamp, not the payloads ([`ChecksumRule::MessageHeaders`]; issue 12 item 1).
+pub const MESSAGE_FLAG_CHECKSUM_OF_HEADERS: u32 = 2;
+/// Message-header bytes gathered on the stack before they are fed to the streaming XXH3-64 of
+/// [`ChecksumRule::MessageHeaders`] (32 headers): one hasher call per 1 KiB instead of one per
+/// 32-byte header (measured in `benches/benches/codec.rs`, group `message_headers_checksum`).
+const HEADERS_STAGE_SIZE: usize = 1024;
 /// Position of the first message's `reserved` field in the message section.
 const FIRST_RESERVED_AT: usize = 12;
 
@@ -101,9 +127,102 @@ pub struct MessageHeader {
 const _: () = assert!(std::mem::size_of::<BatchHeader>() == BATCH_HEADER_SIZE);
 const _: () = assert!(std::mem::size_of::<MessageHeader>() == MESSAGE_HEADER_SIZE);
 
-/// XXH3-64, the checksum of payloads and of a batch's message section.
+/// XXH3-64 (seed 0), the checksum of payloads and, by the batch's rule, of its message section.
 fn checksum64(bytes: &[u8]) -> u64 {
     twox_hash::XxHash3_64::oneshot(bytes)
+}
+
+/// Which bytes a batch header's `checksum` covers (module docs; issue 12 item 1), chosen by bit 1
+/// (`MESSAGE_FLAG_CHECKSUM_OF_HEADERS`) of the first message's `reserved` field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChecksumRule {
+    /// XXH3-64 of the whole message section (flag clear: every batch before issue 12). The
+    /// message checksums are a second hash of the payloads (`BatchView::verify_messages`).
+    Section,
+    /// XXH3-64 of the message headers in order, then the producer stamp when flagged (flag set:
+    /// `BatchBuilder` since issue 12). Each message checksum covers its payload, so a verifier
+    /// hashes every payload byte once.
+    MessageHeaders,
+}
+
+impl ChecksumRule {
+    /// The rule a message section's first message flags; `Section` when the section is too short
+    /// to hold the flags word.
+    pub fn of_section(section: &[u8]) -> ChecksumRule {
+        let flagged = section
+            .get(FIRST_RESERVED_AT)
+            .is_some_and(|flags| u32::from(*flags) & MESSAGE_FLAG_CHECKSUM_OF_HEADERS != 0);
+        if flagged {
+            ChecksumRule::MessageHeaders
+        } else {
+            ChecksumRule::Section
+        }
+    }
+}
+
+/// The streaming XXH3-64 of [`ChecksumRule::MessageHeaders`]: fed each 32-byte message header in
+/// order, then the producer stamp; gathers `HEADERS_STAGE_SIZE` bytes on the stack per hasher
+/// call. The result equals `XxHash3_64::oneshot` of the concatenation.
+struct MessageHeadersChecksum {
+    hasher: twox_hash::XxHash3_64,
+    stage: [u8; HEADERS_STAGE_SIZE],
+    staged_len: usize,
+}
+
+impl MessageHeadersChecksum {
+    fn new() -> MessageHeadersChecksum {
+        MessageHeadersChecksum {
+            hasher: twox_hash::XxHash3_64::new(),
+            stage: [0; HEADERS_STAGE_SIZE],
+            staged_len: 0,
+        }
+    }
+
+    /// Adds bytes (a message header, or the stamp) after those pushed before.
+    fn push(&mut self, bytes: &[u8]) {
+        if self.staged_len + bytes.len() > HEADERS_STAGE_SIZE {
+            std::hash::Hasher::write(&mut self.hasher, &self.stage[..self.staged_len]);
+            self.staged_len = 0;
+            if bytes.len() > HEADERS_STAGE_SIZE {
+                std::hash::Hasher::write(&mut self.hasher, bytes);
+                return;
+            }
+        }
+        self.stage[self.staged_len..self.staged_len + bytes.len()].copy_from_slice(bytes);
+        self.staged_len += bytes.len();
+    }
+
+    fn finish(mut self) -> u64 {
+        std::hash::Hasher::write(&mut self.hasher, &self.stage[..self.staged_len]);
+        std::hash::Hasher::finish(&self.hasher)
+    }
+}
+
+/// The `checksum` a batch header must hold for `section` by the rule its first message flags:
+/// under `MessageHeaders`, the hash of the message headers the framing walk reaches (it stops,
+/// without panicking, at the first message that does not fit) and of the stamp when flagged and
+/// room is left for it. Defined for any bytes so that tests can reseal edited batches.
+fn section_checksum(section: &[u8]) -> u64 {
+    match ChecksumRule::of_section(section) {
+        ChecksumRule::Section => checksum64(section),
+        ChecksumRule::MessageHeaders => {
+            let stamp = ProducerStamp::of_section(section).map(ProducerStamp::encode);
+            let mut rest = if stamp.is_some() {
+                &section[..section.len() - PRODUCER_STAMP_SIZE]
+            } else {
+                section
+            };
+            let mut checksum = MessageHeadersChecksum::new();
+            while let Some((_, header_bytes, _, next)) = split_message(rest) {
+                checksum.push(header_bytes);
+                rest = next;
+            }
+            if let Some(stamp) = stamp {
+                checksum.push(&stamp);
+            }
+            checksum.finish()
+        }
+    }
 }
 
 /// The `checksum_body` of a batch body (a `SendMessages` request, a successful `PollMessages`
@@ -169,9 +288,12 @@ pub fn checksum_of_batches(body: &[u8]) -> u128 {
     checksum.finish()
 }
 
-/// Builds one batch (`base_offset` 0: the owner shard assigns it).
+/// Builds one batch (`base_offset` 0: the owner shard assigns it) under
+/// [`ChecksumRule::MessageHeaders`]: the first message carries `MESSAGE_FLAG_CHECKSUM_OF_HEADERS`.
 ///
-/// Bytes are written in place as messages are pushed, so `finish` only fills the batch header.
+/// Bytes are written in place as messages are pushed, each payload hashed once for its message
+/// checksum, so `finish` only hashes the message headers (32 bytes per message) and fills the
+/// batch header.
 #[derive(Debug)]
 pub struct BatchBuilder {
     /// Batch header placeholder (32 zero bytes) followed by the messages pushed so far.
@@ -230,7 +352,11 @@ impl BatchBuilder {
             length: payload.len() as u32,
             offset_delta: self.message_count,
             timestamp_delta_us: u32::try_from(timestamp_delta_us).unwrap_or(u32::MAX),
-            reserved: 0,
+            reserved: if self.message_count == 0 {
+                MESSAGE_FLAG_CHECKSUM_OF_HEADERS
+            } else {
+                0
+            },
             id,
             checksum: checksum64(payload),
         };
@@ -272,7 +398,7 @@ impl BatchBuilder {
             base_timestamp_us: self.base_timestamp_us,
             message_count: self.message_count,
             length: section.len() as u32,
-            checksum: checksum64(section),
+            checksum: section_checksum(section),
         };
         self.bytes[..BATCH_HEADER_SIZE].copy_from_slice(bytemuck::bytes_of(&header));
         self.bytes
@@ -322,8 +448,10 @@ pub enum BatchError {
     TooManyMessages { count: u32, max: u32 },
     #[error("message {index} has offset_delta {offset_delta}, expected its index")]
     OffsetDelta { index: u32, offset_delta: u32 },
-    /// A message's payload does not match its own checksum although the batch checksum (computed
-    /// over the already wrong bytes) matches: the sender built a damaged batch.
+    /// A message's payload does not match its own checksum: under `ChecksumRule::MessageHeaders`
+    /// a damaged payload or message checksum (found by `parse`, before the batch checksum); under
+    /// `Section`, found by `verify_messages` although the batch checksum (computed over the
+    /// already wrong bytes) matches: the sender built a damaged batch.
     #[error(
         "message {index} (offset_delta {offset_delta}) fails its payload checksum: the message \
          header says {recorded:#018x}, its {payload_len}-byte payload hashes to {actual:#018x}"
@@ -388,20 +516,43 @@ fn messages_section(section: &[u8], message_count: u32) -> Result<&[u8], BatchEr
     Ok(&section[..section.len() - PRODUCER_STAMP_SIZE])
 }
 
-/// Splits the next message off a message section: its header and payload, and the rest.
-/// `None` if the header or the payload runs past the end.
-fn split_message(section: &[u8]) -> Option<(MessageHeader, &[u8], &[u8])> {
+/// Splits the next message off a message section: its header (decoded and as bytes) and
+/// payload, and the rest. `None` if the header or the payload runs past the end.
+fn split_message(section: &[u8]) -> Option<(MessageHeader, &[u8], &[u8], &[u8])> {
     let header_bytes = section.get(..MESSAGE_HEADER_SIZE)?;
     let header: MessageHeader = bytemuck::pod_read_unaligned(header_bytes);
     let rest = &section[MESSAGE_HEADER_SIZE..];
     let payload_len = header.length as usize;
     let payload = rest.get(..payload_len)?;
-    Some((header, payload, &rest[payload_len..]))
+    Some((header, header_bytes, payload, &rest[payload_len..]))
+}
+
+/// `MessageChecksum` for message `index` when XXH3-64 of `payload` differs from its header's.
+fn check_message_checksum(
+    index: u32,
+    message: &MessageHeader,
+    payload: &[u8],
+) -> Result<(), BatchError> {
+    let actual = checksum64(payload);
+    if actual == message.checksum {
+        return Ok(());
+    }
+    Err(BatchError::MessageChecksum {
+        index,
+        offset_delta: message.offset_delta,
+        payload_len: message.length,
+        recorded: message.checksum,
+        actual,
+    })
 }
 
 impl<'a> BatchView<'a> {
-    /// Validates the header, the checksum of the message section and the message framing.
-    /// `bytes` must be exactly one batch.
+    /// Validates the header, the batch checksum by the batch's `ChecksumRule` and the message
+    /// framing. `bytes` must be exactly one batch. Under `MessageHeaders` this is one pass over
+    /// the payloads: each message's checksum is verified as the walk reaches it, and its header
+    /// fed to the batch checksum (issue 12 item 1). Under `Section` the message checksums are
+    /// not checked (the batch checksum covers the payloads; `verify_messages` is the second pass,
+    /// `parse_verified` does both).
     ///
     /// # Errors
     /// Checked in this order, the first failure wins:
@@ -409,13 +560,14 @@ impl<'a> BatchView<'a> {
     /// - `LengthMismatch`: `length` differs from the bytes after the header.
     /// - `Empty`: `message_count` is 0.
     /// - `TooManyMessages`: `message_count` > `BATCH_MESSAGE_COUNT_MAX`.
-    /// - `Checksum`: XXH3-64 of the message section differs from `checksum`.
-    /// - `MessageOverrun { index }`: message `index`'s header or payload runs past the end.
-    /// - `OffsetDelta`: a message's `offset_delta` is not its index.
+    /// - `Checksum` (`Section` only): XXH3-64 of the message section differs from `checksum`.
+    /// - `StampTruncated`, `StampProducerZero`, `StampSequenceOverflow`: a flagged stamp.
+    /// - per message, in order: `MessageOverrun { index }` (its header or payload runs past the
+    ///   end), `OffsetDelta` (its `offset_delta` is not its index), and under `MessageHeaders`
+    ///   `MessageChecksum` (its payload does not hash to its checksum).
     /// - `CountMismatch`: the section holds another number of messages than declared.
-    ///
-    /// Per-message checksums are not checked here (the batch checksum covers them);
-    /// `MessageView::verify` checks one payload.
+    /// - `Checksum` (`MessageHeaders` only): XXH3-64 of the message headers and stamp differs
+    ///   from `checksum` (a damaged message header, stamp, flag or batch `checksum`).
     pub fn parse(bytes: &'a [u8]) -> Result<BatchView<'a>, BatchError> {
         let Some(header_bytes) = bytes.get(..BATCH_HEADER_SIZE) else {
             return Err(BatchError::TooShort { len: bytes.len() });
@@ -437,15 +589,18 @@ impl<'a> BatchView<'a> {
                 max: BATCH_MESSAGE_COUNT_MAX,
             });
         }
-        if checksum64(section) != header.checksum {
+        let rule = ChecksumRule::of_section(section);
+        if rule == ChecksumRule::Section && checksum64(section) != header.checksum {
             return Err(BatchError::Checksum);
         }
-        let section = messages_section(section, header.message_count)?;
+        let messages = messages_section(section, header.message_count)?;
+        let mut headers_checksum =
+            (rule == ChecksumRule::MessageHeaders).then(MessageHeadersChecksum::new);
         // Walks the whole section: bounded, since every message takes at least 32 bytes.
-        let mut rest = section;
+        let mut rest = messages;
         let mut found: u32 = 0;
         while !rest.is_empty() {
-            let Some((message, _payload, next)) = split_message(rest) else {
+            let Some((message, header_bytes, payload, next)) = split_message(rest) else {
                 return Err(BatchError::MessageOverrun { index: found });
             };
             if message.offset_delta != found {
@@ -453,6 +608,10 @@ impl<'a> BatchView<'a> {
                     index: found,
                     offset_delta: message.offset_delta,
                 });
+            }
+            if let Some(checksum) = headers_checksum.as_mut() {
+                check_message_checksum(found, &message, payload)?;
+                checksum.push(header_bytes);
             }
             found += 1;
             rest = next;
@@ -463,7 +622,35 @@ impl<'a> BatchView<'a> {
                 found,
             });
         }
+        if let Some(mut checksum) = headers_checksum {
+            // The stamp, when flagged, is what `messages_section` left out.
+            checksum.push(&section[messages.len()..]);
+            if checksum.finish() != header.checksum {
+                return Err(BatchError::Checksum);
+            }
+        }
         Ok(BatchView { header, bytes })
+    }
+
+    /// `parse`, then, for a `ChecksumRule::Section` batch, `verify_messages`: every message
+    /// checksum verified, each payload byte hashed once under `MessageHeaders` and twice under
+    /// `Section` (the rule before issue 12). What the server requires of a `SendMessages` batch
+    /// before it stores it (`storage/FORMAT.md` section 3, "Which checksum protects what").
+    ///
+    /// # Errors
+    /// As `parse`; then `MessageChecksum` from `verify_messages` for a `Section` batch.
+    pub fn parse_verified(bytes: &'a [u8]) -> Result<BatchView<'a>, BatchError> {
+        let view = BatchView::parse(bytes)?;
+        if view.checksum_rule() == ChecksumRule::Section {
+            view.verify_messages()?;
+        }
+        Ok(view)
+    }
+
+    /// The checksum rule the batch's first message flags (`Section` for a view whose bytes hold
+    /// no message).
+    pub fn checksum_rule(&self) -> ChecksumRule {
+        ChecksumRule::of_section(self.bytes.get(BATCH_HEADER_SIZE..).unwrap_or_default())
     }
 
     /// Splits a buffer of concatenated batches (a poll reply) and validates each.
@@ -504,7 +691,7 @@ impl<'a> BatchView<'a> {
             if remaining_count == 0 {
                 return None;
             }
-            let (message, payload, next) = split_message(rest)?;
+            let (message, _, payload, next) = split_message(rest)?;
             rest = next;
             remaining_count -= 1;
             Some(MessageView {
@@ -550,30 +737,22 @@ impl<'a> BatchView<'a> {
         })
     }
 
-    /// Checks every message's payload against its own checksum (XXH3-64). `parse` does not (the
-    /// batch checksum covers the section as sent, so a sender that hashed a payload wrongly
-    /// passes it); the server calls this before it stores a batch, so that no consumer meets a
-    /// message that fails `MessageView::verify`.
+    /// Checks every message's payload against its own checksum (XXH3-64), whatever the rule:
+    /// a second pass over the payloads. Under `ChecksumRule::Section`, `parse` does not check
+    /// them (the batch checksum covers the section as sent, so a sender that hashed a payload
+    /// wrongly passes it); under `MessageHeaders`, `parse` already did, so callers holding a
+    /// parsed view need this only for `Section` batches: `parse_verified` calls it exactly then.
     ///
     /// # Errors
     /// `MessageChecksum` for the first message whose payload does not match, naming its index
-    /// and offset delta.
+    /// and offset delta; `MessageOverrun` when a view not built by `parse` runs out of bytes.
     pub fn verify_messages(&self) -> Result<(), BatchError> {
         let mut rest = self.bytes.get(BATCH_HEADER_SIZE..).unwrap_or_default();
         for index in 0..self.header.message_count {
-            let Some((message, payload, next)) = split_message(rest) else {
+            let Some((message, _, payload, next)) = split_message(rest) else {
                 return Err(BatchError::MessageOverrun { index });
             };
-            let actual = checksum64(payload);
-            if actual != message.checksum {
-                return Err(BatchError::MessageChecksum {
-                    index,
-                    offset_delta: message.offset_delta,
-                    payload_len: message.length,
-                    recorded: message.checksum,
-                    actual,
-                });
-            }
+            check_message_checksum(index, &message, payload)?;
             rest = next;
         }
         Ok(())
@@ -613,8 +792,16 @@ mod tests {
         builder.finish()
     }
 
-    /// Rewrites the batch checksum after a test edited the message section.
+    /// Rewrites the batch checksum, by the batch's rule, after a test edited the message section.
     fn reseal(batch: &mut [u8]) {
+        let checksum = section_checksum(&batch[BATCH_HEADER_SIZE..]);
+        batch[24..32].copy_from_slice(&checksum.to_le_bytes());
+    }
+
+    /// Turns a built batch into one of the rule before issue 12 (`ChecksumRule::Section`): the
+    /// flag cleared and the checksum over the whole message section.
+    fn to_section_rule(batch: &mut [u8]) {
+        batch[BATCH_HEADER_SIZE + FIRST_RESERVED_AT] &= !(MESSAGE_FLAG_CHECKSUM_OF_HEADERS as u8);
         let checksum = checksum64(&batch[BATCH_HEADER_SIZE..]);
         batch[24..32].copy_from_slice(&checksum.to_le_bytes());
     }
@@ -626,27 +813,109 @@ mod tests {
         // Message 1's checksum field: batch header, message 0 (header + 2 bytes), then byte 24.
         let at = BATCH_HEADER_SIZE + MESSAGE_HEADER_SIZE + 2 + 24;
         batch[at] ^= 0xff;
-        reseal(&mut batch);
-        let view = BatchView::parse(&batch).expect("the batch checksum covers the edited bytes");
         let recorded = checksum64(b"cd") ^ 0xff;
+        let expected = || BatchError::MessageChecksum {
+            index: 1,
+            offset_delta: 1,
+            payload_len: 2,
+            recorded,
+            actual: checksum64(b"cd"),
+        };
+        // Issue 12 item 1: under the message-headers rule, parse finds it (before the batch
+        // checksum, resealed or not).
+        assert_eq!(BatchView::parse(&batch).unwrap_err(), expected());
+        reseal(&mut batch);
+        assert_eq!(BatchView::parse(&batch).unwrap_err(), expected());
         assert_eq!(
-            view.verify_messages(),
-            Err(BatchError::MessageChecksum {
-                index: 1,
-                offset_delta: 1,
-                payload_len: 2,
-                recorded,
-                actual: checksum64(b"cd"),
-            })
-        );
-        assert_eq!(
-            view.verify_messages().unwrap_err().to_string(),
+            expected().to_string(),
             format!(
                 "message 1 (offset_delta 1) fails its payload checksum: the message header says \
                  {recorded:#018x}, its 2-byte payload hashes to {:#018x}",
                 checksum64(b"cd")
             )
         );
+        // Under the section rule the batch checksum passes; verify_messages finds it.
+        to_section_rule(&mut batch);
+        let view = BatchView::parse(&batch).expect("the batch checksum covers the edited bytes");
+        assert_eq!(view.verify_messages(), Err(expected()));
+        assert_eq!(BatchView::parse_verified(&batch).unwrap_err(), expected());
+    }
+
+    /// Issue 12 item 1: the builder flags the message-headers rule and its checksum is XXH3-64
+    /// of the message headers then the stamp; a batch of the section rule still parses.
+    #[test]
+    fn issue12_1_builder_checksums_message_headers_and_both_rules_parse() {
+        let stamp = ProducerStamp {
+            producer: 9,
+            sequence: 100,
+        };
+        let mut builder = BatchBuilder::default();
+        builder.push(1, 10, b"first");
+        builder.push(2, 11, b"");
+        builder.push(3, 12, b"third!");
+        let batch = builder.finish_stamped(stamp);
+        let header: BatchHeader = bytemuck::pod_read_unaligned(&batch[..32]);
+        let mut headers = Vec::new();
+        headers.extend_from_slice(&batch[32..64]);
+        headers.extend_from_slice(&batch[69..101]);
+        headers.extend_from_slice(&batch[101..133]);
+        headers.extend_from_slice(&batch[139..155]);
+        assert_eq!(batch.len(), 155);
+        assert_eq!(header.checksum, twox_hash::XxHash3_64::oneshot(&headers));
+        assert_eq!(
+            &batch[32 + 12..32 + 16],
+            &(MESSAGE_FLAG_CHECKSUM_OF_HEADERS | MESSAGE_FLAG_PRODUCER_STAMP).to_le_bytes()
+        );
+        let view = BatchView::parse_verified(&batch).unwrap();
+        assert_eq!(view.checksum_rule(), ChecksumRule::MessageHeaders);
+        assert_eq!(view.producer_stamp(), Some(stamp));
+
+        let mut old = batch.clone();
+        to_section_rule(&mut old);
+        let view = BatchView::parse_verified(&old).unwrap();
+        assert_eq!(view.checksum_rule(), ChecksumRule::Section);
+        assert_eq!(view.producer_stamp(), Some(stamp));
+        assert_eq!(view.messages().count(), 3);
+
+        // The flag itself is covered: cleared on a new batch, or set on an old one, the batch
+        // checksum no longer matches.
+        let mut cleared = batch.clone();
+        cleared[32 + 12] &= !2;
+        assert_eq!(BatchView::parse(&cleared).unwrap_err(), BatchError::Checksum);
+        let mut set = old.clone();
+        set[32 + 12] |= 2;
+        assert_eq!(BatchView::parse(&set).unwrap_err(), BatchError::Checksum);
+    }
+
+    /// Issue 12 item 1: a flipped byte in a message payload, a message header or the batch
+    /// header's checksum fails `parse` of a new batch, each with the error its rule gives.
+    #[test]
+    fn issue12_1_a_flipped_byte_fails_parse_by_where_it_is() {
+        let batch = build(&[(1, 0, b"ab"), (2, 0, b"cd")]);
+        let flipped = |at: usize| {
+            let mut bytes = batch.clone();
+            bytes[at] ^= 0x20;
+            BatchView::parse(&bytes).unwrap_err()
+        };
+        // Message 1's payload ("cd" at 32 + 34 + 32).
+        assert!(matches!(
+            flipped(32 + 34 + 32 + 1),
+            BatchError::MessageChecksum { index: 1, .. }
+        ));
+        // Message 1's id (header byte 16): only the headers checksum sees it.
+        assert_eq!(flipped(32 + 34 + 16), BatchError::Checksum);
+        // Message 0's timestamp delta.
+        assert_eq!(flipped(32 + 8), BatchError::Checksum);
+        // The batch header's checksum, count and length.
+        assert_eq!(flipped(24), BatchError::Checksum);
+        assert_eq!(
+            flipped(16),
+            BatchError::CountMismatch {
+                declared: 34,
+                found: 2
+            }
+        );
+        assert!(matches!(flipped(20), BatchError::LengthMismatch { .. }));
     }
 
     #[test]
@@ -670,6 +939,8 @@ mod tests {
         let batch = build(&[(7, 1_000, b"ab"), (8, 1_250, b"")]);
         assert_eq!(batch.len(), 32 + 32 + 2 + 32);
         let header: BatchHeader = bytemuck::pod_read_unaligned(&batch[..32]);
+        // Issue 12 item 1: the checksum covers the two message headers, not the payload.
+        let headers = [&batch[32..64], &batch[66..98]].concat();
         assert_eq!(
             header,
             BatchHeader {
@@ -677,7 +948,7 @@ mod tests {
                 base_timestamp_us: 1_000,
                 message_count: 2,
                 length: 66,
-                checksum: twox_hash::XxHash3_64::oneshot(&batch[32..]),
+                checksum: twox_hash::XxHash3_64::oneshot(&headers),
             }
         );
         let first: MessageHeader = bytemuck::pod_read_unaligned(&batch[32..64]);
@@ -687,7 +958,7 @@ mod tests {
                 length: 2,
                 offset_delta: 0,
                 timestamp_delta_us: 0,
-                reserved: 0,
+                reserved: MESSAGE_FLAG_CHECKSUM_OF_HEADERS,
                 id: 7,
                 checksum: twox_hash::XxHash3_64::oneshot(b"ab"),
             }
@@ -777,6 +1048,12 @@ mod tests {
         );
 
         let mut flipped = good.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        assert!(matches!(
+            BatchView::parse(&flipped).unwrap_err(),
+            BatchError::MessageChecksum { index: 1, .. }
+        ));
+        to_section_rule(&mut flipped);
         *flipped.last_mut().unwrap() ^= 1;
         assert_eq!(
             BatchView::parse(&flipped).unwrap_err(),
@@ -889,7 +1166,7 @@ mod tests {
             &0xABCDu64.to_le_bytes()
         );
         assert_eq!(&batch[batch.len() - 8..], &41u64.to_le_bytes());
-        assert_eq!(&batch[32 + 12..32 + 16], &1u32.to_le_bytes());
+        assert_eq!(&batch[32 + 12..32 + 16], &3u32.to_le_bytes());
         set_base_offset(&mut batch, 7);
         let view = BatchView::parse(&batch).unwrap();
         assert_eq!(view.producer_stamp(), Some(stamp));
@@ -989,7 +1266,7 @@ mod tests {
                 base_timestamp_us: 0,
                 message_count,
                 length: section.len() as u32,
-                checksum: checksum64(&section),
+                checksum: section_checksum(&section),
             };
             let mut bytes = bytemuck::bytes_of(&header).to_vec();
             bytes.extend_from_slice(&section);
@@ -1023,6 +1300,73 @@ mod tests {
             let mut twice = batch.clone();
             twice.extend_from_slice(&batch);
             prop_assert_eq!(BatchView::parse_many(&twice).unwrap().len(), 2);
+        }
+
+        /// Issue 12 item 1: under either rule, a flipped bit anywhere in a built batch is caught:
+        /// past byte 16 (count, length, checksum, message section) by `parse_verified`, and in
+        /// the batch header (`base_offset`, `base_timestamp_us`, which no batch checksum covers)
+        /// by the frame's `checksum_body`, `checksum_of_batches`.
+        #[test]
+        fn issue12_1_every_flipped_bit_is_caught_under_both_rules(
+            messages in arbitrary_messages(),
+            stamped in any::<bool>(),
+            section_rule in any::<bool>(),
+            bit in any::<proptest::sample::Index>(),
+        ) {
+            let mut builder = BatchBuilder::default();
+            for (id, timestamp_us, payload) in &messages {
+                builder.push(*id, *timestamp_us, payload);
+            }
+            let mut batch = if stamped {
+                builder.finish_stamped(ProducerStamp { producer: 7, sequence: 1 })
+            } else {
+                builder.finish()
+            };
+            if section_rule {
+                to_section_rule(&mut batch);
+            }
+            prop_assert!(BatchView::parse_verified(&batch).is_ok());
+            let bit = bit.index(batch.len() * 8);
+            let mut flipped = batch.clone();
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            if bit / 8 >= 16 {
+                prop_assert!(BatchView::parse_verified(&flipped).is_err(), "bit {}", bit);
+            } else {
+                prop_assert_ne!(checksum_of_batches(&flipped), checksum_of_batches(&batch));
+            }
+        }
+
+        /// Issue 12 item 1: `parse` of a message-headers batch agrees with `parse` of the same
+        /// batch under the section rule followed by `verify_messages` on random edits that
+        /// keep the batch checksum right (resealed): both accept or both refuse.
+        #[test]
+        fn issue12_1_one_pass_agrees_with_two_passes_on_resealed_edits(
+            messages in arbitrary_messages(),
+            at in any::<proptest::sample::Index>(),
+            value in any::<u8>(),
+        ) {
+            let mut builder = BatchBuilder::default();
+            for (id, timestamp_us, payload) in &messages {
+                builder.push(*id, *timestamp_us, payload);
+            }
+            let mut batch = builder.finish();
+            // Any byte of the message section except the flags byte (which picks the rule).
+            let at = BATCH_HEADER_SIZE + at.index(batch.len() - BATCH_HEADER_SIZE);
+            prop_assume!(at != BATCH_HEADER_SIZE + FIRST_RESERVED_AT);
+            batch[at] = value;
+            reseal(&mut batch);
+            let one_pass = BatchView::parse(&batch).map(|_| ());
+            let mut old = batch.clone();
+            to_section_rule(&mut old);
+            let two_passes = BatchView::parse_verified(&old).map(|_| ());
+            prop_assert_eq!(one_pass.is_ok(), two_passes.is_ok());
+            // With a checksum computed over the edit, only the message checksums can object.
+            if let Err(error) = one_pass {
+                prop_assert!(
+                    !matches!(error, BatchError::Checksum),
+                    "{error:?} for an edit resealed under the rule"
+                );
+            }
         }
     }
 }
