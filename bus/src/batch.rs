@@ -150,8 +150,8 @@ impl ChecksumRule {
     /// to hold the flags word.
     pub fn of_section(section: &[u8]) -> ChecksumRule {
         let flagged = section
-            .get(FIRST_RESERVED_AT)
-            .is_some_and(|flags| u32::from(*flags) & MESSAGE_FLAG_CHECKSUM_OF_HEADERS != 0);
+            .get(FIRST_RESERVED_AT..FIRST_RESERVED_AT + 4)
+            .is_some_and(|flags| u32::from(flags[0]) & MESSAGE_FLAG_CHECKSUM_OF_HEADERS != 0);
         if flagged {
             ChecksumRule::MessageHeaders
         } else {

@@ -3,8 +3,15 @@
 //! a poller without transformation.
 //!
 //! `EntryHeader`: `base_offset` u64, `base_timestamp_us` u64, `message_count` u32, `length` u32
-//! (payload bytes), `checksum` u64 (XXH3-64 of the payload), all little-endian. `base_offset` is assigned by the
-//! log on append. This module only encodes and decodes; it never does I/O.
+//! (payload bytes), `checksum` u64, all little-endian. `base_offset` is assigned by the log on
+//! append. This module only encodes, decodes and checks; it never does I/O.
+//!
+//! Checksum rule (issue 12 item 1; `storage/FORMAT.md` section 3), mirroring `bus::ChecksumRule`:
+//! when bit 1 of payload bytes 12..16 (the first message's `reserved`, u32) is set, `checksum` is
+//! XXH3-64 of the payload with every message's own payload left out (the 32-byte message headers
+//! in order, then the producer stamp when flagged), and each message header's checksum (u64 at
+//! 24) is XXH3-64 of its payload; otherwise (every entry before issue 12) `checksum` is XXH3-64
+//! of the whole payload. [`check_payload`] verifies either, the flagged one in one pass.
 //!
 //! Producer stamp: the payload is owned by `bus`, except for the one rule recovery needs to
 //! rebuild idempotent producers' state from the log (`storage/FORMAT.md` section 3, "Producer
@@ -72,6 +79,13 @@ impl EntryHeader {
 pub const PRODUCER_STAMP_SIZE: usize = 16;
 /// Bit of payload bytes 12..16 (u32) that says the payload ends with a producer stamp.
 pub const PAYLOAD_FLAG_PRODUCER_STAMP: u32 = 1;
+/// Bit of payload bytes 12..16 (u32) that says the entry checksum covers the message headers
+/// and the stamp, each message checksum its own payload (`bus::MESSAGE_FLAG_CHECKSUM_OF_HEADERS`,
+/// issue 12 item 1).
+pub const PAYLOAD_FLAG_CHECKSUM_OF_HEADERS: u32 = 2;
+/// Message-header bytes gathered on the stack per call of the streaming XXH3-64 of the
+/// message-headers rule (32 headers), as `bus` does.
+const HEADERS_STAGE_SIZE: usize = 1024;
 /// Position of the flags word in the payload (the first message header's `reserved` field).
 const PAYLOAD_FLAGS_AT: usize = 12;
 /// Smallest stamped payload: one 32-byte message header and the stamp.
@@ -119,39 +133,11 @@ pub const MESSAGE_HEADER_SIZE: usize = 32;
 /// # Errors
 /// A sentence naming the message that does not fit, or the two counts when they differ.
 pub fn check_message_section(payload: &[u8], message_count: u32) -> Result<(), String> {
-    let flagged = payload
-        .get(PAYLOAD_FLAGS_AT..PAYLOAD_FLAGS_AT + 4)
-        .is_some_and(|flags| u32::from(flags[0]) & PAYLOAD_FLAG_PRODUCER_STAMP != 0);
-    let section = if flagged {
-        if payload.len() < STAMPED_PAYLOAD_SIZE_MIN {
-            return Err(format!(
-                "the first message flags a producer stamp but the payload holds only {} bytes",
-                payload.len()
-            ));
-        }
-        &payload[..payload.len() - PRODUCER_STAMP_SIZE]
-    } else {
-        payload
-    };
+    let (section, _stamp) = split_stamp(payload)?;
     let mut rest = section;
     let mut found: u32 = 0;
     while !rest.is_empty() {
-        if rest.len() < MESSAGE_HEADER_SIZE {
-            return Err(format!(
-                "message {found}: {} bytes left, less than a {MESSAGE_HEADER_SIZE}-byte message \
-                 header",
-                rest.len()
-            ));
-        }
-        let length = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        let size = MESSAGE_HEADER_SIZE.saturating_add(length);
-        if size > rest.len() {
-            return Err(format!(
-                "message {found} of {size} bytes runs past the payload ({} bytes left)",
-                rest.len()
-            ));
-        }
-        rest = &rest[size..];
+        rest = &rest[message_size(rest, found)?..];
         found = found.saturating_add(1);
     }
     if found != message_count {
@@ -182,9 +168,183 @@ pub fn message_section(message_count: u32, payload: &[u8]) -> Vec<u8> {
     section
 }
 
-/// XXH3-64 (seed 0) of `payload`, the checksum stored in [`EntryHeader::checksum`].
+/// XXH3-64 (seed 0) of `payload`: a message's checksum of its payload, and the
+/// [`EntryHeader::checksum`] of an entry without `PAYLOAD_FLAG_CHECKSUM_OF_HEADERS` (the rule
+/// before issue 12). [`entry_checksum`] picks the rule.
 pub fn payload_checksum(payload: &[u8]) -> u64 {
     XxHash3_64::oneshot(payload)
+}
+
+/// Whether `payload`'s first message flags the message-headers checksum rule (bit 1 of payload
+/// bytes 12..16); `false` when the payload is too short to hold the flags.
+pub fn checksums_message_headers(payload: &[u8]) -> bool {
+    payload
+        .get(PAYLOAD_FLAGS_AT..PAYLOAD_FLAGS_AT + 4)
+        .is_some_and(|flags| u32::from(flags[0]) & PAYLOAD_FLAG_CHECKSUM_OF_HEADERS != 0)
+}
+
+/// The streaming XXH3-64 of the message-headers rule: message headers in order, then the stamp,
+/// gathered `HEADERS_STAGE_SIZE` bytes at a time. Equals `XxHash3_64::oneshot` of the
+/// concatenation.
+struct MessageHeadersChecksum {
+    hasher: XxHash3_64,
+    stage: [u8; HEADERS_STAGE_SIZE],
+    staged_len: usize,
+}
+
+impl MessageHeadersChecksum {
+    fn new() -> MessageHeadersChecksum {
+        MessageHeadersChecksum {
+            hasher: XxHash3_64::new(),
+            stage: [0; HEADERS_STAGE_SIZE],
+            staged_len: 0,
+        }
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        if self.staged_len + bytes.len() > HEADERS_STAGE_SIZE {
+            std::hash::Hasher::write(&mut self.hasher, &self.stage[..self.staged_len]);
+            self.staged_len = 0;
+            if bytes.len() > HEADERS_STAGE_SIZE {
+                std::hash::Hasher::write(&mut self.hasher, bytes);
+                return;
+            }
+        }
+        self.stage[self.staged_len..self.staged_len + bytes.len()].copy_from_slice(bytes);
+        self.staged_len += bytes.len();
+    }
+
+    fn finish(mut self) -> u64 {
+        std::hash::Hasher::write(&mut self.hasher, &self.stage[..self.staged_len]);
+        std::hash::Hasher::finish(&self.hasher)
+    }
+}
+
+/// The messages of `payload` and its stamp (empty when not flagged).
+///
+/// # Errors
+/// A flagged payload too short for a message header and the stamp.
+fn split_stamp(payload: &[u8]) -> Result<(&[u8], &[u8]), String> {
+    let flagged = payload
+        .get(PAYLOAD_FLAGS_AT..PAYLOAD_FLAGS_AT + 4)
+        .is_some_and(|flags| u32::from(flags[0]) & PAYLOAD_FLAG_PRODUCER_STAMP != 0);
+    if !flagged {
+        return Ok((payload, &[]));
+    }
+    if payload.len() < STAMPED_PAYLOAD_SIZE_MIN {
+        return Err(format!(
+            "the first message flags a producer stamp but the payload holds only {} bytes",
+            payload.len()
+        ));
+    }
+    Ok(payload.split_at(payload.len() - PRODUCER_STAMP_SIZE))
+}
+
+/// The [`EntryHeader::checksum`] `payload` needs by the rule its first message flags: XXH3-64 of
+/// the whole payload, or under the message-headers rule of the message headers the framing walk
+/// reaches (it stops at the first message that does not fit) then the stamp. Defined for any
+/// bytes, so that tests and tools can build damaged entries with a matching checksum.
+pub fn entry_checksum(payload: &[u8]) -> u64 {
+    if !checksums_message_headers(payload) {
+        return payload_checksum(payload);
+    }
+    let (mut rest, stamp) = split_stamp(payload).unwrap_or((payload, &[]));
+    let mut checksum = MessageHeadersChecksum::new();
+    while rest.len() >= MESSAGE_HEADER_SIZE {
+        let length = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        let size = MESSAGE_HEADER_SIZE.saturating_add(length);
+        if size > rest.len() {
+            break;
+        }
+        checksum.push(&rest[..MESSAGE_HEADER_SIZE]);
+        rest = &rest[size..];
+    }
+    checksum.push(stamp);
+    checksum.finish()
+}
+
+/// Verifies `payload` against its entry header's `checksum` and `message_count` by the rule its
+/// first message flags (`storage/FORMAT.md` section 3): without the flag, XXH3-64 of the payload
+/// equals `checksum`, then [`check_message_section`]; with it, in one pass, the message section
+/// frames exactly `message_count` messages, each message's payload hashes to its header's
+/// checksum, and the XXH3-64 of the message headers then the stamp equals `checksum`. Either way
+/// each payload byte is hashed once (the old rule does not check message checksums: the server
+/// checked them before the append). Walks at most `payload.len() / 32` headers.
+///
+/// # Errors
+/// A sentence starting "payload checksum" when a checksum differs (naming the message, under
+/// the flag, when its own payload fails), or why the messages do not match the header
+/// ([`check_message_section`]'s sentences).
+pub fn check_payload(payload: &[u8], message_count: u32, checksum: u64) -> Result<(), String> {
+    if !checksums_message_headers(payload) {
+        let computed = payload_checksum(payload);
+        if computed != checksum {
+            return Err(format!(
+                "payload checksum {computed:#018x} differs from the header's {checksum:#018x}"
+            ));
+        }
+        return check_message_section(payload, message_count);
+    }
+    let (section, stamp) = split_stamp(payload)?;
+    let mut headers_checksum = MessageHeadersChecksum::new();
+    let mut rest = section;
+    let mut found: u32 = 0;
+    while !rest.is_empty() {
+        let size = message_size(rest, found)?;
+        let (message, next) = rest.split_at(size);
+        let (header, own_payload) = message.split_at(MESSAGE_HEADER_SIZE);
+        let recorded = u64::from_le_bytes(header[24..32].try_into().expect("8 bytes"));
+        let computed = payload_checksum(own_payload);
+        if computed != recorded {
+            let offset_delta = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+            return Err(format!(
+                "payload checksum of message {found} (offset_delta {offset_delta}, {} bytes) \
+                 {computed:#018x} differs from its message header's {recorded:#018x}",
+                own_payload.len()
+            ));
+        }
+        headers_checksum.push(header);
+        rest = next;
+        found = found.saturating_add(1);
+    }
+    if found != message_count {
+        return Err(format!(
+            "header declares {message_count} messages but the payload holds {found}"
+        ));
+    }
+    headers_checksum.push(stamp);
+    let computed = headers_checksum.finish();
+    if computed != checksum {
+        return Err(format!(
+            "payload checksum {computed:#018x} (of the message headers and stamp) differs from \
+             the header's {checksum:#018x}"
+        ));
+    }
+    Ok(())
+}
+
+/// Bytes of the message at the start of `rest` (header and its payload), the message being the
+/// `index`th of its section.
+///
+/// # Errors
+/// The message header or its payload runs past the end of `rest`.
+fn message_size(rest: &[u8], index: u32) -> Result<usize, String> {
+    if rest.len() < MESSAGE_HEADER_SIZE {
+        return Err(format!(
+            "message {index}: {} bytes left, less than a {MESSAGE_HEADER_SIZE}-byte message \
+             header",
+            rest.len()
+        ));
+    }
+    let length = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+    let size = MESSAGE_HEADER_SIZE.saturating_add(length);
+    if size > rest.len() {
+        return Err(format!(
+            "message {index} of {size} bytes runs past the payload ({} bytes left)",
+            rest.len()
+        ));
+    }
+    Ok(size)
 }
 
 /// Builds a whole entry (header + payload) whose payload is `payload` laid out as
@@ -204,8 +364,9 @@ pub fn build_entry(base_timestamp_us: u64, message_count: u32, payload: &[u8]) -
 
 /// Builds a whole entry around `section`, used as the payload byte for byte (it should already
 /// be laid out as `message_count` messages, see [`check_message_section`]), with a correct
-/// `length` and `checksum`; `base_offset` is left 0. For tests and tools that shape payloads
-/// themselves (producer stamps, damaged sections).
+/// `length` and a `checksum` by the rule the section flags ([`entry_checksum`]); `base_offset`
+/// is left 0. For tests and tools that shape payloads themselves (producer stamps, damaged
+/// sections, the message-headers rule).
 ///
 /// # Panics
 /// If `section` is longer than `u32::MAX` bytes.
@@ -215,7 +376,7 @@ pub fn build_entry_raw(base_timestamp_us: u64, message_count: u32, section: &[u8
         base_timestamp_us,
         message_count,
         length: u32::try_from(section.len()).expect("payload length fits u32"),
-        checksum: payload_checksum(section),
+        checksum: entry_checksum(section),
     };
     let mut entry = Vec::with_capacity(ENTRY_HEADER_SIZE + section.len());
     entry.extend_from_slice(&header.encode());
@@ -264,6 +425,104 @@ mod tests {
         assert_eq!(producer_stamp(&payload[..47]), None);
         payload[37..45].copy_from_slice(&0u64.to_le_bytes());
         assert_eq!(producer_stamp(&payload), None);
+    }
+
+    /// A stamped section of 3 messages (payloads "ab", "", "cdef") under the message-headers
+    /// rule, as `bus::BatchBuilder` lays it out.
+    fn message_headers_section() -> Vec<u8> {
+        let mut section = Vec::new();
+        for (index, payload) in [&b"ab"[..], b"", b"cdef"].into_iter().enumerate() {
+            let mut header = [0u8; MESSAGE_HEADER_SIZE];
+            header[0..4].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+            header[4..8].copy_from_slice(&(index as u32).to_le_bytes());
+            header[16..24].copy_from_slice(&(100 + index as u64).to_le_bytes());
+            header[24..32].copy_from_slice(&payload_checksum(payload).to_le_bytes());
+            section.extend_from_slice(&header);
+            section.extend_from_slice(payload);
+        }
+        section[PAYLOAD_FLAGS_AT] =
+            (PAYLOAD_FLAG_CHECKSUM_OF_HEADERS | PAYLOAD_FLAG_PRODUCER_STAMP) as u8;
+        section.extend_from_slice(&7u64.to_le_bytes());
+        section.extend_from_slice(&1u64.to_le_bytes());
+        section
+    }
+
+    #[test]
+    fn issue12_1_message_headers_rule_hashes_headers_and_stamp_only() {
+        let section = message_headers_section();
+        assert!(checksums_message_headers(&section));
+        let headers = [
+            &section[0..32],
+            &section[34..66],
+            &section[66..98],
+            &section[102..118],
+        ]
+        .concat();
+        assert_eq!(section.len(), 118);
+        assert_eq!(entry_checksum(&section), XxHash3_64::oneshot(&headers));
+        let entry = build_entry_raw(5, 3, &section);
+        let header = EntryHeader::decode(&entry).unwrap();
+        assert_eq!(header.checksum, XxHash3_64::oneshot(&headers));
+        assert_eq!(check_payload(&section, 3, header.checksum), Ok(()));
+        assert_eq!(producer_stamp(&section), Some((7, 1)));
+        assert_eq!(check_message_section(&section, 3), Ok(()));
+        // An entry without the flag keeps the rule before issue 12.
+        let old = build_entry(5, 2, b"xyz");
+        let old_header = EntryHeader::decode(&old).unwrap();
+        assert!(!checksums_message_headers(&old[ENTRY_HEADER_SIZE..]));
+        assert_eq!(
+            old_header.checksum,
+            XxHash3_64::oneshot(&old[ENTRY_HEADER_SIZE..])
+        );
+        assert_eq!(
+            check_payload(&old[ENTRY_HEADER_SIZE..], 2, old_header.checksum),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn issue12_1_message_headers_rule_names_what_fails() {
+        let section = message_headers_section();
+        let checksum = entry_checksum(&section);
+        let flipped = |at: usize| {
+            let mut bytes = section.clone();
+            bytes[at] ^= 0x20;
+            check_payload(&bytes, 3, checksum).unwrap_err()
+        };
+        // Message 2's payload "cdef" (at 98..102).
+        let damaged = payload_checksum(b"cdEf");
+        assert_eq!(
+            flipped(100),
+            format!(
+                "payload checksum of message 2 (offset_delta 2, 4 bytes) {damaged:#018x} differs \
+                 from its message header's {:#018x}",
+                payload_checksum(b"cdef")
+            )
+        );
+        // Message 1's id, then the stamp: only the headers checksum sees them.
+        for at in [34 + 16, 110] {
+            let reason = flipped(at);
+            assert!(
+                reason.starts_with("payload checksum ")
+                    && reason.contains("(of the message headers and stamp) differs from the header's"),
+                "{reason}"
+            );
+        }
+        // The entry header's count, then its checksum.
+        assert_eq!(
+            check_payload(&section, 4, checksum).unwrap_err(),
+            "header declares 4 messages but the payload holds 3"
+        );
+        assert!(check_payload(&section, 3, checksum ^ 1).is_err());
+        // Every single flipped bit of the payload fails, the flag bits included.
+        for bit in 0..section.len() * 8 {
+            let mut bytes = section.clone();
+            bytes[bit / 8] ^= 1 << (bit % 8);
+            assert!(
+                check_payload(&bytes, 3, checksum).is_err(),
+                "bit {bit} of the payload"
+            );
+        }
     }
 
     #[test]

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use compio::fs::File;
 
 use crate::durable::read_exact_append;
-use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, payload_checksum};
+use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, entry_checksum};
 use crate::fault::FaultInjector;
 use crate::limits::{
     APPEND_QUEUE_BYTES_MAX, APPEND_QUEUE_ENTRY_COUNT_MAX, ENTRY_SIZE_MAX, SEGMENT_SIZE_MAX_LIMIT,
@@ -642,7 +642,7 @@ impl PartitionLog {
         let header = check_entry(&entry)?;
         debug_assert_eq!(
             header.checksum,
-            payload_checksum(&entry[ENTRY_HEADER_SIZE..]),
+            entry_checksum(&entry[ENTRY_HEADER_SIZE..]),
             "the server appends only entries whose checksum it verified"
         );
         let mut state = self.shared.state.borrow_mut();

@@ -4,7 +4,7 @@
 //! functions: no I/O, and no rule here that open does not use itself.
 
 use super::index::SegmentIndex;
-use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, check_message_section, payload_checksum};
+use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, check_payload};
 use crate::limits::{ENTRY_SIZE_MAX, RESYNC_CHARGED_BYTES_PER_TAIL_BYTE};
 
 /// Checks an entry header read at a position with `bytes_left` bytes to the end of the segment,
@@ -52,23 +52,20 @@ pub fn check_entry_header(
     Ok(entry_size)
 }
 
-/// Checks an entry's payload against its header: its XXH3-64 equals the header's checksum, and
-/// (the header itself has no checksum) the checksummed message section agrees with the header,
-/// holding exactly `message_count` messages that fill the payload (`check_message_section`).
-/// Every reader of entries applies it: open's scan, reads, the resync after damage, and
-/// `shardline inspect segment`.
+/// Checks an entry's payload against its header by the checksum rule its first message flags
+/// (`crate::entry::check_payload`; issue 12 item 1): without the flag its XXH3-64 equals the
+/// header's checksum; with it, each message's payload matches its message checksum and the
+/// message headers and stamp hash to the header's checksum, in one pass. Either way (the header
+/// itself has no checksum) the checksummed message section agrees with the header, holding
+/// exactly `message_count` messages that fill the payload. Every reader of entries applies it:
+/// open's scan, reads, the resync after damage, producer recovery, and `shardline inspect
+/// segment`.
 ///
 /// # Errors
-/// A sentence with both checksums when they differ, or why the messages do not match the header.
+/// A sentence starting "payload checksum" with both checksums when they differ, or why the
+/// messages do not match the header.
 pub fn check_entry_payload(header: &EntryHeader, payload: &[u8]) -> Result<(), String> {
-    let computed = payload_checksum(payload);
-    if computed != header.checksum {
-        return Err(format!(
-            "payload checksum {computed:#018x} differs from the header's {:#018x}",
-            header.checksum
-        ));
-    }
-    check_message_section(payload, header.message_count)
+    check_payload(payload, header.message_count, header.checksum)
 }
 
 /// The resync rule after damage in the last segment: whether the header read at some position
