@@ -1084,3 +1084,72 @@ fn issue7_5_producer_numbers_sequences_per_partition_and_renews_after_a_failure(
         );
     });
 }
+
+/// Issue 12 item 1: the frame's `checksum_body` of a poll reply covers only its batch headers,
+/// so the client's check of every batch (`BatchView::parse`, by the batch's checksum rule)
+/// before messages are handed out is what catches a damaged message. A reply damaged after the
+/// server sealed it: (a) a flipped payload byte fails message 1's checksum, (b) a flipped byte in
+/// a message header (its id) fails the batch checksum over the message headers, (c) a flipped
+/// byte in a batch header fails the frame's `checksum_body`, so `poll` itself refuses it.
+#[test]
+fn issue12_1_a_flipped_byte_in_a_poll_reply_is_refused_by_the_client() {
+    let mut builder = BatchBuilder::default();
+    builder.push(1, 1_000, b"alpha");
+    builder.push(2, 1_001, b"beta");
+    let mut first = builder.finish();
+    bus::batch::set_base_offset(&mut first, 10);
+    let mut builder = BatchBuilder::default();
+    builder.push(3, 1_002, b"gamma");
+    let mut second = builder.finish();
+    bus::batch::set_base_offset(&mut second, 12);
+    let body = [first.clone(), second].concat();
+    // Positions in the reply frame: 256-byte frame header, then batch 1 (header, message 0 of
+    // 32 + 5 bytes, message 1 header at 32 + 37).
+    let message_1_payload = bus::HEADER_SIZE + 32 + 37 + 32 + 2;
+    let message_1_id = bus::HEADER_SIZE + 32 + 37 + 16;
+    let batch_2_timestamp = bus::HEADER_SIZE + first.len() + 8;
+    let batch_1_checksum = bus::HEADER_SIZE + 24;
+    let poll_with_flip = |at: Option<usize>| {
+        let body = body.clone();
+        run(async move {
+            let script: Script = Box::new(move |request| {
+                let mut header = reply_header(&request.header);
+                header.count = 3;
+                header.next_offset = 13;
+                let mut frame = encode_frame(&mut header, &body);
+                if let Some(at) = at {
+                    frame[at] ^= 0x20;
+                }
+                Some(frame)
+            });
+            let (addr, _server) = fake_server(script).await;
+            let mut client = Client::connect(addr).await.unwrap();
+            client.poll(Namespace::new(1, 1, 0), 10, 100).await
+        })
+    };
+
+    let intact = poll_with_flip(None).unwrap();
+    assert_eq!(intact.messages().unwrap().len(), 3);
+
+    let result = poll_with_flip(Some(message_1_payload)).unwrap();
+    let expected_actual = twox_hash::XxHash3_64::oneshot(b"beTa");
+    assert_eq!(
+        result.messages().unwrap_err(),
+        bus::BatchError::MessageChecksum {
+            index: 1,
+            offset_delta: 1,
+            payload_len: 4,
+            recorded: twox_hash::XxHash3_64::oneshot(b"beta"),
+            actual: expected_actual,
+        }
+    );
+    let result = poll_with_flip(Some(message_1_id)).unwrap();
+    assert_eq!(result.messages().unwrap_err(), bus::BatchError::Checksum);
+
+    for at in [batch_1_checksum, batch_2_timestamp] {
+        match poll_with_flip(Some(at)) {
+            Err(ClientError::Frame(FrameError::BodyChecksum)) => {}
+            other => panic!("flip at frame byte {at}: expected a body checksum error, got {other:?}"),
+        }
+    }
+}

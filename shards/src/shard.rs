@@ -2018,6 +2018,81 @@ mod tests {
         );
     }
 
+    /// Issue 12 item 1: storage mirrors bus's checksum rules. Batches bus builds (the
+    /// message-headers rule, stamped or not) and batches of the rule before issue 12 (whole
+    /// section) verify in storage with the checksum bus wrote, and a byte flipped anywhere the
+    /// batch checksum rules cover (from byte 16: count, length, checksum, message section) fails
+    /// both bus's `parse_verified` and storage's entry rules.
+    #[test]
+    fn issue12_1_storage_verifies_the_checksum_rules_bus_writes() {
+        assert_eq!(
+            storage::entry::PAYLOAD_FLAG_CHECKSUM_OF_HEADERS,
+            bus::MESSAGE_FLAG_CHECKSUM_OF_HEADERS
+        );
+        assert_eq!(storage::entry::MESSAGE_HEADER_SIZE, bus::MESSAGE_HEADER_SIZE);
+        let storage_verdict = |batch: &[u8]| {
+            let header = storage::EntryHeader::decode(batch).unwrap();
+            let payload = &batch[storage::ENTRY_HEADER_SIZE..];
+            if header.length as usize != payload.len() {
+                return Err("length".to_owned());
+            }
+            storage::check_payload(payload, header.message_count, header.checksum)
+        };
+        for stamped in [false, true] {
+            for section_rule in [false, true] {
+                let mut builder = bus::BatchBuilder::default();
+                builder.push(1, 10, b"first payload");
+                builder.push(2, 11, b"");
+                builder.push(3, 12, &[0xa5; 40]);
+                let mut batch = if stamped {
+                    builder.finish_stamped(bus::ProducerStamp {
+                        producer: 5,
+                        sequence: 9,
+                    })
+                } else {
+                    builder.finish()
+                };
+                if section_rule {
+                    batch[bus::BATCH_HEADER_SIZE + 12] &=
+                        !(bus::MESSAGE_FLAG_CHECKSUM_OF_HEADERS as u8);
+                    let checksum = twox_hash::XxHash3_64::oneshot(&batch[32..]);
+                    batch[24..32].copy_from_slice(&checksum.to_le_bytes());
+                }
+                let case = format!("stamped {stamped}, section rule {section_rule}");
+                let view = bus::BatchView::parse_verified(&batch).unwrap();
+                let expected_rule = if section_rule {
+                    bus::ChecksumRule::Section
+                } else {
+                    bus::ChecksumRule::MessageHeaders
+                };
+                assert_eq!(view.checksum_rule(), expected_rule, "{case}");
+                assert_eq!(
+                    storage::checksums_message_headers(&batch[32..]),
+                    !section_rule,
+                    "{case}"
+                );
+                assert_eq!(
+                    storage::entry_checksum(&batch[32..]),
+                    view.header.checksum,
+                    "{case}"
+                );
+                assert_eq!(storage_verdict(&batch), Ok(()), "{case}");
+                for at in 16..batch.len() {
+                    let mut flipped = batch.clone();
+                    flipped[at] ^= 0x5a;
+                    assert!(
+                        bus::BatchView::parse_verified(&flipped).is_err(),
+                        "{case}: bus accepted a flip at byte {at}"
+                    );
+                    assert!(
+                        storage_verdict(&flipped).is_err(),
+                        "{case}: storage accepted a flip at byte {at}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn receive_budget_makes_a_body_wait_until_others_release_bytes() {
         use futures_util::FutureExt;
