@@ -269,7 +269,7 @@ fn issue12_1_a_flipped_byte_in_a_stored_entry_fails_the_poll_at_it_with_path_and
             "{}: corrupt entry at byte {ENTRY_SIZE}: payload checksum of message 0 (offset_delta \
              0, 100 bytes) {damaged:#018x} differs from its message header's {:#018x}",
             payload_segment.display(),
-            twox_hash::XxHash3_64::oneshot([10u8; 100]),
+            twox_hash::XxHash3_64::oneshot(&[10u8; 100]),
         )),
         "{message}"
     );
