@@ -887,6 +887,35 @@ mod tests {
         assert_eq!(BatchView::parse(&set).unwrap_err(), BatchError::Checksum);
     }
 
+    /// Issue 12 item 1: the staged streaming hash equals XXH3-64 of the concatenated headers
+    /// past the 1 KiB stage (100 headers and a stamp: 3216 bytes, four flushes).
+    #[test]
+    fn issue12_1_staged_headers_checksum_equals_the_oneshot_of_the_headers() {
+        let mut builder = BatchBuilder::default();
+        let mut headers = Vec::new();
+        let mut at = BATCH_HEADER_SIZE;
+        for index in 0..100u64 {
+            let payload = vec![index as u8; index as usize % 7];
+            builder.push(index, index, &payload);
+            headers.push(at);
+            at += MESSAGE_HEADER_SIZE + payload.len();
+        }
+        let stamp = ProducerStamp {
+            producer: 1,
+            sequence: 2,
+        };
+        let batch = builder.finish_stamped(stamp);
+        let mut expected = Vec::new();
+        for at in headers {
+            expected.extend_from_slice(&batch[at..at + MESSAGE_HEADER_SIZE]);
+        }
+        expected.extend_from_slice(&batch[batch.len() - PRODUCER_STAMP_SIZE..]);
+        assert_eq!(expected.len(), 3216);
+        let header: BatchHeader = bytemuck::pod_read_unaligned(&batch[..32]);
+        assert_eq!(header.checksum, twox_hash::XxHash3_64::oneshot(&expected));
+        assert!(BatchView::parse_verified(&batch).is_ok());
+    }
+
     /// Issue 12 item 1: a flipped byte in a message payload, a message header or the batch
     /// header's checksum fails `parse` of a new batch, each with the error its rule gives.
     #[test]

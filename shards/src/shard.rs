@@ -2030,6 +2030,18 @@ mod tests {
             bus::MESSAGE_FLAG_CHECKSUM_OF_HEADERS
         );
         assert_eq!(storage::entry::MESSAGE_HEADER_SIZE, bus::MESSAGE_HEADER_SIZE);
+        // Past storage's and bus's 1 KiB header stage: 100 messages.
+        let mut builder = bus::BatchBuilder::default();
+        for index in 0..100u64 {
+            builder.push(index, index, &vec![index as u8; index as usize % 9]);
+        }
+        let batch = builder.finish();
+        let header = storage::EntryHeader::decode(&batch).unwrap();
+        assert_eq!(storage::entry_checksum(&batch[32..]), header.checksum);
+        assert_eq!(
+            storage::check_payload(&batch[32..], 100, header.checksum),
+            Ok(())
+        );
         let storage_verdict = |batch: &[u8]| {
             let header = storage::EntryHeader::decode(batch).unwrap();
             let payload = &batch[storage::ENTRY_HEADER_SIZE..];
