@@ -504,7 +504,11 @@ fn render(samples: &[Sample], modes: &[Mode], policies: &[Policy]) -> String {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if !(args.gib > 0.0) || args.rounds == 0 || args.entry_bytes == 0 || args.writeback_mib == 0
+    if args.gib.is_nan()
+        || args.gib <= 0.0
+        || args.rounds == 0
+        || args.entry_bytes == 0
+        || args.writeback_mib == 0
     {
         bail!("--gib, --rounds, --entry-bytes and --writeback-mib must be positive");
     }
