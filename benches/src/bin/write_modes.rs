@@ -92,6 +92,10 @@ struct Args {
     /// Policies to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "never,always")]
     policies: Vec<Policy>,
+    /// After each measurement (outside its window), read the file back and check its length and
+    /// every byte (the groups back to back): a check of the modes, not a measurement.
+    #[arg(long)]
+    verify: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
@@ -418,6 +422,30 @@ async fn write_file(
     Ok(write_elapsed)
 }
 
+/// Checks that `path` holds exactly `group_count` copies of `group`'s entries back to back.
+fn verify_file(path: &Path, group: &[Vec<u8>], group_count: u64) -> anyhow::Result<()> {
+    use std::io::Read as _;
+    let expected: Vec<u8> = group.concat();
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
+    let length_bytes = file.metadata()?.len();
+    if length_bytes != group_count * expected.len() as u64 {
+        bail!(
+            "{} is {length_bytes} bytes, not {}",
+            path.display(),
+            group_count * expected.len() as u64
+        );
+    }
+    let mut actual = vec![0_u8; expected.len()];
+    for group_index in 0..group_count {
+        file.read_exact(&mut actual)?;
+        if actual != expected {
+            bail!("{}: group {group_index} differs", path.display());
+        }
+    }
+    Ok(())
+}
+
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     let middle = values.len() / 2;
@@ -566,6 +594,9 @@ fn main() -> anyhow::Result<()> {
                     writeback_bytes,
                 ))?;
                 let end = read_counters()?;
+                if args.verify {
+                    verify_file(&path, &group, group_count)?;
+                }
                 std::fs::remove_file(&path)
                     .with_context(|| format!("remove {}", path.display()))?;
                 let (window_seconds, process_cpu_seconds, kernel_cpu_seconds, host_cpu_seconds) =

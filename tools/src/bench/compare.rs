@@ -389,9 +389,15 @@ mod tests {
             text.contains("at least 5% (a single run measures no spread"),
             "{text}"
         );
+        // Host CPU per GB follows the efficiency in these fixtures (1.25 x server CPU): 1 shard
+        // 25.000 -> 20.833 CPU-s/GB, flagged like the efficiency it mirrors.
+        assert_eq!(
+            row(&text, 1, "produce host-cpu-s/GB"),
+            "1 produce host-cpu-s/GB 25.000 20.833 0.83x 5% *"
+        );
         assert_eq!(
             text.lines().filter(|line| line.ends_with('*')).count(),
-            4,
+            8,
             "{text}"
         );
     }

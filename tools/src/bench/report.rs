@@ -687,8 +687,11 @@ mod tests {
         let phase_keys = [
             "busy_retries",
             "elapsed_seconds",
+            "host_cpu_seconds",
+            "host_cpu_seconds_per_gb",
             "io_worker_cpu_seconds",
             "latency_us",
+            "load_generator_cpu_seconds",
             "mb_per_sec",
             "msgs_per_sec",
             "msgs_per_server_cpu_second",
