@@ -128,7 +128,10 @@ fn repeated_counts_run_in_rounds_and_end_with_a_summary_and_every_report_file() 
             let per_gb = phase["host_cpu_seconds_per_gb"].as_f64().unwrap();
             let own = phase["load_generator_cpu_seconds"].as_f64().unwrap();
             assert!(host >= 0.0 && own >= 0.0, "{run:#}");
-            assert!((per_gb - host / 0.002).abs() <= 1e-6 * per_gb.max(1.0), "{run:#}");
+            assert!(
+                (per_gb - host / 0.002).abs() <= 1e-6 * per_gb.max(1.0),
+                "{run:#}"
+            );
         }
         produce_host_cpu_seconds += run["host_cpu_seconds"].as_f64().unwrap();
     }

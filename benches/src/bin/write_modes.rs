@@ -87,7 +87,11 @@ struct Args {
     #[arg(long, default_value_t = 1024)]
     group_kib: usize,
     /// Modes to measure, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "buffered,writeback,direct")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "buffered,writeback,direct"
+    )]
     modes: Vec<Mode>,
     /// Policies to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "never,always")]
@@ -160,7 +164,10 @@ fn host_ticks() -> anyhow::Result<(u64, u64)> {
     // Guest time is already inside user and nice; steal is the hypervisor's, idle and iowait
     // are no work.
     let interrupt_ticks = cpu.irq.unwrap_or(0) + cpu.softirq.unwrap_or(0);
-    Ok((cpu.user + cpu.nice + cpu.system + interrupt_ticks, interrupt_ticks))
+    Ok((
+        cpu.user + cpu.nice + cpu.system + interrupt_ticks,
+        interrupt_ticks,
+    ))
 }
 
 /// Every kernel thread's user + system ticks, by (pid, start time). Threads that exit between
@@ -223,11 +230,7 @@ impl Sample {
     }
 }
 
-fn window(
-    start: &Counters,
-    end: &Counters,
-    ticks_per_second: u64,
-) -> (f64, f64, f64, f64) {
+fn window(start: &Counters, end: &Counters, ticks_per_second: u64) -> (f64, f64, f64, f64) {
     let tick_seconds = |ticks: u64| ticks as f64 / ticks_per_second as f64;
     let kthread_delta: u64 = end
         .kthread_ticks
@@ -276,9 +279,8 @@ fn sync_file_range(
     flags: u32,
 ) -> std::io::Result<()> {
     // SAFETY: a plain syscall on a descriptor `file` keeps open.
-    let rc = unsafe {
-        libc::sync_file_range(file.as_raw_fd(), offset as i64, length as i64, flags)
-    };
+    let rc =
+        unsafe { libc::sync_file_range(file.as_raw_fd(), offset as i64, length as i64, flags) };
     if rc == 0 {
         Ok(())
     } else {
@@ -385,7 +387,10 @@ async fn write_file(
             staging[fill..aligned + write_bytes].fill(0);
             let mut writer = &file;
             let BufResult(result, slice) = writer
-                .write_all_at(staging.slice(aligned..aligned + write_bytes), block_position)
+                .write_all_at(
+                    staging.slice(aligned..aligned + write_bytes),
+                    block_position,
+                )
                 .await;
             staging = slice.into_inner();
             result.context("O_DIRECT write")?;
@@ -426,8 +431,7 @@ async fn write_file(
 fn verify_file(path: &Path, group: &[Vec<u8>], group_count: u64) -> anyhow::Result<()> {
     use std::io::Read as _;
     let expected: Vec<u8> = group.concat();
-    let mut file =
-        std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
+    let mut file = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
     let length_bytes = file.metadata()?.len();
     if length_bytes != group_count * expected.len() as u64 {
         bail!(
@@ -452,7 +456,7 @@ fn median(values: &mut [f64]) -> f64 {
     if values.len() % 2 == 1 {
         values[middle]
     } else {
-        (values[middle - 1] + values[middle]) / 2.0
+        f64::midpoint(values[middle - 1], values[middle])
     }
 }
 
@@ -545,18 +549,15 @@ fn main() -> anyhow::Result<()> {
         bail!("the kernel reports 0 clock ticks per second");
     }
     let temporary;
-    let dir = match &args.dir {
-        Some(dir) => {
-            std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-            dir.clone()
-        }
-        None => {
-            temporary = tempfile::Builder::new()
-                .prefix("write-modes-")
-                .tempdir_in(".")
-                .context("create a temporary directory under the current one")?;
-            temporary.path().to_path_buf()
-        }
+    let dir = if let Some(dir) = &args.dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        dir.clone()
+    } else {
+        temporary = tempfile::Builder::new()
+            .prefix("write-modes-")
+            .tempdir_in(".")
+            .context("create a temporary directory under the current one")?;
+        temporary.path().to_path_buf()
     };
     let mut group = make_group(args.entry_bytes, args.group_kib * 1024);
     let group_bytes: usize = group.iter().map(Vec::len).sum();

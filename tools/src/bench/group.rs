@@ -200,9 +200,7 @@ pub fn run_group_consume(
         .map(CpuSampler::finish)
         .transpose()
         .context("cannot sample server CPU")?;
-    let host_cpu = host_sampler
-        .finish()
-        .context("cannot sample host CPU")?;
+    let host_cpu = host_sampler.finish().context("cannot sample host CPU")?;
     tracing::info!(
         joins = shared.join_count.load(Ordering::Relaxed),
         members = plan.consumer_count,

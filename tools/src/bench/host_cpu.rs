@@ -22,11 +22,7 @@ use procfs::{CpuTime, KernelStats, ProcError};
 /// softirq. Left out: idle and iowait (the CPU did nothing), steal (the hypervisor ran someone
 /// else: not this host's work), guest and guest_nice (already inside user and nice, proc(5)).
 pub fn busy_ticks(cpu: &CpuTime) -> u64 {
-    cpu.user
-        + cpu.nice
-        + cpu.system
-        + cpu.irq.unwrap_or(0)
-        + cpu.softirq.unwrap_or(0)
+    cpu.user + cpu.nice + cpu.system + cpu.irq.unwrap_or(0) + cpu.softirq.unwrap_or(0)
 }
 
 /// The host figure of one phase, in CPU-seconds (summed over CPUs, so up to CPUs x wall time).
@@ -53,7 +49,9 @@ impl HostCpu {
     ) -> HostCpu {
         assert!(ticks_per_second > 0, "checked by clock_ticks_per_second");
         let busy_delta_ticks = busy_ticks.1.saturating_sub(busy_ticks.0);
-        let own_delta_ticks = load_generator_ticks.1.saturating_sub(load_generator_ticks.0);
+        let own_delta_ticks = load_generator_ticks
+            .1
+            .saturating_sub(load_generator_ticks.0);
         let seconds = |ticks: u64| ticks as f64 / ticks_per_second as f64;
         HostCpu {
             host_busy_cpu_seconds: seconds(busy_delta_ticks),
@@ -175,7 +173,11 @@ mod tests {
             page_size: 4096,
             is_little_endian: true,
         };
-        busy_ticks(&KernelStats::from_read(text.as_bytes(), &info).unwrap().total)
+        busy_ticks(
+            &KernelStats::from_read(text.as_bytes(), &info)
+                .unwrap()
+                .total,
+        )
     }
 
     #[test]
@@ -233,6 +235,9 @@ mod tests {
         }
         let host = sampler.finish().unwrap();
         assert!(host.host_cpu_seconds >= 0.0, "{host:?}");
-        assert!(host.host_cpu_seconds <= host.host_busy_cpu_seconds, "{host:?}");
+        assert!(
+            host.host_cpu_seconds <= host.host_busy_cpu_seconds,
+            "{host:?}"
+        );
     }
 }

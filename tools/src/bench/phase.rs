@@ -124,9 +124,8 @@ pub fn run_phase(
             Ok(host_sampler) => Some(host_sampler),
             Err(error) => {
                 progress.abort.store(true, Ordering::Relaxed);
-                first_error.get_or_insert(
-                    anyhow::Error::new(error).context("cannot sample host CPU"),
-                );
+                first_error
+                    .get_or_insert(anyhow::Error::new(error).context("cannot sample host CPU"));
                 None
             }
         };
