@@ -118,6 +118,25 @@ fn repeated_counts_run_in_rounds_and_end_with_a_summary_and_every_report_file() 
         assert_eq!(run["messages_verified"], 20_000, "{run:#}");
         assert!(run["page_cache_note"].is_null(), "{run:#}");
     }
+
+    // Host CPU (issue 12 item 4) in every phase: never negative, per GB of the phase's 2 * 10^6
+    // payload bytes, and the bench's own CPU beside it.
+    let mut produce_host_cpu_seconds = 0.0;
+    for run in runs {
+        for phase in [run, &run["consume"]] {
+            let host = phase["host_cpu_seconds"].as_f64().unwrap();
+            let per_gb = phase["host_cpu_seconds_per_gb"].as_f64().unwrap();
+            let own = phase["load_generator_cpu_seconds"].as_f64().unwrap();
+            assert!(host >= 0.0 && own >= 0.0, "{run:#}");
+            assert!(
+                (per_gb - host / 0.002).abs() <= 1e-6 * per_gb.max(1.0),
+                "{run:#}"
+            );
+        }
+        produce_host_cpu_seconds += run["host_cpu_seconds"].as_f64().unwrap();
+    }
+    // The server appended 80 000 messages over the four produce phases: the host was busy.
+    assert!(produce_host_cpu_seconds > 0.0, "{report:#}");
     let summary = report["summary"].as_array().unwrap();
     let counts: Vec<(u64, u64)> = summary
         .iter()
@@ -147,8 +166,32 @@ fn repeated_counts_run_in_rounds_and_end_with_a_summary_and_every_report_file() 
         assert!(stdout.contains("no recommendation"), "{stdout}");
     }
 
-    // The files exist; their contents are tested beside `csv_report` and `charts`.
-    assert!(std::fs::metadata(&csv).unwrap().len() > 0);
+    // The files exist; their contents are tested beside `csv_report` and `charts`, except the
+    // host CPU columns, checked here against the JSON.
+    let csv_text = std::fs::read_to_string(&csv).unwrap();
+    let mut csv_lines = csv_text.lines();
+    let header: Vec<&str> = csv_lines.next().unwrap().split(',').collect();
+    let column = |name: &str| header.iter().position(|cell| *cell == name).unwrap();
+    let host_column = column("host_cpu_seconds");
+    let per_gb_column = column("host_cpu_seconds_per_gb");
+    let own_column = column("load_generator_cpu_seconds");
+    let rows: Vec<Vec<&str>> = csv_lines.map(|line| line.split(',').collect()).collect();
+    assert_eq!(rows.len(), 8, "{csv_text}");
+    for row in &rows {
+        for index in [host_column, per_gb_column, own_column] {
+            let value: f64 = row[index].parse().unwrap();
+            assert!(value >= 0.0, "{csv_text}");
+        }
+    }
+    let csv_produce_host: f64 = rows
+        .iter()
+        .step_by(2)
+        .map(|row| row[host_column].parse::<f64>().unwrap())
+        .sum();
+    assert!(
+        (csv_produce_host - produce_host_cpu_seconds).abs() < 1e-9,
+        "{csv_text}"
+    );
     let svg_count = std::fs::read_dir(&charts)
         .unwrap()
         .filter(|entry| {

@@ -42,6 +42,9 @@ pub struct BaselinePhase {
     pub msgs_per_server_cpu_second: Option<f64>,
     #[serde(default)]
     pub latency_us: Option<BaselineLatency>,
+    /// Absent from reports written before issue 12.
+    #[serde(default)]
+    pub host_cpu_seconds_per_gb: Option<f64>,
 }
 
 /// The compared figures of one run of a baseline report (the produce phase is flattened into
@@ -92,16 +95,21 @@ pub fn load_baseline(path: &Path) -> anyhow::Result<Baseline> {
 }
 
 /// The headline figures compared, per run, in row order; `None` where the run has no figure.
-const FIGURE_NAMES: [&str; 8] = [
+const FIGURE_NAMES: [&str; 10] = [
     "produce msgs/s",
     "consume msgs/s",
     "produce msgs/srv-cpu-s",
     "consume msgs/srv-cpu-s",
+    "produce host-cpu-s/GB",
+    "consume host-cpu-s/GB",
     "produce p50 us",
     "produce p99 us",
     "consume p50 us",
     "consume p99 us",
 ];
+
+/// Decimals shown for each of [`FIGURE_NAMES`]: CPU-seconds per GB are fractions.
+const FIGURE_DECIMALS: [usize; FIGURE_NAMES.len()] = [0, 0, 0, 0, 3, 3, 0, 0, 0, 0];
 
 type Figures = [Option<f64>; FIGURE_NAMES.len()];
 
@@ -116,6 +124,8 @@ fn new_figures(run: &RunReport) -> Figures {
         Some(run.consume.msgs_per_sec),
         run.produce.msgs_per_server_cpu_second,
         run.consume.msgs_per_server_cpu_second,
+        run.produce.host_cpu_seconds_per_gb,
+        run.consume.host_cpu_seconds_per_gb,
         latency_figure(run.produce.latency_us.p50),
         latency_figure(run.produce.latency_us.p99),
         latency_figure(run.consume.latency_us.p50),
@@ -135,6 +145,8 @@ fn old_figures(run: &BaselineRun) -> Figures {
         Some(run.consume.msgs_per_sec),
         run.produce.msgs_per_server_cpu_second,
         run.consume.msgs_per_server_cpu_second,
+        run.produce.host_cpu_seconds_per_gb,
+        run.consume.host_cpu_seconds_per_gb,
         latency(&run.produce, |latency| latency.p50),
         latency(&run.produce, |latency| latency.p99),
         latency(&run.consume, |latency| latency.p50),
@@ -177,14 +189,14 @@ fn spread_allowed(old: &Spread, new: &Spread) -> f64 {
 fn comparison_row(
     out: &mut String,
     shards: u16,
-    name: &str,
+    (name, decimals): (&str, usize),
     old: Option<Spread>,
     new: Option<Spread>,
 ) {
     let median = |spread: Option<Spread>| {
         spread.map_or_else(
             || "n/a".to_string(),
-            |spread| format!("{:.0}", spread.median),
+            |spread| format!("{:.decimals$}", spread.median),
         )
     };
     let (ratio, spread, flag) = match (old, new) {
@@ -224,7 +236,7 @@ fn count_list(counts: &[u16]) -> String {
 /// change exceeds the spread seen between repeats.
 ///
 /// Figures are medians over the runs of each count: produce and consume msgs/s, msgs per
-/// server-CPU-second, and p50/p99 latency (µs). A figure is flagged `*` where |new/old - 1|
+/// server-CPU-second, host CPU-seconds per GB of payload, and p50/p99 latency (µs). A figure is flagged `*` where |new/old - 1|
 /// exceeds the larger relative range (max - min) / median of its old and new repeats, with a
 /// floor of [`SINGLE_RUN_SPREAD_FLOOR`] (the footer says so).
 /// Counts present in only one report are listed as such.
@@ -255,7 +267,7 @@ pub fn render_comparison(baseline: &Baseline, runs: &[RunReport]) -> String {
             comparison_row(
                 &mut out,
                 *shards,
-                name,
+                (name, FIGURE_DECIMALS[index]),
                 old_spreads[index],
                 new_spreads[index],
             );
@@ -377,9 +389,15 @@ mod tests {
             text.contains("at least 5% (a single run measures no spread"),
             "{text}"
         );
+        // Host CPU per GB follows the efficiency in these fixtures (1.25 x server CPU): 1 shard
+        // 25.000 -> 20.833 CPU-s/GB, flagged like the efficiency it mirrors.
+        assert_eq!(
+            row(&text, 1, "produce host-cpu-s/GB"),
+            "1 produce host-cpu-s/GB 25.000 20.833 0.83x 5% *"
+        );
         assert_eq!(
             text.lines().filter(|line| line.ends_with('*')).count(),
-            4,
+            8,
             "{text}"
         );
     }
@@ -408,6 +426,12 @@ mod tests {
         assert_eq!(baseline.runs[0].shards, 2);
         assert_eq!(baseline.runs[0].produce.msgs_per_server_cpu_second, None);
         assert_eq!(baseline.runs[0].consume.latency_us, None);
+        assert_eq!(baseline.runs[0].produce.host_cpu_seconds_per_gb, None);
+        let text = render_comparison(&baseline, &runs(&[(2, &[(10.0, Some(5.0))])]));
+        assert_eq!(
+            row(&text, 2, "produce host-cpu-s/GB"),
+            "2 produce host-cpu-s/GB n/a 250000.000 n/a"
+        );
     }
 
     #[test]

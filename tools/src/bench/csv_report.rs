@@ -11,7 +11,7 @@ use super::report::{PhaseFigures, RunReport};
 
 /// The CSV columns, in order. Units are in the names (`_us`, `_seconds`, `mb` = 10^6 payload
 /// bytes); `messages` is the phase's acknowledged (produce) or verified (consume) count.
-pub const CSV_COLUMNS: [&str; 31] = [
+pub const CSV_COLUMNS: [&str; 34] = [
     "sequence",
     "repeat",
     "shards",
@@ -26,6 +26,9 @@ pub const CSV_COLUMNS: [&str; 31] = [
     "server_cpu_seconds",
     "msgs_per_server_cpu_second",
     "msgs_per_shard_cpu_second",
+    "host_cpu_seconds",
+    "host_cpu_seconds_per_gb",
+    "load_generator_cpu_seconds",
     "latency_us_p50",
     "latency_us_p90",
     "latency_us_p99",
@@ -68,6 +71,9 @@ fn phase_row(run: &RunReport, phase: &str, figures: &PhaseFigures, messages: u64
         optional(figures.server_cpu_seconds),
         optional(figures.msgs_per_server_cpu_second),
         optional(figures.msgs_per_shard_cpu_second),
+        optional(figures.host_cpu_seconds),
+        optional(figures.host_cpu_seconds_per_gb),
+        optional(figures.load_generator_cpu_seconds),
         latency.p50.to_string(),
         latency.p90.to_string(),
         latency.p99.to_string(),
@@ -165,6 +171,18 @@ mod tests {
                 &["msgs_per_server_cpu_second", "latency_us_p99", "messages"]
             ),
             ["50000", "400", "1000000"]
+        );
+        // 20 server CPU-s, 25 host CPU-s over 10^9 payload bytes.
+        assert_eq!(
+            cells(
+                0,
+                &[
+                    "host_cpu_seconds",
+                    "host_cpu_seconds_per_gb",
+                    "load_generator_cpu_seconds"
+                ]
+            ),
+            ["25", "25", "20"]
         );
         // Absent figures and notes are empty cells, and a note with a comma survives quoting.
         assert_eq!(

@@ -23,6 +23,7 @@ use hdrhistogram::Histogram;
 
 use super::ack::AckLedger;
 use super::cpu::CpuSampler;
+use super::host_cpu::HostCpuSampler;
 use super::limits::{CONSUMER_IDLE_SLEEP, CPU_SAMPLE_INTERVAL};
 use super::payload::PayloadSource;
 use super::phase::PhaseOutcome;
@@ -141,6 +142,7 @@ pub fn run_group_consume(
         .map(CpuSampler::start)
         .transpose()
         .context("cannot sample server CPU")?;
+    let host_sampler = HostCpuSampler::start().context("cannot sample host CPU")?;
     let started_at = Instant::now();
     let member_results: Vec<anyhow::Result<(Histogram<u64>, Instant)>> =
         std::thread::scope(|scope| {
@@ -198,6 +200,7 @@ pub fn run_group_consume(
         .map(CpuSampler::finish)
         .transpose()
         .context("cannot sample server CPU")?;
+    let host_cpu = host_sampler.finish().context("cannot sample host CPU")?;
     tracing::info!(
         joins = shared.join_count.load(Ordering::Relaxed),
         members = plan.consumer_count,
@@ -229,6 +232,7 @@ pub fn run_group_consume(
         }],
         started_at,
         cpu,
+        host_cpu: Some(host_cpu),
     })
 }
 

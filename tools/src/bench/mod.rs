@@ -18,6 +18,7 @@ pub mod cpu;
 pub mod csv_report;
 pub mod disk_baseline;
 pub mod group;
+pub mod host_cpu;
 pub mod json_file;
 pub mod limits;
 pub mod metadata;
@@ -568,6 +569,7 @@ fn measure(
             consumers: outcome.consumers,
             started_at,
             cpu: None,
+            host_cpu: None,
         };
         (
             PhaseOutcome {
@@ -644,6 +646,7 @@ fn measure(
         message_count: produce_per_partition.iter().map(|(count, _)| count).sum(),
         payload_bytes: produce_per_partition.iter().map(|(_, bytes)| bytes).sum(),
         cpu: produce_outcome.cpu,
+        host_cpu: produce_outcome.host_cpu,
         latency_us: produce_latency,
         per_partition: produce_per_partition,
         busy_retry_count: produce_outcome
@@ -679,6 +682,7 @@ fn measure(
         message_count: consume_per_partition.iter().map(|(count, _)| count).sum(),
         payload_bytes: consume_per_partition.iter().map(|(_, bytes)| bytes).sum(),
         cpu: consume_outcome.cpu,
+        host_cpu: consume_outcome.host_cpu,
         latency_us: consume_latency,
         per_partition: consume_per_partition,
         busy_retry_count: consume_outcome

@@ -12,6 +12,7 @@ use anyhow::Context as _;
 
 use super::ack::AckLedger;
 use super::cpu::{CpuSampler, PhaseCpu};
+use super::host_cpu::{HostCpu, HostCpuSampler};
 use super::limits::CPU_SAMPLE_INTERVAL;
 use super::payload::PayloadSource;
 use super::plan::BenchPlan;
@@ -29,6 +30,9 @@ pub struct PhaseOutcome {
     pub consumers: Vec<ConsumerOutcome>,
     pub started_at: Instant,
     pub cpu: Option<PhaseCpu>,
+    /// The host's CPU less the bench's own over the phase (`host_cpu`); `None` where a caller
+    /// does not measure it (the consume half of a `--concurrent` run).
+    pub host_cpu: Option<HostCpu>,
 }
 
 fn join_message(payload: &(dyn std::any::Any + Send)) -> String {
@@ -104,6 +108,7 @@ pub fn run_phase(
         }
         start.wait_for(producers.len() + consumers.len());
         let sampler = pid.map(CpuSampler::start).transpose();
+        let host_sampler = HostCpuSampler::start();
         start.release();
         let started_at = Instant::now();
         let mut first_error: Option<anyhow::Error> = None;
@@ -112,6 +117,15 @@ pub fn run_phase(
             Err(error) => {
                 progress.abort.store(true, Ordering::Relaxed);
                 first_error = Some(anyhow::Error::new(error).context("cannot sample server CPU"));
+                None
+            }
+        };
+        let host_sampler = match host_sampler {
+            Ok(host_sampler) => Some(host_sampler),
+            Err(error) => {
+                progress.abort.store(true, Ordering::Relaxed);
+                first_error
+                    .get_or_insert(anyhow::Error::new(error).context("cannot sample host CPU"));
                 None
             }
         };
@@ -146,6 +160,10 @@ pub fn run_phase(
                 progress.messages_acked.load(Ordering::Relaxed)
             });
         }
+        let host_cpu = host_sampler
+            .map(HostCpuSampler::finish)
+            .transpose()
+            .context("cannot sample host CPU");
         if let Some(error) = first_error {
             return Err(error);
         }
@@ -158,6 +176,7 @@ pub fn run_phase(
             consumers: consumer_outcomes,
             started_at,
             cpu,
+            host_cpu: host_cpu?,
         })
     })
 }

@@ -12,6 +12,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::cpu::PhaseCpu;
+use super::host_cpu::HostCpu;
 use super::limits::{LATENCY_SIGNIFICANT_DIGITS, LATENCY_US_MAX, PAGE_CACHE_NOTE_BYTES_MIN};
 use super::sweep::{CountSummary, Recommendation};
 
@@ -70,6 +71,15 @@ pub struct PhaseFigures {
     /// The headline: messages per second of server CPU (shards + io workers + the rest).
     pub msgs_per_server_cpu_second: Option<f64>,
     pub msgs_per_shard_cpu_second: Option<f64>,
+    /// All CPUs' busy time on the host during the phase less the bench process's own
+    /// (`host_cpu`): the server, the kernel work it causes wherever it runs (writeback by
+    /// kworker threads under `--fsync never`, softirqs), and any other tenant of the host, so a
+    /// ceiling on what the server costs.
+    pub host_cpu_seconds: Option<f64>,
+    /// `host_cpu_seconds` per 10^9 payload bytes of the phase.
+    pub host_cpu_seconds_per_gb: Option<f64>,
+    /// The bench process's own CPU over the phase (what `host_cpu_seconds` leaves out).
+    pub load_generator_cpu_seconds: Option<f64>,
     /// Round trip per batch (produce) or per poll that returned new messages (consume).
     pub latency_us: LatencySummary,
     pub elapsed_seconds: f64,
@@ -170,6 +180,8 @@ pub struct PhaseMeasurement {
     /// `None` when the server's pid is unknown, or (consume, concurrent mode) when the produce
     /// figures cover both phases.
     pub cpu: Option<PhaseCpu>,
+    /// `None` in the consume phase of a `--concurrent` run (the produce figure covers both).
+    pub host_cpu: Option<HostCpu>,
     pub latency_us: Histogram<u64>,
     /// Per partition index: (messages, payload bytes).
     pub per_partition: Vec<(u64, u64)>,
@@ -205,6 +217,11 @@ impl PhaseFigures {
             server_cpu_seconds,
             msgs_per_server_cpu_second: per_cpu_second(phase.message_count, server_cpu_seconds),
             msgs_per_shard_cpu_second: per_cpu_second(phase.message_count, shard_cpu_seconds),
+            host_cpu_seconds: phase.host_cpu.map(|host| host.host_cpu_seconds),
+            host_cpu_seconds_per_gb: phase
+                .host_cpu
+                .and_then(|host| host.seconds_per_gb(phase.payload_bytes)),
+            load_generator_cpu_seconds: phase.host_cpu.map(|host| host.load_generator_cpu_seconds),
             latency_us: LatencySummary::from_histogram(&phase.latency_us),
             elapsed_seconds: phase.elapsed.as_secs_f64(),
             busy_retries: phase.busy_retry_count,
@@ -293,7 +310,7 @@ pub fn render_run(run: &RunReport) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<8} {:>12} {:>9} {:>10} {:>10} {:>10} {:>14} {:>14} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "{:<8} {:>12} {:>9} {:>10} {:>10} {:>10} {:>14} {:>9} {:>9} {:>14} {:>8} {:>8} {:>8} {:>8} {:>8}",
         "phase",
         "msgs/s",
         "MB/s",
@@ -301,6 +318,8 @@ pub fn render_run(run: &RunReport) -> String {
         "io-wrk-cpu",
         "server-cpu",
         "msgs/srv-cpu-s",
+        "host-cpu",
+        "host-s/GB",
         "msgs/shd-cpu-s",
         "p50us",
         "p90us",
@@ -312,7 +331,7 @@ pub fn render_run(run: &RunReport) -> String {
         let latency = phase.latency_us;
         let _ = writeln!(
             out,
-            "{:<8} {:>12.0} {:>9.1} {:>10} {:>10} {:>10} {:>14} {:>14} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            "{:<8} {:>12.0} {:>9.1} {:>10} {:>10} {:>10} {:>14} {:>9} {:>9} {:>14} {:>8} {:>8} {:>8} {:>8} {:>8}",
             name,
             phase.msgs_per_sec,
             phase.mb_per_sec,
@@ -320,6 +339,8 @@ pub fn render_run(run: &RunReport) -> String {
             or_na(phase.io_worker_cpu_seconds, 2),
             or_na(phase.server_cpu_seconds, 2),
             or_na(phase.msgs_per_server_cpu_second, 0),
+            or_na(phase.host_cpu_seconds, 2),
+            or_na(phase.host_cpu_seconds_per_gb, 3),
             or_na(phase.msgs_per_shard_cpu_second, 0),
             latency.p50,
             latency.p90,
@@ -537,6 +558,11 @@ mod tests {
             elapsed: Duration::from_secs(2),
             message_count: 4000,
             payload_bytes: 4_000_000,
+            host_cpu: cpu.as_ref().map(|cpu| HostCpu {
+                host_busy_cpu_seconds: cpu.server_cpu_seconds + 1.5,
+                load_generator_cpu_seconds: 1.0,
+                host_cpu_seconds: cpu.server_cpu_seconds + 0.5,
+            }),
             cpu,
             latency_us: histogram_of(&[100, 200, 300]),
             per_partition: vec![(1000, 1_000_000), (3000, 3_000_000)],
@@ -609,7 +635,13 @@ mod tests {
         assert_eq!(figures.latency_us.max, 300);
         assert_eq!(figures.latency_us.p50, 200);
         assert_eq!(figures.busy_retries, 2);
+        // 2.5 host CPU-s over 4 * 10^6 payload bytes.
+        assert_eq!(figures.host_cpu_seconds, Some(2.5));
+        assert_eq!(figures.host_cpu_seconds_per_gb, Some(625.0));
+        assert_eq!(figures.load_generator_cpu_seconds, Some(1.0));
         let without_cpu = PhaseFigures::from_measurement(&phase(None));
+        assert_eq!(without_cpu.host_cpu_seconds, None);
+        assert_eq!(without_cpu.host_cpu_seconds_per_gb, None);
         assert_eq!(without_cpu.server_cpu_seconds, None);
         assert_eq!(without_cpu.msgs_per_server_cpu_second, None);
     }
@@ -655,8 +687,11 @@ mod tests {
         let phase_keys = [
             "busy_retries",
             "elapsed_seconds",
+            "host_cpu_seconds",
+            "host_cpu_seconds_per_gb",
             "io_worker_cpu_seconds",
             "latency_us",
+            "load_generator_cpu_seconds",
             "mb_per_sec",
             "msgs_per_sec",
             "msgs_per_server_cpu_second",

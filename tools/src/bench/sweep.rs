@@ -416,6 +416,11 @@ pub(crate) mod fixtures {
             server_cpu_seconds,
             msgs_per_server_cpu_second: efficiency,
             msgs_per_shard_cpu_second: efficiency.map(|efficiency| efficiency / 0.75),
+            // Writeback and the rest of the host: a quarter more than the server's own.
+            host_cpu_seconds: server_cpu_seconds.map(|seconds| seconds * 1.25),
+            host_cpu_seconds_per_gb: server_cpu_seconds
+                .map(|seconds| seconds * 1.25 / (messages * 1000.0 / 1e9)),
+            load_generator_cpu_seconds: server_cpu_seconds,
             latency_us: LatencySummary {
                 p50: 100,
                 p90: 200,
