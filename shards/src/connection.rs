@@ -135,11 +135,21 @@ pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: Soc
             };
             reply_permit = Some(permit);
         }
-        let (head, body) = handle_request(&shard, frame).await;
-        if let Some(permit) = reply_permit.as_mut() {
-            permit.shrink_to(body.len() as u64);
-        }
-        if !write_reply(&shard, &mut stream, peer, head, body).await {
+        let written = match handle_request(&shard, frame).await {
+            Answer::Encoded((head, body)) => {
+                if let Some(permit) = reply_permit.as_mut() {
+                    permit.shrink_to(body.len() as u64);
+                }
+                write_reply(&shard, &mut stream, peer, head, body).await
+            }
+            Answer::Polled { head, spans } => {
+                if let Some(permit) = reply_permit.as_mut() {
+                    permit.shrink_to(spans.size_bytes());
+                }
+                write_polled_reply(&shard, &mut stream, peer, head, spans).await
+            }
+        };
+        if !written {
             return;
         }
     }
@@ -229,6 +239,81 @@ async fn write_reply(
     true
 }
 
+/// Writes a successful poll reply within `REPLY_WRITE_TIMEOUT`, like `write_reply` (counted,
+/// false when the connection must close): the header, then the verified spans without a copy
+/// (`splice::send_mapped`) when a splice pipe is free and a span is mapped, else the copying
+/// path (the spans copied into one body, one vectored write). Issue 12 item 2.
+///
+/// A reply that fails or times out midway has sent fewer bytes than its header announced: the
+/// caller closes the connection (a failure to take the pages, which means a segment shrank
+/// under the reply, is logged at error with the file and position).
+async fn write_polled_reply(
+    shard: &Shard,
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    head: Vec<u8>,
+    spans: storage::VerifiedSpans,
+) -> bool {
+    let lease = if spans.any_mapped() {
+        shard.splice_pipes.take()
+    } else {
+        None
+    };
+    let Some(lease) = lease else {
+        return write_reply(shard, stream, peer, head, spans.to_vec()).await;
+    };
+    count_answer(shard, &head);
+    let write = async {
+        stream
+            .write_all(head)
+            .await
+            .0
+            .map_err(crate::splice::SpliceError::Socket)?;
+        for span in spans.into_spans() {
+            match span.into_copied() {
+                // Read with a copy (not in the page cache when read): its own buffer is sent.
+                Ok(bytes) => {
+                    stream
+                        .write_all(bytes)
+                        .await
+                        .0
+                        .map_err(crate::splice::SpliceError::Socket)?;
+                }
+                Err(span) => {
+                    let (path, position) = (span.path(), span.position());
+                    crate::splice::send_mapped(stream, &lease, span.bytes(), path, position)
+                        .await?;
+                }
+            }
+        }
+        Ok::<(), crate::splice::SpliceError>(())
+    };
+    let Ok(result) = compio::time::timeout(REPLY_WRITE_TIMEOUT, write).await else {
+        tracing::info!(
+            shard = shard.id.0, %peer, timeout_s = REPLY_WRITE_TIMEOUT.as_secs(),
+            "closing connection: the client did not read its reply"
+        );
+        return false;
+    };
+    match result {
+        Ok(()) => {
+            lease.release();
+            true
+        }
+        Err(e @ crate::splice::SpliceError::Pages { .. }) => {
+            tracing::error!(
+                shard = shard.id.0, %peer, error = %e,
+                "closing connection: a poll reply's verified bytes could not be sent (a segment shrank under the reply?)"
+            );
+            false
+        }
+        Err(e) => {
+            tracing::debug!(shard = shard.id.0, %peer, error = %e, "closing connection: write failed");
+            false
+        }
+    }
+}
+
 /// Answers a request whose frame exceeds `max_message_size` with `MessageTooLarge` (naming the
 /// size and the limit), then closes: half-close first and discard what the client still sends,
 /// for at most `OVERSIZED_DRAIN_TIMEOUT` and the frame's announced size, so that closing with
@@ -291,23 +376,43 @@ fn name_from(body: &[u8]) -> Result<String, ShardReply> {
 /// An encoded reply: header bytes (or a whole small frame) and a body written after it.
 type EncodedReply = (Vec<u8>, Vec<u8>);
 
+/// What `handle_request` answers: an encoded reply, or a successful poll's header (sealed with
+/// the body's size and the checksum of its batch headers) and its verified spans, sent after it
+/// without a copy when possible (`write_polled_reply`).
+enum Answer {
+    Encoded(EncodedReply),
+    Polled {
+        head: Vec<u8>,
+        spans: storage::VerifiedSpans,
+    },
+}
+
 fn error_reply(request: &bus::Header, code: ErrorCode, message: &str) -> EncodedReply {
     (bus::reply::error_reply(request, code, message), Vec::new())
 }
 
 /// Routes one validated request and returns the encoded reply.
-async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
+async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> Answer {
     let Frame { header, body } = frame;
     let header = &header;
     let Some(operation) = Operation::from_u8(header.operation) else {
         // read_frame rejects unknown operations; reaching this is a bus bug.
-        return error_reply(header, ErrorCode::Internal, "unknown operation");
+        return Answer::Encoded(error_reply(
+            header,
+            ErrorCode::Internal,
+            "unknown operation",
+        ));
     };
     let namespace = Namespace(header.namespace);
     let reply = match operation {
         // `count` carries this server's max_message_size, so clients can size their batches.
         Operation::Ping => {
-            return encode_ok(header, Vec::new(), 0, shard.config.max_message_size);
+            return Answer::Encoded(encode_ok(
+                header,
+                Vec::new(),
+                0,
+                shard.config.max_message_size,
+            ));
         }
         Operation::CreateStream => match name_from(&body) {
             Ok(name) => {
@@ -392,7 +497,7 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
         Operation::StoreOffset | Operation::GetOffset => {
             crate::offsets::handle(shard, header, body).await
         }
-        Operation::GetMetadata => return get_metadata(shard, header).await,
+        Operation::GetMetadata => return Answer::Encoded(get_metadata(shard, header).await),
         Operation::Register => {
             let request = ShardRequest::Metadata {
                 client: header.client,
@@ -456,17 +561,22 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
             }
         }
     };
-    match reply {
+    let encoded = match reply {
         ShardReply::Sent {
             base_offset,
             message_count,
             ends,
         } => encode_partition_reply(header, Vec::new(), base_offset, message_count, ends),
         ShardReply::Polled {
-            batches,
+            spans,
             message_count,
             ends,
-        } => encode_partition_reply(header, batches, header.offset, message_count, ends),
+        } => {
+            return Answer::Polled {
+                head: encode_polled_header(header, &spans, message_count, ends),
+                spans,
+            };
+        }
         ShardReply::OffsetOutOfRange {
             namespace,
             offset,
@@ -491,14 +601,14 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
             if cached.operation != header.operation {
                 // Same (client, request) with another operation: the client reused a request
                 // number, which its library never does. Refuse rather than answer wrongly.
-                return error_reply(
+                return Answer::Encoded(error_reply(
                     header,
                     ErrorCode::InvalidArgument,
                     &format!(
                         "request {} was committed as operation {}, not {}; request numbers must not be reused",
                         header.request, cached.operation, header.operation
                     ),
-                );
+                ));
             }
             let mut reply = bus::reply::reply_header(header);
             reply.error_code = cached.error_code;
@@ -532,7 +642,8 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> EncodedReply {
         | ShardReply::Status(_)
         | ShardReply::Group(_)
         | ShardReply::Parked(_) => error_reply(header, ErrorCode::Internal, "unexpected reply"),
-    }
+    };
+    Answer::Encoded(encoded)
 }
 
 /// Sends a session-tracked metadata change of the request's client to shard 0.
@@ -623,6 +734,32 @@ fn encode_partition_reply(
     header.set_checksums(&body);
     (bytemuck::bytes_of(&header).to_vec(), body)
 }
+
+/// The header of a successful poll reply whose body is `spans`: `encode_partition_reply`'s
+/// fields, sealed (`Header::seal`) with the body's size and its `checksum_body`, the XXH3-128 of
+/// the batch headers in order (`bus::BatchesChecksum`), so the body never has to be in user
+/// memory to be announced (issue 12 items 1 and 2).
+fn encode_polled_header(
+    request: &bus::Header,
+    spans: &storage::VerifiedSpans,
+    count: u32,
+    ends: PartitionEnds,
+) -> Vec<u8> {
+    let mut header = bus::reply::reply_header(request);
+    header.offset = request.offset;
+    header.count = count;
+    header.next_offset = ends.next_offset;
+    header.first_offset = ends.first_offset;
+    let mut checksum = bus::BatchesChecksum::new();
+    for entry_header in spans.entry_headers() {
+        checksum.push_header(entry_header);
+    }
+    header.seal(spans.size_bytes() as usize, checksum.finish());
+    bytemuck::bytes_of(&header).to_vec()
+}
+
+// Stored entry headers are the wire's batch headers, byte for byte (storage/FORMAT.md section 3).
+const _: () = assert!(storage::ENTRY_HEADER_SIZE == bus::BATCH_HEADER_SIZE);
 
 /// The `OffsetOutOfRange` reply to a poll beyond the partition's end, or below its first offset
 /// (retention deleted it, issue 11 section 4): the message names the offset asked and the

@@ -113,8 +113,10 @@ pub enum ShardReply {
         message_count: u32,
         ends: PartitionEnds,
     },
+    /// A poll's verified entries, as file ranges (issue 12 item 2): the connection's shard
+    /// sends them without a copy when it can (`splice.rs`), or copies them.
     Polled {
-        batches: Vec<u8>,
+        spans: storage::VerifiedSpans,
         message_count: u32,
         ends: PartitionEnds,
     },

@@ -22,6 +22,7 @@ pub mod resources;
 pub mod retention;
 pub mod server;
 pub mod shard;
+pub mod splice;
 pub mod store;
 #[cfg(test)]
 mod test_support;

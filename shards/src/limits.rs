@@ -51,6 +51,18 @@ pub const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// File descriptors kept out of the partition and connection budgets (listeners, io_uring rings,
 /// metadata, logs, stdio).
 pub const FD_RESERVE: u64 = 256;
+/// Splice pipes (two descriptors each) one shard opens at its start for poll replies sent
+/// without a copy (`splice.rs`, issue 12 item 2): replies being written at once beyond this are
+/// copied. Four cover the consumers one shard usually serves at a time; an idle pipe holds no
+/// memory.
+pub const SPLICE_PIPES_PER_SHARD_MAX: usize = 4;
+/// Descriptors all splice pipes of the process may hold together, taken out of `FD_RESERVE`
+/// (the partition and connection budgets are not touched); beyond it replies are copied.
+pub const SPLICE_PIPE_FDS_MAX: usize = 64;
+/// Capacity asked of each splice pipe (`F_SETPIPE_SZ`): bytes moved per vmsplice + splice round.
+/// 1 MiB is Linux's default `/proc/sys/fs/pipe-max-size`; a smaller limit leaves the pipe at the
+/// default 64 KiB (more rounds, same bytes).
+pub const SPLICE_PIPE_BYTES: usize = 1024 * 1024;
 /// File descriptors budgeted per partition: its active segment, a second file while rolling (the
 /// index file being written, then the next segment) or during recovery (a quarantine file), and
 /// the closed segment files its log holds open for reads, kept or held by reads in flight
@@ -184,3 +196,6 @@ pub const RETENTION_INTERVAL_MIN: Duration = Duration::from_millis(10);
 pub const RETENTION_INTERVAL_MAX: Duration = Duration::from_hours(24);
 const _: () = assert!(RETENTION_INTERVAL_MIN.as_nanos() <= RETENTION_INTERVAL_DEFAULT.as_nanos());
 const _: () = assert!(RETENTION_INTERVAL_DEFAULT.as_nanos() <= RETENTION_INTERVAL_MAX.as_nanos());
+
+// Splice pipes take at most a quarter of the reserve, which also holds listeners, rings, logs.
+const _: () = assert!(SPLICE_PIPE_FDS_MAX as u64 <= FD_RESERVE / 4);

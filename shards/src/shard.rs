@@ -143,6 +143,8 @@ pub struct Shard {
     groups: RefCell<crate::groups::Coordinator>,
     /// Wakes this shard's retention task after a roll (`crate::retention`, issue 11 section 4).
     retention_signal: Rc<crate::retention::RetentionSignal>,
+    /// Pipes for poll replies sent without a copy (`splice.rs`).
+    pub(crate) splice_pipes: crate::splice::SplicePipes,
 }
 
 /// The bytes of request bodies and poll replies a shard's connections hold at once: a
@@ -258,19 +260,16 @@ pub fn partition_dir(data_dir: &std::path::Path, namespace: Namespace) -> PathBu
         .join(namespace.partition_id().to_string())
 }
 
-/// Messages at or after `offset` in concatenated batches (whole batches are served, so the first
-/// may start below `offset`). Walks headers only, bounds-checked; stops at damage.
-fn message_count_from(batches: &[u8], offset: u64) -> u32 {
-    let mut position = 0usize;
+/// Messages at or after `offset` in the batches whose headers are `entry_headers` (whole
+/// batches are served, so the first may start below `offset`).
+fn message_count_from(entry_headers: &[[u8; bus::BATCH_HEADER_SIZE]], offset: u64) -> u32 {
     let mut count = 0u32;
-    while position + bus::BATCH_HEADER_SIZE <= batches.len() {
-        let header: bus::BatchHeader =
-            bytemuck::pod_read_unaligned(&batches[position..position + bus::BATCH_HEADER_SIZE]);
+    for header in entry_headers {
+        let header: bus::BatchHeader = bytemuck::pod_read_unaligned(header);
         let skipped = offset
             .saturating_sub(header.base_offset)
             .min(u64::from(header.message_count));
         count = count.saturating_add(header.message_count - skipped as u32);
-        position += bus::BATCH_HEADER_SIZE + header.length as usize;
     }
     count
 }
@@ -455,6 +454,9 @@ impl Shard {
             replica_metrics: (id == ShardId(0)).then(ReplicaMetrics::default),
             groups: RefCell::new(crate::groups::Coordinator::default()),
             retention_signal: Rc::default(),
+            splice_pipes: crate::splice::SplicePipes::new(
+                crate::splice::splice_pipe_count_per_shard(shard_count),
+            ),
         }
     }
 
@@ -742,12 +744,16 @@ impl Shard {
                     Ok(log) => log,
                     Err(reply) => return reply,
                 };
-                match log.read(offset, max_count, self.poll_bytes_max()).await {
-                    Ok(batches) => {
-                        let message_count = message_count_from(&batches, offset);
-                        self.metrics.read(message_count, batches.len());
+                match log
+                    .read_spans(offset, max_count, self.poll_bytes_max())
+                    .await
+                {
+                    Ok(spans) => {
+                        let message_count = message_count_from(spans.entry_headers(), offset);
+                        self.metrics
+                            .read(message_count, spans.size_bytes() as usize);
                         ShardReply::Polled {
-                            batches,
+                            spans,
                             message_count,
                             ends: partition_ends(&log),
                         }
@@ -2138,22 +2144,23 @@ mod tests {
 
     #[test]
     fn message_count_from_walks_headers_and_skips_below_offset() {
-        let mut bytes = Vec::new();
-        for (base_offset, count) in [(10u64, 2u32), (12, 5)] {
-            let header = bus::BatchHeader {
-                base_offset,
-                base_timestamp_us: 0,
-                message_count: count,
-                length: 3,
-                checksum: 0,
-            };
-            bytes.extend_from_slice(bytemuck::bytes_of(&header));
-            bytes.extend_from_slice(&[0, 0, 0]);
-        }
-        assert_eq!(message_count_from(&bytes, 10), 7);
-        assert_eq!(message_count_from(&bytes, 11), 6);
-        assert_eq!(message_count_from(&bytes, 13), 4);
-        assert_eq!(message_count_from(&bytes[..10], 10), 0);
+        let headers: Vec<[u8; bus::BATCH_HEADER_SIZE]> = [(10u64, 2u32), (12, 5)]
+            .into_iter()
+            .map(|(base_offset, count)| {
+                let header = bus::BatchHeader {
+                    base_offset,
+                    base_timestamp_us: 0,
+                    message_count: count,
+                    length: 3,
+                    checksum: 0,
+                };
+                bytemuck::cast(header)
+            })
+            .collect();
+        assert_eq!(message_count_from(&headers, 10), 7);
+        assert_eq!(message_count_from(&headers, 11), 6);
+        assert_eq!(message_count_from(&headers, 13), 4);
+        assert_eq!(message_count_from(&[], 10), 0);
     }
 
     #[test]

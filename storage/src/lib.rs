@@ -34,6 +34,7 @@ pub use journal::{
 };
 pub use log::{
     AppendFuture, FsyncPolicy, LogConfig, LogError, PartitionLog, Quarantine, RecoveryReport,
+    VerifiedSpan, VerifiedSpans,
 };
 pub use offsets::{
     CONSUMER_OFFSETS_FILE_NAME, ConsumerKey, ConsumerOffsets, OffsetsError, OffsetsRecovery,

@@ -95,6 +95,16 @@ pub const PRODUCER_SNAPSHOT_FALLBACK_SEGMENT_COUNT_MAX: usize = 2;
 /// a roll the old active file may stay open for one read beyond the slot.
 pub const CLOSED_SEGMENT_FILES_OPEN_MAX: usize = 1;
 
+/// Segment mappings one log keeps for reads (`log/mapped.rs`, issue 12 item 2): the active
+/// segment and the sealed ones consumers are catching up through. A segment is mapped once, at
+/// `max(segment_size_max, ENTRY_SIZE_MAX)` bytes (or its size, when larger), so that reads verify
+/// and hand out its bytes without a map/unmap per read (measured: a mapping per read costs as
+/// much CPU as the copy it replaces, in page faults and unmaps). A mapping holds no descriptor;
+/// this bounds address space (at most 4 x `SEGMENT_SIZE_MAX_LIMIT` = 4 GiB per log, of which
+/// only pages read get page-table entries) and `vm.max_map_count` entries. Retention unmaps the
+/// segments it deletes; a reply in flight keeps its own reference until it is sent.
+pub const MAPPED_SEGMENTS_PER_LOG_MAX: usize = 4;
+
 /// Names tried for the quarantine file of one damaged position (`X.log.damaged-at-P`, then
 /// `.1`, `.2`, ...): an existing one is never overwritten. A second copy exists only when a crash
 /// came between writing a quarantine file and truncating the segment, so a few suffice; when all

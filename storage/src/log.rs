@@ -14,7 +14,9 @@
 mod closed_files;
 mod completion;
 mod index;
+mod mapped;
 mod producer_state;
+mod read;
 mod recovery;
 pub mod retention;
 mod sealed;
@@ -34,7 +36,6 @@ use std::time::{Duration, Instant};
 
 use compio::fs::File;
 
-use crate::durable::read_exact_append;
 use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, entry_checksum};
 use crate::fault::FaultInjector;
 use crate::limits::{
@@ -42,9 +43,9 @@ use crate::limits::{
 };
 use crate::space::{FreeBytes, is_descriptors_exhausted, is_storage_full};
 use closed_files::{ClosedFiles, ReadFile, Reserve, SlotReservation};
-use compio::BufResult;
 use completion::Completion;
 use index::SegmentIndex;
+pub use read::{VerifiedSpan, VerifiedSpans};
 pub use retention::{RetentionOutcome, RetentionPolicy};
 use sealed::{SealedSegment, SealedSegments, load_sealed_index};
 pub use stats::LogStats;
@@ -389,6 +390,8 @@ struct State {
     active: Segment,
     /// Open files of closed segments, for reads.
     closed_files: ClosedFiles,
+    /// Read-only mappings of the segments reads verify and hand out (issue 12 item 2).
+    mappings: mapped::SegmentMappings,
     failure: Option<Failure>,
     /// Bytes written to the active segment since its last fsync.
     dirty: bool,
@@ -565,6 +568,7 @@ impl PartitionLog {
             sealed: recovered.sealed,
             active: recovered.active,
             closed_files: ClosedFiles::default(),
+            mappings: mapped::SegmentMappings::default(),
             failure: None,
             dirty: false,
             last_sync_at: Instant::now(),
@@ -679,104 +683,6 @@ impl PartitionLog {
         });
         state.wake_writer();
         Ok(completion)
-    }
-
-    /// Whole entries starting with the one containing `offset`, at most `max_count` messages
-    /// (at least one entry if any) and about `max_bytes`. Only acknowledged entries are visible.
-    ///
-    /// Entries are concatenated as stored (header + payload each). Reading stops before the entry
-    /// that would exceed `max_bytes` or once `max_count` messages are collected, but the first
-    /// entry is always returned whole. An `offset` equal to `acked_offset()` returns an empty
-    /// `Vec` (the reader is caught up); one below `first_offset()` is refused (retention deleted
-    /// it).
-    /// Every returned entry's header and checksum are checked against the index after the read:
-    /// reading stops before the first entry that fails, so the intact entries before a damaged
-    /// one are returned, and the damage is an error only for a read that starts at it.
-    ///
-    /// # Errors
-    /// - `OffsetOutOfRange`: `offset` is beyond `acked_offset()` (nothing was ever written
-    ///   there; resume at `next_offset`).
-    /// - `OffsetRetained`: `offset` is below `first_offset()`, also when retention deleted its
-    ///   segment while this read waited (resume at `first_offset`; issue 11 section 4).
-    /// - `Io` naming the segment, when the first entry to return cannot be read (or its closed
-    ///   segment cannot be opened: closed segments are opened on demand).
-    /// - `DescriptorsExhausted` naming the segment, when that open was refused for lack of file
-    ///   descriptors (retry once some are freed; the log is unaffected).
-    /// - `Corrupt` naming the segment and byte position, when the first entry to return does not
-    ///   match what was written.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only reads.
-    pub async fn read(
-        &self,
-        offset: u64,
-        max_count: u32,
-        max_bytes: usize,
-    ) -> Result<Vec<u8>, LogError> {
-        let next_offset = self.acked_offset();
-        if offset > next_offset {
-            return Err(LogError::OffsetOutOfRange {
-                offset,
-                next_offset,
-            });
-        }
-        self.check_not_retained(offset)?;
-        let spans = match self.plan_read(offset, max_count, max_bytes).await {
-            Ok(spans) => spans,
-            Err(error) => {
-                // Retention may have deleted the segment while its index was loading.
-                self.check_not_retained(offset)?;
-                return Err(error);
-            }
-        };
-        let total_bytes: u64 = spans.iter().map(|span| span.size_bytes).sum();
-        let mut bytes = Vec::with_capacity(total_bytes as usize);
-        for mut span in spans {
-            let start = bytes.len();
-            let file = match span.file.take() {
-                Some(file) => Ok(SpanFile::Active(file)),
-                None => self.closed_segment_file(&span).await.map(SpanFile::Closed),
-            };
-            let failure = match file {
-                Ok(file) => {
-                    // Straight into the reply buffer: the poll path copies each byte once, page
-                    // cache to user space.
-                    let BufResult(result, filled) = read_exact_append(
-                        file.file(),
-                        span.position,
-                        span.size_bytes as usize,
-                        bytes,
-                    )
-                    .await;
-                    bytes = filled;
-                    match result {
-                        Ok(()) => check_read_entries(&span, &bytes[start..]).err(),
-                        Err(source) => Some((
-                            0,
-                            LogError::Io {
-                                path: span.path.clone(),
-                                op: "read",
-                                source,
-                            },
-                        )),
-                    }
-                }
-                Err(error) => Some((0, error)),
-            };
-            if let Some((intact_bytes, error)) = failure {
-                bytes.truncate(start + intact_bytes);
-                if bytes.is_empty() {
-                    // Retention may have deleted the segment while this read waited for it.
-                    self.check_not_retained(offset)?;
-                    return Err(error);
-                }
-                // The entries before the damaged one are served; the next read starts at it
-                // and gets the error.
-                tracing::warn!(%error, "read stopped before a damaged entry");
-                return Ok(bytes);
-            }
-        }
-        Ok(bytes)
     }
 
     /// The file of the closed segment `span` reads: from the closed-file cache, or opened
@@ -1131,47 +1037,6 @@ impl ReadPlan {
             self.spans.push(span);
         }
     }
-}
-
-/// Checks entries read back against the index: same offset, count, length, and checksum.
-///
-/// # Errors
-/// The bytes of the intact entries before the first one that fails, with its `Corrupt` error.
-fn check_read_entries(span: &ReadSpan, bytes: &[u8]) -> Result<(), (usize, LogError)> {
-    let mut at = 0usize;
-    for expected in &span.rows {
-        let position = span.position + at as u64;
-        let corrupt = |reason: String| {
-            (
-                at,
-                LogError::Corrupt {
-                    path: span.path.clone(),
-                    position,
-                    reason,
-                },
-            )
-        };
-        let entry = &bytes[at..at + expected.size_bytes as usize];
-        let header = EntryHeader::decode(entry).ok_or_else(|| corrupt("short entry".to_owned()))?;
-        if header.base_offset != expected.base_offset
-            || u64::from(header.message_count) != expected.message_count
-            || u64::from(header.length) + ENTRY_HEADER_SIZE as u64 != expected.size_bytes
-        {
-            return Err(corrupt(format!(
-                "header (offset {}, {} messages, {} bytes) differs from the index (offset {}, {} \
-                 messages, {} bytes)",
-                header.base_offset,
-                header.message_count,
-                u64::from(header.length) + ENTRY_HEADER_SIZE as u64,
-                expected.base_offset,
-                expected.message_count,
-                expected.size_bytes
-            )));
-        }
-        verify::check_entry_payload(&header, &entry[ENTRY_HEADER_SIZE..]).map_err(corrupt)?;
-        at += expected.size_bytes as usize;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -231,6 +231,7 @@ impl State {
             "the retention floor is a segment boundary"
         );
         self.closed_files.files.retain(|(base, _)| *base >= floor);
+        self.mappings.drop_below(floor);
         dropped
     }
 }
