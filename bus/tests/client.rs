@@ -1149,7 +1149,9 @@ fn issue12_1_a_flipped_byte_in_a_poll_reply_is_refused_by_the_client() {
     for at in [batch_1_checksum, batch_2_timestamp] {
         match poll_with_flip(Some(at)) {
             Err(ClientError::Frame(FrameError::BodyChecksum)) => {}
-            other => panic!("flip at frame byte {at}: expected a body checksum error, got {other:?}"),
+            other => {
+                panic!("flip at frame byte {at}: expected a body checksum error, got {other:?}")
+            }
         }
     }
 }

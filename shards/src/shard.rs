@@ -2035,7 +2035,10 @@ mod tests {
             storage::entry::PAYLOAD_FLAG_CHECKSUM_OF_HEADERS,
             bus::MESSAGE_FLAG_CHECKSUM_OF_HEADERS
         );
-        assert_eq!(storage::entry::MESSAGE_HEADER_SIZE, bus::MESSAGE_HEADER_SIZE);
+        assert_eq!(
+            storage::entry::MESSAGE_HEADER_SIZE,
+            bus::MESSAGE_HEADER_SIZE
+        );
         // Past storage's and bus's 1 KiB header stage: 100 messages.
         let mut builder = bus::BatchBuilder::default();
         for index in 0..100u64 {

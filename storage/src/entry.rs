@@ -504,7 +504,8 @@ mod tests {
             let reason = flipped(at);
             assert!(
                 reason.starts_with("payload checksum ")
-                    && reason.contains("(of the message headers and stamp) differs from the header's"),
+                    && reason
+                        .contains("(of the message headers and stamp) differs from the header's"),
                 "{reason}"
             );
         }

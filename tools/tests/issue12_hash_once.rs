@@ -43,7 +43,7 @@ fn batch_of(payloads: &[&[u8]]) -> Vec<u8> {
 #[derive(Debug)]
 enum Answer {
     /// A reply: its header and body.
-    Reply(Header, Vec<u8>),
+    Reply(Box<Header>, Vec<u8>),
     /// The connection was closed without a reply.
     Closed,
 }
@@ -80,7 +80,7 @@ fn send_flipped(addr: SocketAddr, batch: &[u8], flip_at: Option<usize>) -> Answe
     let reply: Header = bytemuck::pod_read_unaligned(&head);
     let mut body = vec![0u8; reply.size as usize - bus::HEADER_SIZE];
     stream.read_exact(&mut body).unwrap();
-    Answer::Reply(reply, body)
+    Answer::Reply(Box::new(reply), body)
 }
 
 /// Every message of the partition: (offset, payload), and its next offset.
