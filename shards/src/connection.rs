@@ -14,7 +14,7 @@ use runtime::ShardId;
 use crate::frame::{PartitionEnds, ShardReply, ShardRequest};
 use crate::limits::{
     FRAME_BODY_TIMEOUT, OVERSIZED_DRAIN_CHUNK_BYTES, OVERSIZED_DRAIN_TIMEOUT,
-    RECEIVE_BUDGET_WAIT_MAX, REPLY_WRITE_TIMEOUT,
+    RECEIVE_BUDGET_WAIT_MAX, REPLY_WRITE_TIMEOUT, SPLICE_REPLY_BYTES_MIN,
 };
 use crate::metadata::MetadataOp;
 use crate::shard::Shard;
@@ -241,8 +241,9 @@ async fn write_reply(
 
 /// Writes a successful poll reply within `REPLY_WRITE_TIMEOUT`, like `write_reply` (counted,
 /// false when the connection must close): the header, then the verified spans without a copy
-/// (`splice::send_mapped`) when a splice pipe is free and a span is mapped, else the copying
-/// path (the spans copied into one body, one vectored write). Issue 12 item 2.
+/// (`splice::send_mapped`) when the reply holds at least `SPLICE_REPLY_BYTES_MIN` bytes, a span
+/// is mapped and a splice pipe is free, else the copying path (the spans copied into one body,
+/// one vectored write). Issue 12 item 2.
 ///
 /// A reply that fails or times out midway has sent fewer bytes than its header announced: the
 /// caller closes the connection (a failure to take the pages, which means a segment shrank
@@ -254,7 +255,7 @@ async fn write_polled_reply(
     head: Vec<u8>,
     spans: storage::VerifiedSpans,
 ) -> bool {
-    let lease = if spans.any_mapped() {
+    let lease = if spans.any_mapped() && spans.size_bytes() >= SPLICE_REPLY_BYTES_MIN {
         shard.splice_pipes.take()
     } else {
         None
