@@ -1,5 +1,6 @@
-//! One `shardline serve` child on loopback for the follow measurements (issue 11 section 3):
-//! its client and metrics addresses, the parked-poll gauge it reports, and the CPU time the
+//! One `shardline serve` child on loopback for the measurement binaries (follow latency and
+//! parked polls, issue 11 section 3; metrics overhead, issue 10): its client address, its
+//! metrics address when it serves metrics, the parked-poll gauge it reports, and the CPU time the
 //! whole process (every thread, io_uring workers included) has used.
 //!
 //! Never asserts on what it measures: the binaries print figures.
@@ -11,12 +12,13 @@ use std::process::{Child, Command, Stdio};
 
 use anyhow::{Context as _, bail};
 
-/// A running `shardline serve --metrics-listen 127.0.0.1:0`; killed on drop if still running.
+/// A running `shardline serve`; killed on drop if still running.
 #[derive(Debug)]
 pub struct ServeChild {
     pub child: Child,
     pub addr: SocketAddr,
-    pub metrics: SocketAddr,
+    /// The metrics listener (`--metrics-listen 127.0.0.1:0`), when started with one.
+    pub metrics: Option<SocketAddr>,
 }
 
 impl ServeChild {
@@ -26,15 +28,34 @@ impl ServeChild {
     /// # Errors
     /// The binary cannot be spawned, or it exits (or prints something else) before both lines.
     pub fn start(bin: &Path, data_dir: &Path, extra: &[&str]) -> anyhow::Result<ServeChild> {
-        let mut child = Command::new(bin)
-            .args(["serve", "--no-pin", "--listen", "127.0.0.1:0"])
-            .args(["--metrics-listen", "127.0.0.1:0", "--data-dir"])
+        ServeChild::start_with(bin, data_dir, extra, true)
+    }
+
+    /// As [`ServeChild::start`], with the metrics listener only when `metrics` (then it reads
+    /// the `metrics on` line too).
+    ///
+    /// # Errors
+    /// The binary cannot be spawned, or it exits (or prints something else) before its address
+    /// lines.
+    pub fn start_with(
+        bin: &Path,
+        data_dir: &Path,
+        extra: &[&str],
+        metrics: bool,
+    ) -> anyhow::Result<ServeChild> {
+        let mut command = Command::new(bin);
+        command
+            .args(["serve", "--no-pin", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::inherit());
+        if metrics {
+            command.args(["--metrics-listen", "127.0.0.1:0"]);
+        }
+        let mut child = command
             .spawn()
             .with_context(|| format!("spawn {} serve", bin.display()))?;
         let stdout = child.stdout.take().context("serve stdout")?;
@@ -48,9 +69,12 @@ impl ServeChild {
                 .with_context(|| format!("unexpected serve line {line:?}"))
         };
         let addr = next("listening on ")?.parse()?;
-        let metrics = next("metrics on http://")?
-            .trim_end_matches("/metrics")
-            .parse()?;
+        let metrics = if metrics {
+            let url = next("metrics on http://")?;
+            Some(url.trim_end_matches("/metrics").parse()?)
+        } else {
+            None
+        };
         // Keep reading stdout so the server never blocks on a full pipe.
         std::thread::spawn(move || lines.for_each(drop));
         Ok(ServeChild {
@@ -64,18 +88,23 @@ impl ServeChild {
         self.child.id()
     }
 
+    /// The Prometheus text of one `GET /metrics`.
+    ///
+    /// # Errors
+    /// Started without metrics, or the metrics listener did not answer 200.
+    pub fn scrape(&self) -> anyhow::Result<String> {
+        scrape(
+            self.metrics
+                .context("serve was started without --metrics-listen")?,
+        )
+    }
+
     /// Polls parked on every shard now (the `shardline_parked_polls` gauges summed).
     ///
     /// # Errors
-    /// The metrics listener did not answer 200.
+    /// As [`ServeChild::scrape`].
     pub fn parked_polls(&self) -> anyhow::Result<u64> {
-        let mut stream = TcpStream::connect(self.metrics)?;
-        stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text)?;
-        if !text.starts_with("HTTP/1.1 200 ") {
-            bail!("scrape answered {:?}", text.lines().next());
-        }
+        let text = self.scrape()?;
         Ok(text
             .lines()
             .filter(|line| line.starts_with("shardline_parked_polls{"))
@@ -113,6 +142,21 @@ impl Drop for ServeChild {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The Prometheus text of one `GET /metrics` from the listener at `metrics`.
+///
+/// # Errors
+/// The connection failed, or the listener did not answer 200.
+pub fn scrape(metrics: SocketAddr) -> anyhow::Result<String> {
+    let mut stream = TcpStream::connect(metrics)?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    if !text.starts_with("HTTP/1.1 200 ") {
+        bail!("scrape answered {:?}", text.lines().next());
+    }
+    Ok(text)
 }
 
 /// Creates stream 1 `bench` and its topic 1 `follow` with `partition_count` partitions.

@@ -13,16 +13,16 @@
 //! target/release/metrics_overhead --rounds 3 --messages 2000000
 //! ```
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use benches::serve_child::{self, ServeChild};
 use clap::Parser;
 
 #[derive(Debug, Parser)]
@@ -63,59 +63,17 @@ struct Args {
     data_root: Option<PathBuf>,
 }
 
-/// A running `shardline serve`.
-struct Serve {
-    child: Child,
-    addr: SocketAddr,
-    metrics: Option<SocketAddr>,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_serve(args: &Args, bin: &Path, data_dir: &Path, metrics: bool) -> anyhow::Result<Serve> {
-    let mut command = Command::new(bin);
-    command
-        .args(["serve", "--no-pin", "--listen", "127.0.0.1:0"])
-        .args(["--shards", &args.shards.to_string(), "--fsync", &args.fsync])
-        .arg("--data-dir")
-        .arg(data_dir)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    if metrics {
-        command.args(["--metrics-listen", "127.0.0.1:0"]);
-    }
-    let mut child = command.spawn().context("spawn shardline serve")?;
-    let stdout = child.stdout.take().context("serve stdout")?;
-    let mut lines = BufReader::new(stdout).lines();
-    let mut next = |prefix: &str| -> anyhow::Result<String> {
-        let line = lines
-            .next()
-            .context("serve exited before printing its addresses")??;
-        line.strip_prefix(prefix)
-            .map(str::to_owned)
-            .with_context(|| format!("unexpected serve line {line:?}"))
-    };
-    let addr = next("listening on ")?.parse()?;
-    let metrics = if metrics {
-        let url = next("metrics on http://")?;
-        Some(url.trim_end_matches("/metrics").parse()?)
-    } else {
-        None
-    };
-    // Keep reading stdout so the server never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    Ok(Serve {
-        child,
-        addr,
-        metrics,
-    })
+/// Starts a `shardline serve` child with the run's shard count and fsync policy, with the
+/// metrics listener only when `metrics`.
+fn start_serve(
+    args: &Args,
+    bin: &Path,
+    data_dir: &Path,
+    metrics: bool,
+) -> anyhow::Result<ServeChild> {
+    let shards = args.shards.to_string();
+    let extra = ["--shards", shards.as_str(), "--fsync", args.fsync.as_str()];
+    ServeChild::start_with(bin, data_dir, &extra, metrics)
 }
 
 /// GETs `/metrics` every `interval` until stopped; counts the scrapes that answered 200.
@@ -145,14 +103,7 @@ fn start_scraper(addr: SocketAddr, interval: Duration) -> Scraper {
 }
 
 fn scrape_once(addr: SocketAddr) -> anyhow::Result<()> {
-    let mut stream = TcpStream::connect(addr)?;
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\n\r\n")?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer)?;
-    if !answer.starts_with("HTTP/1.1 200 ") {
-        bail!("scrape answered {:?}", answer.lines().next());
-    }
-    Ok(())
+    serve_child::scrape(addr).map(drop)
 }
 
 /// One run's produce figures.
@@ -224,35 +175,17 @@ fn run_once(
     Ok(figures)
 }
 
-/// CPU time (user + system) of process `pid` so far, threads that exited included, in seconds:
-/// fields 14 and 15 of `/proc/PID/stat`, in `USER_HZ` ticks (100 per second on Linux).
-fn process_cpu_seconds(pid: u32) -> anyhow::Result<f64> {
-    const USER_HZ: f64 = 100.0;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The command name may hold spaces and parentheses: fields start after the last ')'.
-    let after_comm = stat.rsplit_once(')').context("malformed /proc/PID/stat")?.1;
-    let fields: Vec<&str> = after_comm.split_whitespace().collect();
-    // After the name, field 3 (state) is index 0, so utime (14) and stime (15) are 11 and 12.
-    let ticks: u64 = fields
-        .get(11..13)
-        .context("short /proc/PID/stat")?
-        .iter()
-        .map(|field| field.parse::<u64>())
-        .sum::<Result<u64, _>>()?;
-    Ok(ticks as f64 / USER_HZ)
-}
-
 /// Server CPU seconds one scrape costs: `count` scrapes back to back against an idle server
 /// with metrics on, the server's process CPU before and after.
 fn scrape_cost(args: &Args, bin: &Path, root: &Path, count: u32) -> anyhow::Result<f64> {
     let serve = start_serve(args, bin, &root.join("cost"), true)?;
     let addr = serve.metrics.context("metrics address")?;
     scrape_once(addr)?;
-    let before = process_cpu_seconds(serve.child.id())?;
+    let before = serve.cpu_seconds()?;
     for _ in 0..count {
         scrape_once(addr)?;
     }
-    let after = process_cpu_seconds(serve.child.id())?;
+    let after = serve.cpu_seconds()?;
     Ok((after - before) / f64::from(count))
 }
 
