@@ -170,6 +170,37 @@ impl Drop for PipeLease<'_> {
     }
 }
 
+/// Sets `O_NONBLOCK` on a descriptor and puts its previous status flags back when dropped
+/// (also when the send is cancelled by its timeout).
+struct NonBlockingGuard {
+    fd: std::os::fd::RawFd,
+    flags: libc::c_int,
+}
+
+impl NonBlockingGuard {
+    fn set(fd: std::os::fd::RawFd) -> io::Result<NonBlockingGuard> {
+        // SAFETY: fcntl(F_GETFL) on a descriptor borrowed from a live stream; no memory is passed.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if flags < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: as above; F_SETFL takes the flags by value.
+        if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(NonBlockingGuard { fd, flags })
+    }
+}
+
+impl Drop for NonBlockingGuard {
+    fn drop(&mut self) {
+        // SAFETY: as in `set`; the stream outlives the guard (both live in `send_mapped`). A
+        // failure leaves the socket non-blocking, which the ring tolerates (it waits for
+        // readiness on EAGAIN), so it is ignored.
+        unsafe { libc::fcntl(self.fd, libc::F_SETFL, self.flags) };
+    }
+}
+
 /// Sends `bytes` (page-cache pages of a mapped segment: `storage::VerifiedSpan::bytes` of a
 /// mapped span, which `path` and `position` name for the error) to `stream` through `lease`'s
 /// pipe: vmsplice(2) at most the pipe's capacity in, splice(2) all of it out, until done.
@@ -191,6 +222,12 @@ pub async fn send_mapped(
 ) -> Result<(), SpliceError> {
     let pipe = lease.pipe();
     let socket = stream.as_fd().as_raw_fd();
+    // SPLICE_F_NONBLOCK makes only the pipe side non-blocking (splice(2)); a socket without
+    // O_NONBLOCK (compio's io_uring driver accepts blocking sockets) would block the shard
+    // thread once its send buffer is full, stalling every connection of the shard behind one
+    // consumer that stopped reading. Non-blocking for these calls only: the other I/O on this
+    // connection goes through the ring, which does not expect the flag.
+    let _non_blocking = NonBlockingGuard::set(socket).map_err(SpliceError::Socket)?;
     let mut poll_fd = None;
     let mut at = 0usize;
     while at < bytes.len() {
@@ -361,6 +398,52 @@ mod tests {
             );
             assert!(pipes.take().is_some(), "released: lent again");
         });
+    }
+
+    #[test]
+    fn issue12_2_a_client_that_stops_reading_never_blocks_the_shard_thread() {
+        // The accepted socket is blocking (compio's io_uring driver); a client that never reads
+        // fills its buffers. The send must wait on the ring, so the timeout future runs and the
+        // send ends with it (the connection is then closed), while the client is still there.
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (outcome_tx, outcome_rx) = std::sync::mpsc::channel();
+        let server = std::thread::spawn(move || {
+            compio::runtime::Runtime::new()
+                .unwrap()
+                .block_on(async move {
+                    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+                    addr_tx.send(listener.local_addr().unwrap()).unwrap();
+                    let (stream, _) = listener.accept().await.unwrap();
+                    let fd = stream.as_fd().as_raw_fd();
+                    // SAFETY: F_GETFL on a descriptor the stream keeps open.
+                    let flags_before = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+                    let pipes = SplicePipes::new(1);
+                    let lease = pipes.take().unwrap();
+                    let bytes = vec![0x5a_u8; 64 << 20];
+                    let send = send_mapped(&stream, &lease, &bytes, std::path::Path::new("s"), 0);
+                    let timed_out = compio::time::timeout(std::time::Duration::from_secs(1), send)
+                        .await
+                        .is_err();
+                    // SAFETY: as above.
+                    let flags_after = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+                    outcome_tx
+                        .send((timed_out, flags_before, flags_after))
+                        .unwrap();
+                });
+        });
+        let client = std::net::TcpStream::connect(addr_rx.recv().unwrap()).unwrap();
+        // A blocked thread would only return once the client closes: wait long before closing.
+        let outcome = outcome_rx.recv_timeout(std::time::Duration::from_secs(60));
+        drop(client);
+        server.join().unwrap();
+        let (timed_out, flags_before, flags_after) =
+            outcome.expect("send_mapped blocked the thread until the client closed");
+        assert!(
+            timed_out,
+            "the send to a client that never reads ends by its timeout"
+        );
+        assert_eq!(flags_before & libc::O_NONBLOCK, 0, "accepted blocking");
+        assert_eq!(flags_after, flags_before, "the socket's flags are put back");
     }
 
     #[test]
