@@ -140,7 +140,10 @@ pub struct PollResult {
     /// The offset the poll asked for; `messages` skips what the batches hold below it.
     pub offset: u64,
     /// Concatenated batches as stored (parse with `messages` or `BatchView::parse_many`); empty
-    /// when `offset` equals `next_offset`.
+    /// when `offset` equals `next_offset`. **Unverified past the batch headers:** since protocol
+    /// version 2 the frame's `checksum_body` covers only the batch headers (issue 12 item 1), so
+    /// a payload damaged in transit is caught only by parsing (`messages` does); never use these
+    /// bytes without it.
     pub batches: Vec<u8>,
     /// Messages at or above `offset` in `batches` (reply `count`).
     pub message_count: u32,
@@ -1317,6 +1320,9 @@ impl Client {
     /// `poll`, returning only the reply body: concatenated batches starting at the batch
     /// containing `offset` (callers skip messages below `offset`); empty when the poll is caught
     /// up.
+    ///
+    /// The bytes are checked only up to the batch headers (the frame's `checksum_body`, issue 12
+    /// item 1): parse them (`BatchView::parse_many`) before trusting any message.
     ///
     /// # Errors
     /// As `poll`.

@@ -104,6 +104,12 @@ pub const CLOSED_SEGMENT_FILES_OPEN_MAX: usize = 1;
 /// only pages read get page-table entries) and `vm.max_map_count` entries. Retention unmaps the
 /// segments it deletes; a reply in flight keeps its own reference until it is sent.
 pub const MAPPED_SEGMENTS_PER_LOG_MAX: usize = 4;
+/// Segment mappings the whole process may hold at once, over every log (issue 12 item 2, found
+/// by review): each takes one of the process's `vm.max_map_count` memory-map entries (65,530 by
+/// default), which thread stacks, the allocator and libraries need too; at that limit mmap,
+/// thread creation and large allocations all fail. A read that finds the bound reached reads with
+/// a copy instead. A quarter of the default limit: 4,096 partitions read at once, 4 segments each.
+pub const MAPPED_SEGMENTS_PROCESS_MAX: usize = 16_384;
 
 /// Names tried for the quarantine file of one damaged position (`X.log.damaged-at-P`, then
 /// `.1`, `.2`, ...): an existing one is never overwritten. A second copy exists only when a crash

@@ -16,8 +16,12 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::limits::MAPPED_SEGMENTS_PER_LOG_MAX;
+use crate::limits::{MAPPED_SEGMENTS_PER_LOG_MAX, MAPPED_SEGMENTS_PROCESS_MAX};
+
+/// Segment mappings alive in this process, over every log (`MAPPED_SEGMENTS_PROCESS_MAX`).
+static LIVE_MAPPING_COUNT: AtomicUsize = AtomicUsize::new(0);
 
 /// A read-only, shared (`PROT_READ`, `MAP_SHARED`) mapping of a segment file from byte 0, `len`
 /// bytes long (possibly past the file's end: only acknowledged ranges are ever touched).
@@ -39,11 +43,30 @@ impl SegmentMapping {
     /// Maps only: no byte is read (no `MAP_POPULATE`), so it never blocks on the disk.
     ///
     /// # Errors
-    /// mmap(2)'s: `ENOMEM` when the process is at `vm.max_map_count` mappings or out of address
-    /// space, `ENODEV`/`EACCES` for a file that cannot be mapped. The caller reads with a copy
-    /// instead.
+    /// `OutOfMemory` when the process already holds `MAPPED_SEGMENTS_PROCESS_MAX` segment
+    /// mappings; mmap(2)'s: `ENOMEM` when the process is at `vm.max_map_count` mappings or out of
+    /// address space (`RLIMIT_AS`), `ENODEV`/`EACCES` for a file that cannot be mapped. The caller
+    /// reads with a copy instead.
     pub(crate) fn map(fd: BorrowedFd<'_>, len: usize) -> io::Result<SegmentMapping> {
         assert!(len > 0, "a segment mapping covers at least one byte");
+        if !reserve_slot(&LIVE_MAPPING_COUNT, MAPPED_SEGMENTS_PROCESS_MAX) {
+            return Err(io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                format!(
+                    "the process holds {MAPPED_SEGMENTS_PROCESS_MAX} segment mappings \
+                     (MAPPED_SEGMENTS_PROCESS_MAX)"
+                ),
+            ));
+        }
+        let mapping = SegmentMapping::map_reserved(fd, len);
+        if mapping.is_err() {
+            LIVE_MAPPING_COUNT.fetch_sub(1, Ordering::AcqRel);
+        }
+        mapping
+    }
+
+    /// `map` once its slot in `LIVE_MAPPING_COUNT` is taken.
+    fn map_reserved(fd: BorrowedFd<'_>, len: usize) -> io::Result<SegmentMapping> {
         // SAFETY: a fresh mapping chosen by the kernel (address hint null), so no existing memory
         // is replaced; the result is checked for MAP_FAILED before use.
         let address = unsafe {
@@ -129,7 +152,17 @@ impl Drop for SegmentMapping {
         // borrows `self` (or an `Arc` of it), so none outlives this.
         let result = unsafe { libc::munmap(self.address.as_ptr().cast(), self.len) };
         debug_assert_eq!(result, 0, "munmap of a mapping we made");
+        LIVE_MAPPING_COUNT.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// Takes one of `count_max` slots counted by `count`; false when all are taken.
+fn reserve_slot(count: &AtomicUsize, count_max: usize) -> bool {
+    count
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |taken| {
+            (taken < count_max).then_some(taken + 1)
+        })
+        .is_ok()
 }
 
 /// The page size in bytes (sysconf(3) `_SC_PAGESIZE`).
@@ -196,6 +229,16 @@ impl SegmentMappings {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    #[test]
+    fn issue12_2_review_mappings_are_bounded_per_process_by_slots() {
+        let count = AtomicUsize::new(0);
+        assert!((0..3).all(|_| reserve_slot(&count, 3)), "three slots");
+        assert!(!reserve_slot(&count, 3), "the fourth is refused");
+        assert_eq!(count.load(Ordering::Acquire), 3);
+        count.fetch_sub(1, Ordering::AcqRel);
+        assert!(reserve_slot(&count, 3), "a freed slot is taken again");
+    }
 
     #[test]
     fn issue12_2_a_log_keeps_a_bounded_few_mappings_and_retention_drops_its_own() {

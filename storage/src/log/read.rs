@@ -363,11 +363,16 @@ impl PartitionLog {
         match SegmentMapping::map(file.file().as_fd(), capacity as usize) {
             Ok(mapping) => {
                 let mapping = Arc::new(mapping);
-                self.shared
-                    .state
-                    .borrow_mut()
-                    .mappings
-                    .insert(span.segment_base_offset, Arc::clone(&mapping));
+                // A segment retention deleted while this read opened it (below the first
+                // offset now) serves this read only: cached, it would keep the deleted file's
+                // blocks allocated until evicted (found by review).
+                if span.segment_base_offset >= self.first_offset() {
+                    self.shared
+                        .state
+                        .borrow_mut()
+                        .mappings
+                        .insert(span.segment_base_offset, Arc::clone(&mapping));
+                }
                 Some(mapping)
             }
             Err(error) => {

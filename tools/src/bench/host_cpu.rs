@@ -120,8 +120,8 @@ impl HostCpuSampler {
             what: "/proc/self",
             source,
         })?;
-        let own_start_ticks = own_ticks(&process)?;
         let busy_start_ticks = host_busy_ticks()?;
+        let own_start_ticks = own_ticks(&process)?;
         Ok(HostCpuSampler {
             process,
             ticks_per_second,
@@ -130,14 +130,15 @@ impl HostCpuSampler {
         })
     }
 
-    /// Reads the ending counters (host first, then own, the reverse of `start`, so the bench's
-    /// own delta is never read over a longer window than the host's).
+    /// Reads the ending counters (own first, then host; `start` reads host, then own), so the
+    /// bench's own window lies inside the host's and what is subtracted is never more than the
+    /// bench used while the host was counted: the figure stays a ceiling.
     ///
     /// # Errors
     /// As [`HostCpuSampler::start`].
     pub fn finish(self) -> Result<HostCpu, HostCpuError> {
-        let busy_end_ticks = host_busy_ticks()?;
         let own_end_ticks = own_ticks(&self.process)?;
+        let busy_end_ticks = host_busy_ticks()?;
         Ok(HostCpu::from_ticks(
             (self.busy_start_ticks, busy_end_ticks),
             (self.own_start_ticks, own_end_ticks),
