@@ -433,7 +433,7 @@ mod tests {
         });
         let client = std::net::TcpStream::connect(addr_rx.recv().unwrap()).unwrap();
         // A blocked thread would only return once the client closes: wait long before closing.
-        let outcome = outcome_rx.recv_timeout(std::time::Duration::from_secs(60));
+        let outcome = outcome_rx.recv_timeout(std::time::Duration::from_mins(1));
         drop(client);
         server.join().unwrap();
         let (timed_out, flags_before, flags_after) =
