@@ -22,6 +22,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use benches::median;
 use benches::serve_child::{self, ServeChild};
 use clap::Parser;
 
@@ -187,16 +188,6 @@ fn scrape_cost(args: &Args, bin: &Path, root: &Path, count: u32) -> anyhow::Resu
     }
     let after = serve.cpu_seconds()?;
     Ok((after - before) / f64::from(count))
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let middle = values.len() / 2;
-    if values.len() % 2 == 1 {
-        values[middle]
-    } else {
-        f64::midpoint(values[middle - 1], values[middle])
-    }
 }
 
 fn default_bin() -> anyhow::Result<PathBuf> {

@@ -50,6 +50,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use benches::median;
 use clap::Parser;
 use compio::BufResult;
 use compio::buf::{IntoInner as _, IoBuf as _};
@@ -448,16 +449,6 @@ fn verify_file(path: &Path, group: &[Vec<u8>], group_count: u64) -> anyhow::Resu
         }
     }
     Ok(())
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let middle = values.len() / 2;
-    if values.len() % 2 == 1 {
-        values[middle]
-    } else {
-        f64::midpoint(values[middle - 1], values[middle])
-    }
 }
 
 fn render(samples: &[Sample], modes: &[Mode], policies: &[Policy]) -> String {
