@@ -31,7 +31,8 @@ pub const SCAN_CHUNK_BYTES: usize = 1 << 20;
 /// before its framing is walked and its payload hashed; a candidate fits in the bytes after the
 /// damage, so no additive term is needed), then stops, and open quarantines the tail (the
 /// conservative verdict: the bytes are kept). An honest segment needs about 1x: garbage inside
-/// the damaged entry rarely passes the header rules, and the first valid entry found is followed
+/// the damaged entry rarely passes the header rules with their offset and message-count bounds
+/// (`verify::resync_entry_header`), and the first valid entry found is followed
 /// back to back to the end, each byte hashed once; 3x leaves room for a couple of false
 /// candidates as long as the tail. A crafted payload (a chain of fake headers whose lengths step
 /// to the end) would otherwise cost quadratic time (4 MiB took 48 s, a 64 MiB message hours);

@@ -446,7 +446,8 @@ fn check_last_entry_quarantined(dir: &Path, written: &[Vec<u8>], last_offset: u6
                     size_bytes: 196,
                     first_offset: 8,
                     last_offset,
-                    resync_charged_bytes: 100,
+                    // Nothing after the damaged entry passes the resync header rules.
+                    resync_charged_bytes: 0,
                 }),
             }
         );
@@ -541,7 +542,8 @@ fn issue7_4_damaged_first_entry_of_the_active_segment_is_quarantined_not_dropped
                     size_bytes: 588,
                     first_offset: 0,
                     last_offset: 5,
-                    resync_charged_bytes: 867,
+                    // The two valid entries' payloads (164 bytes each), nothing else.
+                    resync_charged_bytes: 328,
                 }),
             }
         );
@@ -1150,7 +1152,8 @@ fn check_entry_3_quarantined(dir: &Path, written: &[Vec<u8>], damaged_bytes: &[u
                     size_bytes: 707,
                     first_offset: 3,
                     last_offset: 9,
-                    resync_charged_bytes: 455,
+                    // Entries 4..=9's payloads (69 bytes each), nothing else.
+                    resync_charged_bytes: 414,
                 }),
             }
         );
@@ -1345,8 +1348,9 @@ fn issue7_1_resync_finds_a_valid_entry_after_junk_as_interior_damage() {
     });
 }
 
-/// A message content of `blocks` 64-byte blocks, each a fake entry header (offset 2^32 + 32, so
-/// at least any offset the resync asks for; `blocks - k` messages) whose length steps exactly to
+/// A message content of `blocks` 64-byte blocks, each a fake entry header (offset 32: at least
+/// the offset the resync asks for, 3, and inside its bound `3 + (bytes after the damage) / 32`
+/// from about 1 KiB after the damage on; `blocks - k` messages) whose length steps exactly to
 /// the end of the content, with message headers that frame it: every block passes the header
 /// rules and the framing, so an unbounded resync would checksum `(blocks - k) * 64` bytes at
 /// block `k`, quadratic in the content.
@@ -1354,7 +1358,7 @@ fn crafted_fake_header_chain(blocks: u64) -> Vec<u8> {
     let mut content = vec![0u8; (blocks * 64) as usize];
     for k in 0..blocks {
         let at = (k * 64) as usize;
-        content[at..at + 8].copy_from_slice(&((1u64 << 32) + 32).to_le_bytes());
+        content[at..at + 8].copy_from_slice(&32u64.to_le_bytes());
         content[at + 16..at + 20].copy_from_slice(&((blocks - k) as u32).to_le_bytes());
         content[at + 20..at + 24].copy_from_slice(&(((blocks - k) * 64 - 32) as u32).to_le_bytes());
         content[at + 24..at + 32].copy_from_slice(&0x5555_5555_5555_5554u64.to_le_bytes());

@@ -157,14 +157,15 @@ fn issue7_4_bit_flip_in_the_last_acked_entry_is_quarantined() {
     flip_entry(9, field_at, 0x01);
 }
 
-/// A message content of `blocks` 64-byte blocks, each a fake entry header whose length steps to
-/// the end of the content (adversarial round 3): an unbounded resync checksums
+/// A message content of `blocks` 64-byte blocks, each a fake entry header (offset 32, inside the
+/// resync's offset bound from about 1 KiB after the damage on) whose length steps to the end of
+/// the content (adversarial round 3): an unbounded resync checksums
 /// `(blocks - k) * 64` bytes at block `k`.
 fn crafted_region(blocks: u64) -> Vec<u8> {
     let mut out = vec![0u8; (blocks * 64) as usize];
     for k in 0..blocks {
         let at = (k * 64) as usize;
-        out[at..at + 8].copy_from_slice(&((1u64 << 32) + 32).to_le_bytes());
+        out[at..at + 8].copy_from_slice(&32u64.to_le_bytes());
         out[at + 16..at + 20].copy_from_slice(&((blocks - k) as u32).to_le_bytes());
         out[at + 20..at + 24].copy_from_slice(&(((blocks - k) * 64 - 32) as u32).to_le_bytes());
         out[at + 24..at + 32].copy_from_slice(&0x5555_5555_5555_5554u64.to_le_bytes());

@@ -600,7 +600,15 @@ async fn valid_entries_after_damage(
     };
     let mut position = damage_position + 1;
     while size_bytes.saturating_sub(position) >= ENTRY_HEADER_SIZE as u64 {
-        let run = valid_run_at(&mut reader, path, position, end_offset, budget).await?;
+        let run = valid_run_at(
+            &mut reader,
+            path,
+            damage_position,
+            position,
+            end_offset,
+            budget,
+        )
+        .await?;
         if run != Resync::NotFound {
             return Ok(run);
         }
@@ -609,13 +617,15 @@ async fn valid_entries_after_damage(
     Ok(Resync::NotFound)
 }
 
-/// The valid entries running back to back from `start`, the first of which starts at an offset
-/// of at least `min_base_offset`: `Resync::Found` with the last offset of the run, `NotFound`
+/// The valid entries running back to back from `start` (after the damage at `damage_position`),
+/// the first of which passes `resync_entry_header` with `min_base_offset`: `Resync::Found` with
+/// the last offset of the run, `NotFound`
 /// when no valid entry starts there, `BudgetSpent` when a candidate's payload would exceed
 /// `budget` (charged after its header passes, before its payload is framed or hashed).
 async fn valid_run_at(
     reader: &mut ChunkReader<'_>,
     path: &Path,
+    damage_position: u64,
     start: u64,
     min_base_offset: u64,
     budget: &mut ResyncBudget,
@@ -631,7 +641,12 @@ async fn valid_run_at(
         let header = EntryHeader::decode(header_bytes).expect("ChunkReader returned 32 bytes");
         let bytes_left = size_bytes - position;
         let entry_size = match expected_offset {
-            None => resync_entry_header(&header, min_base_offset, bytes_left),
+            None => resync_entry_header(
+                &header,
+                min_base_offset,
+                start - damage_position,
+                bytes_left,
+            ),
             Some(expected) => check_entry_header(&header, expected, bytes_left).ok(),
         };
         let Some(entry_size) = entry_size else {

@@ -200,7 +200,13 @@ fn resync_after_damage(
     let mut budget = ResyncBudget::new(size_bytes - position);
     let mut candidate = position + 1;
     while size_bytes.saturating_sub(candidate) >= ENTRY_HEADER_SIZE as u64 {
-        let run = valid_run_at(&mut window, candidate, expected_offset, &mut budget)?;
+        let run = valid_run_at(
+            &mut window,
+            position,
+            candidate,
+            expected_offset,
+            &mut budget,
+        )?;
         if run != Resync::NotFound {
             return Ok(run);
         }
@@ -209,11 +215,12 @@ fn resync_after_damage(
     Ok(Resync::NotFound)
 }
 
-/// The valid entries running back to back from `start`, the first at an offset of at least
-/// `min_base_offset`: `Found` with the run's last offset, `NotFound` when no valid entry starts
+/// The valid entries running back to back from `start` (after the damage at `damage_position`),
+/// the first passing `resync_entry_header` with `min_base_offset`: `Found` with the run's last offset, `NotFound` when no valid entry starts
 /// there, `BudgetSpent` when a candidate's payload would exceed `budget`.
 fn valid_run_at(
     window: &mut Window<'_>,
+    damage_position: u64,
     start: u64,
     min_base_offset: u64,
     budget: &mut ResyncBudget,
@@ -226,7 +233,7 @@ fn valid_run_at(
         };
         let left = window.size_bytes - position;
         let entry_size = match expected_offset {
-            None => resync_entry_header(&header, min_base_offset, left),
+            None => resync_entry_header(&header, min_base_offset, start - damage_position, left),
             Some(expected) => check_entry_header(&header, expected, left).ok(),
         };
         let Some(entry_size) = entry_size else {
