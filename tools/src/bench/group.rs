@@ -233,6 +233,7 @@ pub fn run_group_consume(
         started_at,
         cpu,
         host_cpu: Some(host_cpu),
+        writeback_flush: None,
     })
 }
 

@@ -31,6 +31,7 @@ pub mod server;
 pub mod sweep;
 pub mod verify;
 pub mod workload;
+pub mod writeback;
 
 use std::net::{SocketAddr, ToSocketAddrs as _};
 use std::path::{Path, PathBuf};
@@ -557,8 +558,8 @@ fn measure(
             server.addr,
             server.pid,
             state,
-            plan.producer_count,
-            plan.consumer_count,
+            (plan.producer_count, plan.consumer_count),
+            server.data_dir.as_deref(),
             &bar,
         );
         bar.finish_and_clear();
@@ -570,6 +571,7 @@ fn measure(
             started_at,
             cpu: None,
             host_cpu: None,
+            writeback_flush: None,
         };
         (
             PhaseOutcome {
@@ -585,8 +587,8 @@ fn measure(
             server.addr,
             server.pid,
             state,
-            plan.producer_count,
-            0,
+            (plan.producer_count, 0),
+            server.data_dir.as_deref(),
             &bar,
         );
         bar.finish_and_clear();
@@ -605,8 +607,8 @@ fn measure(
                 server.addr,
                 server.pid,
                 state,
-                0,
-                plan.consumer_count,
+                (0, plan.consumer_count),
+                None,
                 &bar,
             ),
         };
@@ -647,6 +649,7 @@ fn measure(
         payload_bytes: produce_per_partition.iter().map(|(_, bytes)| bytes).sum(),
         cpu: produce_outcome.cpu,
         host_cpu: produce_outcome.host_cpu,
+        writeback_flush: produce_outcome.writeback_flush,
         latency_us: produce_latency,
         per_partition: produce_per_partition,
         busy_retry_count: produce_outcome
@@ -683,6 +686,7 @@ fn measure(
         payload_bytes: consume_per_partition.iter().map(|(_, bytes)| bytes).sum(),
         cpu: consume_outcome.cpu,
         host_cpu: consume_outcome.host_cpu,
+        writeback_flush: consume_outcome.writeback_flush,
         latency_us: consume_latency,
         per_partition: consume_per_partition,
         busy_retry_count: consume_outcome

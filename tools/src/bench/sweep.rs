@@ -421,6 +421,7 @@ pub(crate) mod fixtures {
             host_cpu_seconds_per_gb: server_cpu_seconds
                 .map(|seconds| seconds * 1.25 / (messages * 1000.0 / 1e9)),
             load_generator_cpu_seconds: server_cpu_seconds,
+            writeback_flush_seconds: efficiency.map(|_| 0.5),
             latency_us: LatencySummary {
                 p50: 100,
                 p90: 200,
