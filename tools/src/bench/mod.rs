@@ -17,8 +17,10 @@ pub mod compare;
 pub mod cpu;
 pub mod csv_report;
 pub mod disk_baseline;
+pub mod disk_space;
 pub mod group;
 pub mod host_cpu;
+pub mod interrupt;
 pub mod json_file;
 pub mod limits;
 pub mod metadata;
@@ -72,6 +74,7 @@ pub use self::plan::{BenchPlan, PayloadChoice, ServerTarget, ShardRequest, Workl
 /// verification (naming the counts and the first bad partition and offset).
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let plan = args.validate()?;
+    interrupt::install()?;
     check_embedded_topology(&plan)?;
     if let Some(root) = &args.data_root {
         // As `serve --data-dir` does: a missing directory is created, not refused.
@@ -95,6 +98,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         bus::limits::MESSAGE_SIZE_MAX_DEFAULT,
         args::DEFAULT_LIMIT_OWNER,
     )?;
+    check_free_space(&plan, &payload)?;
     let schedule = plan.schedule();
     if plan.repeat_count > 1 {
         crate::output::print_line(&sequence_header(&plan, schedule.len()))?;
@@ -120,6 +124,27 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         print_summary(&plan, &runs, &summary, recommendation.as_ref())?;
     }
     outputs.finish(&runs, summary, recommendation)
+}
+
+/// With the embedded server and `--messages`: refuses a run whose bytes would not fit on the
+/// data root's filesystem (`disk_space`). Each run's directory is removed before the next starts,
+/// so one run must fit. A `--duration` run has no message count to estimate, and an `--addr`
+/// server's disk is not the bench's to measure: neither is checked.
+fn check_free_space(plan: &BenchPlan, payload: &PayloadSource) -> anyhow::Result<()> {
+    let (ServerTarget::Embedded { data_root, .. }, ProduceStop::MessageCount(message_count)) =
+        (&plan.server, plan.stop)
+    else {
+        return Ok(());
+    };
+    let root = data_root.clone().unwrap_or_else(std::env::temp_dir);
+    let size = disk_space::RunSize {
+        message_count,
+        payload_len_max: payload.payload_len_max() as u64,
+        batch_message_count: plan.batch_message_count,
+        producer_count: plan.producer_count,
+    };
+    disk_space::check_fits(&size, disk_space::available_bytes(&root)?, &root)?;
+    Ok(())
 }
 
 /// The first line of a sequence with `--repeat` above 1, whose runs print one line each.
