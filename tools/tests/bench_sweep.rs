@@ -92,7 +92,17 @@ fn repeated_counts_run_in_rounds_and_end_with_a_summary_and_every_report_file() 
             line.starts_with(prefix) && line.ends_with(" | lost 0"),
             "{line}"
         );
+        // Both phases carry the host figures (issue 12 item 4).
+        assert_eq!(line.matches(" host-cpu ").count(), 2, "{line}");
+        assert_eq!(line.matches(" host-s/GB p99 ").count(), 2, "{line}");
     }
+    assert!(
+        stdout.contains(
+            "\nhost CPU (CPU-seconds of the whole host less the bench's own; s/GB per 10^9 \
+             payload bytes; median [min..max])\n"
+        ),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("\nconfig: server=embedded producers=2 consumers=2 partitions=2"),
         "{stdout}"
@@ -241,6 +251,9 @@ fn repeated_counts_run_in_rounds_and_end_with_a_summary_and_every_report_file() 
     );
     // One run: a table, no summary.
     let stdout = text(&output.stdout);
+    // Same settings as the baseline: compared without a warning.
+    assert!(stdout.contains("\n== compared with "), "{stdout}");
+    assert!(!stdout.contains("settings differ"), "{stdout}");
     assert!(stdout.contains("\n== shards=1 (requested 1) "), "{stdout}");
     assert!(
         stdout.contains(" s flushing the data directory's filesystem (syncfs) after the last ack"),

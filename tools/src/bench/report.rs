@@ -410,14 +410,16 @@ pub fn render_run(run: &RunReport) -> String {
 
 /// One run in one line, for sequences with `--repeat` above 1 (`repeat_count`), followed by its
 /// warnings and page-cache note, each on an indented line of its own:
-/// `run 4: shards=2 repeat 2/3 | produce 2167265 msgs/s 2127660 msgs/srv-cpu-s p99 2049us |
-/// consume ... | lost 0`.
+/// `run 4: shards=2 repeat 2/3 | produce 2167265 msgs/s 2127660 msgs/srv-cpu-s 1.87 host-cpu
+/// 1.870 host-s/GB p99 2049us | consume ... | lost 0`.
 pub fn render_run_compact(run: &RunReport, repeat_count: u32) -> String {
     let phase = |name: &str, phase: &PhaseFigures| {
         format!(
-            "{name} {:.0} msgs/s {} msgs/srv-cpu-s p99 {}us",
+            "{name} {:.0} msgs/s {} msgs/srv-cpu-s {} host-cpu {} host-s/GB p99 {}us",
             phase.msgs_per_sec,
             or_na(phase.msgs_per_server_cpu_second, 0),
+            or_na(phase.host_cpu_seconds, 2),
+            or_na(phase.host_cpu_seconds_per_gb, 3),
             phase.latency_us.p99
         )
     };
@@ -902,8 +904,9 @@ mod tests {
         report.sequence = 4;
         assert_eq!(
             render_run_compact(&report, 3),
-            "run 5: shards=2 repeat 2/3 | produce 2000 msgs/s 2000 msgs/srv-cpu-s p99 300us | \
-             consume 2000 msgs/s 2000 msgs/srv-cpu-s p99 300us | lost 0\n"
+            "run 5: shards=2 repeat 2/3 | produce 2000 msgs/s 2000 msgs/srv-cpu-s 2.50 host-cpu \
+             625.000 host-s/GB p99 300us | consume 2000 msgs/s 2000 msgs/srv-cpu-s 2.50 host-cpu \
+             625.000 host-s/GB p99 300us | lost 0\n"
         );
         report.page_cache_note = Some("page cache: x".to_string());
         report.config.data_dir_on_tmpfs = Some(true);
