@@ -130,7 +130,9 @@ pub struct BenchArgs {
     #[arg(long, value_name = "B", default_value_t = BATCH_DEFAULT)]
     pub batch: u32,
 
-    /// Total messages to produce over all producers [default: 1000000 unless --duration].
+    /// Total messages to produce over all producers, 1..=10^10 [default: 1000000 unless
+    /// --duration]. A run whose estimated bytes exceed the free space of the data root's
+    /// filesystem is refused before it starts.
     #[arg(long, value_name = "M")]
     pub messages: Option<u64>,
 

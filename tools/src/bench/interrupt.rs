@@ -126,6 +126,10 @@ fn kill_and_reap(pid: u32) -> String {
     // holds or has handed over the active-run lock before reaping it).
     if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
         let error = std::io::Error::last_os_error();
+        // A clean stop reaps the child before its owner takes the lock to remove the directory.
+        if error.raw_os_error() == Some(libc::ESRCH) {
+            return format!("the embedded server (pid {pid}) had already exited");
+        }
         return format!("could not stop the embedded server (pid {pid}): {error}");
     }
     let mut status = 0;
@@ -190,6 +194,26 @@ mod tests {
                 run_dir: run_dir.clone(),
             })),
             format!("the run directory {} was already gone", run_dir.display())
+        );
+    }
+
+    #[test]
+    fn a_server_that_already_exited_is_reported_as_such() {
+        let root = tempfile::tempdir().unwrap();
+        let run_dir = root.path().join("shardline-bench-y");
+        std::fs::create_dir(&run_dir).unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert_eq!(
+            clean_up(Some(ActiveRun {
+                server_pid: Some(pid),
+                run_dir: run_dir.clone(),
+            })),
+            format!(
+                "the embedded server (pid {pid}) had already exited; removed the run directory {}",
+                run_dir.display()
+            )
         );
     }
 
