@@ -64,12 +64,15 @@ pub use self::plan::{BenchPlan, PayloadChoice, ServerTarget, ShardRequest, Workl
 /// `--repeat` above 1), then, when more than one run happened, the median and spread per shard
 /// count and the recommendation; writes `--json`, `--csv`, `--charts` and prints `--compare`
 /// (also after a failed run, for the runs that completed), and fails if any acknowledged message
-/// was not read back intact. `--workload metadata` runs [`metadata::run`] instead.
+/// was not read back intact. `--workload metadata` runs [`metadata::run`] instead. A SIGINT
+/// during any of it stops the embedded server, removes its run directory and exits 130
+/// (`interrupt`).
 ///
 /// # Errors
 /// Invalid arguments (naming the flag and the rule), a `--json` or `--csv` path that cannot be
 /// created, a `--charts` directory that cannot be created or written, a `--compare` file that is
-/// not a bench report (all checked before anything starts), a server that fails to start or stop,
+/// not a bench report, a `--messages` run whose estimated bytes exceed the data root's free space
+/// (`disk_space`; all checked before anything starts), a server that fails to start or stop,
 /// a worker's request failing beyond its retry budget, an existing stream on `--addr`, or a failed
 /// verification (naming the counts and the first bad partition and offset).
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
