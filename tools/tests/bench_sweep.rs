@@ -92,7 +92,17 @@ fn repeated_counts_run_in_rounds_and_end_with_a_summary_and_every_report_file() 
             line.starts_with(prefix) && line.ends_with(" | lost 0"),
             "{line}"
         );
+        // Both phases carry the host figures (issue 12 item 4).
+        assert_eq!(line.matches(" host-cpu ").count(), 2, "{line}");
+        assert_eq!(line.matches(" host-s/GB p99 ").count(), 2, "{line}");
     }
+    assert!(
+        stdout.contains(
+            "\nhost CPU (CPU-seconds of the whole host less the bench's own; s/GB per 10^9 \
+             payload bytes; median [min..max])\n"
+        ),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("\nconfig: server=embedded producers=2 consumers=2 partitions=2"),
         "{stdout}"
@@ -134,6 +144,14 @@ fn repeated_counts_run_in_rounds_and_end_with_a_summary_and_every_report_file() 
             );
         }
         produce_host_cpu_seconds += run["host_cpu_seconds"].as_f64().unwrap();
+        // The produce window ended with a syncfs of the embedded server's data directory; the
+        // consume phase flushes nothing.
+        let flush_seconds = run["writeback_flush_seconds"].as_f64().unwrap();
+        assert!(flush_seconds >= 0.0, "{run:#}");
+        assert!(
+            run["consume"]["writeback_flush_seconds"].is_null(),
+            "{run:#}"
+        );
     }
     // The server appended 80 000 messages over the four produce phases: the host was busy.
     assert!(produce_host_cpu_seconds > 0.0, "{report:#}");
@@ -175,6 +193,7 @@ fn repeated_counts_run_in_rounds_and_end_with_a_summary_and_every_report_file() 
     let host_column = column("host_cpu_seconds");
     let per_gb_column = column("host_cpu_seconds_per_gb");
     let own_column = column("load_generator_cpu_seconds");
+    let flush_column = column("writeback_flush_seconds");
     let rows: Vec<Vec<&str>> = csv_lines.map(|line| line.split(',').collect()).collect();
     assert_eq!(rows.len(), 8, "{csv_text}");
     for row in &rows {
@@ -192,6 +211,14 @@ fn repeated_counts_run_in_rounds_and_end_with_a_summary_and_every_report_file() 
         (csv_produce_host - produce_host_cpu_seconds).abs() < 1e-9,
         "{csv_text}"
     );
+    for (index, row) in rows.iter().enumerate() {
+        let cell = row[flush_column];
+        if index % 2 == 0 {
+            assert!(cell.parse::<f64>().unwrap() >= 0.0, "{csv_text}");
+        } else {
+            assert_eq!(cell, "", "consume rows flush nothing: {csv_text}");
+        }
+    }
     let svg_count = std::fs::read_dir(&charts)
         .unwrap()
         .filter(|entry| {
@@ -224,7 +251,14 @@ fn repeated_counts_run_in_rounds_and_end_with_a_summary_and_every_report_file() 
     );
     // One run: a table, no summary.
     let stdout = text(&output.stdout);
+    // Same settings as the baseline: compared without a warning.
+    assert!(stdout.contains("\n== compared with "), "{stdout}");
+    assert!(!stdout.contains("settings differ"), "{stdout}");
     assert!(stdout.contains("\n== shards=1 (requested 1) "), "{stdout}");
+    assert!(
+        stdout.contains(" s flushing the data directory's filesystem (syncfs) after the last ack"),
+        "{stdout}"
+    );
     assert!(!stdout.contains("recommendation: "), "{stdout}");
 }
 

@@ -10,8 +10,8 @@ use bus::limits::{BATCH_MESSAGE_COUNT_MAX, MESSAGE_SIZE_MAX_DEFAULT, PARTITION_C
 use bus::{BATCH_HEADER_SIZE, HEADER_SIZE, MESSAGE_HEADER_SIZE};
 
 use super::limits::{
-    CONSUMER_COUNT_MAX, METADATA_OP_COUNT_MAX, PRODUCER_COUNT_MAX, REPEAT_COUNT_MAX,
-    RUN_DURATION_MAX,
+    CONSUMER_COUNT_MAX, MESSAGE_COUNT_MAX, METADATA_OP_COUNT_MAX, PRODUCER_COUNT_MAX,
+    REPEAT_COUNT_MAX, RUN_DURATION_MAX,
 };
 use super::metadata::METADATA_CLIENT_COUNT_MAX;
 use super::plan::{
@@ -130,7 +130,9 @@ pub struct BenchArgs {
     #[arg(long, value_name = "B", default_value_t = BATCH_DEFAULT)]
     pub batch: u32,
 
-    /// Total messages to produce over all producers [default: 1000000 unless --duration].
+    /// Total messages to produce over all producers, 1..=10^10 [default: 1000000 unless
+    /// --duration]. A run whose estimated bytes exceed the free space of the data root's
+    /// filesystem is refused before it starts.
     #[arg(long, value_name = "M")]
     pub messages: Option<u64>,
 
@@ -524,6 +526,16 @@ impl BenchArgs {
             (messages, None) => {
                 let messages = messages.unwrap_or(MESSAGES_DEFAULT);
                 at_least_one("messages", messages)?;
+                if messages > MESSAGE_COUNT_MAX {
+                    return Err(BenchArgsError::OutOfRange {
+                        flag: "messages",
+                        value: messages,
+                        min: 1,
+                        max: MESSAGE_COUNT_MAX,
+                        rule: "a run writes every message to disk and keeps every acknowledged \
+                               range in memory; 10^10 messages is past any bench disk",
+                    });
+                }
                 ProduceStop::MessageCount(messages)
             }
         };
@@ -879,6 +891,13 @@ mod tests {
     #[test]
     fn zero_counts_are_rejected_naming_the_flag() {
         assert_eq!(error(&["--messages", "0"]), "--messages must be at least 1");
+        assert_eq!(
+            error(&["--messages", "10000000001"]),
+            "--messages 10000000001 is outside 1..=10000000000: a run writes every message to \
+             disk and keeps every acknowledged range in memory; 10^10 messages is past any bench \
+             disk"
+        );
+        parse(&["--messages", "10000000000"]).validate().unwrap();
         assert_eq!(error(&["--batch", "0"]), "--batch must be at least 1");
         assert_eq!(
             error(&["--producers", "0"]),

@@ -4,7 +4,7 @@
 //! Reads only the figures it compares, so reports written by older or newer versions (with fewer
 //! or more fields) still load; must never guess a figure an old report lacks (it shows `n/a`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -232,6 +232,80 @@ fn count_list(counts: &[u16]) -> String {
         .join(", ")
 }
 
+/// The settings (`report::RunConfig` keys) whose difference between the two reports makes the
+/// figures differ for a reason other than the code under test. The shard count is not here: rows
+/// are per count already, and counts run in one report only are listed as such.
+const SETTING_KEYS: [&str; 15] = [
+    "server",
+    "producers",
+    "consumers",
+    "partitions",
+    "batch_messages",
+    "messages",
+    "duration_seconds",
+    "payload",
+    "fsync",
+    "concurrent",
+    "cpus",
+    "no_pin",
+    "io_driver",
+    "inbox_capacity",
+    "idle_poll_us",
+];
+
+/// A setting's value as the warning shows it: strings bare, `null` as `unset`.
+fn setting_text(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(text) => text.clone(),
+        serde_json::Value::Null => "unset".to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// The distinct values of `key` over `configs`, joined with `,`; `None` when any config lacks
+/// the key (a report from before it existed: nothing to compare).
+fn setting_values(configs: &[&serde_json::Value], key: &str) -> Option<String> {
+    let values: BTreeSet<String> = configs
+        .iter()
+        .map(|config| config.get(key).map(setting_text))
+        .collect::<Option<_>>()?;
+    Some(values.into_iter().collect::<Vec<_>>().join(","))
+}
+
+/// One warning line per setting of [`SETTING_KEYS`] whose values differ between the baseline's
+/// runs and `runs`, naming the key and both values; empty when they agree or the baseline
+/// carries no `config`.
+pub fn settings_warnings(baseline: &Baseline, runs: &[RunReport]) -> Vec<String> {
+    let old_configs: Vec<&serde_json::Value> = baseline
+        .report
+        .get("runs")
+        .and_then(serde_json::Value::as_array)
+        .map(|runs| runs.iter().filter_map(|run| run.get("config")).collect())
+        .unwrap_or_default();
+    let new_configs: Vec<serde_json::Value> = runs
+        .iter()
+        .map(|run| serde_json::to_value(&run.config).expect("a RunConfig serializes"))
+        .collect();
+    let new_configs: Vec<&serde_json::Value> = new_configs.iter().collect();
+    if old_configs.is_empty() || new_configs.is_empty() {
+        return Vec::new();
+    }
+    SETTING_KEYS
+        .iter()
+        .filter_map(|key| {
+            let old = setting_values(&old_configs, key)?;
+            let new = setting_values(&new_configs, key)?;
+            (old != new).then(|| {
+                format!(
+                    "warning: settings differ: {key} is {old} in {} but {new} in this run, so \
+                     the figures below differ for that reason too",
+                    baseline.path.display()
+                )
+            })
+        })
+        .collect()
+}
+
 /// The comparison table: per shard count and figure, old, new, new/old, and a flag where the
 /// change exceeds the spread seen between repeats.
 ///
@@ -239,7 +313,8 @@ fn count_list(counts: &[u16]) -> String {
 /// server-CPU-second, host CPU-seconds per GB of payload, and p50/p99 latency (µs). A figure is flagged `*` where |new/old - 1|
 /// exceeds the larger relative range (max - min) / median of its old and new repeats, with a
 /// floor of [`SINGLE_RUN_SPREAD_FLOOR`] (the footer says so).
-/// Counts present in only one report are listed as such.
+/// Counts present in only one report are listed as such, and settings that differ between the
+/// two reports ([`settings_warnings`]) are warned about above the table.
 pub fn render_comparison(baseline: &Baseline, runs: &[RunReport]) -> String {
     let old = spreads_by_count(
         baseline
@@ -254,6 +329,9 @@ pub fn render_comparison(baseline: &Baseline, runs: &[RunReport]) -> String {
         "\n== compared with {} (medians per shard count; * = moved beyond the run-to-run spread)",
         baseline.path.display()
     );
+    for line in settings_warnings(baseline, runs) {
+        let _ = writeln!(out, "{line}");
+    }
     let _ = writeln!(
         out,
         "{:>6} {:<24} {:>12} {:>12} {:>8} {:>7}",
@@ -400,6 +478,55 @@ mod tests {
             8,
             "{text}"
         );
+    }
+
+    #[test]
+    fn settings_that_differ_are_warned_about_with_both_values() {
+        let (_dir, baseline) = baseline_of(&[(1, &[(100_000.0, Some(50_000.0))])]);
+        let mut new = runs(&[(1, &[(100_000.0, Some(50_000.0))]), (2, &[(1.0, None)])]);
+        assert_eq!(settings_warnings(&baseline, &new), Vec::<String>::new());
+        let text = render_comparison(&baseline, &new);
+        assert!(!text.contains("warning:"), "{text}");
+        new[0].config.fsync = "always".to_string();
+        new[1].config.batch_messages = 10;
+        new[1].config.io_driver = Some("poll".to_string());
+        let path = baseline.path.display();
+        assert_eq!(
+            settings_warnings(&baseline, &new),
+            [
+                format!(
+                    "warning: settings differ: batch_messages is 1000 in {path} but 10,1000 in \
+                     this run, so the figures below differ for that reason too"
+                ),
+                format!(
+                    "warning: settings differ: fsync is never in {path} but always,never in this \
+                     run, so the figures below differ for that reason too"
+                ),
+                format!(
+                    "warning: settings differ: io_driver is unset in {path} but poll,unset in \
+                     this run, so the figures below differ for that reason too"
+                ),
+            ]
+        );
+        let text = render_comparison(&baseline, &new);
+        assert_eq!(
+            text.lines().nth(2).unwrap(),
+            settings_warnings(&baseline, &new)[0]
+        );
+    }
+
+    #[test]
+    fn a_baseline_without_config_warns_about_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.json");
+        std::fs::write(
+            &path,
+            r#"{"runs": [{"shards": 1, "msgs_per_sec": 10.0, "consume": {"msgs_per_sec": 20.0}}]}"#,
+        )
+        .unwrap();
+        let baseline = load_baseline(&path).unwrap();
+        let new = runs(&[(1, &[(10.0, None)])]);
+        assert_eq!(settings_warnings(&baseline, &new), Vec::<String>::new());
     }
 
     #[test]

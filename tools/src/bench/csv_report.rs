@@ -11,7 +11,7 @@ use super::report::{PhaseFigures, RunReport};
 
 /// The CSV columns, in order. Units are in the names (`_us`, `_seconds`, `mb` = 10^6 payload
 /// bytes); `messages` is the phase's acknowledged (produce) or verified (consume) count.
-pub const CSV_COLUMNS: [&str; 34] = [
+pub const CSV_COLUMNS: [&str; 35] = [
     "sequence",
     "repeat",
     "shards",
@@ -29,6 +29,7 @@ pub const CSV_COLUMNS: [&str; 34] = [
     "host_cpu_seconds",
     "host_cpu_seconds_per_gb",
     "load_generator_cpu_seconds",
+    "writeback_flush_seconds",
     "latency_us_p50",
     "latency_us_p90",
     "latency_us_p99",
@@ -74,6 +75,7 @@ fn phase_row(run: &RunReport, phase: &str, figures: &PhaseFigures, messages: u64
         optional(figures.host_cpu_seconds),
         optional(figures.host_cpu_seconds_per_gb),
         optional(figures.load_generator_cpu_seconds),
+        optional(figures.writeback_flush_seconds),
         latency.p50.to_string(),
         latency.p90.to_string(),
         latency.p99.to_string(),

@@ -29,7 +29,9 @@ use super::payload::PayloadSource;
 use super::phase::PhaseOutcome;
 use super::plan::BenchPlan;
 use super::report::new_latency_histogram;
-use super::verify::{MessageRecord, Observation, PartitionVerifier};
+use super::verify::{
+    CheckedMessage, MessageRecord, Observation, PartitionVerifier, checked_messages,
+};
 use super::workload::{
     ConsumerOutcome, PartitionReadOutcome, SharedProgress, TopicLayout, record_latency,
 };
@@ -233,6 +235,7 @@ pub fn run_group_consume(
         started_at,
         cpu,
         host_cpu: Some(host_cpu),
+        writeback_flush: None,
     })
 }
 
@@ -349,8 +352,7 @@ fn verify(
     else {
         bail!("the group handed out partition {partition}, which the topic does not have");
     };
-    let messages = result
-        .messages()
+    let messages = checked_messages(&result.batches, result.offset)
         .with_context(|| format!("unreadable batches from partition {partition}"))?;
     let acks = shared.ledger.ranges(partition_index);
     let mut guard = shared.verifiers[partition_index]
@@ -359,11 +361,15 @@ fn verify(
     let (verifier, verified_bytes) = &mut *guard;
     let mut observed = 0;
     let mut verified = 0;
-    for message in &messages {
+    for CheckedMessage {
+        message,
+        checksum_ok,
+    } in &messages
+    {
         let record = MessageRecord {
             offset: message.offset,
             id: message.id,
-            checksum_ok: message.verify(),
+            checksum_ok: *checksum_ok,
             payload_ok: shared.payload.matches(message.id, message.payload),
         };
         observed += 1;

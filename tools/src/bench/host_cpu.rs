@@ -137,14 +137,48 @@ impl HostCpuSampler {
     /// # Errors
     /// As [`HostCpuSampler::start`].
     pub fn finish(self) -> Result<HostCpu, HostCpuError> {
-        let own_end_ticks = own_ticks(&self.process)?;
-        let busy_end_ticks = host_busy_ticks()?;
-        Ok(HostCpu::from_ticks(
+        self.finish_after(|| ()).map(|(host, ())| host)
+    }
+
+    /// As [`HostCpuSampler::finish`], but runs `before_host_end` between reading the bench's own
+    /// end counter and the host's: whatever it costs (a `syncfs(2)` that makes the kernel write
+    /// back the phase's dirty pages, in the calling thread and in kworker threads) counts as
+    /// host work, never as load-generator CPU. Returns the figure and what `before_host_end`
+    /// returned.
+    ///
+    /// # Errors
+    /// As [`HostCpuSampler::start`]; `before_host_end` has run unless reading the bench's own
+    /// counter failed.
+    pub fn finish_after<R>(
+        self,
+        before_host_end: impl FnOnce() -> R,
+    ) -> Result<(HostCpu, R), HostCpuError> {
+        let (own_end_ticks, returned, busy_end_ticks) = end_window(
+            || own_ticks(&self.process),
+            before_host_end,
+            host_busy_ticks,
+        )?;
+        let host = HostCpu::from_ticks(
             (self.busy_start_ticks, busy_end_ticks),
             (self.own_start_ticks, own_end_ticks),
             self.ticks_per_second,
-        ))
+        );
+        Ok((host, returned))
     }
+}
+
+/// The end of a host window, in the order that keeps the figure a ceiling: the bench's own
+/// counter first, then `between`, then the host's. Returns (own end ticks, what `between`
+/// returned, host end ticks).
+fn end_window<R, E>(
+    read_own_ticks: impl FnOnce() -> Result<u64, E>,
+    between: impl FnOnce() -> R,
+    read_busy_ticks: impl FnOnce() -> Result<u64, E>,
+) -> Result<(u64, R, u64), E> {
+    let own_end_ticks = read_own_ticks()?;
+    let returned = between();
+    let busy_end_ticks = read_busy_ticks()?;
+    Ok((own_end_ticks, returned, busy_end_ticks))
 }
 
 #[cfg(test)]
@@ -225,6 +259,38 @@ mod tests {
         };
         let text = "cpu  1 x 3 4\nctxt 1\nbtime 1\nprocesses 1\nprocs_running 1\nprocs_blocked 0\n";
         assert!(KernelStats::from_read(text.as_bytes(), &info).is_err());
+    }
+
+    #[test]
+    fn work_between_the_own_and_host_end_reads_counts_as_host_not_load_generator() {
+        use std::cell::Cell;
+        // A fake host where the bench has used 100 of 300 busy ticks when the window ends, and
+        // the flush between the two reads costs the bench's thread 40 ticks and kworkers 60.
+        let own = Cell::new(100_u64);
+        let busy = Cell::new(300_u64);
+        let (own_end, flushed, busy_end) = end_window(
+            || Ok::<u64, ()>(own.get()),
+            || {
+                own.set(own.get() + 40);
+                busy.set(busy.get() + 40 + 60);
+                "flushed"
+            },
+            || Ok(busy.get()),
+        )
+        .unwrap();
+        assert_eq!((own_end, flushed, busy_end), (100, "flushed", 400));
+        let host = HostCpu::from_ticks((0, busy_end), (0, own_end), 100);
+        // All 100 flush ticks are host work; the bench's own 100 before the flush are not.
+        assert_eq!(host.load_generator_cpu_seconds, 1.0);
+        assert_eq!(host.host_cpu_seconds, 3.0);
+    }
+
+    #[test]
+    fn a_failed_own_read_ends_the_window_before_the_flush() {
+        let mut flushed = false;
+        let result = end_window(|| Err("no /proc"), || flushed = true, || Ok(1));
+        assert_eq!(result, Err("no /proc"));
+        assert!(!flushed);
     }
 
     #[test]

@@ -31,6 +31,18 @@ pub const MESSAGE_SEQUENCE_BITS: u32 = 40;
 
 const _: () = assert!(PRODUCER_COUNT_MAX <= 1 << (64 - MESSAGE_SEQUENCE_BITS));
 
+/// Most messages of one run (`--messages`, 1..=10^10). A run keeps every acknowledged batch's
+/// range in memory for the read-back and writes every message to disk: 10^10 messages of even
+/// 100 bytes is over a terabyte, past any bench disk; a larger value is a typo more often than a
+/// plan. The free-space check (`disk_space`) then bounds what actually fits.
+pub const MESSAGE_COUNT_MAX: u64 = 10_000_000_000;
+
+/// Bytes the free-space check (`disk_space`) allows for the embedded server's own files besides
+/// the partition logs: the metadata journal (one segment of at most 64 MiB,
+/// `storage::limits::JOURNAL_SEGMENT_SIZE_MAX`, in practice kilobytes for a bench), the superblock,
+/// consumer offsets and `server.log`. One journal segment's worth bounds them all.
+pub const SERVER_FIXED_FILES_BYTES_MAX: u64 = 64 << 20;
+
 /// How long the embedded server may take to print its `listening on` line (recovery of an empty
 /// data directory takes milliseconds; 30 s covers a slow CI host creating rings).
 pub const SERVER_READY_TIMEOUT: Duration = Duration::from_secs(30);

@@ -17,8 +17,10 @@ pub mod compare;
 pub mod cpu;
 pub mod csv_report;
 pub mod disk_baseline;
+pub mod disk_space;
 pub mod group;
 pub mod host_cpu;
+pub mod interrupt;
 pub mod json_file;
 pub mod limits;
 pub mod metadata;
@@ -31,6 +33,7 @@ pub mod server;
 pub mod sweep;
 pub mod verify;
 pub mod workload;
+pub mod writeback;
 
 use std::net::{SocketAddr, ToSocketAddrs as _};
 use std::path::{Path, PathBuf};
@@ -61,16 +64,20 @@ pub use self::plan::{BenchPlan, PayloadChoice, ServerTarget, ShardRequest, Workl
 /// `--repeat` above 1), then, when more than one run happened, the median and spread per shard
 /// count and the recommendation; writes `--json`, `--csv`, `--charts` and prints `--compare`
 /// (also after a failed run, for the runs that completed), and fails if any acknowledged message
-/// was not read back intact. `--workload metadata` runs [`metadata::run`] instead.
+/// was not read back intact. `--workload metadata` runs [`metadata::run`] instead. A SIGINT
+/// during any of it stops the embedded server, removes its run directory and exits 130
+/// (`interrupt`).
 ///
 /// # Errors
 /// Invalid arguments (naming the flag and the rule), a `--json` or `--csv` path that cannot be
 /// created, a `--charts` directory that cannot be created or written, a `--compare` file that is
-/// not a bench report (all checked before anything starts), a server that fails to start or stop,
+/// not a bench report, a `--messages` run whose estimated bytes exceed the data root's free space
+/// (`disk_space`; all checked before anything starts), a server that fails to start or stop,
 /// a worker's request failing beyond its retry budget, an existing stream on `--addr`, or a failed
 /// verification (naming the counts and the first bad partition and offset).
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let plan = args.validate()?;
+    interrupt::install()?;
     check_embedded_topology(&plan)?;
     if let Some(root) = &args.data_root {
         // As `serve --data-dir` does: a missing directory is created, not refused.
@@ -94,6 +101,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         bus::limits::MESSAGE_SIZE_MAX_DEFAULT,
         args::DEFAULT_LIMIT_OWNER,
     )?;
+    check_free_space(&plan, &payload)?;
     let schedule = plan.schedule();
     if plan.repeat_count > 1 {
         crate::output::print_line(&sequence_header(&plan, schedule.len()))?;
@@ -119,6 +127,27 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         print_summary(&plan, &runs, &summary, recommendation.as_ref())?;
     }
     outputs.finish(&runs, summary, recommendation)
+}
+
+/// With the embedded server and `--messages`: refuses a run whose bytes would not fit on the
+/// data root's filesystem (`disk_space`). Each run's directory is removed before the next starts,
+/// so one run must fit. A `--duration` run has no message count to estimate, and an `--addr`
+/// server's disk is not the bench's to measure: neither is checked.
+fn check_free_space(plan: &BenchPlan, payload: &PayloadSource) -> anyhow::Result<()> {
+    let (ServerTarget::Embedded { data_root, .. }, ProduceStop::MessageCount(message_count)) =
+        (&plan.server, plan.stop)
+    else {
+        return Ok(());
+    };
+    let root = data_root.clone().unwrap_or_else(std::env::temp_dir);
+    let size = disk_space::RunSize {
+        message_count,
+        payload_len_max: payload.payload_len_max() as u64,
+        batch_message_count: plan.batch_message_count,
+        producer_count: plan.producer_count,
+    };
+    disk_space::check_fits(&size, disk_space::available_bytes(&root)?, &root)?;
+    Ok(())
 }
 
 /// The first line of a sequence with `--repeat` above 1, whose runs print one line each.
@@ -557,8 +586,8 @@ fn measure(
             server.addr,
             server.pid,
             state,
-            plan.producer_count,
-            plan.consumer_count,
+            (plan.producer_count, plan.consumer_count),
+            server.data_dir.as_deref(),
             &bar,
         );
         bar.finish_and_clear();
@@ -570,6 +599,7 @@ fn measure(
             started_at,
             cpu: None,
             host_cpu: None,
+            writeback_flush: None,
         };
         (
             PhaseOutcome {
@@ -585,8 +615,8 @@ fn measure(
             server.addr,
             server.pid,
             state,
-            plan.producer_count,
-            0,
+            (plan.producer_count, 0),
+            server.data_dir.as_deref(),
             &bar,
         );
         bar.finish_and_clear();
@@ -605,8 +635,8 @@ fn measure(
                 server.addr,
                 server.pid,
                 state,
-                0,
-                plan.consumer_count,
+                (0, plan.consumer_count),
+                None,
                 &bar,
             ),
         };
@@ -647,6 +677,7 @@ fn measure(
         payload_bytes: produce_per_partition.iter().map(|(_, bytes)| bytes).sum(),
         cpu: produce_outcome.cpu,
         host_cpu: produce_outcome.host_cpu,
+        writeback_flush: produce_outcome.writeback_flush,
         latency_us: produce_latency,
         per_partition: produce_per_partition,
         busy_retry_count: produce_outcome
@@ -683,6 +714,7 @@ fn measure(
         payload_bytes: consume_per_partition.iter().map(|(_, bytes)| bytes).sum(),
         cpu: consume_outcome.cpu,
         host_cpu: consume_outcome.host_cpu,
+        writeback_flush: consume_outcome.writeback_flush,
         latency_us: consume_latency,
         per_partition: consume_per_partition,
         busy_retry_count: consume_outcome

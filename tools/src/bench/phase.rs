@@ -4,6 +4,7 @@
 //! Must never leave a worker running: every worker is joined before a phase returns, even on error.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::thread::ScopedJoinHandle;
 use std::time::{Duration, Instant};
@@ -20,6 +21,7 @@ use super::workload::{
     Aborted, ConsumerOutcome, ProducerOutcome, Shared, SharedProgress, StartLine, TopicLayout,
     WorkerPlan, run_consumer, run_producer,
 };
+use super::writeback::flush_filesystem;
 
 type Handle<'scope, T> = ScopedJoinHandle<'scope, anyhow::Result<T>>;
 
@@ -33,6 +35,9 @@ pub struct PhaseOutcome {
     /// The host's CPU less the bench's own over the phase (`host_cpu`); `None` where a caller
     /// does not measure it (the consume half of a `--concurrent` run).
     pub host_cpu: Option<HostCpu>,
+    /// How long the `syncfs(2)` that ended the host window took (`writeback`); `None` when the
+    /// phase was not given a data directory to flush.
+    pub writeback_flush: Option<Duration>,
 }
 
 fn join_message(payload: &(dyn std::any::Any + Send)) -> String {
@@ -46,13 +51,18 @@ fn join_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// Runs one phase: spawns the workers, takes the CPU baseline, releases them together, then
 /// samples CPU and updates the progress bar every [`CPU_SAMPLE_INTERVAL`] until all are joined.
 /// Producers finishing sets `producers_done`. The first real error (not [`Aborted`]) wins.
+///
+/// With `flush_dir`, the host-CPU window ends only after a `syncfs(2)` of that directory's
+/// filesystem (taken after every worker is joined, so the acknowledgement window is unchanged,
+/// and after the bench's own CPU is read, so the flush counts as host work): the kernel's
+/// deferred writeback of what the phase wrote is inside the host figure.
 pub fn run_phase(
     plan: &BenchPlan,
     addr: SocketAddr,
     pid: Option<u32>,
     shared_state: (&TopicLayout, &PayloadSource, &AckLedger, &SharedProgress),
-    producer_count: u32,
-    consumer_count: u32,
+    (producer_count, consumer_count): (u32, u32),
+    flush_dir: Option<&Path>,
     bar: &indicatif::ProgressBar,
 ) -> anyhow::Result<PhaseOutcome> {
     let (layout, payload, ledger, progress) = shared_state;
@@ -160,25 +170,53 @@ pub fn run_phase(
                 progress.messages_acked.load(Ordering::Relaxed)
             });
         }
-        let host_cpu = host_sampler
-            .map(HostCpuSampler::finish)
-            .transpose()
-            .context("cannot sample host CPU");
         if let Some(error) = first_error {
             return Err(error);
         }
+        // The server's own window ends with the workers, before any flush.
         let cpu = sampler
             .map(CpuSampler::finish)
             .transpose()
             .context("cannot sample server CPU")?;
+        let (host_cpu, writeback_flush) = finish_host_window(host_sampler, flush_dir)?;
         Ok(PhaseOutcome {
             producers: producer_outcomes,
             consumers: consumer_outcomes,
             started_at,
             cpu,
-            host_cpu: host_cpu?,
+            host_cpu,
+            writeback_flush,
         })
     })
+}
+
+/// Ends the host-CPU window, after a `syncfs(2)` of `flush_dir` when given: (the host figure,
+/// how long the flush took).
+fn finish_host_window(
+    host_sampler: Option<HostCpuSampler>,
+    flush_dir: Option<&Path>,
+) -> anyhow::Result<(Option<HostCpu>, Option<Duration>)> {
+    let flush = || {
+        flush_dir
+            .map(|dir| {
+                flush_filesystem(dir).with_context(|| {
+                    format!(
+                        "cannot write back the phase's dirty pages (syncfs of {})",
+                        dir.display()
+                    )
+                })
+            })
+            .transpose()
+    };
+    match host_sampler {
+        Some(host_sampler) => {
+            let (host_cpu, flushed) = host_sampler
+                .finish_after(flush)
+                .context("cannot sample host CPU")?;
+            Ok((Some(host_cpu), flushed?))
+        }
+        None => Ok((None, flush()?)),
+    }
 }
 
 fn join_finished<T>(
@@ -282,8 +320,8 @@ mod tests {
             SocketAddr::from(([127, 0, 0, 1], 1)),
             Some(std::process::id()),
             (&layout, &payload, &ledger, &progress),
-            2,
-            1,
+            (2, 1),
+            None,
             &indicatif::ProgressBar::hidden(),
         )
         .unwrap_err();

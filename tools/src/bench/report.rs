@@ -80,6 +80,11 @@ pub struct PhaseFigures {
     pub host_cpu_seconds_per_gb: Option<f64>,
     /// The bench process's own CPU over the phase (what `host_cpu_seconds` leaves out).
     pub load_generator_cpu_seconds: Option<f64>,
+    /// Wall seconds of the `syncfs(2)` of the embedded server's data directory that ended the
+    /// host window of the produce phase (`writeback`), so that writeback deferred by `--fsync
+    /// never` is inside `host_cpu_seconds`; outside `msgs_per_sec` and latency. `null` for the
+    /// consume phase and with `--addr` (a remote data directory cannot be flushed).
+    pub writeback_flush_seconds: Option<f64>,
     /// Round trip per batch (produce) or per poll that returned new messages (consume).
     pub latency_us: LatencySummary,
     pub elapsed_seconds: f64,
@@ -182,6 +187,8 @@ pub struct PhaseMeasurement {
     pub cpu: Option<PhaseCpu>,
     /// `None` in the consume phase of a `--concurrent` run (the produce figure covers both).
     pub host_cpu: Option<HostCpu>,
+    /// The `syncfs(2)` that ended the host window (`writeback`); `None` when none ran.
+    pub writeback_flush: Option<Duration>,
     pub latency_us: Histogram<u64>,
     /// Per partition index: (messages, payload bytes).
     pub per_partition: Vec<(u64, u64)>,
@@ -222,6 +229,7 @@ impl PhaseFigures {
                 .host_cpu
                 .and_then(|host| host.seconds_per_gb(phase.payload_bytes)),
             load_generator_cpu_seconds: phase.host_cpu.map(|host| host.load_generator_cpu_seconds),
+            writeback_flush_seconds: phase.writeback_flush.map(|flush| flush.as_secs_f64()),
             latency_us: LatencySummary::from_histogram(&phase.latency_us),
             elapsed_seconds: phase.elapsed.as_secs_f64(),
             busy_retries: phase.busy_retry_count,
@@ -393,6 +401,7 @@ pub fn render_run(run: &RunReport) -> String {
     if let Some(note) = &config.cpu_note {
         let _ = writeln!(out, "note: {note}");
     }
+    let _ = writeln!(out, "{}", writeback_line(run));
     for line in run_notes(run) {
         let _ = writeln!(out, "{line}");
     }
@@ -401,14 +410,16 @@ pub fn render_run(run: &RunReport) -> String {
 
 /// One run in one line, for sequences with `--repeat` above 1 (`repeat_count`), followed by its
 /// warnings and page-cache note, each on an indented line of its own:
-/// `run 4: shards=2 repeat 2/3 | produce 2167265 msgs/s 2127660 msgs/srv-cpu-s p99 2049us |
-/// consume ... | lost 0`.
+/// `run 4: shards=2 repeat 2/3 | produce 2167265 msgs/s 2127660 msgs/srv-cpu-s 1.87 host-cpu
+/// 1.870 host-s/GB p99 2049us | consume ... | lost 0`.
 pub fn render_run_compact(run: &RunReport, repeat_count: u32) -> String {
     let phase = |name: &str, phase: &PhaseFigures| {
         format!(
-            "{name} {:.0} msgs/s {} msgs/srv-cpu-s p99 {}us",
+            "{name} {:.0} msgs/s {} msgs/srv-cpu-s {} host-cpu {} host-s/GB p99 {}us",
             phase.msgs_per_sec,
             or_na(phase.msgs_per_server_cpu_second, 0),
+            or_na(phase.host_cpu_seconds, 2),
+            or_na(phase.host_cpu_seconds_per_gb, 3),
             phase.latency_us.p99
         )
     };
@@ -444,6 +455,22 @@ pub fn run_notes(run: &RunReport) -> Vec<String> {
     }
     lines.extend(run_warnings(run));
     lines
+}
+
+/// How the produce phase's host figure treats deferred writeback: the flush that ended its
+/// window, or why there was none.
+pub fn writeback_line(run: &RunReport) -> String {
+    match run.produce.writeback_flush_seconds {
+        Some(seconds) => format!(
+            "writeback: {seconds:.3} s flushing the data directory's filesystem (syncfs) after \
+             the last ack, counted in produce host-cpu, not in msgs/s or latency"
+        ),
+        None => format!(
+            "note: host figure excludes deferred writeback: remote server ({}); its dirty pages \
+             are written back outside the produce window",
+            run.config.server
+        ),
+    }
 }
 
 /// What may skew one run's figures: a data directory on tmpfs, partitions that load shards
@@ -563,6 +590,7 @@ mod tests {
                 load_generator_cpu_seconds: 1.0,
                 host_cpu_seconds: cpu.server_cpu_seconds + 0.5,
             }),
+            writeback_flush: cpu.as_ref().map(|_| Duration::from_millis(250)),
             cpu,
             latency_us: histogram_of(&[100, 200, 300]),
             per_partition: vec![(1000, 1_000_000), (3000, 3_000_000)],
@@ -639,6 +667,7 @@ mod tests {
         assert_eq!(figures.host_cpu_seconds, Some(2.5));
         assert_eq!(figures.host_cpu_seconds_per_gb, Some(625.0));
         assert_eq!(figures.load_generator_cpu_seconds, Some(1.0));
+        assert_eq!(figures.writeback_flush_seconds, Some(0.25));
         let without_cpu = PhaseFigures::from_measurement(&phase(None));
         assert_eq!(without_cpu.host_cpu_seconds, None);
         assert_eq!(without_cpu.host_cpu_seconds_per_gb, None);
@@ -698,6 +727,7 @@ mod tests {
             "msgs_per_shard_cpu_second",
             "server_cpu_seconds",
             "shard_cpu_seconds",
+            "writeback_flush_seconds",
         ];
         let mut run_keys: Vec<&str> = phase_keys.to_vec();
         run_keys.extend([
@@ -774,6 +804,22 @@ mod tests {
         assert_eq!(
             run_notes(&report)[1],
             "data: wherever the server at 127.0.0.1:8090 keeps it (fsync set by that server)"
+        );
+    }
+
+    #[test]
+    fn the_table_says_how_long_the_writeback_flush_took_or_why_there_was_none() {
+        let mut report = run(Some(cpu()), 2);
+        let line = "writeback: 0.250 s flushing the data directory's filesystem (syncfs) after \
+                    the last ack, counted in produce host-cpu, not in msgs/s or latency";
+        assert_eq!(writeback_line(&report), line);
+        assert!(render_run(&report).contains(&format!("\n{line}\n")));
+        report.produce.writeback_flush_seconds = None;
+        report.config.server = "10.0.0.7:8090".to_string();
+        assert_eq!(
+            writeback_line(&report),
+            "note: host figure excludes deferred writeback: remote server (10.0.0.7:8090); its \
+             dirty pages are written back outside the produce window"
         );
     }
 
@@ -858,8 +904,9 @@ mod tests {
         report.sequence = 4;
         assert_eq!(
             render_run_compact(&report, 3),
-            "run 5: shards=2 repeat 2/3 | produce 2000 msgs/s 2000 msgs/srv-cpu-s p99 300us | \
-             consume 2000 msgs/s 2000 msgs/srv-cpu-s p99 300us | lost 0\n"
+            "run 5: shards=2 repeat 2/3 | produce 2000 msgs/s 2000 msgs/srv-cpu-s 2.50 host-cpu \
+             625.000 host-s/GB p99 300us | consume 2000 msgs/s 2000 msgs/srv-cpu-s 2.50 host-cpu \
+             625.000 host-s/GB p99 300us | lost 0\n"
         );
         report.page_cache_note = Some("page cache: x".to_string());
         report.config.data_dir_on_tmpfs = Some(true);

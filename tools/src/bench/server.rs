@@ -5,11 +5,14 @@
 //! every shard is ready (logs go to stderr, captured here in `server.log` beside the data
 //! directory), and exits 0 on SIGTERM after fsyncing. This module must never leave the child
 //! running, nor its directory behind: a failure or a drop kills it and removes the directory (a
-//! failure quotes the log's last lines first).
+//! failure quotes the log's last lines first), and a SIGINT does the same (`interrupt`): the
+//! child runs in a process group of its own so that a terminal's Ctrl-C reaches the bench only,
+//! and every change to the run's directory or child happens under `interrupt::lock`.
 
 use std::ffi::OsString;
 use std::io::{BufRead as _, Write as _};
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -17,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
+use super::interrupt::{self, ActiveRun};
 use super::limits::{SERVER_LOG_TAIL_LINES, SERVER_READY_TIMEOUT, SERVER_STOP_TIMEOUT};
 
 /// Server flags passed through from `shardline bench`; `None` leaves the server's default.
@@ -99,6 +103,9 @@ impl EmbeddedServer {
         options: &ServerOptions,
         data_root: Option<&Path>,
     ) -> anyhow::Result<EmbeddedServer> {
+        // Held until the child and its directory are recorded as the active run: a SIGINT in
+        // between waits, then finds both.
+        let mut run_guard = interrupt::lock();
         let dir = match data_root {
             Some(root) => tempfile::Builder::new()
                 .prefix("shardline-bench-")
@@ -119,8 +126,14 @@ impl EmbeddedServer {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
+            .process_group(0)
             .spawn()
             .with_context(|| format!("cannot start {} serve", exe.display()))?;
+        run_guard.set(ActiveRun {
+            server_pid: Some(child.id()),
+            run_dir: dir.path().to_path_buf(),
+        });
+        drop(run_guard);
         let stdout = child.stdout.take().context("child stdout was not piped")?;
         let (addr_sender, addr_receiver) = mpsc::channel();
         // Reads the line, then keeps draining stdout so the server never blocks on a full pipe.
@@ -217,6 +230,10 @@ impl EmbeddedServer {
     /// Kills the child if needed, removes its run directory (a failed bench leaves nothing
     /// behind), and builds an error quoting the last lines of its log.
     fn fail(&mut self, what: &str) -> anyhow::Error {
+        let mut run_guard = interrupt::lock();
+        if let Some(dir) = &self.dir {
+            run_guard.forget(dir.path());
+        }
         if matches!(self.child.try_wait(), Ok(None)) {
             let _ = self.child.kill();
             let _ = self.child.wait();
@@ -266,11 +283,20 @@ impl EmbeddedServer {
 }
 
 impl Drop for EmbeddedServer {
+    /// Kills the child if it still runs and removes the run directory, under the active-run
+    /// lock (after a clean stop this is only the directory).
     fn drop(&mut self) {
+        let mut run_guard = interrupt::lock();
+        if let Some(dir) = &self.dir {
+            run_guard.forget(dir.path());
+        }
         if matches!(self.child.try_wait(), Ok(None)) {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+        // TempDir's drop removes the directory; an error there is ignored as before.
+        drop(self.dir.take());
+        drop(run_guard);
     }
 }
 

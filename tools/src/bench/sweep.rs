@@ -76,6 +76,13 @@ pub struct CountSummary {
     /// Absent when no run of this count had a CPU figure (`--addr` without `--server-pid`).
     pub produce_msgs_per_server_cpu_second: Option<Spread>,
     pub consume_msgs_per_server_cpu_second: Option<Spread>,
+    /// Host CPU-seconds of the phase (`report::PhaseFigures::host_cpu_seconds`); absent when
+    /// no run of this count had one.
+    pub produce_host_cpu_seconds: Option<Spread>,
+    pub consume_host_cpu_seconds: Option<Spread>,
+    /// Host CPU-seconds per 10^9 payload bytes of the phase.
+    pub produce_host_cpu_seconds_per_gb: Option<Spread>,
+    pub consume_host_cpu_seconds_per_gb: Option<Spread>,
 }
 
 /// Groups `runs` by resolved shard count, ascending. A count's efficiency spread covers only
@@ -104,6 +111,10 @@ pub fn summarize(runs: &[RunReport]) -> Vec<CountSummary> {
                 consume_msgs_per_server_cpu_second: spread(&|run| {
                     run.consume.msgs_per_server_cpu_second
                 }),
+                produce_host_cpu_seconds: spread(&|run| run.produce.host_cpu_seconds),
+                consume_host_cpu_seconds: spread(&|run| run.consume.host_cpu_seconds),
+                produce_host_cpu_seconds_per_gb: spread(&|run| run.produce.host_cpu_seconds_per_gb),
+                consume_host_cpu_seconds_per_gb: spread(&|run| run.consume.host_cpu_seconds_per_gb),
             }
         })
         .collect()
@@ -311,15 +322,54 @@ pub fn no_recommendation_reason(summaries: &[CountSummary]) -> Option<String> {
 }
 
 fn spread_cell(spread: Option<Spread>) -> String {
+    spread_cell_with(spread, 0)
+}
+
+/// `median [min..max]` with `decimals` decimals, or `n/a`.
+fn spread_cell_with(spread: Option<Spread>, decimals: usize) -> String {
     spread.map_or_else(
         || "n/a".to_string(),
         |spread| {
             format!(
-                "{:.0} [{:.0}..{:.0}]",
+                "{:.decimals$} [{:.decimals$}..{:.decimals$}]",
                 spread.median, spread.min, spread.max
             )
         },
     )
+}
+
+/// The host-CPU table under the summary: per count and phase, host CPU-seconds and host
+/// CPU-seconds per 10^9 payload bytes, each as median [min..max] (`report::PhaseFigures`).
+fn render_host_summary(summaries: &[CountSummary]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "host CPU (CPU-seconds of the whole host less the bench's own; s/GB per 10^9 payload \
+         bytes; median [min..max])"
+    );
+    let _ = writeln!(
+        out,
+        "{:>6} {:>4} {:>24} {:>27} {:>24} {:>27}",
+        "shards",
+        "runs",
+        "produce host-cpu",
+        "produce host-s/GB",
+        "consume host-cpu",
+        "consume host-s/GB"
+    );
+    for summary in summaries {
+        let _ = writeln!(
+            out,
+            "{:>6} {:>4} {:>24} {:>27} {:>24} {:>27}",
+            summary.shards,
+            summary.produce_msgs_per_sec.runs,
+            spread_cell_with(summary.produce_host_cpu_seconds, 2),
+            spread_cell_with(summary.produce_host_cpu_seconds_per_gb, 3),
+            spread_cell_with(summary.consume_host_cpu_seconds, 2),
+            spread_cell_with(summary.consume_host_cpu_seconds_per_gb, 3),
+        );
+    }
+    out
 }
 
 fn ratio_cell(value: Option<Spread>, base: Option<Spread>) -> String {
@@ -388,6 +438,7 @@ pub fn render_summary(summaries: &[CountSummary]) -> String {
             ),
         );
     }
+    out.push_str(&render_host_summary(summaries));
     if let Some(reason) = no_recommendation_reason(summaries) {
         let _ = writeln!(out, "{reason}");
     }
@@ -421,6 +472,7 @@ pub(crate) mod fixtures {
             host_cpu_seconds_per_gb: server_cpu_seconds
                 .map(|seconds| seconds * 1.25 / (messages * 1000.0 / 1e9)),
             load_generator_cpu_seconds: server_cpu_seconds,
+            writeback_flush_seconds: efficiency.map(|_| 0.5),
             latency_us: LatencySummary {
                 p50: 100,
                 p90: 200,
@@ -805,6 +857,27 @@ mod tests {
             "2 2 195000 [190000..200000] 1.86x 48000 [48000..48000] 0.94x \
              390000 [380000..400000] 1.86x 96000 [96000..96000] 0.94x"
         );
-        assert_eq!(lines.len(), 5, "{text}");
+        // Host CPU: the fixtures' 1.25 x server CPU-seconds, e.g. 1 shard's produce runs
+        // 25.00 (10^6 msgs / 50 000 x 1.25) and 26.44 CPU-s, over 1.0 and 1.1 GB.
+        assert_eq!(
+            lines[5],
+            "host CPU (CPU-seconds of the whole host less the bench's own; s/GB per 10^9 payload \
+             bytes; median [min..max])"
+        );
+        assert_eq!(
+            cells(lines[6]),
+            "shards runs produce host-cpu produce host-s/GB consume host-cpu consume host-s/GB"
+        );
+        assert_eq!(
+            cells(lines[7]),
+            "1 2 25.72 [25.00..26.44] 24.519 [24.038..25.000] 25.72 [25.00..26.44] \
+             12.260 [12.019..12.500]"
+        );
+        assert_eq!(
+            cells(lines[8]),
+            "2 2 49.48 [49.48..49.48] 26.042 [26.042..26.042] 49.48 [49.48..49.48] \
+             13.021 [13.021..13.021]"
+        );
+        assert_eq!(lines.len(), 9, "{text}");
     }
 }

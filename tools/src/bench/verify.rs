@@ -5,16 +5,53 @@
 //! without a server; the consumer builds the records from `bus::MessageView`s. It must never talk
 //! to the network and never forgive a fault: one fault fails the run.
 
+use bus::{BatchError, BatchView, ChecksumRule, MessageView};
 use serde::Serialize;
 
 use super::ack::{AckRange, acked_count_in, acked_end_offset, overlapping_ack_count};
+
+/// A polled message and whether its payload hashes to its checksum.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckedMessage<'a> {
+    pub message: MessageView<'a>,
+    pub checksum_ok: bool,
+}
+
+/// The messages at or above `offset` in a poll reply's concatenated batches, each with its
+/// payload checksum checked exactly once: under `ChecksumRule::MessageHeaders` (every batch
+/// `bus::BatchBuilder` builds, so every bench batch) `BatchView::parse` already hashed each
+/// payload against its checksum and failed the batch otherwise, so `checksum_ok` is `true`
+/// without hashing again; under `Section` (batches from before issue 12) parse checked only the
+/// section, so each payload is hashed here (`MessageView::verify`). The rule: storage/FORMAT.md
+/// section 3, "Checksum rule".
+///
+/// # Errors
+/// The first batch that does not parse (`BatchView::parse_many`), including a `MessageChecksum`
+/// of a `MessageHeaders` batch.
+pub fn checked_messages(body: &[u8], offset: u64) -> Result<Vec<CheckedMessage<'_>>, BatchError> {
+    let batches = BatchView::parse_many(body)?;
+    let mut checked = Vec::new();
+    for batch in &batches {
+        let parse_hashed_payloads = batch.checksum_rule() == ChecksumRule::MessageHeaders;
+        checked.extend(
+            batch
+                .messages()
+                .filter(|message| message.offset >= offset)
+                .map(|message| CheckedMessage {
+                    message,
+                    checksum_ok: parse_hashed_payloads || message.verify(),
+                }),
+        );
+    }
+    Ok(checked)
+}
 
 /// One message as read back, reduced to what verification needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MessageRecord {
     pub offset: u64,
     pub id: u64,
-    /// XXH3-64 of the payload equals the message's stored checksum (`MessageView::verify`).
+    /// XXH3-64 of the payload equals the message's stored checksum ([`checked_messages`]).
     pub checksum_ok: bool,
     /// The payload equals the one the producer sent for this id.
     pub payload_ok: bool,
@@ -330,6 +367,63 @@ impl std::fmt::Display for VerificationSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A batch of three 4-byte messages (ids 10, 11, 12) stored at offset 100.
+    fn batch() -> Vec<u8> {
+        let mut builder = bus::BatchBuilder::with_capacity(3, 12);
+        for (id, payload) in [(10, b"aaaa"), (11, b"bbbb"), (12, b"cccc")] {
+            builder.push(id, 1_700_000_000_000_000, payload);
+        }
+        let mut bytes = builder.finish();
+        bus::batch::set_base_offset(&mut bytes, 100);
+        bytes
+    }
+
+    /// Where message `index`'s header starts in [`batch`] (4-byte payloads).
+    fn message_header_at(index: usize) -> usize {
+        bus::BATCH_HEADER_SIZE + index * (bus::MESSAGE_HEADER_SIZE + 4)
+    }
+
+    #[test]
+    fn builder_batches_were_hashed_by_parse_and_come_back_checked() {
+        let bytes = batch();
+        let checked = checked_messages(&bytes, 101).unwrap();
+        let seen: Vec<(u64, u64, bool)> = checked
+            .iter()
+            .map(|checked| {
+                (
+                    checked.message.offset,
+                    checked.message.id,
+                    checked.checksum_ok,
+                )
+            })
+            .collect();
+        assert_eq!(seen, [(101, 11, true), (102, 12, true)]);
+        // A damaged payload fails the parse itself: no message is handed out unchecked.
+        let mut damaged = bytes.clone();
+        damaged[message_header_at(1) + bus::MESSAGE_HEADER_SIZE] ^= 1;
+        assert!(matches!(
+            checked_messages(&damaged, 100).unwrap_err(),
+            BatchError::MessageChecksum { .. }
+        ));
+    }
+
+    #[test]
+    fn section_rule_batches_have_each_payload_hashed_here() {
+        // The rule before issue 12: flag bit 1 clear, the batch checksum over the whole section,
+        // and one message checksum that does not match its payload (parse cannot see it).
+        let mut bytes = batch();
+        bytes[message_header_at(0) + 12] &= !(bus::MESSAGE_FLAG_CHECKSUM_OF_HEADERS as u8);
+        bytes[message_header_at(2) + 24] ^= 1;
+        let section_checksum = twox_hash::XxHash3_64::oneshot(&bytes[bus::BATCH_HEADER_SIZE..]);
+        bytes[24..32].copy_from_slice(&section_checksum.to_le_bytes());
+        let checked = checked_messages(&bytes, 0).unwrap();
+        let verdicts: Vec<(u64, bool)> = checked
+            .iter()
+            .map(|checked| (checked.message.id, checked.checksum_ok))
+            .collect();
+        assert_eq!(verdicts, [(10, true), (11, true), (12, false)]);
+    }
 
     fn range(base_offset: u64, message_count: u32, first_id: u64) -> AckRange {
         AckRange {

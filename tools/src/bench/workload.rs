@@ -21,7 +21,10 @@ use super::limits::{
 };
 use super::payload::{PayloadSource, message_id};
 use super::report::new_latency_histogram;
-use super::verify::{Fault, MessageRecord, Observation, PartitionVerdict, PartitionVerifier};
+use super::verify::{
+    CheckedMessage, Fault, MessageRecord, Observation, PartitionVerdict, PartitionVerifier,
+    checked_messages,
+};
 
 /// Indices `worker_index, worker_index + worker_count, ...` below `item_count`: how partitions
 /// are dealt to producers and to consumers.
@@ -457,7 +460,7 @@ async fn consume(
             read.retry_count = 0;
             // Acks that arrived while the poll was in flight cover messages it may have returned.
             let acked_end = read.refresh(shared.ledger);
-            let messages = match bus::client::messages_from(&body, next_offset) {
+            let messages = match checked_messages(&body, next_offset) {
                 Ok(messages) => messages,
                 Err(error) => {
                     read.unreadable_poll_count += 1;
@@ -473,14 +476,17 @@ async fn consume(
             };
             read.unreadable_poll_count = 0;
             let mut verified_count = 0;
-            for message in messages
+            for CheckedMessage {
+                message,
+                checksum_ok,
+            } in messages
                 .iter()
-                .take_while(|message| message.offset < acked_end)
+                .take_while(|checked| checked.message.offset < acked_end)
             {
                 let record = MessageRecord {
                     offset: message.offset,
                     id: message.id,
-                    checksum_ok: message.verify(),
+                    checksum_ok: *checksum_ok,
                     payload_ok: shared.payload.matches(message.id, message.payload),
                 };
                 if read.verifier.observe(&record, &read.acks) == Observation::Verified {

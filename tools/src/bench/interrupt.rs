@@ -1,0 +1,233 @@
+//! Ctrl-C during `shardline bench`: stop the embedded server, remove the run's directory, say
+//! what was removed, and exit 130 (128 + SIGINT, the shell's convention). Without this, SIGINT
+//! killed the bench before `EmbeddedServer`'s drop ran, leaving the server running and its data
+//! directory (up to the whole run's bytes) on disk.
+//!
+//! The embedded server runs in a process group of its own (`server.rs`), so a terminal's Ctrl-C
+//! reaches only the bench, and this module decides what happens to the server. One run is
+//! active at a time; [`ACTIVE_RUN`] names its server and directory. Whoever changes that run's
+//! state (starting it, stopping it, removing its directory) holds the lock for the change, so the
+//! SIGINT thread never removes a directory the main thread is still creating, nor the other way
+//! round; the SIGINT thread keeps the lock until the process exits.
+//!
+//! Must never remove anything but the active run's directory, and never signal any process but
+//! the bench's own child.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use anyhow::Context as _;
+
+/// Exit status after SIGINT: 128 + the signal number (bash(1), "EXIT STATUS").
+pub const INTERRUPTED_EXIT_CODE: i32 = 128 + libc::SIGINT;
+
+/// The run a SIGINT must clean up: the embedded server's pid (once spawned) and its run
+/// directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActiveRun {
+    pub server_pid: Option<u32>,
+    pub run_dir: PathBuf,
+}
+
+/// The active run, if any. See the module comment for who holds the lock and when.
+static ACTIVE_RUN: Mutex<Option<ActiveRun>> = Mutex::new(None);
+
+/// Holds the active-run lock; the SIGINT thread waits while one is alive.
+#[derive(Debug)]
+pub struct RunGuard(MutexGuard<'static, Option<ActiveRun>>);
+
+impl RunGuard {
+    /// Records `run` as the active run (replacing any other).
+    pub fn set(&mut self, run: ActiveRun) {
+        *self.0 = Some(run);
+    }
+
+    /// Forgets the active run if its directory is `run_dir` (its owner is cleaning it up).
+    pub fn forget(&mut self, run_dir: &Path) {
+        if self.0.as_ref().is_some_and(|run| run.run_dir == run_dir) {
+            *self.0 = None;
+        }
+    }
+}
+
+/// Takes the active-run lock (a poisoned lock still holds a valid `Option`).
+pub fn lock() -> RunGuard {
+    RunGuard(ACTIVE_RUN.lock().unwrap_or_else(PoisonError::into_inner))
+}
+
+/// Whether [`install`] already started the SIGINT thread in this process.
+static INSTALLED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+
+/// Starts the thread that handles SIGINT for the rest of the process (once; later calls do
+/// nothing): it waits for the lock, then [`clean_up`]s the active run, prints what it did on
+/// stderr and exits with [`INTERRUPTED_EXIT_CODE`].
+///
+/// # Errors
+/// The signal handler cannot be registered, or the thread cannot be spawned.
+pub fn install() -> anyhow::Result<()> {
+    if INSTALLED.get().is_some() {
+        return Ok(());
+    }
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT])
+        .context("cannot register the SIGINT handler")?;
+    std::thread::Builder::new()
+        .name("bench-sigint".to_string())
+        .spawn(move || {
+            if signals.forever().next().is_some() {
+                let mut guard = lock();
+                let line = clean_up(guard.0.take());
+                // Err: stderr is gone; the exit status still says what happened.
+                let _ = std::io::Write::write_all(
+                    &mut std::io::stderr(),
+                    format!("\ninterrupted: {line}\n").as_bytes(),
+                );
+                std::process::exit(INTERRUPTED_EXIT_CODE);
+            }
+        })
+        .context("cannot spawn the SIGINT thread")?;
+    let _ = INSTALLED.set(());
+    Ok(())
+}
+
+/// Kills the run's server (SIGKILL: its data is about to be removed, a clean stop would only
+/// delay the exit), reaps it, removes the run directory, and says what was done.
+pub fn clean_up(run: Option<ActiveRun>) -> String {
+    let Some(run) = run else {
+        return "no embedded server was running and no run directory was left to remove"
+            .to_string();
+    };
+    let stopped = run.server_pid.map(kill_and_reap);
+    let removed = match std::fs::remove_dir_all(&run.run_dir) {
+        Ok(()) => format!("removed the run directory {}", run.run_dir.display()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            format!(
+                "the run directory {} was already gone",
+                run.run_dir.display()
+            )
+        }
+        Err(error) => format!(
+            "could not remove the run directory {}: {error}; remove it by hand",
+            run.run_dir.display()
+        ),
+    };
+    match stopped {
+        Some(stopped) => format!("{stopped}; {removed}"),
+        None => removed,
+    }
+}
+
+/// SIGKILLs `pid` (the bench's own child) and waits for it, so nothing writes into the run
+/// directory while it is removed.
+fn kill_and_reap(pid: u32) -> String {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return format!("the server pid {pid} is out of range and was not signalled");
+    };
+    // SAFETY: kill(2) only sends a signal; `pid` is the bench's own unreaped child (its owner
+    // holds or has handed over the active-run lock before reaping it).
+    if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
+        let error = std::io::Error::last_os_error();
+        // A clean stop reaps the child before its owner takes the lock to remove the directory.
+        if error.raw_os_error() == Some(libc::ESRCH) {
+            return format!("the embedded server (pid {pid}) had already exited");
+        }
+        return format!("could not stop the embedded server (pid {pid}): {error}");
+    }
+    let mut status = 0;
+    // SAFETY: waitpid(2) on our own child; `status` is a writable int.
+    if unsafe { libc::waitpid(pid, &raw mut status, 0) } < 0 {
+        let error = std::io::Error::last_os_error();
+        return format!("killed the embedded server (pid {pid}) but could not reap it: {error}");
+    }
+    format!("stopped the embedded server (pid {pid})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn with_no_active_run_nothing_is_removed() {
+        assert_eq!(
+            clean_up(None),
+            "no embedded server was running and no run directory was left to remove"
+        );
+    }
+
+    #[test]
+    fn the_active_runs_child_is_stopped_and_its_directory_removed() {
+        let root = tempfile::tempdir().unwrap();
+        let run_dir = root.path().join("shardline-bench-x");
+        std::fs::create_dir_all(run_dir.join("data")).unwrap();
+        std::fs::write(run_dir.join("server.log"), "log").unwrap();
+        let child = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let line = clean_up(Some(ActiveRun {
+            server_pid: Some(pid),
+            run_dir: run_dir.clone(),
+        }));
+        assert_eq!(
+            line,
+            format!(
+                "stopped the embedded server (pid {pid}); removed the run directory {}",
+                run_dir.display()
+            )
+        );
+        assert!(!run_dir.exists());
+        // Reaped: the pid is no longer our child.
+        let mut status = 0;
+        // SAFETY: a non-blocking waitpid on a pid we spawned; `status` is a writable int.
+        let rc = unsafe {
+            libc::waitpid(
+                libc::pid_t::try_from(pid).unwrap(),
+                &raw mut status,
+                libc::WNOHANG,
+            )
+        };
+        assert_eq!(rc, -1);
+        std::mem::forget(child);
+        assert_eq!(
+            clean_up(Some(ActiveRun {
+                server_pid: None,
+                run_dir: run_dir.clone(),
+            })),
+            format!("the run directory {} was already gone", run_dir.display())
+        );
+    }
+
+    #[test]
+    fn a_server_that_already_exited_is_reported_as_such() {
+        let root = tempfile::tempdir().unwrap();
+        let run_dir = root.path().join("shardline-bench-y");
+        std::fs::create_dir(&run_dir).unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert_eq!(
+            clean_up(Some(ActiveRun {
+                server_pid: Some(pid),
+                run_dir: run_dir.clone(),
+            })),
+            format!(
+                "the embedded server (pid {pid}) had already exited; removed the run directory {}",
+                run_dir.display()
+            )
+        );
+    }
+
+    #[test]
+    fn forget_clears_only_the_named_run() {
+        let mut guard = lock();
+        let run = ActiveRun {
+            server_pid: None,
+            run_dir: PathBuf::from("/tmp/a"),
+        };
+        guard.set(run.clone());
+        guard.forget(Path::new("/tmp/b"));
+        assert_eq!(guard.0.as_ref(), Some(&run));
+        guard.forget(Path::new("/tmp/a"));
+        assert_eq!(*guard.0, None);
+    }
+}

@@ -1,0 +1,156 @@
+//! `shardline bench` leaves the machine as it found it: a run that cannot fit on the data root's
+//! filesystem, or asks for more messages than the documented bound, is refused before any server
+//! starts; Ctrl-C during a run stops the embedded server, removes the run directory and exits
+//! 130. The real binary, tiny or refused workloads; never asserts a timing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_shardline");
+
+fn bench(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("bench")
+        .args(args)
+        .output()
+        .expect("run shardline bench")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn path_arg(path: &Path) -> &str {
+    path.to_str().expect("temp paths are UTF-8")
+}
+
+/// The bench's run directories under `root`.
+fn run_dirs(root: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(root)
+        .map(|entries| {
+            entries
+                .map(|entry| entry.unwrap().path())
+                .filter(|path| {
+                    path.file_name()
+                        .is_some_and(|name| name.to_string_lossy().starts_with("shardline-bench-"))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_run_larger_than_the_free_space_is_refused_before_any_server_starts() {
+    let root = tempfile::tempdir().unwrap();
+    // 10^10 messages of 1000 bytes: about 10 TB, past any test machine's disk.
+    let output = bench(&[
+        "--no-pin",
+        "--messages",
+        "10000000000",
+        "--data-root",
+        path_arg(root.path()),
+    ]);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "--messages 10000000000 would write up to 10320547108960 bytes (9611.76 GiB: "
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "under {}, but its filesystem has ",
+            root.path().display()
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "free for this user; pass a smaller --messages or a --data-root on a filesystem \
+             with more free space"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(run_dirs(root.path()), Vec::<PathBuf>::new());
+}
+
+#[test]
+fn a_message_count_above_the_bound_names_the_flag_value_and_rule() {
+    let output = bench(&["--messages", "10000000001"]);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--messages 10000000001 is outside 1..=10000000000: "),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn sigint_during_a_run_stops_the_server_removes_the_run_directory_and_exits_130() {
+    let root = tempfile::tempdir().unwrap();
+    // One message per batch and one producer: 200 000 round trips, seconds of work, so the run
+    // is still going when the signal comes.
+    let mut child = Command::new(BIN)
+        .args([
+            "bench",
+            "--no-pin",
+            "--messages",
+            "200000",
+            "--message-size",
+            "16",
+            "--batch",
+            "1",
+            "--producers",
+            "1",
+            "--consumers",
+            "1",
+            "--fsync",
+            "never",
+            "--data-root",
+            path_arg(root.path()),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A bound on the wait, not an assertion on timing. The bench topic's directory
+    // (`data/partitions/STREAM/TOPIC`) exists once the server is up and the topic is created,
+    // right before the produce phase starts: the signal comes mid-run, not during the start.
+    let deadline = Instant::now() + Duration::from_mins(1);
+    let run_dir = loop {
+        if let Some(dir) = run_dirs(root.path()).pop()
+            && dir
+                .join("data")
+                .join("partitions")
+                .join("1")
+                .join("1")
+                .exists()
+        {
+            break dir;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the bench ended before its run directory appeared"
+        );
+        assert!(Instant::now() < deadline, "no run directory appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    // SAFETY: kill(2) on our own unreaped child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let output = child.wait_with_output().unwrap();
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "{stderr}");
+    assert!(!run_dir.exists(), "{} is left: {stderr}", run_dir.display());
+    assert_eq!(run_dirs(root.path()), Vec::<PathBuf>::new());
+    assert!(
+        stderr.contains(&format!("removed the run directory {}", run_dir.display())),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("interrupted: stopped the embedded server (pid "),
+        "{stderr}"
+    );
+}
