@@ -89,6 +89,17 @@ fn a_message_count_above_the_bound_names_the_flag_value_and_rule() {
 
 #[test]
 fn sigint_during_a_run_stops_the_server_removes_the_run_directory_and_exits_130() {
+    stop_signal_mid_run_cleans_up(libc::SIGINT, 130);
+}
+
+#[test]
+fn sigterm_during_a_run_stops_the_server_removes_the_run_directory_and_exits_143() {
+    stop_signal_mid_run_cleans_up(libc::SIGTERM, 143);
+}
+
+/// Sends `signal` to a bench mid-run; it must kill its server, remove the run directory, say so
+/// and exit with `exit_code` (128 + the signal).
+fn stop_signal_mid_run_cleans_up(signal: libc::c_int, exit_code: i32) {
     let root = tempfile::tempdir().unwrap();
     // One message per batch and one producer: 200 000 round trips, seconds of work, so the run
     // is still going when the signal comes.
@@ -139,10 +150,10 @@ fn sigint_during_a_run_stops_the_server_removes_the_run_directory_and_exits_130(
     };
     let pid = libc::pid_t::try_from(child.id()).unwrap();
     // SAFETY: kill(2) on our own unreaped child.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
     let output = child.wait_with_output().unwrap();
     let stderr = text(&output.stderr);
-    assert_eq!(output.status.code(), Some(130), "{stderr}");
+    assert_eq!(output.status.code(), Some(exit_code), "{stderr}");
     assert!(!run_dir.exists(), "{} is left: {stderr}", run_dir.display());
     assert_eq!(run_dirs(root.path()), Vec::<PathBuf>::new());
     assert!(

@@ -18,8 +18,18 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use anyhow::Context as _;
 
-/// Exit status after SIGINT: 128 + the signal number (bash(1), "EXIT STATUS").
+/// Exit status after SIGINT: 128 + the signal number (bash(1), "EXIT STATUS"); SIGTERM and
+/// SIGHUP exit with 128 + theirs ([`exit_code`]).
 pub const INTERRUPTED_EXIT_CODE: i32 = 128 + libc::SIGINT;
+
+/// The signals that stop a bench run and clean it up: Ctrl-C, `kill`, and a closed terminal
+/// (the embedded server is in its own process group, so none of them reaches it directly).
+const STOP_SIGNALS: [i32; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// The exit status after stop signal `signal`: 128 + its number.
+pub fn exit_code(signal: i32) -> i32 {
+    128 + signal
+}
 
 /// The run a SIGINT must clean up: the embedded server's pid (once spawned) and its run
 /// directory.
@@ -58,9 +68,9 @@ pub fn lock() -> RunGuard {
 /// Whether [`install`] already started the SIGINT thread in this process.
 static INSTALLED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
 
-/// Starts the thread that handles SIGINT for the rest of the process (once; later calls do
-/// nothing): it waits for the lock, then [`clean_up`]s the active run, prints what it did on
-/// stderr and exits with [`INTERRUPTED_EXIT_CODE`].
+/// Starts the thread that handles SIGINT, SIGTERM and SIGHUP for the rest of the process (once;
+/// later calls do nothing): it waits for the lock, then [`clean_up`]s the active run, prints what
+/// it did on stderr and exits with [`exit_code`] of the signal (130 for SIGINT).
 ///
 /// # Errors
 /// The signal handler cannot be registered, or the thread cannot be spawned.
@@ -68,12 +78,12 @@ pub fn install() -> anyhow::Result<()> {
     if INSTALLED.get().is_some() {
         return Ok(());
     }
-    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT])
-        .context("cannot register the SIGINT handler")?;
+    let mut signals = signal_hook::iterator::Signals::new(STOP_SIGNALS)
+        .context("cannot register the SIGINT, SIGTERM and SIGHUP handlers")?;
     std::thread::Builder::new()
         .name("bench-sigint".to_string())
         .spawn(move || {
-            if signals.forever().next().is_some() {
+            if let Some(signal) = signals.forever().next() {
                 let mut guard = lock();
                 let line = clean_up(guard.0.take());
                 // Err: stderr is gone; the exit status still says what happened.
@@ -81,7 +91,7 @@ pub fn install() -> anyhow::Result<()> {
                     &mut std::io::stderr(),
                     format!("\ninterrupted: {line}\n").as_bytes(),
                 );
-                std::process::exit(INTERRUPTED_EXIT_CODE);
+                std::process::exit(exit_code(signal));
             }
         })
         .context("cannot spawn the SIGINT thread")?;
