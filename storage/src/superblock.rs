@@ -573,9 +573,9 @@ impl Superblock {
     /// `NotFound` if `path` does not exist; `UnsupportedVersion` if any copy is intact but of a
     /// version this binary does not read (a newer binary's file: refused whatever the other copies
     /// hold, so it is never rewritten in an older version); `AllCopiesInvalid` (with each copy's
-    /// defect) if no copy verifies; `Corrupt` if valid copies contradict each other (same highest sequence with
-    /// different states, different cluster identity, or an older copy ahead of the newest in a
-    /// monotonic field); `Io` naming the path and step.
+    /// defect) if no copy verifies; `Corrupt` if valid copies contradict each other (same highest
+    /// sequence with different states, different cluster identity, or an older copy ahead of the
+    /// newest in a monotonic field); `Io` naming the path and step.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
@@ -713,7 +713,12 @@ impl Superblock {
     /// boot from a copy of the older version.
     ///
     /// # Errors
-    /// As [`Superblock::write`] (`Poisoned`, `Io`; a failure poisons the handle).
+    /// As [`Superblock::write`] (`Poisoned`, `Io`; a failure poisons the handle, and the file
+    /// still holds every copy open found, or some at the new version).
+    ///
+    /// # Panics
+    /// If the handle's oldest version is outside the versions open accepts (a bug: open refuses
+    /// any other).
     ///
     /// # Cancel safety
     /// As [`Superblock::write`]: not cancel safe; a dropped future poisons the handle.
