@@ -11,7 +11,7 @@ use std::path::Path;
 use shards::ServerConfig;
 use shards::metadata::MetadataOp;
 use shards::store::boot::{BootError, RecoveryOutcome, recover};
-use shards::store::journal_dir;
+use shards::store::{journal_dir, superblock_path};
 use shards::vsr::prepare::{PrepareBody, PrepareOperation};
 use storage::journal::segment_path;
 use storage::{JOURNAL_HEADER_SIZE, Journal, JournalHeader, Prepare};
@@ -295,4 +295,112 @@ fn a_journal_starting_above_the_checkpoint_needs_state_transfer_in_a_cluster() {
         assert_eq!(boot.recovered.journal_first_op, 5);
         assert_eq!(boot.recovered.journal_last_op, 6);
     }
+}
+
+// ------------------------------------------------ issue 12 downgrade guard (superblock version)
+
+/// Sets every copy of `data_dir`'s superblock to `version`, resealing each copy's checksum:
+/// the file a binary of that version would have written (versions 1 and 2 share the layout).
+fn set_superblock_version(data_dir: &Path, version: u16) {
+    let path = superblock_path(data_dir);
+    let mut image = std::fs::read(&path).unwrap();
+    for copy in image.chunks_mut(4096) {
+        copy[8..10].copy_from_slice(&version.to_le_bytes());
+        let checksum = twox_hash::XxHash3_128::oneshot(&copy[..112]);
+        copy[112..128].copy_from_slice(&checksum.to_le_bytes());
+    }
+    std::fs::write(&path, &image).unwrap();
+}
+
+/// The version field of each of the 4 superblock copies of `data_dir`, read from the file.
+fn superblock_versions(data_dir: &Path) -> Vec<u16> {
+    let image = std::fs::read(superblock_path(data_dir)).unwrap();
+    image
+        .chunks(4096)
+        .map(|copy| u16::from_le_bytes([copy[8], copy[9]]))
+        .collect()
+}
+
+#[test]
+fn issue12_downgrade_a_version_1_directory_boots_and_is_version_2_on_disk_when_recover_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let single = config(dir.path(), 0, 0, 1);
+    formatted_with(&single, &prepares(3, true));
+    assert_eq!(superblock_versions(dir.path()), [2, 2, 2, 2]);
+    // A directory from before issue 12.
+    set_superblock_version(dir.path(), 1);
+    block_on(async {
+        let boot = recover(&single).await.unwrap();
+        // `recover` returns before the server opens any partition log (shard 0 bootstraps the
+        // other shards, and they open their partitions, only after it): the upgrade is already
+        // on disk, in every copy, so no issue-12 entry can be written before it.
+        assert_eq!(superblock_versions(dir.path()), [2, 2, 2, 2]);
+        assert_eq!(boot.superblock.oldest_version(), 2);
+        assert_eq!(boot.outcome, RecoveryOutcome::Clean);
+        assert_eq!(boot.recovered.prepares, prepares(3, true));
+        // The upgrade is one write of the same state: only the sequence moved.
+        let state = *boot.superblock.state();
+        assert_eq!((state.sequence, state.view, state.commit_max), (2, 0, 0));
+    });
+    // The next boot has nothing to upgrade and writes nothing to the superblock.
+    let before = std::fs::read(superblock_path(dir.path())).unwrap();
+    block_on(async {
+        let boot = recover(&single).await.unwrap();
+        assert_eq!(boot.superblock.state().sequence, 2);
+    });
+    assert_eq!(std::fs::read(superblock_path(dir.path())).unwrap(), before);
+}
+
+#[test]
+fn issue12_downgrade_a_refused_boot_leaves_a_version_1_superblock_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    formatted_with(&config(dir.path(), 7, 0, 1), &prepares(2, true));
+    set_superblock_version(dir.path(), 1);
+    let before = std::fs::read(superblock_path(dir.path())).unwrap();
+    // Started with the wrong cluster: refused before the upgrade, so the file stays version 1
+    // (the binary it came from still boots it).
+    let (field, ..) = identity_error(block_on(recover(&config(dir.path(), 8, 0, 1))).unwrap_err());
+    assert_eq!(field, "cluster");
+    assert_eq!(std::fs::read(superblock_path(dir.path())).unwrap(), before);
+}
+
+#[test]
+fn issue12_downgrade_a_version_3_superblock_refuses_to_boot_naming_the_path_and_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let single = config(dir.path(), 0, 0, 1);
+    formatted_with(&single, &prepares(2, true));
+    set_superblock_version(dir.path(), 3);
+    let superblock_before = std::fs::read(superblock_path(dir.path())).unwrap();
+    let journal_before = std::fs::read(segment_path(&journal_dir(dir.path()), 1)).unwrap();
+    let error = block_on(recover(&single)).unwrap_err();
+    let message = error.to_string();
+    let BootError::UnsupportedVersion { path, found, .. } = &error else {
+        panic!("expected UnsupportedVersion, got {error:?}");
+    };
+    assert_eq!(
+        (path.as_path(), *found),
+        (superblock_path(dir.path()).as_path(), 3)
+    );
+    assert!(
+        message.starts_with(&format!(
+            "{}: superblock copy 0 has version 3, but this binary reads only versions 1 to 2",
+            superblock_path(dir.path()).display()
+        )),
+        "{message}"
+    );
+    assert!(
+        message.contains("supports superblock version 3 (a newer release)"),
+        "{message}"
+    );
+    assert!(message.ends_with("; refusing to boot"), "{message}");
+    // Nothing was written: not the superblock (never rewritten in an older version), not the
+    // journal.
+    assert_eq!(
+        std::fs::read(superblock_path(dir.path())).unwrap(),
+        superblock_before
+    );
+    assert_eq!(
+        std::fs::read(segment_path(&journal_dir(dir.path()), 1)).unwrap(),
+        journal_before
+    );
 }

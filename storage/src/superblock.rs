@@ -7,7 +7,8 @@
 //! copies are written one at a time with an fsync after each, and a copy is accepted on open only
 //! when its magic, version, copy index and XXH3-128 checksum verify. Byte layout and crash cases:
 //! `storage/FORMAT.md` section 7. This module never decides what the fields mean for VSR beyond
-//! asserting the monotonicity VSR requires of them.
+//! asserting the monotonicity VSR requires of them, and never rewrites a file that holds a copy of
+//! a version it does not read (a newer binary's: [`SuperblockError::UnsupportedVersion`]).
 
 use std::fmt;
 use std::io;
@@ -25,8 +26,20 @@ use crate::limits::{SUPERBLOCK_COPY_COUNT, SUPERBLOCK_COPY_SIZE, SUPERBLOCK_FILE
 pub const SUPERBLOCK_FILE_NAME: &str = "superblock";
 /// `"SLSUPBLK"` read as a little-endian `u64`; the first 8 bytes of every copy.
 pub const SUPERBLOCK_MAGIC: u64 = u64::from_le_bytes(*b"SLSUPBLK");
-/// Layout version of a copy; a copy with another version is invalid.
-pub const SUPERBLOCK_VERSION: u16 = 1;
+/// Version this binary writes in every copy (create and write), and the newest it reads.
+///
+/// The byte layout of versions 1 and 2 is the same; the version marks the data directory's format
+/// (`storage/FORMAT.md` section 7, "Versions"):
+/// - 1: before issue 12. Every partition log entry is checked by the whole-payload rule.
+/// - 2: since issue 12. Entries may carry the message-headers checksum rule (flag bit 1 of the
+///   first message's `reserved`, `bus::MESSAGE_FLAG_CHECKSUM_OF_HEADERS`, FORMAT.md section 3),
+///   which a binary of version 1 would judge damaged and cut. Such a binary accepts only version 1
+///   copies, so it refuses to boot a version-2 superblock instead (all copies invalid).
+pub const SUPERBLOCK_VERSION: u16 = 2;
+/// The oldest version this binary reads. A valid copy of a version below [`SUPERBLOCK_VERSION`]
+/// is rewritten at [`SUPERBLOCK_VERSION`] by [`Superblock::upgrade`] (shard 0's boot, before any
+/// partition log opens).
+pub const SUPERBLOCK_VERSION_MIN: u16 = 1;
 /// Bytes of the checksummed header at the start of each copy (checksum included); the rest of the
 /// copy, up to [`SUPERBLOCK_COPY_SIZE`], is zero.
 pub const SUPERBLOCK_HEADER_SIZE: usize = 128;
@@ -103,8 +116,14 @@ pub enum CopyDefect {
     /// The first 8 bytes are not [`SUPERBLOCK_MAGIC`].
     #[error("bad magic {found:#018x}")]
     Magic { found: u64 },
-    /// The version is not [`SUPERBLOCK_VERSION`].
-    #[error("unsupported version {found}")]
+    /// The copy is intact (its checksum verifies) but its version is not one this binary reads
+    /// ([`SUPERBLOCK_VERSION_MIN`]`..=`[`SUPERBLOCK_VERSION`]): a newer binary wrote it. (A version
+    /// outside that range whose checksum fails is [`CopyDefect::Checksum`]: damage.) Open refuses
+    /// the file ([`SuperblockError::UnsupportedVersion`]) while any copy has this defect.
+    #[error(
+        "version {found}, which this binary does not read (it reads versions \
+         {SUPERBLOCK_VERSION_MIN} to {SUPERBLOCK_VERSION})"
+    )]
     Version { found: u16 },
     /// The stored XXH3-128 differs from the one computed over the header (a torn write or damage).
     #[error("checksum mismatch: stored {stored:#034x}, computed {computed:#034x}")]
@@ -141,9 +160,24 @@ pub enum CopyStatus {
 pub struct OpenReport {
     /// Status of copy `i` at `copies[i]`.
     pub copies: [CopyStatus; SUPERBLOCK_COPY_COUNT],
+    /// Version of copy `i` at `versions[i]` when it is valid (`Current` or `Stale`); `None` when
+    /// it is invalid.
+    pub versions: [Option<u16>; SUPERBLOCK_COPY_COUNT],
 }
 
 impl OpenReport {
+    /// The lowest version among the valid copies: below [`SUPERBLOCK_VERSION`] when a binary
+    /// that reads only that version could still boot from one of them, so the file needs
+    /// [`Superblock::upgrade`] before this binary writes data in the newer format.
+    pub fn oldest_version(&self) -> u16 {
+        self.versions
+            .iter()
+            .flatten()
+            .copied()
+            .min()
+            .unwrap_or(SUPERBLOCK_VERSION)
+    }
+
     /// True when every copy is valid and current.
     pub fn is_clean(&self) -> bool {
         self.copies
@@ -199,6 +233,22 @@ pub enum SuperblockError {
     /// `create` found a superblock file already there; it was left untouched.
     #[error("{path}: superblock file already exists")]
     AlreadyExists { path: PathBuf },
+    /// Copy `copy_index` is intact but of version `found`, which this binary does not read
+    /// (`storage/FORMAT.md` section 7, "Versions"): a newer binary wrote this file, and the data
+    /// directory may hold data this binary would misjudge as damage. Nothing was written; the
+    /// operator starts a binary that reads version `found`.
+    #[error(
+        "{path}: superblock copy {copy_index} has version {found}, but this binary reads only \
+         versions {SUPERBLOCK_VERSION_MIN} to {SUPERBLOCK_VERSION}: the data directory was written \
+         by a newer shardline, and this one could misread its data as damage. Nothing was \
+         changed; start it with a shardline that supports superblock version {found} (a newer \
+         release)"
+    )]
+    UnsupportedVersion {
+        path: PathBuf,
+        copy_index: usize,
+        found: u16,
+    },
     /// No copy verifies; the replica must not boot from this file. `reasons[i]` is copy `i`'s.
     #[error(
         "{path}: all {SUPERBLOCK_COPY_COUNT} superblock copies are invalid: {}",
@@ -321,14 +371,33 @@ pub fn encode_copy(state: &SuperblockState, copy_index: usize) -> Vec<u8> {
     bytes
 }
 
+/// A valid copy: its version and the state it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodedCopy {
+    /// In [`SUPERBLOCK_VERSION_MIN`]`..=`[`SUPERBLOCK_VERSION`].
+    pub version: u16,
+    pub state: SuperblockState,
+}
+
 /// Decodes and verifies the copy in slot `copy_index` from `bytes`, which must hold the whole copy
 /// ([`SUPERBLOCK_COPY_SIZE`] bytes; fewer is [`CopyDefect::Missing`]; bytes past the copy are not
-/// looked at).
+/// looked at), and returns its state. [`decode_copy_versioned`] also returns its version.
 ///
 /// # Errors
-/// The first [`CopyDefect`] found, checked in this order: missing, zeroed, magic, version,
-/// checksum, copy index, reserved bytes, padding, field invariants.
+/// As [`decode_copy_versioned`].
 pub fn decode_copy(bytes: &[u8], copy_index: usize) -> Result<SuperblockState, CopyDefect> {
+    decode_copy_versioned(bytes, copy_index).map(|copy| copy.state)
+}
+
+/// Decodes and verifies the copy in slot `copy_index` from `bytes` (as [`decode_copy`]) and
+/// returns its version with its state.
+///
+/// # Errors
+/// The first [`CopyDefect`] found, checked in this order: missing, zeroed, magic, checksum,
+/// version, copy index, reserved bytes, padding, field invariants. The checksum comes before the
+/// version so that a damaged version field is damage (`Checksum`) and only an intact copy of
+/// another version is `Version` (a newer binary's, which open refuses the file for).
+pub fn decode_copy_versioned(bytes: &[u8], copy_index: usize) -> Result<DecodedCopy, CopyDefect> {
     let Some(bytes) = bytes.get(..SUPERBLOCK_COPY_SIZE) else {
         return Err(CopyDefect::Missing {
             file_size_bytes: bytes.len() as u64,
@@ -343,16 +412,16 @@ pub fn decode_copy(bytes: &[u8], copy_index: usize) -> Result<SuperblockState, C
             found: header.magic,
         });
     }
-    if header.version != SUPERBLOCK_VERSION {
-        return Err(CopyDefect::Version {
-            found: header.version,
-        });
-    }
     let computed = XxHash3_128::oneshot(&bytes[..CHECKSUMMED_SIZE]);
     if header.checksum != computed {
         return Err(CopyDefect::Checksum {
             stored: header.checksum,
             computed,
+        });
+    }
+    if !(SUPERBLOCK_VERSION_MIN..=SUPERBLOCK_VERSION).contains(&header.version) {
+        return Err(CopyDefect::Version {
+            found: header.version,
         });
     }
     if usize::from(header.copy_index) != copy_index {
@@ -382,7 +451,10 @@ pub fn decode_copy(bytes: &[u8], copy_index: usize) -> Result<SuperblockState, C
     };
     match state_violation(&state) {
         Some(reason) => Err(CopyDefect::Inconsistent { reason }),
-        None => Ok(state),
+        None => Ok(DecodedCopy {
+            version: header.version,
+            state,
+        }),
     }
 }
 
@@ -390,9 +462,12 @@ pub fn decode_copy(bytes: &[u8], copy_index: usize) -> Result<SuperblockState, C
 fn encode_checked(state: &SuperblockState, copy_index: usize) -> Vec<u8> {
     let bytes = encode_copy(state, copy_index);
     assert_eq!(
-        decode_copy(&bytes, copy_index),
-        Ok(*state),
-        "an encoded superblock copy decodes to what was encoded"
+        decode_copy_versioned(&bytes, copy_index),
+        Ok(DecodedCopy {
+            version: SUPERBLOCK_VERSION,
+            state: *state
+        }),
+        "an encoded superblock copy decodes to what was encoded, at the version written"
     );
     bytes
 }
@@ -410,6 +485,9 @@ pub struct Superblock {
     path: PathBuf,
     file: File,
     state: SuperblockState,
+    /// The lowest version among the valid copies on disk ([`OpenReport::oldest_version`] at
+    /// open; [`SUPERBLOCK_VERSION`] after create and after every completed write).
+    oldest_version: u16,
     /// Set while a write is in progress and left set if it fails or is cancelled.
     poisoned: bool,
 }
@@ -480,6 +558,7 @@ impl Superblock {
             path: path.to_path_buf(),
             file,
             state,
+            oldest_version: SUPERBLOCK_VERSION,
             poisoned: false,
         })
     }
@@ -491,10 +570,12 @@ impl Superblock {
     /// as one copy verifies; invalid and stale copies are rewritten by the next `write`.
     ///
     /// # Errors
-    /// `NotFound` if `path` does not exist; `AllCopiesInvalid` (with each copy's defect) if no copy
-    /// verifies; `Corrupt` if valid copies contradict each other (same highest sequence with
-    /// different states, different cluster identity, or an older copy ahead of the newest in a
-    /// monotonic field); `Io` naming the path and step.
+    /// `NotFound` if `path` does not exist; `UnsupportedVersion` if any copy is intact but of a
+    /// version this binary does not read (a newer binary's file: refused whatever the other copies
+    /// hold, so it is never rewritten in an older version); `AllCopiesInvalid` (with each copy's
+    /// defect) if no copy verifies; `Corrupt` if valid copies contradict each other (same highest
+    /// sequence with different states, different cluster identity, or an older copy ahead of the
+    /// newest in a monotonic field); `Io` naming the path and step.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
@@ -517,12 +598,12 @@ impl Superblock {
         let bytes = read_exact_at(&file, 0, read_size)
             .await
             .map_err(io_error(path, "read superblock"))?;
-        let decoded: Vec<Result<SuperblockState, CopyDefect>> = (0..SUPERBLOCK_COPY_COUNT)
+        let decoded: Vec<Result<DecodedCopy, CopyDefect>> = (0..SUPERBLOCK_COPY_COUNT)
             .map(|copy_index| {
                 let range =
                     copy_index * SUPERBLOCK_COPY_SIZE..(copy_index + 1) * SUPERBLOCK_COPY_SIZE;
                 match bytes.get(range) {
-                    Some(copy) => decode_copy(copy, copy_index),
+                    Some(copy) => decode_copy_versioned(copy, copy_index),
                     None => Err(CopyDefect::Missing { file_size_bytes }),
                 }
             })
@@ -533,6 +614,7 @@ impl Superblock {
                 path: path.to_path_buf(),
                 file,
                 state,
+                oldest_version: report.oldest_version(),
                 poisoned: false,
             },
             report,
@@ -614,8 +696,52 @@ impl Superblock {
             observer(copy_index);
         }
         self.state = new_state;
+        self.oldest_version = SUPERBLOCK_VERSION;
         self.poisoned = false;
         Ok(())
+    }
+
+    /// Brings every copy to [`SUPERBLOCK_VERSION`] when open found a valid copy of an older
+    /// version (`storage/FORMAT.md` section 7, "Versions"): rewrites the current state unchanged
+    /// through [`Superblock::write_observed`] (sequence + 1, copies 0 to 3 each fsynced, so the
+    /// same torn-write rules hold), calling `observer` as it does. Does nothing when every valid
+    /// copy is already at [`SUPERBLOCK_VERSION`].
+    ///
+    /// Returns the version upgraded from (`Some(1)`), or `None` when nothing was written. A
+    /// caller that will write data only this version's readers understand must call it, and
+    /// have it return `Ok`, first: until it returns, a binary of the older version may still
+    /// boot from a copy of the older version.
+    ///
+    /// # Errors
+    /// As [`Superblock::write`] (`Poisoned`, `Io`; a failure poisons the handle, and the file
+    /// still holds every copy open found, or some at the new version).
+    ///
+    /// # Panics
+    /// If the handle's oldest version is outside the versions open accepts (a bug: open refuses
+    /// any other).
+    ///
+    /// # Cancel safety
+    /// As [`Superblock::write`]: not cancel safe; a dropped future poisons the handle.
+    pub async fn upgrade(
+        &mut self,
+        observer: &mut dyn FnMut(usize),
+    ) -> Result<Option<u16>, SuperblockError> {
+        let from = self.oldest_version;
+        if from == SUPERBLOCK_VERSION {
+            return Ok(None);
+        }
+        assert!(
+            (SUPERBLOCK_VERSION_MIN..SUPERBLOCK_VERSION).contains(&from),
+            "superblock oldest version {from} outside the versions open accepts"
+        );
+        self.write_observed(self.state, observer).await?;
+        Ok(Some(from))
+    }
+
+    /// The lowest version among the valid copies on disk: what open found, or
+    /// [`SUPERBLOCK_VERSION`] after create, a write or an upgrade.
+    pub fn oldest_version(&self) -> u16 {
+        self.oldest_version
     }
 
     /// The state of the newest durable write (or of the copy open chose).
@@ -648,13 +774,38 @@ impl Superblock {
 /// copies must not be ahead of it.
 fn choose(
     path: &Path,
-    decoded: &[Result<SuperblockState, CopyDefect>],
+    decoded: &[Result<DecodedCopy, CopyDefect>],
     file_size_bytes: u64,
 ) -> Result<(SuperblockState, OpenReport), SuperblockError> {
     let corrupt = |reason: String| SuperblockError::Corrupt {
         path: path.to_path_buf(),
         reason,
     };
+    // Any intact copy of a version this binary does not read refuses the file, even when other
+    // copies are readable: a newer binary wrote it, and its data may be in a newer format.
+    if let Some((copy_index, found)) =
+        decoded
+            .iter()
+            .enumerate()
+            .find_map(|(copy_index, copy)| match copy {
+                Err(CopyDefect::Version { found }) => Some((copy_index, *found)),
+                _ => None,
+            })
+    {
+        return Err(SuperblockError::UnsupportedVersion {
+            path: path.to_path_buf(),
+            copy_index,
+            found,
+        });
+    }
+    let mut versions = [None; SUPERBLOCK_COPY_COUNT];
+    for (version, copy) in versions.iter_mut().zip(decoded) {
+        *version = copy.as_ref().ok().map(|copy| copy.version);
+    }
+    let decoded: Vec<Result<SuperblockState, CopyDefect>> = decoded
+        .iter()
+        .map(|copy| copy.map(|copy| copy.state))
+        .collect();
     let newest = decoded
         .iter()
         .enumerate()
@@ -665,7 +816,7 @@ fn choose(
     let Some((newest_index, newest)) = newest else {
         let mut reasons =
             Box::new([CopyDefect::Missing { file_size_bytes }; SUPERBLOCK_COPY_COUNT]);
-        for (reason, copy) in reasons.iter_mut().zip(decoded) {
+        for (reason, copy) in reasons.iter_mut().zip(&decoded) {
             if let Err(defect) = copy {
                 *reason = *defect;
             }
@@ -703,7 +854,7 @@ fn choose(
             }
         };
     }
-    Ok((*newest, OpenReport { copies }))
+    Ok((*newest, OpenReport { copies, versions }))
 }
 
 #[cfg(test)]
@@ -781,7 +932,7 @@ mod tests {
         let bytes = encode_copy(&state(), 3);
         assert_eq!(bytes.len(), SUPERBLOCK_COPY_SIZE);
         assert_eq!(&bytes[0..8], b"SLSUPBLK");
-        assert_eq!(&bytes[8..10], &1u16.to_le_bytes());
+        assert_eq!(&bytes[8..10], &2u16.to_le_bytes());
         assert_eq!(bytes[10], 3);
         assert_eq!(bytes[11], 2);
         assert_eq!(bytes[12], 3);
@@ -803,6 +954,26 @@ mod tests {
     }
 
     #[test]
+    fn issue12_downgrade_a_version_1_copy_decodes_with_its_version() {
+        let mut bytes = encode_copy(&state(), 2);
+        bytes[8..10].copy_from_slice(&1u16.to_le_bytes());
+        let checksum = XxHash3_128::oneshot(&bytes[..CHECKSUMMED_SIZE]);
+        bytes[CHECKSUMMED_SIZE..SUPERBLOCK_HEADER_SIZE].copy_from_slice(&checksum.to_le_bytes());
+        assert_eq!(
+            decode_copy_versioned(&bytes, 2),
+            Ok(DecodedCopy {
+                version: 1,
+                state: state()
+            })
+        );
+        assert_eq!(decode_copy(&bytes, 2), Ok(state()));
+        assert_eq!(
+            decode_copy_versioned(&encode_copy(&state(), 2), 2).map(|copy| copy.version),
+            Ok(SUPERBLOCK_VERSION)
+        );
+    }
+
+    #[test]
     fn decode_names_each_defect() {
         let good = encode_copy(&state(), 1);
         assert_eq!(
@@ -821,12 +992,13 @@ mod tests {
             decode_copy(&bytes, 1),
             Err(CopyDefect::Magic { .. })
         ));
+        // A version byte changed by damage fails the checksum: damage, not a newer format.
         let mut bytes = good.clone();
-        bytes[8] = 2;
-        assert_eq!(
+        bytes[8] = 3;
+        assert!(matches!(
             decode_copy(&bytes, 1),
-            Err(CopyDefect::Version { found: 2 })
-        );
+            Err(CopyDefect::Checksum { .. })
+        ));
         let mut bytes = good.clone();
         bytes[50] ^= 0x10;
         assert!(matches!(
@@ -845,6 +1017,16 @@ mod tests {
             let checksum = XxHash3_128::oneshot(&bytes[..112]);
             bytes[112..128].copy_from_slice(&checksum.to_le_bytes());
         };
+        // An intact copy of a version outside 1..=2 (a newer binary's, or 0) is `Version`.
+        for version in [0u16, 3, u16::MAX] {
+            let mut bytes = good.clone();
+            bytes[8..10].copy_from_slice(&version.to_le_bytes());
+            reseal(&mut bytes);
+            assert_eq!(
+                decode_copy(&bytes, 1),
+                Err(CopyDefect::Version { found: version })
+            );
+        }
         let mut bytes = good.clone();
         bytes[80] = 1;
         reseal(&mut bytes);

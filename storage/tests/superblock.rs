@@ -654,3 +654,200 @@ proptest! {
         prop_assert!(storage::superblock::decode_copy(&bytes, copy_index).is_err());
     }
 }
+
+// ------------------------------------------------ issue 12 downgrade guard (superblock version)
+
+/// Rewrites copy `copy_index` of the file image as version `version`, resealing its checksum:
+/// what a binary of that version would have written (the layout of versions 1 and 2 is the same).
+fn set_copy_version(image: &mut [u8], copy_index: usize, version: u16) {
+    let copy = &mut image[copy_range(copy_index)];
+    copy[8..10].copy_from_slice(&version.to_le_bytes());
+    let checksum = twox_hash::XxHash3_128::oneshot(&copy[..112]);
+    copy[112..128].copy_from_slice(&checksum.to_le_bytes());
+}
+
+/// The version field of each copy of the file at `path`.
+fn copy_versions(path: &Path) -> [u16; SUPERBLOCK_COPY_COUNT] {
+    let image = std::fs::read(path).unwrap();
+    std::array::from_fn(|copy_index| {
+        let copy = &image[copy_range(copy_index)];
+        u16::from_le_bytes([copy[8], copy[9]])
+    })
+}
+
+/// A superblock as a binary from before issue 12 left it: `writes` writes after create, every
+/// copy at version 1.
+fn version_1_file(path: &Path, writes: u64) {
+    create_and_write(path, writes);
+    let mut image = std::fs::read(path).unwrap();
+    for copy_index in 0..SUPERBLOCK_COPY_COUNT {
+        set_copy_version(&mut image, copy_index, 1);
+    }
+    std::fs::write(path, &image).unwrap();
+}
+
+#[test]
+fn issue12_downgrade_create_and_write_put_version_2_in_every_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    assert_eq!(storage::superblock::SUPERBLOCK_VERSION, 2);
+    create_and_write(&path, 0);
+    assert_eq!(copy_versions(&path), [2; SUPERBLOCK_COPY_COUNT]);
+    let (_, report) = open(&path).unwrap();
+    assert_eq!(report.versions, [Some(2); SUPERBLOCK_COPY_COUNT]);
+    assert_eq!(report.oldest_version(), 2);
+}
+
+#[test]
+fn issue12_downgrade_a_version_1_file_opens_and_upgrade_rewrites_every_copy_at_version_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    version_1_file(&path, 2);
+    let (state, report) = open(&path).unwrap();
+    assert_eq!(state, with_sequence(advanced(2), 3));
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.versions, [Some(1); SUPERBLOCK_COPY_COUNT]);
+    assert_eq!(report.oldest_version(), 1);
+
+    let mut seen = Vec::new();
+    block_on(async {
+        let (mut superblock, _) = Superblock::open(&path).await.unwrap();
+        assert_eq!(superblock.oldest_version(), 1);
+        let from = superblock
+            .upgrade(&mut |copy_index| seen.push((copy_index, copy_versions(&path))))
+            .await
+            .unwrap();
+        assert_eq!(from, Some(1));
+        assert_eq!(superblock.oldest_version(), 2);
+        // The state is kept; only the sequence moves (the existing write path).
+        assert_eq!(*superblock.state(), with_sequence(advanced(2), 4));
+        superblock.close().await.unwrap();
+    });
+    // Copy by copy, each fsynced before the next (the torn-write rules of `write`).
+    assert_eq!(
+        seen,
+        vec![
+            (0, [2, 1, 1, 1]),
+            (1, [2, 2, 1, 1]),
+            (2, [2, 2, 2, 1]),
+            (3, [2, 2, 2, 2]),
+        ]
+    );
+    let (state, report) = open(&path).unwrap();
+    assert_eq!(state, with_sequence(advanced(2), 4));
+    assert_eq!(report.versions, [Some(2); SUPERBLOCK_COPY_COUNT]);
+    // A second upgrade writes nothing.
+    let before = std::fs::read(&path).unwrap();
+    block_on(async {
+        let (mut superblock, _) = Superblock::open(&path).await.unwrap();
+        assert_eq!(superblock.upgrade(&mut |_| {}).await.unwrap(), None);
+        assert_eq!(superblock.state().sequence, 4);
+    });
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+}
+
+#[test]
+fn issue12_downgrade_a_torn_upgrade_still_needs_the_upgrade_and_completes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    version_1_file(&path, 1);
+    // The upgrade reached copies 0 and 1 only (a crash before copy 2).
+    let mut torn = Vec::new();
+    block_on(async {
+        let (mut superblock, _) = Superblock::open(&path).await.unwrap();
+        superblock
+            .upgrade(&mut |copy_index| {
+                if copy_index == 1 {
+                    torn = std::fs::read(&path).unwrap();
+                }
+            })
+            .await
+            .unwrap();
+    });
+    std::fs::write(&path, &torn).unwrap();
+    assert_eq!(copy_versions(&path), [2, 2, 1, 1]);
+    // This binary boots from the new sequence, but copies 2 and 3 are still version 1 (a binary
+    // from before issue 12 would boot from them), so the upgrade is still due.
+    let (state, report) = open(&path).unwrap();
+    assert_eq!(state, with_sequence(advanced(1), 3));
+    assert_eq!(report.versions, [Some(2), Some(2), Some(1), Some(1)]);
+    assert_eq!(report.oldest_version(), 1);
+    block_on(async {
+        let (mut superblock, _) = Superblock::open(&path).await.unwrap();
+        assert_eq!(superblock.upgrade(&mut |_| {}).await.unwrap(), Some(1));
+        assert_eq!(*superblock.state(), with_sequence(advanced(1), 4));
+    });
+    assert_eq!(copy_versions(&path), [2; SUPERBLOCK_COPY_COUNT]);
+}
+
+#[test]
+fn issue12_downgrade_a_version_3_superblock_is_refused_naming_the_path_and_both_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    create_and_write(&path, 1);
+    let mut image = std::fs::read(&path).unwrap();
+    for copy_index in 0..SUPERBLOCK_COPY_COUNT {
+        set_copy_version(&mut image, copy_index, 3);
+    }
+    std::fs::write(&path, &image).unwrap();
+    let error = open(&path).unwrap_err();
+    let message = error.to_string();
+    assert!(
+        matches!(
+            &error,
+            SuperblockError::UnsupportedVersion { path: named, copy_index: 0, found: 3 }
+                if *named == path
+        ),
+        "{error:?}"
+    );
+    assert_eq!(
+        message,
+        format!(
+            "{}: superblock copy 0 has version 3, but this binary reads only versions 1 to 2: \
+             the data directory was written by a newer shardline, and this one could misread its \
+             data as damage. Nothing was changed; start it with a shardline that supports \
+             superblock version 3 (a newer release)",
+            path.display()
+        )
+    );
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        image,
+        "open changed the file"
+    );
+}
+
+#[test]
+fn issue12_downgrade_one_intact_newer_copy_refuses_the_file_but_a_damaged_version_is_survived() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    create_and_write(&path, 1);
+    let good = std::fs::read(&path).unwrap();
+    // Version 0 (never written by any binary) and a newer version in one copy, the others
+    // readable: refused all the same, and left as it was (never rewritten in an older version).
+    for (copy_index, version) in [(2, 0u16), (3, 3), (1, u16::MAX)] {
+        let mut image = good.clone();
+        set_copy_version(&mut image, copy_index, version);
+        std::fs::write(&path, &image).unwrap();
+        match open(&path) {
+            Err(SuperblockError::UnsupportedVersion {
+                copy_index: named_copy,
+                found,
+                ..
+            }) => assert_eq!((named_copy, found), (copy_index, version)),
+            other => panic!("copy {copy_index} at version {version}: {other:?}"),
+        }
+        assert_eq!(std::fs::read(&path).unwrap(), image);
+    }
+    // A version field changed without its checksum is damage to one copy: survived.
+    let mut image = good.clone();
+    image[SUPERBLOCK_COPY_SIZE + 8] = 3;
+    std::fs::write(&path, &image).unwrap();
+    let (state, report) = open(&path).unwrap();
+    assert_eq!(state, with_sequence(advanced(1), 2));
+    assert!(matches!(
+        report.copies[1],
+        CopyStatus::Invalid(CopyDefect::Checksum { .. })
+    ));
+    assert_eq!(report.versions, [Some(2), None, Some(2), Some(2)]);
+}

@@ -174,9 +174,92 @@ fn superblock_json_has_copies_and_state() {
     assert_eq!(json["state"]["commit_max"], 20);
     assert_eq!(json["copies"].as_array().unwrap().len(), 4);
     assert_eq!(json["copies"][3]["status"], "invalid");
-    assert_eq!(json["copies"][3]["reason"], "unsupported version 65");
+    // The flip hit the version field: the checksum no longer verifies, so it is damage (only an
+    // intact copy of another version is a newer binary's).
+    assert!(
+        json["copies"][3]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("checksum mismatch"),
+        "{json}"
+    );
+    assert_eq!(json["copies"][0]["version"], 2);
+    assert_eq!(json["copies"][3]["version"], serde_json::Value::Null);
     assert_eq!(json["damage"][0]["position"], 12288);
     assert_eq!(json["damage"][0]["torn_tail"], false);
+}
+
+/// Sets copy `copy_index` of the superblock at `path` to `version`, resealing its checksum (what
+/// a binary of that version writes; versions 1 and 2 share the layout).
+fn set_copy_version(path: &Path, copy_index: usize, version: u16) {
+    let mut image = std::fs::read(path).unwrap();
+    let copy = &mut image[copy_index * 4096..(copy_index + 1) * 4096];
+    copy[8..10].copy_from_slice(&version.to_le_bytes());
+    let checksum = twox_hash::XxHash3_128::oneshot(&copy[..112]);
+    copy[112..128].copy_from_slice(&checksum.to_le_bytes());
+    std::fs::write(path, image).unwrap();
+}
+
+#[test]
+fn issue12_downgrade_inspect_superblock_shows_each_copy_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock(dir.path());
+    // A write of a version-1 file torn by a crash after copy 1: copies 2 and 3 still version 1.
+    set_copy_version(&path, 2, 1);
+    set_copy_version(&path, 3, 1);
+    let (code, stdout, stderr) = inspect_path("superblock", &path);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("copy      byte  status   version  sequence  reason\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("0            0  current        2         3\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("3        12288  current        1         3\n"),
+        "{stdout}"
+    );
+    let (_, json) = inspect_json("superblock", &path);
+    let versions: Vec<u64> = json["copies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|copy| copy["version"].as_u64().unwrap())
+        .collect();
+    assert_eq!(versions, [2, 2, 1, 1]);
+    assert_eq!(json["unsupported_version"], serde_json::Value::Null);
+}
+
+#[test]
+fn issue12_downgrade_inspect_superblock_names_a_newer_version_that_open_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock(dir.path());
+    set_copy_version(&path, 1, 3);
+    let before = std::fs::read(&path).unwrap();
+    let (code, stdout, _) = inspect_path("superblock", &path);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "damage: {}: copy 1 has version 3, but this binary reads only versions 1 to 2: a \
+             newer shardline wrote this file, and open refuses it",
+            path.display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("state: none (a copy has version 3, which this binary does not read)"),
+        "{stdout}"
+    );
+    let (_, json) = inspect_json("superblock", &path);
+    assert_eq!(json["unsupported_version"], 3);
+    assert_eq!(json["chosen_copy"], serde_json::Value::Null);
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "inspect modified the file"
+    );
 }
 
 // ---------------------------------------------------------------- wal

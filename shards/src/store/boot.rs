@@ -7,6 +7,11 @@
 //! directory gets a superblock; one from the earlier `metadata.json` format is migrated into a
 //! snapshot at op 0.
 //!
+//! Last, a superblock of an older version is upgraded to `SUPERBLOCK_VERSION` (issue 12's
+//! downgrade guard, `storage/FORMAT.md` section 7 "Versions"): boot returns before any partition
+//! log opens, so no entry under the issue-12 checksum rule is written while a binary from before
+//! issue 12 could still boot the directory.
+//!
 //! Boot does not replay the journal: it returns what it recovered ([`Boot`]: the core's
 //! [`Recovered`], the [`RecoveryOutcome`], and the open journal and superblock for the driver),
 //! and the core applies the prepares above the checkpoint at `Replica::open`.
@@ -57,6 +62,16 @@ pub enum BootError {
         configured: String,
         /// The `serve` flag (and environment variable) that sets the configured value.
         flag: &'static str,
+    },
+    /// The superblock holds a copy of a version this binary does not read (`source` is
+    /// [`SuperblockError::UnsupportedVersion`], naming the path, the copy, the version found and
+    /// the versions read): a newer shardline wrote the data directory. Nothing was written; the
+    /// operator starts a binary that reads version `found`.
+    #[error("{source}; refusing to boot")]
+    UnsupportedVersion {
+        path: PathBuf,
+        found: u16,
+        source: SuperblockError,
     },
     /// An I/O step failed (`step` on `path`): the files may be fine; retrying the start may
     /// succeed once the cause (permissions, a full disk, descriptors) is fixed.
@@ -113,6 +128,13 @@ impl From<SuperblockError> for BootError {
                 path,
                 step: op,
                 source,
+            },
+            SuperblockError::UnsupportedVersion {
+                ref path, found, ..
+            } => BootError::UnsupportedVersion {
+                path: path.clone(),
+                found,
+                source: error,
             },
             SuperblockError::NotFound { ref path }
             | SuperblockError::AlreadyExists { ref path }
@@ -196,7 +218,14 @@ pub struct Boot {
 /// instead of refusing, and reports a journal that starts above the checkpoint as
 /// [`RecoveryOutcome::NeedsStateTransfer`]; a single replica refuses both, as before.
 ///
+/// Returns with every superblock copy at [`storage::superblock::SUPERBLOCK_VERSION`]: a file of
+/// an older version is upgraded last, after every check passed (a refused boot leaves it as it
+/// was), and durably, before the caller opens any partition log (issue 12's downgrade guard,
+/// `storage/FORMAT.md` section 7 "Versions").
+///
 /// # Errors
+/// - [`BootError::UnsupportedVersion`]: a superblock copy of a version newer than this binary
+///   reads (a newer binary's data directory); nothing was written.
 /// - [`BootError::Identity`]: the directory was formatted for another cluster, replica index or
 ///   replica count than `config.cluster`, `config.replica`, `config.replica_count()`.
 /// - [`BootError::Refuse`]: an unreadable superblock (all copies invalid, or copies
@@ -207,11 +236,37 @@ pub struct Boot {
 ///   logged); no journal segment at all; a journal that ends below the snapshot, or (single
 ///   replica) starts above it; a journaled body that does not decode, or whose parent is not
 ///   the checksum of the record below it; a journal or snapshot without its superblock.
-/// - [`BootError::Io`]: an I/O step failed.
+/// - [`BootError::Io`]: an I/O step failed (the superblock upgrade's write included: the
+///   directory then still boots as before, by this binary or an older one).
 ///
 /// # Cancel safety
 /// Not cancel safe; runs once at boot.
 pub async fn recover(config: &ServerConfig) -> Result<Boot, BootError> {
+    let mut boot = recover_state(config).await?;
+    upgrade_superblock(&mut boot.superblock).await?;
+    Ok(boot)
+}
+
+/// Issue 12's downgrade guard: rewrites a superblock of an older version at
+/// `SUPERBLOCK_VERSION` (`Superblock::upgrade`: the existing write path, copy by copy), which a
+/// binary from before issue 12 refuses to boot; then hits the failpoint
+/// `boot.after_superblock_upgrade`.
+async fn upgrade_superblock(superblock: &mut Superblock) -> Result<(), BootError> {
+    if let Some(from) = superblock.upgrade(&mut |_| {}).await? {
+        tracing::info!(
+            path = %superblock.path().display(),
+            from,
+            to = storage::superblock::SUPERBLOCK_VERSION,
+            "superblock upgraded: partition logs may now hold entries under the issue-12 \
+             checksum rule, so binaries from before issue 12 refuse this data directory"
+        );
+        super::failpoint::hit("boot.after_superblock_upgrade");
+    }
+    Ok(())
+}
+
+/// [`recover`] up to the superblock upgrade: every check, the journal opened (and repaired).
+async fn recover_state(config: &ServerConfig) -> Result<Boot, BootError> {
     let data_dir = config.data_dir.as_path();
     let superblock = open_superblock(config).await?;
     let superblock_state = *superblock.state();

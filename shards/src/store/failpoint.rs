@@ -1,7 +1,7 @@
 //! Failpoints for crash tests: `SHARDLINE_FAILPOINT=NAME` makes the process kill itself with
 //! SIGKILL the first time execution reaches the point called `NAME`, exactly as `kill -9` would at
-//! that instant (no destructor, no flush, no fsync). Names are listed in [`FAILPOINTS`] and
-//! [`INSTALL_FAILPOINTS`].
+//! that instant (no destructor, no flush, no fsync). Names are listed in [`FAILPOINTS`],
+//! [`INSTALL_FAILPOINTS`] and [`BOOT_FAILPOINTS`].
 //!
 //! Read once per process; when the variable is unset every check is one load of a `OnceLock`.
 //! It must never do anything but kill the process, and never be reached in normal operation
@@ -33,9 +33,16 @@ pub const INSTALL_FAILPOINTS: [&str; 3] = [
     "install.after_journal_restart",
 ];
 
-/// Whether `name` is a failpoint of either list.
+/// Every boot failpoint: right after a superblock of an older version was upgraded (issue 12's
+/// downgrade guard), before shard 0 hands out the metadata and any partition log opens. Reached
+/// only on a boot that upgrades.
+pub const BOOT_FAILPOINTS: [&str; 1] = ["boot.after_superblock_upgrade"];
+
+/// Whether `name` is a failpoint of any list.
 fn is_known(name: &str) -> bool {
-    FAILPOINTS.contains(&name) || INSTALL_FAILPOINTS.contains(&name)
+    FAILPOINTS.contains(&name)
+        || INSTALL_FAILPOINTS.contains(&name)
+        || BOOT_FAILPOINTS.contains(&name)
 }
 
 /// The armed failpoint: `Ok(None)` when the variable is unset or empty, `Err` naming the value
@@ -50,9 +57,10 @@ fn armed() -> Result<Option<&'static str>, &'static str> {
             Ok(Some(name))
         } else {
             Err(format!(
-                "invalid {FAILPOINT_ENV} value {name:?}: names no failpoint; known: {}, {}",
+                "invalid {FAILPOINT_ENV} value {name:?}: names no failpoint; known: {}, {}, {}",
                 FAILPOINTS.join(", "),
-                INSTALL_FAILPOINTS.join(", ")
+                INSTALL_FAILPOINTS.join(", "),
+                BOOT_FAILPOINTS.join(", ")
             ))
         }
     });
@@ -66,7 +74,7 @@ fn armed() -> Result<Option<&'static str>, &'static str> {
 /// crash test passing without ever crashing.
 ///
 /// # Errors
-/// `SHARDLINE_FAILPOINT` is set to a name in neither list: the message names the value and the
+/// `SHARDLINE_FAILPOINT` is set to a name in no list: the message names the value and the
 /// known names.
 pub fn check_env() -> Result<(), String> {
     armed().map(|_| ()).map_err(str::to_owned)
@@ -75,7 +83,8 @@ pub fn check_env() -> Result<(), String> {
 /// Kills the process with SIGKILL if `name` is the armed failpoint; otherwise does nothing.
 ///
 /// # Panics
-/// If `name` is in neither [`FAILPOINTS`] nor [`INSTALL_FAILPOINTS`] (a bug in the caller).
+/// If `name` is in none of [`FAILPOINTS`], [`INSTALL_FAILPOINTS`], [`BOOT_FAILPOINTS`] (a bug in
+/// the caller).
 pub fn hit(name: &str) {
     assert!(is_known(name), "unknown failpoint {name}");
     if armed() == Ok(Some(name)) {

@@ -1,6 +1,8 @@
-//! `inspect superblock`: decodes each of the four copies with `storage::superblock::decode_copy`
-//! and applies the open rule of `storage/FORMAT.md` section 7 (highest valid sequence wins; valid
-//! copies must agree). Reads the file read-only; never rewrites a copy.
+//! `inspect superblock`: decodes each of the four copies with
+//! `storage::superblock::decode_copy_versioned` and applies the open rule of `storage/FORMAT.md`
+//! section 7 (an intact copy of a version this binary does not read refuses the file; otherwise
+//! the highest valid sequence wins and valid copies must agree). Shows each copy's version (1: from
+//! before issue 12, upgraded at the next boot). Reads the file read-only; never rewrites a copy.
 
 use std::fmt::Write as _;
 use std::io::Read as _;
@@ -8,7 +10,10 @@ use std::path::Path;
 
 use storage::SuperblockState;
 use storage::limits::{SUPERBLOCK_COPY_COUNT, SUPERBLOCK_COPY_SIZE, SUPERBLOCK_FILE_SIZE};
-use storage::superblock::{SUPERBLOCK_FILE_NAME, decode_copy};
+use storage::superblock::{
+    CopyDefect, DecodedCopy, SUPERBLOCK_FILE_NAME, SUPERBLOCK_VERSION, SUPERBLOCK_VERSION_MIN,
+    decode_copy_versioned,
+};
 
 use super::{Damage, Report, file_in, open_read_only};
 
@@ -17,8 +22,12 @@ pub(crate) struct SuperblockReport {
     file: String,
     file_size_bytes: u64,
     copies: Vec<CopyReport>,
-    /// The copy open would boot from (lowest index among the current ones).
+    /// The copy open would boot from (lowest index among the current ones); `None` when open
+    /// refuses the file.
     chosen_copy: Option<usize>,
+    /// The version of the first intact copy whose version this binary does not read (a newer
+    /// shardline's): open refuses the file.
+    unsupported_version: Option<u16>,
     state: Option<StateReport>,
 }
 
@@ -28,6 +37,8 @@ struct CopyReport {
     position: u64,
     /// `current`, `stale` or `invalid`.
     status: &'static str,
+    /// The copy's version when it is valid (1 or 2; `storage::superblock::SUPERBLOCK_VERSION`).
+    version: Option<u16>,
     sequence: Option<u64>,
     reason: Option<String>,
 }
@@ -75,15 +86,31 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SuperblockReport, Vec<Dama
         .read_to_end(&mut bytes)
         .map_err(|error| anyhow::anyhow!("{}: cannot read: {error}", file_path.display()))?;
 
-    let decoded: Vec<Result<SuperblockState, String>> = (0..SUPERBLOCK_COPY_COUNT)
+    let versioned: Vec<Result<DecodedCopy, CopyDefect>> = (0..SUPERBLOCK_COPY_COUNT)
         .map(|copy_index| {
             let start = copy_index * SUPERBLOCK_COPY_SIZE;
             match bytes.get(start..) {
                 Some(copy) if copy.len() >= SUPERBLOCK_COPY_SIZE => {
-                    decode_copy(copy, copy_index).map_err(|defect| defect.to_string())
+                    decode_copy_versioned(copy, copy_index)
                 }
-                _ => Err(format!("missing: the file is only {file_size_bytes} bytes")),
+                _ => Err(CopyDefect::Missing { file_size_bytes }),
             }
+        })
+        .collect();
+    // Open refuses the whole file when any copy is an intact copy of a version it does not read
+    // (`SuperblockError::UnsupportedVersion`), whatever the other copies hold.
+    let unsupported = versioned
+        .iter()
+        .enumerate()
+        .find_map(|(copy_index, copy)| match copy {
+            Err(CopyDefect::Version { found }) => Some((copy_index, *found)),
+            _ => None,
+        });
+    let decoded: Vec<Result<SuperblockState, String>> = versioned
+        .iter()
+        .map(|copy| {
+            copy.map(|copy| copy.state)
+                .map_err(|defect| defect.to_string())
         })
         .collect();
     let newest = decoded
@@ -101,6 +128,7 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SuperblockReport, Vec<Dama
         let (status, sequence, reason) = match (copy, newest) {
             (Err(reason), _) => {
                 let consequence = match newest {
+                    _ if unsupported.is_some() => "; open refuses this file".to_owned(),
                     Some((chosen, _)) => format!(
                         "; open still boots from copy {chosen} and the next write rewrites this copy"
                     ),
@@ -147,11 +175,23 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SuperblockReport, Vec<Dama
             copy_index,
             position,
             status,
+            version: versioned[copy_index].as_ref().ok().map(|copy| copy.version),
             sequence,
             reason,
         });
     }
-    if newest.is_none() {
+    if let Some((copy_index, found)) = unsupported {
+        damage.push(Damage::new(
+            &file_path,
+            None,
+            format!(
+                "copy {copy_index} has version {found}, but this binary reads only versions \
+                 {SUPERBLOCK_VERSION_MIN} to {SUPERBLOCK_VERSION}: a newer shardline wrote this \
+                 file, and open refuses it; inspect it with a shardline that supports version \
+                 {found}"
+            ),
+        ));
+    } else if newest.is_none() {
         damage.push(Damage::new(
             &file_path,
             None,
@@ -165,8 +205,13 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SuperblockReport, Vec<Dama
         file: file_path.display().to_string(),
         file_size_bytes,
         copies,
-        chosen_copy: newest.map(|(copy_index, _)| copy_index),
-        state: newest.map(|(_, state)| StateReport::new(state)),
+        unsupported_version: unsupported.map(|(_, found)| found),
+        chosen_copy: newest
+            .filter(|_| unsupported.is_none())
+            .map(|(copy_index, _)| copy_index),
+        state: newest
+            .filter(|_| unsupported.is_none())
+            .map(|(_, state)| StateReport::new(state)),
     };
     Ok((report, damage))
 }
@@ -176,18 +221,22 @@ impl Report for SuperblockReport {
         let _ = writeln!(out, "file: {} ({} bytes)", self.file, self.file_size_bytes);
         let _ = writeln!(
             out,
-            "{:<5} {:>8}  {:<8} {:>9}  reason",
-            "copy", "byte", "status", "sequence"
+            "{:<5} {:>8}  {:<8} {:>7} {:>9}  reason",
+            "copy", "byte", "status", "version", "sequence"
         );
         for copy in &self.copies {
             let sequence = copy
                 .sequence
                 .map_or_else(|| "-".to_owned(), |sequence| sequence.to_string());
+            let version = copy
+                .version
+                .map_or_else(|| "-".to_owned(), |version| version.to_string());
             let line = format!(
-                "{:<5} {:>8}  {:<8} {:>9}  {}",
+                "{:<5} {:>8}  {:<8} {:>7} {:>9}  {}",
                 copy.copy_index,
                 copy.position,
                 copy.status,
+                version,
                 sequence,
                 copy.reason.as_deref().unwrap_or("")
             );
@@ -210,7 +259,15 @@ impl Report for SuperblockReport {
                     state.snapshot_checksum
                 );
             }
-            _ => out.push_str("state: none (no valid copy)\n"),
+            _ => match self.unsupported_version {
+                Some(found) => {
+                    let _ = writeln!(
+                        out,
+                        "state: none (a copy has version {found}, which this binary does not read)"
+                    );
+                }
+                None => out.push_str("state: none (no valid copy)\n"),
+            },
         }
         let count = |status: &str| {
             self.copies

@@ -1,0 +1,254 @@
+//! Issue 12's downgrade guard, end to end on the real `shardline serve` (`storage/FORMAT.md`
+//! section 7, "Versions"): a data directory from before issue 12 (a version-1 superblock, entries
+//! under the whole-payload checksum rule) boots, its superblock is rewritten at version 2 before
+//! the server listens (so before any produce can append an entry under the issue-12 rule, which a
+//! binary from before issue 12 would cut as damage), and its old entries still read; a
+//! superblock of a version newer than this binary reads refuses to boot, naming the file and both
+//! versions, and nothing is written.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use bus::{BATCH_HEADER_SIZE, BatchBuilder, MESSAGE_FLAG_CHECKSUM_OF_HEADERS, Namespace};
+use common::{BIN, Server, block_on};
+
+const SHARDS: [&str; 3] = ["--shards", "2", "--no-pin"];
+/// Byte of the first message's `reserved` flags word within a message section (after its id,
+/// 8 bytes, and its 4-byte offset delta: `bus` message header layout, `storage/FORMAT.md`
+/// section 3).
+const FIRST_RESERVED_AT: usize = 12;
+const UPGRADE_FAILPOINT: &str = "boot.after_superblock_upgrade";
+
+/// Stream 1, topic 1, partition 0.
+fn namespace() -> Namespace {
+    Namespace::new(1, 1, 0)
+}
+
+fn superblock_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("superblock")
+}
+
+/// Sets every copy of the superblock to `version`, resealing each copy's checksum: what a binary
+/// of that version writes (versions 1 and 2 share the layout).
+fn set_superblock_version(data_dir: &Path, version: u16) {
+    let path = superblock_path(data_dir);
+    let mut image = std::fs::read(&path).unwrap();
+    for copy in image.chunks_mut(4096) {
+        copy[8..10].copy_from_slice(&version.to_le_bytes());
+        let checksum = twox_hash::XxHash3_128::oneshot(&copy[..112]);
+        copy[112..128].copy_from_slice(&checksum.to_le_bytes());
+    }
+    std::fs::write(&path, &image).unwrap();
+}
+
+/// The version field of each of the 4 superblock copies.
+fn superblock_versions(data_dir: &Path) -> Vec<u16> {
+    std::fs::read(superblock_path(data_dir))
+        .unwrap()
+        .chunks(4096)
+        .map(|copy| u16::from_le_bytes([copy[8], copy[9]]))
+        .collect()
+}
+
+/// Every regular file under `dir` (relative path -> bytes).
+fn files_under(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(current) = pending.pop() {
+        for entry in std::fs::read_dir(&current).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                let bytes = std::fs::read(&path).unwrap();
+                files.insert(path.strip_prefix(dir).unwrap().to_path_buf(), bytes);
+            }
+        }
+    }
+    files
+}
+
+/// A batch under the checksum rule from before issue 12: built by `BatchBuilder`, then the
+/// message-headers flag cleared and the batch checksum recomputed over the whole message section
+/// (what every client wrote before issue 12).
+fn whole_payload_rule_batch(payloads: &[&[u8]]) -> Vec<u8> {
+    let mut builder = BatchBuilder::default();
+    for (id, payload) in payloads.iter().enumerate() {
+        builder.push(id as u64, 1, payload);
+    }
+    let mut batch = builder.finish();
+    batch[BATCH_HEADER_SIZE + FIRST_RESERVED_AT] &= !(MESSAGE_FLAG_CHECKSUM_OF_HEADERS as u8);
+    let checksum = twox_hash::XxHash3_64::oneshot(&batch[BATCH_HEADER_SIZE..]);
+    batch[24..32].copy_from_slice(&checksum.to_le_bytes());
+    batch
+}
+
+/// Creates stream 1 / topic 1 (one partition) and sends `batch`; returns its base offset.
+fn create_and_send(addr: SocketAddr, batch: Vec<u8>) -> u64 {
+    block_on(async {
+        let mut client = bus::Client::connect(addr).await.unwrap();
+        client.create_stream(1, "s").await.unwrap();
+        client.create_topic(1, 1, "t", 1).await.unwrap();
+        client
+            .send_messages(namespace(), batch)
+            .await
+            .unwrap()
+            .base_offset
+    })
+}
+
+/// Every message of the partition (offset, payload), each message checksum verified.
+fn stored(addr: SocketAddr) -> Vec<(u64, Vec<u8>)> {
+    block_on(async {
+        let mut client = bus::Client::connect(addr).await.unwrap();
+        let result = client.poll(namespace(), 0, 1000).await.unwrap();
+        let messages = result.messages().unwrap();
+        assert!(messages.iter().all(bus::MessageView::verify));
+        messages
+            .iter()
+            .map(|message| (message.offset, message.payload.to_vec()))
+            .collect()
+    })
+}
+
+/// A data directory as a binary from before issue 12 left it: a version-1 superblock and one
+/// entry of 3 messages under the whole-payload rule in partition 1/1/0.
+fn pre_issue12_data_dir(data_dir: &Path) {
+    let server = Server::start(data_dir, &SHARDS);
+    let base_offset = create_and_send(
+        server.addr,
+        whole_payload_rule_batch(&[b"alpha", b"beta", b"gamma"]),
+    );
+    assert_eq!(base_offset, 0);
+    assert_eq!(server.stop(), Some(0));
+    set_superblock_version(data_dir, 1);
+    let segment =
+        std::fs::read(data_dir.join("partitions/1/1/0/00000000000000000000.log")).unwrap();
+    assert_eq!(
+        segment[32 + FIRST_RESERVED_AT] & MESSAGE_FLAG_CHECKSUM_OF_HEADERS as u8,
+        0,
+        "the stored entry is under the whole-payload rule"
+    );
+}
+
+/// The upgrade is durable before the server listens, so before any produce: booted with the
+/// failpoint right after the upgrade, the server dies before it reports listening, with every
+/// superblock copy at version 2 (a binary from before issue 12 now refuses the directory) and
+/// every partition file as it was (nothing under the issue-12 rule written yet). Were the upgrade
+/// done after the partitions opened or at the first append, the server would listen first and
+/// this test would fail.
+#[test]
+fn issue12_downgrade_the_upgrade_is_on_disk_before_the_server_listens() {
+    let root = tempfile::tempdir().unwrap();
+    let data_dir = root.path().join("data");
+    pre_issue12_data_dir(&data_dir);
+    let partitions_before = files_under(&data_dir.join("partitions"));
+
+    let mut command = Command::new(BIN);
+    command.env("SHARDLINE_FAILPOINT", UPGRADE_FAILPOINT);
+    let stderr = match Server::try_start_on(command, &data_dir, "127.0.0.1:0", &SHARDS) {
+        Err(stderr) => stderr,
+        Ok(server) => panic!(
+            "the server listened on {} before the superblock upgrade's failpoint; stderr:\n{}",
+            server.addr,
+            server.stderr()
+        ),
+    };
+    assert!(
+        stderr.contains(&format!(
+            "failpoint {UPGRADE_FAILPOINT}: killing the process with SIGKILL"
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("superblock upgraded"), "{stderr}");
+    assert_eq!(superblock_versions(&data_dir), [2, 2, 2, 2]);
+    assert_eq!(
+        files_under(&data_dir.join("partitions")),
+        partitions_before,
+        "a partition file changed before the upgrade was durable"
+    );
+}
+
+/// A directory from before issue 12 boots: its superblock reads back as version 2, the old
+/// (unflagged) entry still reads, and new entries (flagged) are appended after it.
+#[test]
+fn issue12_downgrade_a_pre_issue12_directory_boots_upgraded_and_its_old_entries_read() {
+    let root = tempfile::tempdir().unwrap();
+    let data_dir = root.path().join("data");
+    pre_issue12_data_dir(&data_dir);
+    assert_eq!(superblock_versions(&data_dir), [1, 1, 1, 1]);
+
+    let server = Server::start(&data_dir, &SHARDS);
+    assert_eq!(superblock_versions(&data_dir), [2, 2, 2, 2]);
+    let old = vec![
+        (0, b"alpha".to_vec()),
+        (1, b"beta".to_vec()),
+        (2, b"gamma".to_vec()),
+    ];
+    assert_eq!(stored(server.addr), old);
+    let ack = block_on(async {
+        let mut client = bus::Client::connect(server.addr).await.unwrap();
+        let mut builder = BatchBuilder::default();
+        builder.push(10, 1, b"delta");
+        client
+            .send_messages(namespace(), builder.finish())
+            .await
+            .unwrap()
+    });
+    assert_eq!(ack.base_offset, 3);
+    assert_eq!(server.stop(), Some(0));
+
+    // Both rules in one segment, both read after another restart; nothing to upgrade again.
+    let server = Server::start(&data_dir, &SHARDS);
+    let mut expected = old;
+    expected.push((3, b"delta".to_vec()));
+    assert_eq!(stored(server.addr), expected);
+    // The stderr log is shared by every start of this test: one upgrade in all.
+    assert_eq!(
+        server.stderr().matches("superblock upgraded").count(),
+        1,
+        "{}",
+        server.stderr()
+    );
+    assert_eq!(server.stop(), Some(0));
+    assert_eq!(superblock_versions(&data_dir), [2, 2, 2, 2]);
+}
+
+/// A superblock of a version this binary does not read refuses to boot, naming the file and
+/// both versions, and nothing in the directory is written.
+#[test]
+fn issue12_downgrade_serve_refuses_a_version_3_superblock_naming_the_file_and_versions() {
+    let root = tempfile::tempdir().unwrap();
+    let data_dir = root.path().join("data");
+    pre_issue12_data_dir(&data_dir);
+    set_superblock_version(&data_dir, 3);
+    let before = files_under(&data_dir);
+
+    let stderr = match Server::try_start_on(Command::new(BIN), &data_dir, "127.0.0.1:0", &SHARDS) {
+        Err(stderr) => stderr,
+        Ok(server) => panic!(
+            "the server booted a version-3 superblock on {}",
+            server.addr
+        ),
+    };
+    assert!(
+        stderr.contains(&format!(
+            "{}: superblock copy 0 has version 3, but this binary reads only versions 1 to 2",
+            superblock_path(&data_dir).display()
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("a shardline that supports superblock version 3 (a newer release)"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("refusing to boot"), "{stderr}");
+    let mut after = files_under(&data_dir);
+    // The lock file is the server's own (flock); it holds no data.
+    after.retain(|path, _| before.contains_key(path));
+    assert_eq!(after, before, "a refused boot wrote to the data directory");
+}
