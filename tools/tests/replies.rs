@@ -569,7 +569,7 @@ fn issue7_4_cli_connect_gives_up_after_the_timeout_naming_address_and_timeout() 
     assert_eq!(output.status.code(), Some(2));
     assert!(
         text(&output.stderr)
-            .contains("\"soon\" is not a duration: use seconds (5, 5s) or milliseconds (300ms)"),
+            .contains("\"soon\" is not a duration: use a whole number of seconds (5, 5s), milliseconds (300ms)"),
         "{output:?}"
     );
 }
