@@ -142,9 +142,11 @@ impl FromStr for ShardCountArg {
         if text == "all" {
             return Ok(ShardCountArg::All);
         }
-        let count: u64 = text
-            .parse()
-            .map_err(|_| rejected("expected `all` or a whole number of shards".to_owned()))?;
+        let count: u64 = text.parse().map_err(|_| {
+            rejected(format!(
+                "expected `all` or a whole number of shards from 1 to {SHARD_COUNT_MAX}"
+            ))
+        })?;
         if count == 0 {
             return Err(rejected("shard count must be at least 1".to_owned()));
         }
@@ -503,11 +505,11 @@ mod tests {
         );
         assert_eq!(
             text("four"),
-            r#"invalid --shards value "four": expected `all` or a whole number of shards"#
+            r#"invalid --shards value "four": expected `all` or a whole number of shards from 1 to 1024"#
         );
         assert_eq!(
             text("-2"),
-            r#"invalid --shards value "-2": expected `all` or a whole number of shards"#
+            r#"invalid --shards value "-2": expected `all` or a whole number of shards from 1 to 1024"#
         );
     }
 

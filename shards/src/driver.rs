@@ -438,15 +438,25 @@ impl Driver {
     }
 
     /// A CreateTopic that would take this replica past its open-file budget is refused before
-    /// the core sees it (a local resource, not replicated state).
+    /// the core sees it (a local resource, not replicated state). The partition-count range is
+    /// checked first (`metadata::check_partition_count`): a count out of range gets that rule,
+    /// never descriptor advice, and is never expanded into its partitions here.
     fn budget_refusal(
         &self,
         metadata: &MetadataState,
         operation: &PrepareOperation,
     ) -> Option<ShardReply> {
-        let PrepareOperation::Metadata(op @ MetadataOp::CreateTopic { .. }) = operation else {
+        let PrepareOperation::Metadata(
+            op @ MetadataOp::CreateTopic {
+                partition_count, ..
+            },
+        ) = operation
+        else {
             return None;
         };
+        if let Err(rejection) = crate::metadata::check_partition_count(*partition_count) {
+            return Some(ShardReply::error(rejection.code, rejection.message));
+        }
         let after = metadata.namespaces().len() as u64 + metadata.namespaces_of(op).len() as u64;
         self.shard
             .partitions_refusal(after)

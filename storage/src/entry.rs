@@ -272,9 +272,11 @@ pub fn entry_checksum(payload: &[u8]) -> u64 {
 /// checked them before the append). Walks at most `payload.len() / 32` headers.
 ///
 /// # Errors
-/// A sentence starting "payload checksum" when a checksum differs (naming the message, under
-/// the flag, when its own payload fails), or why the messages do not match the header
-/// ([`check_message_section`]'s sentences).
+/// A sentence starting "payload checksum" when a payload's checksum differs (the whole
+/// payload's without the flag; under it, the message's, naming it), one starting "entry
+/// checksum" when, under the flag, the checksum of the message headers and stamp differs
+/// (`storage/FORMAT.md` section 3, "Which checksum protects what"), or why the messages do not
+/// match the header ([`check_message_section`]'s sentences).
 pub fn check_payload(payload: &[u8], message_count: u32, checksum: u64) -> Result<(), String> {
     if !checksums_message_headers(payload) {
         let computed = payload_checksum(payload);
@@ -316,8 +318,8 @@ pub fn check_payload(payload: &[u8], message_count: u32, checksum: u64) -> Resul
     let computed = headers_checksum.finish();
     if computed != checksum {
         return Err(format!(
-            "payload checksum {computed:#018x} (of the message headers and stamp) differs from \
-             the header's {checksum:#018x}"
+            "entry checksum {computed:#018x} of the message headers and stamp differs from the \
+             header's {checksum:#018x}"
         ));
     }
     Ok(())
@@ -503,9 +505,9 @@ mod tests {
         for at in [34 + 16, 110] {
             let reason = flipped(at);
             assert!(
-                reason.starts_with("payload checksum ")
+                reason.starts_with("entry checksum ")
                     && reason
-                        .contains("(of the message headers and stamp) differs from the header's"),
+                        .contains(" of the message headers and stamp differs from the header's"),
                 "{reason}"
             );
         }

@@ -201,10 +201,12 @@ pub fn parse_byte_size_u32(text: &str) -> Result<u32, String> {
 /// Parses a duration flag: `N` or `Ns` (seconds), `Nms` (milliseconds) or `Nm` (minutes), a
 /// whole number in each, at most `max`; `what` names the flag's duration in the error (e.g.
 /// `request timeout`). Moved here from the client commands so that `bench --duration` shares it.
+/// Hours (`h`) and days (`d`) are not units here: the errors say so and give the largest value
+/// in seconds and minutes (`3600 s (60m)`), so `2h` has an answer in the message.
 ///
 /// # Errors
-/// A text naming `text` and the accepted forms (not a whole number, an unknown unit), or saying
-/// that it exceeds `max` (in seconds).
+/// A text naming `text`, the accepted units and the largest value (not a whole number, an
+/// unknown unit, a negative number), or saying that it exceeds `max` (in seconds and minutes).
 pub fn parse_duration(text: &str, what: &str, max: Duration) -> Result<Duration, String> {
     let (digits, unit_ms) = if let Some(digits) = text.strip_suffix("ms") {
         (digits, 1)
@@ -215,18 +217,56 @@ pub fn parse_duration(text: &str, what: &str, max: Duration) -> Result<Duration,
     };
     let value: u64 = digits.parse().map_err(|_| {
         format!(
-            "{text:?} is not a duration: use seconds (5, 5s) or milliseconds (300ms) or minutes \
-             (2m)"
+            "{text:?} is not a duration: use a whole number of seconds (5, 5s), milliseconds \
+             (300ms) or minutes (2m), no other unit, at most {} for the {what}",
+            duration_max_text(max)
         )
     })?;
     let duration = Duration::from_millis(value.saturating_mul(unit_ms));
     if duration > max {
         return Err(format!(
-            "{text:?} exceeds the largest {what}, {} s",
-            max.as_secs()
+            "{text:?} exceeds the largest {what}, {}",
+            duration_max_text(max)
         ));
     }
     Ok(duration)
+}
+
+/// `max` as the duration errors state it: seconds, and minutes too when whole (`3600 s (60m)`).
+fn duration_max_text(max: Duration) -> String {
+    let seconds = max.as_secs();
+    if seconds > 0 && seconds.is_multiple_of(60) && max.subsec_nanos() == 0 {
+        format!("{seconds} s ({}m)", seconds / 60)
+    } else {
+        format!("{seconds} s")
+    }
+}
+
+/// A clap value parser of a whole number in `min..=max`; `what` names it with its article
+/// (`a partition count`, `an offset`). One error for every refused text (a negative number, a
+/// fraction, a word, one out of range) naming the text and the range. Pair it with
+/// `allow_negative_numbers = true` on the argument so that `-1` reaches it instead of being
+/// taken for a flag (clap's "unexpected argument").
+///
+/// # Errors
+/// The returned parser fails with `"TEXT" is not WHAT: use a whole number from MIN to MAX`.
+pub fn whole_number<T>(
+    what: &'static str,
+    min: T,
+    max: T,
+) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy + Send + Sync + 'static,
+{
+    move |text: &str| {
+        text.trim()
+            .parse::<T>()
+            .ok()
+            .filter(|value| (min..=max).contains(value))
+            .ok_or_else(|| {
+                format!("{text:?} is not {what}: use a whole number from {min} to {max}")
+            })
+    }
 }
 
 /// Parses `serve --retention-interval` (issue 11 section 4) as [`parse_duration`] does, at most
@@ -494,17 +534,58 @@ mod tests {
         assert_eq!(parse_duration("60m", "x", max), Ok(Duration::from_hours(1)));
         assert_eq!(
             parse_duration("61m", "bench duration", max),
-            Err("\"61m\" exceeds the largest bench duration, 3600 s".to_owned())
+            Err("\"61m\" exceeds the largest bench duration, 3600 s (60m)".to_owned())
         );
-        for bad in ["2h", "1.5m", "m", "-1s", ""] {
+        assert_eq!(
+            parse_duration("91s", "x", Duration::from_secs(90)),
+            Err("\"91s\" exceeds the largest x, 90 s".to_owned()),
+            "a largest value that is not whole minutes is said in seconds only"
+        );
+        for bad in ["2h", "1d", "1.5m", "m", "-1s", "-5", ""] {
             assert_eq!(
-                parse_duration(bad, "x", max),
+                parse_duration(bad, "request timeout", max),
                 Err(format!(
-                    "{bad:?} is not a duration: use seconds (5, 5s) or milliseconds (300ms) or \
-                     minutes (2m)"
+                    "{bad:?} is not a duration: use a whole number of seconds (5, 5s), \
+                     milliseconds (300ms) or minutes (2m), no other unit, at most 3600 s (60m) \
+                     for the request timeout"
                 ))
             );
         }
+    }
+
+    #[test]
+    fn whole_numbers_name_the_range_for_every_refused_text() {
+        let partitions = whole_number("a partition count", 1u32, 4096);
+        assert_eq!(partitions("1"), Ok(1));
+        assert_eq!(partitions("4096"), Ok(4096));
+        assert_eq!(partitions(" 8 "), Ok(8));
+        for bad in [
+            "0",
+            "4097",
+            "100000000",
+            "-1",
+            "1.5",
+            "eight",
+            "",
+            "99999999999",
+        ] {
+            assert_eq!(
+                partitions(bad),
+                Err(format!(
+                    "{bad:?} is not a partition count: use a whole number from 1 to 4096"
+                )),
+                "{bad}"
+            );
+        }
+        let offsets = whole_number("an offset", 0u64, u64::MAX);
+        assert_eq!(offsets("0"), Ok(0));
+        assert_eq!(
+            offsets("-1"),
+            Err(
+                "\"-1\" is not an offset: use a whole number from 0 to 18446744073709551615"
+                    .to_owned()
+            )
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ use bus::{
     BATCH_HEADER_SIZE, BatchBuilder, Client, ClientError, HEADER_SIZE, MESSAGE_HEADER_SIZE,
     Namespace, PRODUCER_STAMP_SIZE, Partitioner, Producer, partition_for_key,
 };
-use shardline::arg_values::{AddressList, parse_duration};
+use shardline::arg_values::{AddressList, parse_duration, whole_number};
 use shardline::names::{NameOrId, ResolvedTopic};
 use shardline::output::{print_line, stdout_error};
 
@@ -34,7 +34,8 @@ pub struct AddrArgs {
         env = "SHARDLINE_CONNECT_TIMEOUT",
         default_value = "5s",
         value_parser = parse_connect_timeout,
-        value_name = "DURATION"
+        value_name = "DURATION",
+        allow_hyphen_values = true
     )]
     pub connect_timeout: Duration,
     /// Deadline of each request, from sending it to its reply, across the client's retries and
@@ -47,7 +48,8 @@ pub struct AddrArgs {
         env = "SHARDLINE_TIMEOUT",
         default_value = "30s",
         value_parser = parse_request_timeout,
-        value_name = "DURATION"
+        value_name = "DURATION",
+        allow_hyphen_values = true
     )]
     pub timeout: Duration,
 }
@@ -85,7 +87,7 @@ pub struct PartitionArgs {
     #[arg(long, value_parser = NameOrId::parse, value_name = "ID|NAME")]
     pub topic: NameOrId,
     /// Partition id (0-based).
-    #[arg(long)]
+    #[arg(long, value_parser = whole_number("a partition id", 0, u16::MAX), allow_negative_numbers = true)]
     pub partition: Option<u16>,
     #[command(flatten)]
     pub addr: AddrArgs,
@@ -121,7 +123,7 @@ pub struct SendArgs {
     pub file: Option<PathBuf>,
     /// Most messages per batch (one request). Batches are also cut so that each request frame
     /// fits the server's --max-message-size, which the client asks the server for.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    #[arg(long, default_value_t = 100, value_parser = whole_number("a batch size", 1u32, 1_048_576), allow_negative_numbers = true)]
     pub batch: u32,
 }
 
@@ -148,10 +150,10 @@ pub struct PollArgs {
     /// (with --commit, the next run resumes after what this one printed). Without it: the
     /// consumer's stored offset, else the partition's first retained offset (0 until retention
     /// deleted segments).
-    #[arg(long)]
+    #[arg(long, value_parser = whole_number("an offset", 0, u64::MAX), allow_negative_numbers = true)]
     pub offset: Option<u64>,
     /// Largest number of messages to print: 100 by default, no limit with --follow.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_parser = whole_number("a message count", 1, u32::MAX), allow_negative_numbers = true)]
     pub count: Option<u32>,
     /// Keep printing messages as they are appended, like `tail -f`, until SIGINT or SIGTERM
     /// (then exit 0) or --count messages. Each poll waits on the server (parked, no busy
@@ -1110,14 +1112,15 @@ mod tests {
         assert_eq!(
             parse_request_timeout("2h"),
             Err(
-                "\"2h\" is not a duration: use seconds (5, 5s) or milliseconds (300ms) or minutes \
-                 (2m)"
+                "\"2h\" is not a duration: use a whole number of seconds (5, 5s), milliseconds \
+                 (300ms) or minutes (2m), no other unit, at most 3600 s (60m) for the request \
+                 timeout"
                     .to_owned()
             )
         );
         assert_eq!(
             parse_request_timeout("3601s"),
-            Err("\"3601s\" exceeds the largest request timeout, 3600 s".to_owned())
+            Err("\"3601s\" exceeds the largest request timeout, 3600 s (60m)".to_owned())
         );
     }
 
@@ -1133,13 +1136,14 @@ mod tests {
         assert_eq!(parse_connect_timeout("3600s"), Ok(Duration::from_hours(1)));
         assert_eq!(
             parse_connect_timeout("3601"),
-            Err("\"3601\" exceeds the largest connect timeout, 3600 s".to_owned())
+            Err("\"3601\" exceeds the largest connect timeout, 3600 s (60m)".to_owned())
         );
         assert_eq!(
             parse_connect_timeout("1.5s"),
             Err(
-                "\"1.5s\" is not a duration: use seconds (5, 5s) or milliseconds (300ms) or \
-                 minutes (2m)"
+                "\"1.5s\" is not a duration: use a whole number of seconds (5, 5s), milliseconds \
+                 (300ms) or minutes (2m), no other unit, at most 3600 s (60m) for the connect \
+                 timeout"
                     .to_owned()
             )
         );

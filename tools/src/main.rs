@@ -224,6 +224,63 @@ mod tests {
         );
     }
 
+    /// Every flag with a `whole_number` parser, given and defaulted: a parser whose type differs
+    /// from its field's panics in clap's downcast at parse time, not at build time.
+    #[test]
+    fn whole_number_flags_parse_into_their_fields() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("shardline").chain(args.iter().copied()))
+                .unwrap_or_else(|error| panic!("{args:?}: {error}"))
+                .command
+        };
+        match parse(&["send", "--stream", "1", "--topic", "1"]) {
+            Command::Send(args) => assert_eq!((args.batch, args.partition.partition), (100, None)),
+            other => panic!("{other:?}"),
+        }
+        match parse(&[
+            "send",
+            "--stream",
+            "1",
+            "--topic",
+            "1",
+            "--batch",
+            "7",
+            "--partition",
+            "3",
+        ]) {
+            Command::Send(args) => assert_eq!((args.batch, args.partition.partition), (7, Some(3))),
+            other => panic!("{other:?}"),
+        }
+        match parse(&[
+            "poll", "--stream", "1", "--topic", "1", "--offset", "5", "--count", "2",
+        ]) {
+            Command::Poll(args) => assert_eq!((args.offset, args.count), (Some(5), Some(2))),
+            other => panic!("{other:?}"),
+        }
+        match parse(&["topic", "create", "1", "2", "t", "--partitions", "4096"]) {
+            Command::Topic(stream_cmds::TopicCommand::Create {
+                topic_id,
+                partitions,
+                ..
+            }) => assert_eq!((topic_id, partitions), (Some(2), 4096)),
+            other => panic!("{other:?}"),
+        }
+        match parse(&["topic", "create", "orders", "t"]) {
+            Command::Topic(stream_cmds::TopicCommand::Create {
+                topic_id,
+                partitions,
+                ..
+            }) => assert_eq!((topic_id, partitions), (None, 1)),
+            other => panic!("{other:?}"),
+        }
+        match parse(&["stream", "create", "9", "s"]) {
+            Command::Stream(stream_cmds::StreamCommand::Create { stream_id, .. }) => {
+                assert_eq!(stream_id, Some(9));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[derive(Debug)]
     struct BrokenPipe;
 

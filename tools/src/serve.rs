@@ -51,7 +51,8 @@ pub struct ServeArgs {
         long,
         env = "SHARDLINE_SHARDS",
         default_value = "all",
-        value_name = "N|all"
+        value_name = "N|all",
+        allow_negative_numbers = true
     )]
     pub shards: ShardCountArg,
     /// Exact CPUs to pin shards to, e.g. `0-3,8`; each must be in the process affinity mask.
@@ -82,7 +83,7 @@ pub struct ServeArgs {
     /// takes 288 + 32 × N bytes plus its payloads (16 more with an idempotent producer's stamp,
     /// as `shardline send` sends). Clients learn it from a Ping reply; `shardline send` cuts its
     /// batches to fit.
-    #[arg(long, env = "SHARDLINE_MAX_MESSAGE_SIZE", default_value_t = bus::limits::MESSAGE_SIZE_MAX_DEFAULT, value_parser = shardline::arg_values::parse_byte_size_u32, value_name = "BYTES")]
+    #[arg(long, env = "SHARDLINE_MAX_MESSAGE_SIZE", default_value_t = bus::limits::MESSAGE_SIZE_MAX_DEFAULT, value_parser = shardline::arg_values::parse_byte_size_u32, value_name = "BYTES", allow_hyphen_values = true)]
     pub max_message_size: u32,
     /// Frames each shard inbox holds before senders get `Busy` (1..=1048576).
     #[arg(long, env = "SHARDLINE_INBOX_CAPACITY", default_value_t = runtime::limits::INBOX_CAPACITY_DEFAULT)]
@@ -93,7 +94,7 @@ pub struct ServeArgs {
     pub io_driver: IoDriver,
     /// Segment file size before a partition log rolls to a new segment, bytes
     /// (4096..=1073741824, i.e. 4KiB..=1GiB; a KiB, MiB or GiB suffix is accepted).
-    #[arg(long, env = "SHARDLINE_SEGMENT_SIZE", default_value_t = storage::limits::SEGMENT_SIZE_MAX_DEFAULT, value_parser = shardline::arg_values::parse_byte_size, value_name = "BYTES")]
+    #[arg(long, env = "SHARDLINE_SEGMENT_SIZE", default_value_t = storage::limits::SEGMENT_SIZE_MAX_DEFAULT, value_parser = shardline::arg_values::parse_byte_size, value_name = "BYTES", allow_hyphen_values = true)]
     pub segment_size: u64,
     /// Microseconds an idle shard keeps polling before it sleeps (0..=10000). Lowers cross-shard
     /// and I/O latency (no wakeup needed) at the cost of CPU burnt while idle; 0 sleeps at once.
@@ -122,7 +123,7 @@ pub struct ServeArgs {
     /// suffix is accepted). A checkpoint releases only whole segments, so smaller segments let
     /// the journal shrink sooner (a replica that fell further behind then catches up by state
     /// transfer).
-    #[arg(long, env = "SHARDLINE_JOURNAL_SEGMENT_SIZE", default_value_t = storage::limits::JOURNAL_SEGMENT_SIZE_MAX, value_parser = shardline::arg_values::parse_byte_size, value_name = "BYTES")]
+    #[arg(long, env = "SHARDLINE_JOURNAL_SEGMENT_SIZE", default_value_t = storage::limits::JOURNAL_SEGMENT_SIZE_MAX, value_parser = shardline::arg_values::parse_byte_size, value_name = "BYTES", allow_hyphen_values = true)]
     pub journal_segment_size: u64,
     /// Cluster id (decimal, or 0x-prefixed hex), the same on every replica of the cluster. A
     /// replica frame from another cluster is dropped, and a data directory formatted for another
@@ -162,13 +163,13 @@ pub struct ServeArgs {
     /// A consumer-group member that sends no heartbeat, join or offset store for this long is
     /// removed and its partitions go to the other members (issue 11 section 2): seconds (`10`,
     /// `10s`), milliseconds (`500ms`) or minutes (`2m`), between 100ms and 60m.
-    #[arg(long, env = "SHARDLINE_GROUP_SESSION_TIMEOUT", default_value = "10s", value_name = "DURATION", value_parser = parse_group_session_timeout, help_heading = "Consumer groups")]
+    #[arg(long, env = "SHARDLINE_GROUP_SESSION_TIMEOUT", default_value = "10s", value_name = "DURATION", value_parser = parse_group_session_timeout, help_heading = "Consumer groups", allow_hyphen_values = true)]
     pub group_session_timeout: std::time::Duration,
     /// How often each shard deletes the sealed segments of its partitions that are past their
     /// topic's retention (--retention-bytes / --retention-ms of `topic create` and `topic
     /// alter`): seconds (10, 10s), milliseconds (500ms) or minutes (5m), 10ms..=1 day. A pass
     /// also runs as soon as a segment roll is acknowledged.
-    #[arg(long, env = "SHARDLINE_RETENTION_INTERVAL", default_value = "10s", value_parser = shardline::arg_values::parse_retention_interval, value_name = "DURATION")]
+    #[arg(long, env = "SHARDLINE_RETENTION_INTERVAL", default_value = "10s", value_parser = shardline::arg_values::parse_retention_interval, value_name = "DURATION", allow_hyphen_values = true)]
     pub retention_interval: std::time::Duration,
 }
 

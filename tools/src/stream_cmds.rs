@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use anyhow::Context as _;
 use bus::Client;
-use shardline::arg_values::{parse_retention_bytes, parse_retention_ms};
+use shardline::arg_values::{parse_retention_bytes, parse_retention_ms, whole_number};
 use shardline::listing;
 use shardline::names::{
     NameOrId, check_name_not_numeric, find_stream, resolve_stream_id, resolve_topic_ids,
@@ -23,7 +23,7 @@ pub enum StreamCommand {
     #[command(allow_missing_positional = true)]
     Create {
         /// Stream id (>= 1); when absent, one more than the largest on the server.
-        #[arg(value_name = "ID", value_parser = clap::value_parser!(u32).range(1..))]
+        #[arg(value_name = "ID", value_parser = whole_number("a stream id", 1, u32::MAX), allow_negative_numbers = true)]
         stream_id: Option<u32>,
         /// Stream name (1-255 bytes of UTF-8, unique, not all digits).
         name: String,
@@ -54,12 +54,12 @@ pub struct RetentionArgs {
     /// Retention by size, per partition: once a partition holds more, its oldest sealed segments
     /// are deleted. Bytes or a binary suffix: `1073741824`, `512MiB`, `1GiB`, `2TiB`; `0` keeps
     /// every byte.
-    #[arg(long, value_parser = parse_retention_bytes, value_name = "SIZE")]
+    #[arg(long, value_parser = parse_retention_bytes, value_name = "SIZE", allow_hyphen_values = true)]
     pub retention_bytes: Option<u64>,
     /// Retention by age: sealed segments older than this are deleted. Milliseconds, or a whole
     /// number with a unit `ms`, `s`, `m`, `h` or `d`: `3600000`, `90s`, `12h`, `7d`; `0` keeps
     /// messages of any age.
-    #[arg(long, value_parser = parse_retention_ms, value_name = "DURATION")]
+    #[arg(long, value_parser = parse_retention_ms, value_name = "DURATION", allow_hyphen_values = true)]
     pub retention_ms: Option<u64>,
 }
 
@@ -73,12 +73,19 @@ pub enum TopicCommand {
         #[arg(value_parser = NameOrId::parse, value_name = "STREAM")]
         stream: NameOrId,
         /// Topic id (>= 1); when absent, one more than the largest in the stream.
-        #[arg(value_name = "ID", value_parser = clap::value_parser!(u16).range(1..))]
+        #[arg(value_name = "ID", value_parser = whole_number("a topic id", 1, u16::MAX), allow_negative_numbers = true)]
         topic_id: Option<u16>,
         /// Topic name (unique in the stream, not all digits).
         name: String,
-        /// Number of partitions (1..=4096); each is owned by one shard.
-        #[arg(long, default_value_t = 1)]
+        /// Number of partitions (1..=4096, `bus::limits::PARTITION_COUNT_MAX`); each is owned by
+        /// one shard. Checked here, before any request, so the range is the first rule a bad
+        /// count meets.
+        #[arg(
+            long,
+            default_value_t = 1,
+            value_parser = whole_number("a partition count", 1, bus::limits::PARTITION_COUNT_MAX),
+            allow_negative_numbers = true
+        )]
         partitions: u32,
         #[command(flatten)]
         retention: RetentionArgs,

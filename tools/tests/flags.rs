@@ -1,5 +1,8 @@
 //! Bad flags exit non-zero with a message naming the key, the value and the rule; `--shards all`
-//! under `taskset -c 1` runs exactly one shard pinned to CPU 1.
+//! under `taskset -c 1` runs exactly one shard pinned to CPU 1. Client commands too: a count out
+//! of range meets its range rule first (never descriptor advice), a negative number reaches the
+//! flag's parser (never clap's "unexpected argument"), and a duration in a unit not taken (`2h`)
+//! or too large says which units are taken and the largest value.
 
 mod common;
 
@@ -17,6 +20,15 @@ fn serve_error(args: &[&str]) -> String {
         .unwrap();
     assert!(!output.status.success(), "{args:?} should fail");
     String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Runs `shardline ARGS` against no server (each case fails while parsing its arguments) and
+/// returns its stderr, asserting exit status 2 (a usage error).
+fn usage_error(args: &[&str]) -> String {
+    let output = Command::new(BIN).args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+    stderr
 }
 
 fn allowed_cpu_count() -> usize {
@@ -83,6 +95,197 @@ fn unknown_fsync_policy_is_rejected() {
         message.contains("--fsync") && message.contains("sometimes"),
         "{message}"
     );
+}
+
+#[test]
+fn partition_count_above_the_limit_names_the_range_not_descriptors() {
+    let message = usage_error(&[
+        "topic",
+        "create",
+        "1",
+        "1",
+        "t",
+        "--partitions",
+        "100000000",
+    ]);
+    assert!(
+        message.contains(
+            "invalid value '100000000' for '--partitions <PARTITIONS>': \"100000000\" is not a \
+             partition count: use a whole number from 1 to 4096"
+        ),
+        "{message}"
+    );
+    assert!(!message.contains("ulimit"), "{message}");
+}
+
+/// A client that skips the CLI gets the range rule from the server too, before the open-file
+/// budget (whose advice, `ulimit -n`, would be wrong for a count no limit can allow).
+#[test]
+fn server_checks_the_partition_range_before_the_descriptor_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--shards", "1", "--no-pin"]);
+    common::block_on(async {
+        let mut client = bus::Client::connect(server.addr).await.unwrap();
+        client.create_stream(1, "s").await.unwrap();
+        for count in [100_000_000, 4097, 0] {
+            match client.create_topic(1, 1, "t", count).await {
+                Err(bus::ClientError::Server {
+                    code: bus::ErrorCode::InvalidArgument,
+                    message,
+                }) => assert_eq!(
+                    message,
+                    format!("partition count must be between 1 and 4096, got {count}")
+                ),
+                other => panic!("{count} partitions: expected InvalidArgument, got {other:?}"),
+            }
+        }
+        // In range, the count goes on to the budget and the rest (4096 itself may exceed this
+        // host's open-file budget, which is then the right answer).
+        client.create_topic(1, 1, "t", 8).await.unwrap();
+    });
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[test]
+fn negative_numbers_reach_the_value_parser_and_get_its_rule() {
+    for (args, expected) in [
+        (
+            &["topic", "create", "1", "1", "t", "--partitions", "-1"][..],
+            "invalid value '-1' for '--partitions <PARTITIONS>': \"-1\" is not a partition \
+             count: use a whole number from 1 to 4096",
+        ),
+        (
+            &["topic", "create", "1", "-1", "t"],
+            "invalid value '-1' for '[ID]': \"-1\" is not a topic id: use a whole number from 1 \
+             to 65535",
+        ),
+        (
+            &["stream", "create", "-3", "s"],
+            "invalid value '-3' for '[ID]': \"-3\" is not a stream id: use a whole number from 1 \
+             to 4294967295",
+        ),
+        (
+            &["topic", "create", "1", "1", "t", "--retention-bytes", "-5"],
+            "invalid value '-5' for '--retention-bytes <SIZE>': \"-5\" is not a retention size: \
+             use bytes (e.g. 1073741824), or a whole number with a suffix KiB, MiB, GiB or TiB \
+             (e.g. 512MiB, 1GiB); 0 keeps every byte",
+        ),
+        (
+            &["topic", "alter", "1", "1", "--retention-ms", "-1h"],
+            "invalid value '-1h' for '--retention-ms <DURATION>': \"-1h\" is not a retention \
+             age: use milliseconds (e.g. 3600000) or a whole number with a unit ms, s, m, h or d \
+             (e.g. 90s, 12h, 7d); 0 keeps messages of any age",
+        ),
+        (
+            &["poll", "--stream", "1", "--topic", "1", "--offset", "-1"],
+            "invalid value '-1' for '--offset <OFFSET>': \"-1\" is not an offset: use a whole \
+             number from 0 to 18446744073709551615",
+        ),
+        (
+            &["poll", "--stream", "1", "--topic", "1", "--partition", "-2"],
+            "invalid value '-2' for '--partition <PARTITION>': \"-2\" is not a partition id: \
+             use a whole number from 0 to 65535",
+        ),
+        (
+            &["poll", "--stream", "1", "--topic", "1", "--count", "-10"],
+            "invalid value '-10' for '--count <COUNT>': \"-10\" is not a message count: use a \
+             whole number from 1 to 4294967295",
+        ),
+        (
+            &["send", "--stream", "1", "--topic", "1", "--batch", "-1"],
+            "invalid value '-1' for '--batch <BATCH>': \"-1\" is not a batch size: use a whole \
+             number from 1 to 1048576",
+        ),
+        (
+            &["metadata", "--timeout", "-5s"],
+            "invalid value '-5s' for '--timeout <DURATION>': \"-5s\" is not a duration: use a \
+             whole number of seconds (5, 5s), milliseconds (300ms) or minutes (2m), no other \
+             unit, at most 3600 s (60m) for the request timeout",
+        ),
+    ] {
+        let message = usage_error(args);
+        assert!(message.contains(expected), "{args:?}: {message}");
+        assert!(
+            !message.contains("unexpected argument"),
+            "{args:?}: {message}"
+        );
+    }
+}
+
+#[test]
+fn negative_shard_count_names_the_range() {
+    let message = serve_error(&["--shards", "-2"]);
+    assert!(
+        message.contains(
+            "invalid value '-2' for '--shards <N|all>': invalid --shards value \"-2\": expected \
+             `all` or a whole number of shards from 1 to 1024"
+        ),
+        "{message}"
+    );
+    let message = serve_error(&["--segment-size", "-4KiB"]);
+    assert!(
+        message.contains(
+            "invalid value '-4KiB' for '--segment-size <BYTES>': \"-4KiB\" is not a size"
+        ),
+        "{message}"
+    );
+}
+
+#[test]
+fn durations_in_hours_or_too_long_name_the_units_and_the_largest() {
+    for (args, expected) in [
+        (
+            &["metadata", "--timeout", "2h"][..],
+            "invalid value '2h' for '--timeout <DURATION>': \"2h\" is not a duration: use a \
+             whole number of seconds (5, 5s), milliseconds (300ms) or minutes (2m), no other \
+             unit, at most 3600 s (60m) for the request timeout",
+        ),
+        (
+            &["metadata", "--connect-timeout", "61m"],
+            "invalid value '61m' for '--connect-timeout <DURATION>': \"61m\" exceeds the \
+             largest connect timeout, 3600 s (60m)",
+        ),
+        (
+            &["serve", "--retention-interval", "1d"],
+            "invalid value '1d' for '--retention-interval <DURATION>': \"1d\" is not a \
+             duration: use a whole number of seconds (5, 5s), milliseconds (300ms) or minutes \
+             (2m), no other unit, at most 86400 s (1440m) for the retention interval",
+        ),
+        (
+            &["serve", "--group-session-timeout", "2h"],
+            "invalid value '2h' for '--group-session-timeout <DURATION>': \"2h\" is not a \
+             duration: use a whole number of seconds (5, 5s), milliseconds (300ms) or minutes \
+             (2m), no other unit, at most",
+        ),
+    ] {
+        let message = usage_error(args);
+        assert!(message.contains(expected), "{args:?}: {message}");
+    }
+}
+
+/// `inspect --help` describes the checksums `inspect segment` checks by the issue-12 rule
+/// (storage/FORMAT.md section 3): message checksums over payloads, the entry checksum over the
+/// message headers and stamp; never "payload checksum" for the entry checksum of such entries.
+#[test]
+fn inspect_help_names_what_each_checksum_covers() {
+    let output = Command::new(BIN)
+        .args(["inspect", "--help"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        help.contains(
+            "XXH3-64 checksums by the entry's rule: each message's checksum over its payload and \
+             the entry checksum over the message headers and stamp, or for an entry from before \
+             issue 12 the entry checksum over the whole payload"
+        ),
+        "{help}"
+    );
+    assert!(!help.contains("XXH3-64 payload checksum"), "{help}");
 }
 
 /// Threads named `shard-*` of a process, with their allowed CPU list.

@@ -277,13 +277,13 @@ fn issue12_1_a_flipped_byte_in_a_stored_entry_fails_the_poll_at_it_with_path_and
     for (offset, segment) in [(40, &message_header_segment), (70, &batch_header_segment)] {
         let message = poll_failure(addr, offset);
         let expected = format!(
-            "{}: corrupt entry at byte {ENTRY_SIZE}: payload checksum 0x",
+            "{}: corrupt entry at byte {ENTRY_SIZE}: entry checksum 0x",
             segment.display()
         );
         assert!(
             message.contains(&expected)
                 && message
-                    .contains("(of the message headers and stamp) differs from the header's 0x"),
+                    .contains(" of the message headers and stamp differs from the header's 0x"),
             "poll at {offset}: {message}"
         );
     }

@@ -5,9 +5,15 @@
 //! retained log.
 //!
 //! Every batch here is one 1000-byte message: a 1064-byte entry, so a 4096-byte segment holds
-//! exactly three. Timestamps are chosen by the test (an hour old or now), so which segments
-//! expire never depends on how long the test takes. Waits have generous deadlines; nothing
-//! asserts a duration.
+//! exactly three. Timestamps are chosen by the test (an hour old or now) and the age limit is
+//! half an hour, so which segments expire never depends on how long the test takes (a loaded
+//! 2-core CI machine may take minutes). Waits poll for a condition with a generous deadline and
+//! fail naming what they last saw; nothing asserts a duration.
+//!
+//! A pass moves the first offset (what `metadata` shows) before it unlinks the segment files
+//! (`PartitionLog::apply_retention`: floor, then the log, then the files), so the files on disk
+//! are waited for, never read once right after the first offset moved: that read raced the
+//! unlink and failed about 1 run in 15 under load.
 
 mod common;
 
@@ -23,6 +29,13 @@ const BATCHES_PER_SEGMENT: u64 = 3;
 const ENTRY_SIZE_BYTES: u64 = 1064;
 /// How long the test waits for a retention pass before it gives up.
 const WAIT_MAX: Duration = Duration::from_mins(1);
+/// How long a wait sleeps between two looks.
+const WAIT_POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// Microseconds in an hour: the age of the test's old batches.
+const HOUR_US: u64 = 3_600_000_000;
+/// The age limit set by `AlterTopic`: half an hour, so batches an hour old are expired and
+/// batches stamped during the test never are, however slowly it runs.
+const AGE_MAX_MS: u64 = 1_800_000;
 
 fn start(data_dir: &Path) -> Server {
     Server::start(
@@ -89,13 +102,13 @@ async fn wait_for_first_offset(client: &mut Client, namespace: Namespace, first_
         }
         assert!(
             now_first < first_offset,
-            "first offset {now_first} passed the expected {first_offset}"
+            "first offset {now_first} of {namespace} passed the expected {first_offset}"
         );
         assert!(
             Instant::now() < deadline,
-            "first offset still {now_first}, expected {first_offset}"
+            "first offset of {namespace} still {now_first} after {WAIT_MAX:?}, expected {first_offset}"
         );
-        compio::time::sleep(Duration::from_millis(50)).await;
+        compio::time::sleep(WAIT_POLL_INTERVAL).await;
     }
 }
 
@@ -114,6 +127,30 @@ fn segment_bases(dir: &Path) -> Vec<u64> {
         .collect();
     bases.sort_unstable();
     bases
+}
+
+/// Waits until the segment files in `dir` are exactly `expected` (base offsets, ascending).
+/// Retention only deletes a prefix, so every look must end with `expected`; a look that does not
+/// fails at once, and so does one still showing more files after `WAIT_MAX`.
+fn wait_for_segment_bases(dir: &Path, expected: &[u64]) {
+    let deadline = Instant::now() + WAIT_MAX;
+    loop {
+        let bases = segment_bases(dir);
+        if bases == expected {
+            return;
+        }
+        assert!(
+            bases.ends_with(expected),
+            "segment files {bases:?} in {} are not the expected {expected:?} plus older ones",
+            dir.display()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "segment files still {bases:?} in {} after {WAIT_MAX:?}, expected {expected:?}",
+            dir.display()
+        );
+        std::thread::sleep(WAIT_POLL_INTERVAL);
+    }
 }
 
 /// The floor recorded in `dir`'s `retention-floor` file.
@@ -173,7 +210,7 @@ fn issue11_4_retention_by_size_moves_the_first_offset_and_restarts_accept_it() {
         assert_poll_below(&mut client, namespace, 11, 12).await;
         assert_poll_at_first(&mut client, namespace, 12, 20).await;
     });
-    assert_eq!(segment_bases(&partition), vec![12, 15, 18]);
+    wait_for_segment_bases(&partition, &[12, 15, 18]);
     assert_eq!(floor_on_disk(&partition), 12);
     assert_cli_poll_starts_at_first_offset(server.addr, 12, 20);
 
@@ -206,7 +243,7 @@ fn issue11_4_retention_by_age_set_by_alter_deletes_expired_sealed_segments_only(
     let mixed = Namespace::new(1, 1, 0);
     let all_old = Namespace::new(1, 2, 0);
     let server = start(&data_dir);
-    let hour_ago = now_us() - 3_600_000_000;
+    let hour_ago = now_us() - HOUR_US;
     block_on(async {
         let mut client = Client::connect(server.addr).await.unwrap();
         client.create_stream(1, "s").await.unwrap();
@@ -219,9 +256,15 @@ fn issue11_4_retention_by_age_set_by_alter_deletes_expired_sealed_segments_only(
         // All old: segments 0 and 3 sealed, 6 active (one entry), every batch an hour old.
         send_all(&mut client, all_old, &[hour_ago; 7]).await;
         assert_eq!(offsets(&mut client, mixed).await, (0, 13));
-        // A minute of age allowed, set on the existing topics through the metadata path.
-        client.alter_topic(1, 1, None, Some(60_000)).await.unwrap();
-        client.alter_topic(1, 2, None, Some(60_000)).await.unwrap();
+        // Half an hour of age allowed, set on the existing topics through the metadata path.
+        client
+            .alter_topic(1, 1, None, Some(AGE_MAX_MS))
+            .await
+            .unwrap();
+        client
+            .alter_topic(1, 2, None, Some(AGE_MAX_MS))
+            .await
+            .unwrap();
         wait_for_first_offset(&mut client, mixed, 9).await;
         // The active segment stays however old its batches are.
         wait_for_first_offset(&mut client, all_old, 6).await;
@@ -229,8 +272,8 @@ fn issue11_4_retention_by_age_set_by_alter_deletes_expired_sealed_segments_only(
         assert_poll_at_first(&mut client, mixed, 9, 13).await;
         assert_poll_at_first(&mut client, all_old, 6, 7).await;
     });
-    assert_eq!(segment_bases(&partition_dir(&data_dir, mixed)), vec![9, 12]);
-    assert_eq!(segment_bases(&partition_dir(&data_dir, all_old)), vec![6]);
+    wait_for_segment_bases(&partition_dir(&data_dir, mixed), &[9, 12]);
+    wait_for_segment_bases(&partition_dir(&data_dir, all_old), &[6]);
     server.kill9();
     let server = start(&data_dir);
     block_on(async {

@@ -137,6 +137,26 @@ fn validate_name(kind: &str, name: &str) -> Result<(), Rejection> {
     Ok(())
 }
 
+/// The partition-count rule of `CreateTopic`: `1..=bus::limits::PARTITION_COUNT_MAX`. Depends on
+/// nothing but the count, so any replica may check it first, before rules that cost more (the
+/// driver's open-file budget, which would otherwise answer a count of 100000000 with
+/// descriptor advice instead of this rule).
+///
+/// # Errors
+/// `InvalidArgument` naming the rule and the count.
+pub fn check_partition_count(partition_count: u32) -> Result<(), Rejection> {
+    if (1..=bus::limits::PARTITION_COUNT_MAX).contains(&partition_count) {
+        return Ok(());
+    }
+    Err(reject(
+        ErrorCode::InvalidArgument,
+        format!(
+            "partition count must be between 1 and {}, got {partition_count}",
+            bus::limits::PARTITION_COUNT_MAX
+        ),
+    ))
+}
+
 impl MetadataState {
     pub fn new() -> MetadataState {
         MetadataState {
@@ -190,15 +210,7 @@ impl MetadataState {
                     ));
                 }
                 validate_name("topic", name)?;
-                if !(1..=bus::limits::PARTITION_COUNT_MAX).contains(partition_count) {
-                    return Err(reject(
-                        ErrorCode::InvalidArgument,
-                        format!(
-                            "partition count must be between 1 and {}, got {partition_count}",
-                            bus::limits::PARTITION_COUNT_MAX
-                        ),
-                    ));
-                }
+                check_partition_count(*partition_count)?;
                 if stream.topics.contains_key(topic_id) {
                     return Err(reject(
                         ErrorCode::TopicAlreadyExists,

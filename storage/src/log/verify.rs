@@ -11,7 +11,7 @@ use crate::limits::{ENTRY_SIZE_MAX, RESYNC_CHARGED_BYTES_PER_TAIL_BYTE};
 /// where the entry must start at offset `expected_base_offset`: the entry is at most
 /// `ENTRY_SIZE_MAX`, holds at least one message, starts at the expected offset, does not overflow
 /// the offset space, and fits in the bytes left. Returns the entry's size in bytes (header
-/// included). The payload checksum is `check_entry_payload`.
+/// included). The checksums are `check_entry_payload`'s.
 ///
 /// # Errors
 /// A sentence naming the rule the header breaks (the scan of open stops there).
@@ -62,8 +62,9 @@ pub fn check_entry_header(
 /// segment`.
 ///
 /// # Errors
-/// A sentence starting "payload checksum" with both checksums when they differ, or why the
-/// messages do not match the header.
+/// A sentence starting "payload checksum" (the whole payload's, or a message's) or "entry
+/// checksum" (the message headers and stamp, issue-12 rule) with both checksums when they
+/// differ, or why the messages do not match the header.
 pub fn check_entry_payload(header: &EntryHeader, payload: &[u8]) -> Result<(), String> {
     check_payload(payload, header.message_count, header.checksum)
 }

@@ -1124,15 +1124,16 @@ mod tests {
         assert_eq!(
             parse_error(&["--duration", "2h"]),
             format!(
-                "{flag} '2h' for '--duration <DURATION>': \"2h\" is not a duration: use seconds \
-                 (5, 5s) or milliseconds (300ms) or minutes (2m)"
+                "{flag} '2h' for '--duration <DURATION>': \"2h\" is not a duration: use a whole \
+                 number of seconds (5, 5s), milliseconds (300ms) or minutes (2m), no other unit, \
+                 at most 86400 s (1440m) for the bench duration"
             )
         );
         assert_eq!(
             parse_error(&["--duration", "1441m"]),
             format!(
                 "{flag} '1441m' for '--duration <DURATION>': \"1441m\" exceeds the largest \
-                 bench duration, 86400 s"
+                 bench duration, 86400 s (1440m)"
             )
         );
         assert!(parse(&["--duration", "1440m"]).validate().is_ok());

@@ -40,7 +40,10 @@ What each KIND checks (all by the rules of storage/FORMAT.md):
               tells a torn tail of the last segment (open would truncate it) from interior damage
               (open refuses to boot).
   segment     PATH is a partition directory or one .log segment. Walks every entry (offset rule,
-              size bounds, XXH3-64 payload checksum), reports a torn tail or corruption with file
+              size bounds, XXH3-64 checksums by the entry's rule: each message's checksum over
+              its payload and the entry checksum over the message headers and stamp, or for an
+              entry from before issue 12 the entry checksum over the whole payload; FORMAT.md
+              section 3), reports a torn tail or corruption with file
               and byte position (in the last segment, damage followed by valid entries is what
               open copies to a quarantine file before truncating), checks each .index file
               against the entries it describes, and lists quarantine files

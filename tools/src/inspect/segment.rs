@@ -29,7 +29,8 @@ pub(crate) struct SegmentReport {
     entry_count: u64,
     /// Messages of those entries.
     message_count: u64,
-    /// Entries among them whose bytes do not match (header or payload checksum).
+    /// Entries among them whose bytes do not match (the index row, a message checksum or the
+    /// entry checksum).
     damaged_entry_count: u64,
     /// Messages of the damaged entries: a poll that reaches them gets an error.
     damaged_message_count: u64,
@@ -339,7 +340,7 @@ fn quarantine_files(dir: &Path) -> anyhow::Result<Vec<QuarantineFile>> {
 }
 
 /// Walks a closed segment along the index open uses for it, checking each entry as a read does
-/// (header against the index row, payload against the header's checksum). A damaged entry is
+/// (header against the index row, payload by its checksum rule: `check_entry_payload`). A damaged entry is
 /// listed with its reason and the walk goes on: the index says where the next entry starts.
 fn walk_indexed(file: &Path, index: &ClosedSegmentIndex) -> anyhow::Result<Walk> {
     let mut reader = BufReader::with_capacity(SCAN_CHUNK_BYTES, open_read_only(file)?);
