@@ -27,9 +27,10 @@ pub const HASH_INLINE_BYTES_MAX: usize = 1 << 20;
 pub const SCAN_CHUNK_BYTES: usize = 1 << 20;
 /// Budget of the resync search after damage in the last segment, per byte after the damage: the
 /// search may charge at most `RESYNC_CHARGED_BYTES_PER_TAIL_BYTE * (bytes after the damage)`
-/// payload bytes (each candidate whose header passes the rules is charged its payload length
-/// before its framing is walked and its payload hashed; a candidate fits in the bytes after the
-/// damage, so no additive term is needed), then stops, and open quarantines the tail (the
+/// payload bytes (each candidate whose header passes the rules is charged 32 bytes per message
+/// header its framing walk reads, and the rest of its payload once framed, before it is hashed:
+/// `verify::ResyncCandidate`; a candidate fits in the bytes after the damage, so no additive term
+/// is needed), then stops, and open quarantines the tail (the
 /// conservative verdict: the bytes are kept). An honest segment needs about 1x: garbage inside
 /// the damaged entry rarely passes the header rules with their offset and message-count bounds
 /// (`verify::resync_entry_header`), and the first valid entry found is followed

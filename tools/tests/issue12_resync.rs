@@ -35,10 +35,9 @@ fn dpkg_lines() -> Vec<Vec<u8>> {
     lines
 }
 
-/// Appends the lines in entries of `LINES_PER_ENTRY` messages (ids = line numbers, timestamps
-/// one microsecond apart, as `shardline send` sets them); returns each entry's byte position.
-fn write_segment(dir: &Path) -> Vec<u64> {
-    let lines = dpkg_lines();
+/// Appends `lines` in entries of `lines_per_entry` messages (ids = line numbers, timestamps one
+/// microsecond apart, as `shardline send` sets them); returns each entry's byte position.
+fn write_segment(dir: &Path, lines: &[Vec<u8>], lines_per_entry: usize) -> Vec<u64> {
     block_on(async {
         let config = LogConfig {
             fsync: FsyncPolicy::Always,
@@ -47,11 +46,11 @@ fn write_segment(dir: &Path) -> Vec<u64> {
         let (log, _) = PartitionLog::open(dir, config).await.unwrap();
         let mut positions = Vec::new();
         let mut position = 0u64;
-        for (entry_index, chunk) in lines.chunks(LINES_PER_ENTRY).enumerate() {
+        for (entry_index, chunk) in lines.chunks(lines_per_entry).enumerate() {
             let mut builder =
                 BatchBuilder::with_capacity(chunk.len(), chunk.iter().map(Vec::len).sum());
             for (index, line) in chunk.iter().enumerate() {
-                let id = (entry_index * LINES_PER_ENTRY + index) as u64;
+                let id = (entry_index * lines_per_entry + index) as u64;
                 builder.push(id, 1_796_179_505_609_865 + id, line);
             }
             let entry = builder.finish();
@@ -71,7 +70,7 @@ fn segment(dir: &Path) -> PathBuf {
 #[test]
 fn issue12_resync_finds_the_entries_after_a_flipped_byte_in_a_100_kb_entry_of_text_lines() {
     let dir = tempfile::tempdir().unwrap();
-    let positions = write_segment(dir.path());
+    let positions = write_segment(dir.path(), &dpkg_lines(), LINES_PER_ENTRY);
     let damaged_at = positions[DAMAGED_ENTRY];
     let path = segment(dir.path());
     let mut bytes = std::fs::read(&path).unwrap();
@@ -126,5 +125,46 @@ fn issue12_resync_finds_the_entries_after_a_flipped_byte_in_a_100_kb_entry_of_te
             bytes[damaged_at as usize..]
         );
         log.close().await.unwrap();
+    });
+}
+
+/// The adversarial review's case: entries of 500 one-byte messages whose ids equal their offsets.
+/// Read 16 bytes into a message header, the id looks like a base offset inside the resync's
+/// offset bound, and message count and length (from the payload and the next header) pass too:
+/// 62 such candidates inside the damaged entry were each charged their whole claimed length and
+/// spent the budget. Charged 32 bytes per message header walked instead, they are refused at
+/// their first header and the five valid entries after the damage are found.
+#[test]
+fn issue12_resync_finds_the_entries_after_damage_in_an_entry_of_one_byte_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = vec![b"x".to_vec(); 3000];
+    let positions = write_segment(dir.path(), &lines, 500);
+    assert_eq!(positions.len(), 6);
+    let path = segment(dir.path());
+    let mut bytes = std::fs::read(&path).unwrap();
+    let size_bytes = bytes.len() as u64;
+    bytes[100] ^= 0xff;
+    std::fs::write(&path, &bytes).unwrap();
+    block_on(async {
+        let config = LogConfig {
+            fsync: FsyncPolicy::Always,
+            segment_size_max: 1 << 30,
+        };
+        let (_log, report) = PartitionLog::open(dir.path(), config).await.unwrap();
+        let quarantined = report.quarantined.expect("the damaged tail is quarantined");
+        assert_eq!(
+            (quarantined.position, quarantined.size_bytes),
+            (0, size_bytes)
+        );
+        assert_eq!(
+            (quarantined.first_offset, quarantined.last_offset),
+            (0, 2999)
+        );
+        let valid_tail = size_bytes - positions[1];
+        assert!(
+            quarantined.resync_charged_bytes <= 2 * valid_tail,
+            "charged {} bytes for a valid tail of {valid_tail}",
+            quarantined.resync_charged_bytes
+        );
     });
 }

@@ -20,8 +20,8 @@ use super::producer_state::{ProducerStates, RecoveredProducers, recover_producer
 use super::retention::{read_retention_floor, remove_segment_files, retention_floor_path};
 use super::sealed::{SealedSegment, SealedSegments};
 use super::verify::{
-    Resync, ResyncBudget, check_entry_header, check_entry_payload, damage_verdict,
-    resync_entry_header,
+    CandidateStep, Resync, ResyncBudget, ResyncCandidate, check_entry_header, check_entry_payload,
+    damage_verdict, resync_entry_header,
 };
 use super::{LogError, Quarantine, RecoveryReport, Segment};
 use crate::durable::{
@@ -29,8 +29,7 @@ use crate::durable::{
     read_verified, sync_dir,
 };
 use crate::entry::{
-    ENTRY_HEADER_SIZE, EntryHeader, MESSAGE_HEADER_SIZE, PRODUCER_STAMP_SIZE, ProducerBatch,
-    producer_stamp,
+    ENTRY_HEADER_SIZE, EntryHeader, MESSAGE_HEADER_SIZE, ProducerBatch, producer_stamp,
 };
 use crate::limits::{
     PRODUCER_SNAPSHOT_FALLBACK_SEGMENT_COUNT_MAX, QUARANTINE_FILE_NAME_ATTEMPT_COUNT_MAX,
@@ -652,12 +651,11 @@ async fn valid_run_at(
         let Some(entry_size) = entry_size else {
             break;
         };
-        if !budget.charge(header.length) {
-            return Ok(Resync::BudgetSpent);
-        }
         let payload_position = position + ENTRY_HEADER_SIZE as u64;
-        if !messages_frame_payload(reader, path, payload_position, &header).await? {
-            break;
+        match walk_candidate(reader, path, payload_position, &header, budget).await? {
+            CandidateStep::Check => {}
+            CandidateStep::BudgetSpent => return Ok(Resync::BudgetSpent),
+            CandidateStep::Refused | CandidateStep::Read(_) => break,
         }
         let payload = reader
             .bytes(payload_position, header.length as usize)
@@ -677,48 +675,29 @@ async fn valid_run_at(
     })
 }
 
-/// A cheap necessary condition of `check_message_section`, read message header by message
-/// header (32 bytes each) without reading the payload: the `length` fields of `message_count`
-/// messages step exactly to the end of the payload (or to 16 bytes before it, when the first
-/// message flags a stamp). It keeps the resync from reading and checksumming payloads of up to
-/// `ENTRY_SIZE_MAX` at each of many positions of garbage whose header happens to pass the header
-/// rules; the verdict stays `check_entry_payload`'s.
-async fn messages_frame_payload(
+/// Drives a resync candidate's framing walk (`verify::ResyncCandidate`, which charges `budget`)
+/// over the file: `Check` when its framing fits and its whole payload is charged, `Refused` or
+/// `BudgetSpent` otherwise. Reads message headers only, never the payload.
+async fn walk_candidate(
     reader: &mut ChunkReader<'_>,
     path: &Path,
     payload_position: u64,
     header: &EntryHeader,
-) -> Result<bool, LogError> {
-    let payload_end = payload_position + u64::from(header.length);
-    if payload_end - payload_position < MESSAGE_HEADER_SIZE as u64 {
-        return Ok(false);
-    }
-    let first = reader
-        .bytes(payload_position, MESSAGE_HEADER_SIZE)
-        .await
-        .map_err(io_error(path, "read segment"))?;
-    let stamped = first[12] & 1 == 1;
-    let section_end = if stamped {
-        payload_end.saturating_sub(PRODUCER_STAMP_SIZE as u64)
-    } else {
-        payload_end
-    };
-    let mut at = payload_position;
-    for _ in 0..header.message_count {
-        if section_end.saturating_sub(at) < MESSAGE_HEADER_SIZE as u64 {
-            return Ok(false);
-        }
-        let message = reader
-            .bytes(at, MESSAGE_HEADER_SIZE)
-            .await
-            .map_err(io_error(path, "read segment"))?;
-        let length = u32::from_le_bytes([message[0], message[1], message[2], message[3]]);
-        at += MESSAGE_HEADER_SIZE as u64 + u64::from(length);
-        if at > section_end {
-            return Ok(false);
+    budget: &mut ResyncBudget,
+) -> Result<CandidateStep, LogError> {
+    let mut candidate = ResyncCandidate::new(header, payload_position);
+    loop {
+        match candidate.next(budget) {
+            CandidateStep::Read(at) => {
+                let message_header = reader
+                    .bytes(at, MESSAGE_HEADER_SIZE)
+                    .await
+                    .map_err(io_error(path, "read segment"))?;
+                candidate.feed(message_header);
+            }
+            step => return Ok(step),
         }
     }
-    Ok(at == section_end)
 }
 
 /// Keeps the bytes of the last segment from the damaged entry to its end in a quarantine file

@@ -4,7 +4,9 @@
 //! functions: no I/O, and no rule here that open does not use itself.
 
 use super::index::SegmentIndex;
-use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, MESSAGE_HEADER_SIZE, check_payload};
+use crate::entry::{
+    ENTRY_HEADER_SIZE, EntryHeader, MESSAGE_HEADER_SIZE, PRODUCER_STAMP_SIZE, check_payload,
+};
 use crate::limits::{ENTRY_SIZE_MAX, RESYNC_CHARGED_BYTES_PER_TAIL_BYTE};
 
 /// Checks an entry header read at a position with `bytes_left` bytes to the end of the segment,
@@ -103,7 +105,8 @@ pub fn resync_entry_header(
 /// The work budget of the resync search after damage at some position of the last segment
 /// (`RESYNC_CHARGED_BYTES_PER_TAIL_BYTE` in `limits.rs`): every candidate entry whose header
 /// passes the rules (`resync_entry_header`, or `check_entry_header` further in a run) is charged
-/// its payload length before its payload is framed or hashed. Open and `shardline inspect
+/// 32 bytes per message header its framing walk reads, then, when framed, the rest of its
+/// payload before it is hashed ([`ResyncCandidate`]). Open and `shardline inspect
 /// segment` charge at the same points, so they spend the budget alike and reach the same verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResyncBudget {
@@ -140,6 +143,124 @@ impl ResyncBudget {
     /// The most the search may charge (bytes).
     pub fn limit(&self) -> u64 {
         self.limit
+    }
+}
+
+/// One resync candidate's framing walk and its charges to the `ResyncBudget`, sans-IO so that
+/// open (async, `recovery.rs`) and `shardline inspect segment` (sync) walk and charge alike
+/// (`storage/FORMAT.md` section 4, "Open" step 4). After its header passes
+/// `resync_entry_header` (or `check_entry_header` further in a run), a candidate's message
+/// headers are read one by one, each charged its 32 bytes before it is read, and their `length`
+/// fields must step exactly to the end of the message section (16 bytes before the payload's end
+/// when the first message flags a stamp): a necessary condition of `check_message_section` that
+/// reads no payload. Only a candidate so framed is charged the rest of its payload
+/// (`length` minus the headers already charged), then hashed by the caller with
+/// `check_entry_payload`. A valid entry is thus charged its `length` once; garbage is mostly
+/// refused at its first message header for 32 bytes, where charging the whole claimed `length`
+/// up front spent the budget on entries of small messages (an adversarial review found 62
+/// candidates inside an entry of 500 one-byte messages charging over 3x the tail).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResyncCandidate {
+    /// Payload bytes of the candidate (its header's `length`).
+    length: u32,
+    /// Where the payload ends in the file.
+    payload_end: u64,
+    /// Where the message section ends; known once the first message header is read.
+    section_end: Option<u64>,
+    /// Where the next message header starts.
+    at: u64,
+    /// Message headers still to walk.
+    messages_left: u32,
+    /// Bytes charged so far (32 per message header read).
+    charged: u32,
+    /// The framing broke.
+    broken: bool,
+}
+
+/// What a [`ResyncCandidate`] asks of its caller next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CandidateStep {
+    /// Read the 32 bytes at this file position and pass them to [`ResyncCandidate::feed`].
+    Read(u64),
+    /// The framing fits and the whole payload is charged: read it and check it with
+    /// `check_entry_payload`.
+    Check,
+    /// Not an entry: the framing breaks.
+    Refused,
+    /// The next charge would exceed the budget: the search stops (`Resync::BudgetSpent`).
+    BudgetSpent,
+}
+
+impl ResyncCandidate {
+    /// The walk of the candidate whose header is `header`, its payload starting at file position
+    /// `payload_position`.
+    pub fn new(header: &EntryHeader, payload_position: u64) -> Self {
+        Self {
+            length: header.length,
+            payload_end: payload_position + u64::from(header.length),
+            section_end: None,
+            at: payload_position,
+            messages_left: header.message_count,
+            charged: 0,
+            broken: header.length < MESSAGE_HEADER_SIZE as u32 || header.message_count == 0,
+        }
+    }
+
+    /// The next step; charges `budget` for the header it asks to read, or for the rest of the
+    /// payload when it answers `Check`.
+    pub fn next(&mut self, budget: &mut ResyncBudget) -> CandidateStep {
+        if self.broken {
+            return CandidateStep::Refused;
+        }
+        if self.messages_left == 0 {
+            if Some(self.at) != self.section_end {
+                return CandidateStep::Refused;
+            }
+            return if budget.charge(self.length - self.charged) {
+                self.charged = self.length;
+                CandidateStep::Check
+            } else {
+                CandidateStep::BudgetSpent
+            };
+        }
+        let end = self.section_end.unwrap_or(self.payload_end);
+        if end.saturating_sub(self.at) < MESSAGE_HEADER_SIZE as u64 {
+            return CandidateStep::Refused;
+        }
+        if !budget.charge(MESSAGE_HEADER_SIZE as u32) {
+            return CandidateStep::BudgetSpent;
+        }
+        self.charged += MESSAGE_HEADER_SIZE as u32;
+        CandidateStep::Read(self.at)
+    }
+
+    /// Takes the 32-byte message header read at the position `next` asked for.
+    ///
+    /// # Panics
+    /// `message_header` is shorter than 32 bytes.
+    pub fn feed(&mut self, message_header: &[u8]) {
+        let section_end = *self.section_end.get_or_insert_with(|| {
+            if message_header[12] & 1 == 1 {
+                self.payload_end.saturating_sub(PRODUCER_STAMP_SIZE as u64)
+            } else {
+                self.payload_end
+            }
+        });
+        if section_end.saturating_sub(self.at) < MESSAGE_HEADER_SIZE as u64 {
+            self.broken = true;
+            return;
+        }
+        let length = u32::from_le_bytes([
+            message_header[0],
+            message_header[1],
+            message_header[2],
+            message_header[3],
+        ]);
+        self.at += MESSAGE_HEADER_SIZE as u64 + u64::from(length);
+        self.messages_left -= 1;
+        if self.at > section_end {
+            self.broken = true;
+        }
     }
 }
 
@@ -266,6 +387,46 @@ mod tests {
             None
         );
         assert_eq!(resync_entry_header(&header(110, 2, 64), 100, 640, 95), None);
+    }
+
+    /// `ResyncCandidate`: a framed candidate is charged 32 bytes per message header walked and
+    /// then the rest of its payload, its `length` in all; a candidate whose first message header
+    /// oversteps is refused for 32 bytes.
+    #[test]
+    fn issue12_resync_candidate_charges_headers_walked_then_the_rest_once_framed() {
+        let message = |length: u32| {
+            let mut bytes = [0u8; 32];
+            bytes[0..4].copy_from_slice(&length.to_le_bytes());
+            bytes
+        };
+        let header = EntryHeader {
+            base_offset: 0,
+            base_timestamp_us: 0,
+            message_count: 2,
+            length: 32 + 10 + 32 + 6,
+            checksum: 0,
+        };
+        let mut budget = ResyncBudget::new(1000);
+        let mut candidate = ResyncCandidate::new(&header, 100);
+        assert_eq!(candidate.next(&mut budget), CandidateStep::Read(100));
+        candidate.feed(&message(10));
+        assert_eq!(candidate.next(&mut budget), CandidateStep::Read(142));
+        candidate.feed(&message(6));
+        assert_eq!(candidate.next(&mut budget), CandidateStep::Check);
+        assert_eq!(budget.charged(), u64::from(header.length));
+
+        let mut budget = ResyncBudget::new(1000);
+        let mut candidate = ResyncCandidate::new(&header, 100);
+        assert_eq!(candidate.next(&mut budget), CandidateStep::Read(100));
+        candidate.feed(&message(1 << 20));
+        assert_eq!(candidate.next(&mut budget), CandidateStep::Refused);
+        assert_eq!(budget.charged(), 32);
+
+        // Out of budget before the first header is read.
+        let mut budget = ResyncBudget::new(10);
+        let mut candidate = ResyncCandidate::new(&header, 100);
+        assert!(budget.charge(10));
+        assert_eq!(candidate.next(&mut budget), CandidateStep::BudgetSpent);
     }
 
     #[test]

@@ -10,10 +10,12 @@ use std::io::{BufReader, Read as _, Seek as _, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use storage::durable::TRAILER_SIZE;
+use storage::entry::MESSAGE_HEADER_SIZE;
 use storage::limits::{DURABLE_FILE_SIZE_MAX, SCAN_CHUNK_BYTES};
 use storage::log::verify::{
-    ClosedSegmentIndex, IndexedEntry, Resync, ResyncBudget, check_entry_header,
-    check_entry_payload, closed_segment_index, damage_verdict, resync_entry_header,
+    CandidateStep, ClosedSegmentIndex, IndexedEntry, Resync, ResyncBudget, ResyncCandidate,
+    check_entry_header, check_entry_payload, closed_segment_index, damage_verdict,
+    resync_entry_header,
 };
 use storage::{ENTRY_HEADER_SIZE, EntryHeader};
 use twox_hash::XxHash3_64;
@@ -240,10 +242,20 @@ fn valid_run_at(
         let Some(entry_size) = entry_size else {
             break;
         };
-        if !budget.charge(header.length) {
-            return Ok(Resync::BudgetSpent);
+        let payload_position = position + ENTRY_HEADER_SIZE as u64;
+        let mut candidate = ResyncCandidate::new(&header, payload_position);
+        let step = loop {
+            match candidate.next(budget) {
+                CandidateStep::Read(at) => candidate.feed(window.bytes(at, MESSAGE_HEADER_SIZE)?),
+                step => break step,
+            }
+        };
+        match step {
+            CandidateStep::Check => {}
+            CandidateStep::BudgetSpent => return Ok(Resync::BudgetSpent),
+            CandidateStep::Refused | CandidateStep::Read(_) => break,
         }
-        let payload = window.bytes(position + ENTRY_HEADER_SIZE as u64, header.length as usize)?;
+        let payload = window.bytes(payload_position, header.length as usize)?;
         if check_entry_payload(&header, payload).is_err() {
             break;
         }
