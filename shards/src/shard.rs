@@ -581,8 +581,9 @@ impl Shard {
                     position = quarantined.position,
                     offsets = %format_args!("{}-{}", quarantined.first_offset, quarantined.last_offset),
                     quarantine = %quarantined.path.display(),
-                    "partition had a damaged entry followed by valid ones; the entries from it on \
-                     (possibly acknowledged) were cut and kept in the quarantine file"
+                    "partition had a damaged entry that may have been acknowledged (it is complete, \
+                     or valid entries follow it); the entries from it on were cut from the log and \
+                     kept byte for byte in the quarantine file (see storage/FORMAT.md section 4)"
                 );
             } else if report.truncated_bytes > 0 {
                 tracing::warn!(

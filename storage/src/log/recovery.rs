@@ -535,10 +535,10 @@ async fn open_last_segment(
                 truncated_bytes = cut.truncated_bytes,
                 reason = %invalid.reason,
                 resync = ?resync,
-                "damaged entry in the last segment that may have been acknowledged (complete, or \
-                 followed by valid entries, or the search for them ran out of budget), so it is \
-                 kept as if not a torn write: its bytes and everything after were copied to the \
-                 quarantine file and the segment is truncated at the damage"
+                "damaged entry in the last segment that may have been acknowledged (it is \
+                 complete, or valid entries follow it, or the search for them ran out of budget), \
+                 so it is not treated as a torn write: its bytes and everything after them were \
+                 copied to the quarantine file, then the segment was truncated at the damage"
             );
             cut.quarantined = Some(quarantine);
         } else {
