@@ -39,11 +39,7 @@ fn dpkg_lines() -> Vec<Vec<u8>> {
 /// microsecond apart, as `shardline send` sets them); returns each entry's byte position.
 fn write_segment(dir: &Path, lines: &[Vec<u8>], lines_per_entry: usize) -> Vec<u64> {
     block_on(async {
-        let config = LogConfig {
-            fsync: FsyncPolicy::Always,
-            segment_size_max: 1 << 30,
-        };
-        let (log, _) = PartitionLog::open(dir, config).await.unwrap();
+        let (log, _) = PartitionLog::open(dir, config()).await.unwrap();
         let mut positions = Vec::new();
         let mut position = 0u64;
         for (entry_index, chunk) in lines.chunks(lines_per_entry).enumerate() {
@@ -61,6 +57,14 @@ fn write_segment(dir: &Path, lines: &[Vec<u8>], lines_per_entry: usize) -> Vec<u
         log.close().await.unwrap();
         positions
     })
+}
+
+/// One 1 GiB segment, fsync always.
+fn config() -> LogConfig {
+    LogConfig {
+        fsync: FsyncPolicy::Always,
+        segment_size_max: 1 << 30,
+    }
 }
 
 fn segment(dir: &Path) -> PathBuf {
@@ -98,11 +102,7 @@ fn issue12_resync_finds_the_entries_after_a_flipped_byte_in_a_100_kb_entry_of_te
     assert_eq!(std::fs::read(&path).unwrap(), bytes, "inspect is read-only");
 
     block_on(async {
-        let config = LogConfig {
-            fsync: FsyncPolicy::Always,
-            segment_size_max: 1 << 30,
-        };
-        let (log, report) = PartitionLog::open(dir.path(), config).await.unwrap();
+        let (log, report) = PartitionLog::open(dir.path(), config()).await.unwrap();
         let quarantined = report.quarantined.expect("the damaged tail is quarantined");
         assert_eq!(
             (quarantined.position, quarantined.size_bytes),
@@ -146,11 +146,7 @@ fn issue12_resync_finds_the_entries_after_damage_in_an_entry_of_one_byte_message
     bytes[100] ^= 0xff;
     std::fs::write(&path, &bytes).unwrap();
     block_on(async {
-        let config = LogConfig {
-            fsync: FsyncPolicy::Always,
-            segment_size_max: 1 << 30,
-        };
-        let (_log, report) = PartitionLog::open(dir.path(), config).await.unwrap();
+        let (_log, report) = PartitionLog::open(dir.path(), config()).await.unwrap();
         let quarantined = report.quarantined.expect("the damaged tail is quarantined");
         assert_eq!(
             (quarantined.position, quarantined.size_bytes),
