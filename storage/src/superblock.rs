@@ -434,7 +434,8 @@ pub fn decode_copy(bytes: &[u8], copy_index: usize) -> Result<SuperblockState, C
 /// The first [`CopyDefect`] found, checked in this order: missing, zeroed, magic, checksum,
 /// version, copy index, reserved bytes, padding, field invariants. The checksum comes before the
 /// version so that a damaged version field is damage (`Checksum`) and only an intact copy of
-/// another version is `Version` (a newer binary's, which open refuses the file for).
+/// another version is `Version` (a newer binary's, or below version 1 no shardline's; open
+/// refuses the file for either).
 pub fn decode_copy_versioned(bytes: &[u8], copy_index: usize) -> Result<DecodedCopy, CopyDefect> {
     let Some(bytes) = bytes.get(..SUPERBLOCK_COPY_SIZE) else {
         return Err(CopyDefect::Missing {
@@ -609,8 +610,9 @@ impl Superblock {
     ///
     /// # Errors
     /// `NotFound` if `path` does not exist; `UnsupportedVersion` if any copy is intact but of a
-    /// version this binary does not read (a newer binary's file: refused whatever the other copies
-    /// hold, so it is never rewritten in an older version); `AllCopiesInvalid` (with each copy's
+    /// version this binary does not read (a newer binary's file, or below version 1 no
+    /// shardline's: refused whatever the other copies hold, so it is never rewritten at this
+    /// binary's version); `AllCopiesInvalid` (with each copy's
     /// defect) if no copy verifies; `Corrupt` if valid copies contradict each other (same highest
     /// sequence with different states, different cluster identity, or an older copy ahead of the
     /// newest in a monotonic field); `Io` naming the path and step.
