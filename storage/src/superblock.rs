@@ -8,7 +8,8 @@
 //! when its magic, version, copy index and XXH3-128 checksum verify. Byte layout and crash cases:
 //! `storage/FORMAT.md` section 7. This module never decides what the fields mean for VSR beyond
 //! asserting the monotonicity VSR requires of them, and never rewrites a file that holds a copy of
-//! a version it does not read (a newer binary's: [`SuperblockError::UnsupportedVersion`]).
+//! a version it does not read (a newer binary's, or below the first version:
+//! [`SuperblockError::UnsupportedVersion`]).
 
 use std::fmt;
 use std::io;
@@ -117,13 +118,11 @@ pub enum CopyDefect {
     #[error("bad magic {found:#018x}")]
     Magic { found: u64 },
     /// The copy is intact (its checksum verifies) but its version is not one this binary reads
-    /// ([`SUPERBLOCK_VERSION_MIN`]`..=`[`SUPERBLOCK_VERSION`]): a newer binary wrote it. (A version
-    /// outside that range whose checksum fails is [`CopyDefect::Checksum`]: damage.) Open refuses
-    /// the file ([`SuperblockError::UnsupportedVersion`]) while any copy has this defect.
-    #[error(
-        "version {found}, which this binary does not read (it reads versions \
-         {SUPERBLOCK_VERSION_MIN} to {SUPERBLOCK_VERSION})"
-    )]
+    /// ([`SUPERBLOCK_VERSION_MIN`]`..=`[`SUPERBLOCK_VERSION`]): above it, a newer binary wrote it;
+    /// below it, no shardline did (another program, or damage the checksum did not catch). (A
+    /// version outside that range whose checksum fails is [`CopyDefect::Checksum`]: damage.) Open
+    /// refuses the file ([`SuperblockError::UnsupportedVersion`]) while any copy has this defect.
+    #[error("{}", describe_version_defect(*found))]
     Version { found: u16 },
     /// The stored XXH3-128 differs from the one computed over the header (a torn write or damage).
     #[error("checksum mismatch: stored {stored:#034x}, computed {computed:#034x}")]
@@ -234,16 +233,13 @@ pub enum SuperblockError {
     #[error("{path}: superblock file already exists")]
     AlreadyExists { path: PathBuf },
     /// Copy `copy_index` is intact but of version `found`, which this binary does not read
-    /// (`storage/FORMAT.md` section 7, "Versions"): a newer binary wrote this file, and the data
-    /// directory may hold data this binary would misjudge as damage. Nothing was written; the
-    /// operator starts a binary that reads version `found`.
-    #[error(
-        "{path}: superblock copy {copy_index} has version {found}, but this binary reads only \
-         versions {SUPERBLOCK_VERSION_MIN} to {SUPERBLOCK_VERSION}: the data directory was written \
-         by a newer shardline, and this one could misread its data as damage. Nothing was \
-         changed; start it with a shardline that supports superblock version {found} (a newer \
-         release)"
-    )]
+    /// (`storage/FORMAT.md` section 7, "Versions"). Nothing was written. The message depends on
+    /// the case: above [`SUPERBLOCK_VERSION`], a newer shardline wrote this file and the data
+    /// directory may hold data this binary would misjudge as damage, so the operator starts a
+    /// release that reads version `found`; below [`SUPERBLOCK_VERSION_MIN`], no shardline
+    /// release wrote it (another program, or damage the checksum did not catch), so the operator
+    /// restores the data directory instead.
+    #[error("{}", describe_unsupported_version(path, *copy_index, *found))]
     UnsupportedVersion {
         path: PathBuf,
         copy_index: usize,
@@ -267,6 +263,48 @@ pub enum SuperblockError {
     /// handle does not know, so it refuses to write again. Reopen the file to continue.
     #[error("{path}: an earlier superblock write did not complete; reopen the superblock")]
     Poisoned { path: PathBuf },
+}
+
+/// [`CopyDefect::Version`]'s message: no shardline version below the minimum, a newer one above.
+fn describe_version_defect(found: u16) -> String {
+    if found < SUPERBLOCK_VERSION_MIN {
+        format!(
+            "version {found}, which is not a shardline superblock version (shardline writes \
+             versions {SUPERBLOCK_VERSION_MIN} and up; this binary reads \
+             {SUPERBLOCK_VERSION_MIN} to {SUPERBLOCK_VERSION})"
+        )
+    } else {
+        format!(
+            "version {found}, which this binary does not read (it reads versions \
+             {SUPERBLOCK_VERSION_MIN} to {SUPERBLOCK_VERSION}; a newer shardline wrote it)"
+        )
+    }
+}
+
+/// [`SuperblockError::UnsupportedVersion`]'s message, by case: below
+/// [`SUPERBLOCK_VERSION_MIN`] the copy is no shardline's (damage or another program), above
+/// [`SUPERBLOCK_VERSION`] a newer release's.
+fn describe_unsupported_version(path: &Path, copy_index: usize, found: u16) -> String {
+    let path = path.display();
+    if found < SUPERBLOCK_VERSION_MIN {
+        format!(
+            "{path}: superblock copy {copy_index} has version {found}, which is not a shardline \
+             superblock version: shardline writes versions {SUPERBLOCK_VERSION_MIN} and up, and \
+             this binary reads versions {SUPERBLOCK_VERSION_MIN} to {SUPERBLOCK_VERSION}. The \
+             copy's checksum verifies, so this is no torn write: another program wrote this \
+             file, or damage rewrote the copy whole. Nothing was changed, and no shardline \
+             release reads it: restore the data directory from a backup (a replica of a cluster \
+             may instead reformat its data directory and rejoin by state transfer)"
+        )
+    } else {
+        format!(
+            "{path}: superblock copy {copy_index} has version {found}, but this binary reads only \
+             versions {SUPERBLOCK_VERSION_MIN} to {SUPERBLOCK_VERSION}: the data directory was \
+             written by a newer shardline, and this one could misread its data as damage. Nothing \
+             was changed; start it with a shardline that supports superblock version {found} (a \
+             newer release)"
+        )
+    }
 }
 
 fn describe_defects(reasons: &[CopyDefect; SUPERBLOCK_COPY_COUNT]) -> String {
@@ -396,7 +434,8 @@ pub fn decode_copy(bytes: &[u8], copy_index: usize) -> Result<SuperblockState, C
 /// The first [`CopyDefect`] found, checked in this order: missing, zeroed, magic, checksum,
 /// version, copy index, reserved bytes, padding, field invariants. The checksum comes before the
 /// version so that a damaged version field is damage (`Checksum`) and only an intact copy of
-/// another version is `Version` (a newer binary's, which open refuses the file for).
+/// another version is `Version` (a newer binary's, or below version 1 no shardline's; open
+/// refuses the file for either).
 pub fn decode_copy_versioned(bytes: &[u8], copy_index: usize) -> Result<DecodedCopy, CopyDefect> {
     let Some(bytes) = bytes.get(..SUPERBLOCK_COPY_SIZE) else {
         return Err(CopyDefect::Missing {
@@ -571,8 +610,9 @@ impl Superblock {
     ///
     /// # Errors
     /// `NotFound` if `path` does not exist; `UnsupportedVersion` if any copy is intact but of a
-    /// version this binary does not read (a newer binary's file: refused whatever the other copies
-    /// hold, so it is never rewritten in an older version); `AllCopiesInvalid` (with each copy's
+    /// version this binary does not read (a newer binary's file, or below version 1 no
+    /// shardline's: refused whatever the other copies hold, so it is never rewritten at this
+    /// binary's version); `AllCopiesInvalid` (with each copy's
     /// defect) if no copy verifies; `Corrupt` if valid copies contradict each other (same highest
     /// sequence with different states, different cluster identity, or an older copy ahead of the
     /// newest in a monotonic field); `Io` naming the path and step.
@@ -970,6 +1010,47 @@ mod tests {
         assert_eq!(
             decode_copy_versioned(&encode_copy(&state(), 2), 2).map(|copy| copy.version),
             Ok(SUPERBLOCK_VERSION)
+        );
+    }
+
+    #[test]
+    fn unsupported_version_messages_tell_no_shardline_version_from_a_newer_one() {
+        let path = PathBuf::from("/data/superblock");
+        let below = SuperblockError::UnsupportedVersion {
+            path: path.clone(),
+            copy_index: 2,
+            found: 0,
+        };
+        assert_eq!(
+            below.to_string(),
+            "/data/superblock: superblock copy 2 has version 0, which is not a shardline \
+             superblock version: shardline writes versions 1 and up, and this binary reads \
+             versions 1 to 2. The copy's checksum verifies, so this is no torn write: another \
+             program wrote this file, or damage rewrote the copy whole. Nothing was changed, and \
+             no shardline release reads it: restore the data directory from a backup (a replica \
+             of a cluster may instead reformat its data directory and rejoin by state transfer)"
+        );
+        let above = SuperblockError::UnsupportedVersion {
+            path,
+            copy_index: 1,
+            found: 3,
+        };
+        assert_eq!(
+            above.to_string(),
+            "/data/superblock: superblock copy 1 has version 3, but this binary reads only \
+             versions 1 to 2: the data directory was written by a newer shardline, and this one \
+             could misread its data as damage. Nothing was changed; start it with a shardline \
+             that supports superblock version 3 (a newer release)"
+        );
+        assert_eq!(
+            CopyDefect::Version { found: 0 }.to_string(),
+            "version 0, which is not a shardline superblock version (shardline writes versions 1 \
+             and up; this binary reads 1 to 2)"
+        );
+        assert_eq!(
+            CopyDefect::Version { found: 3 }.to_string(),
+            "version 3, which this binary does not read (it reads versions 1 to 2; a newer \
+             shardline wrote it)"
         );
     }
 

@@ -108,10 +108,14 @@ fn superblock_clean_shows_four_current_copies_and_the_state() {
         "{stdout}"
     );
     assert!(stdout.ends_with("result: clean\n"), "{stdout}");
+    assert!(!stdout.contains("note:"), "{stdout}");
     assert!(
         stdout.contains(&format!("file: {} (16384 bytes)", path.display())),
         "{stdout}"
     );
+    let (_, json) = inspect_json("superblock", &path);
+    assert_eq!(json["upgrade"], serde_json::Value::Null);
+    assert_eq!(json["notes"], serde_json::json!([]));
 }
 
 #[test]
@@ -132,6 +136,18 @@ fn superblock_flipped_byte_names_the_file_copy_and_byte() {
     assert!(stdout.contains("open still boots from copy 0"), "{stdout}");
     assert!(
         stdout.contains("summary: 3 current, 0 stale, 1 invalid"),
+        "{stdout}"
+    );
+    // The version field is intact but the checksum fails: shown, marked unverified.
+    assert!(
+        stdout.contains("\n1         4096  invalid       2?         -  checksum mismatch: "),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "note: a version shown as N? is the field read from a copy whose checksum fails: \
+             unverified, it may be damaged\n"
+        ),
         "{stdout}"
     );
     assert_eq!(
@@ -184,7 +200,11 @@ fn superblock_json_has_copies_and_state() {
         "{json}"
     );
     assert_eq!(json["copies"][0]["version"], 2);
-    assert_eq!(json["copies"][3]["version"], serde_json::Value::Null);
+    assert_eq!(json["copies"][0]["version_verified"], true);
+    // The flip turned version 2 into 2 ^ 0x40 = 66: shown as read, unverified.
+    assert_eq!(json["copies"][3]["version"], 66);
+    assert_eq!(json["copies"][3]["version_verified"], false);
+    assert_eq!(json["notes"].as_array().unwrap().len(), 1, "{json}");
     assert_eq!(json["damage"][0]["position"], 12288);
     assert_eq!(json["damage"][0]["torn_tail"], false);
 }
@@ -230,6 +250,80 @@ fn issue12_downgrade_inspect_superblock_shows_each_copy_version() {
         .collect();
     assert_eq!(versions, [2, 2, 1, 1]);
     assert_eq!(json["unsupported_version"], serde_json::Value::Null);
+    assert_eq!(json["upgrade"], serde_json::json!({"from": 1, "to": 2}));
+    assert_eq!(json["clean"], true);
+    assert_eq!(
+        json["notes"][0],
+        "valid copies at version 1 (copy 2, 3): the next `shardline serve` on this data directory \
+         upgrades every copy to version 2 before it opens any partition, and from then on \
+         shardline releases from before issue 12 (which read only superblock version 1) refuse \
+         it; only a copy of the data directory made before that serve can go back to them"
+    );
+}
+
+#[test]
+fn issue12_downgrade_inspect_superblock_notes_the_upgrade_of_an_all_version_1_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock(dir.path());
+    for copy_index in 0..4 {
+        set_copy_version(&path, copy_index, 1);
+    }
+    let (code, stdout, stderr) = inspect_path("superblock", &path);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.ends_with(
+            "summary: 4 current, 0 stale, 0 invalid\n\
+             note: valid copies at version 1 (copy 0, 1, 2, 3): the next `shardline serve` on \
+             this data directory upgrades every copy to version 2 before it opens any partition, \
+             and from then on shardline releases from before issue 12 (which read only \
+             superblock version 1) refuse it; only a copy of the data directory made before that \
+             serve can go back to them\n\
+             result: clean\n"
+        ),
+        "{stdout}"
+    );
+    let (code, json) = inspect_json("superblock", &path);
+    assert_eq!(code, 0);
+    assert_eq!(json["upgrade"], serde_json::json!({"from": 1, "to": 2}));
+    assert_eq!(json["notes"].as_array().unwrap().len(), 1, "{json}");
+}
+
+#[test]
+fn inspect_superblock_version_0_is_no_shardline_version_and_no_newer_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock(dir.path());
+    set_copy_version(&path, 2, 0);
+    let (code, stdout, _) = inspect_path("superblock", &path);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "damage: {}: copy 2 has version 0, which is not a shardline superblock version \
+             (shardline writes versions 1 and up; this binary reads 1 to 2): its checksum \
+             verifies, so another program wrote it, or damage rewrote it whole; open refuses this \
+             file, and no shardline release reads it: restore the data directory from a backup\n",
+            path.display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "\n2         8192  invalid        0         -  version 0, which is not a shardline \
+             superblock version (shardline writes versions 1 and up; this binary reads 1 to 2)\n"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "state: none (a copy has version 0, which is not a shardline superblock version)"
+        ),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("newer"), "{stdout}");
+    let (_, json) = inspect_json("superblock", &path);
+    assert_eq!(json["unsupported_version"], 0);
+    assert_eq!(json["copies"][2]["version"], 0);
+    assert_eq!(json["copies"][2]["version_verified"], true);
+    assert_eq!(json["upgrade"], serde_json::Value::Null);
 }
 
 #[test]
@@ -252,9 +346,18 @@ fn issue12_downgrade_inspect_superblock_names_a_newer_version_that_open_refuses(
         stdout.contains("state: none (a copy has version 3, which this binary does not read)"),
         "{stdout}"
     );
+    assert!(
+        stdout.contains(
+            "\n1         4096  invalid        3         -  version 3, which this binary does not \
+             read (it reads versions 1 to 2; a newer shardline wrote it)\n"
+        ),
+        "{stdout}"
+    );
     let (_, json) = inspect_json("superblock", &path);
     assert_eq!(json["unsupported_version"], 3);
     assert_eq!(json["chosen_copy"], serde_json::Value::Null);
+    assert_eq!(json["copies"][1]["version"], 3);
+    assert_eq!(json["copies"][1]["version_verified"], true);
     assert_eq!(
         std::fs::read(&path).unwrap(),
         before,

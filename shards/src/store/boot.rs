@@ -65,8 +65,9 @@ pub enum BootError {
     },
     /// The superblock holds a copy of a version this binary does not read (`source` is
     /// [`SuperblockError::UnsupportedVersion`], naming the path, the copy, the version found and
-    /// the versions read): a newer shardline wrote the data directory. Nothing was written; the
-    /// operator starts a binary that reads version `found`.
+    /// the versions read): a newer shardline wrote the data directory (the operator starts a
+    /// binary that reads version `found`), or, below the first version, no shardline did (the
+    /// operator restores the directory). Nothing was written.
     #[error("{source}; refusing to boot")]
     UnsupportedVersion {
         path: PathBuf,
@@ -224,8 +225,9 @@ pub struct Boot {
 /// `storage/FORMAT.md` section 7 "Versions").
 ///
 /// # Errors
-/// - [`BootError::UnsupportedVersion`]: a superblock copy of a version newer than this binary
-///   reads (a newer binary's data directory); nothing was written.
+/// - [`BootError::UnsupportedVersion`]: an intact superblock copy of a version this binary does
+///   not read (newer: a newer binary's data directory; below the first: no shardline's); nothing
+///   was written.
 /// - [`BootError::Identity`]: the directory was formatted for another cluster, replica index or
 ///   replica count than `config.cluster`, `config.replica`, `config.replica_count()`.
 /// - [`BootError::Refuse`]: an unreadable superblock (all copies invalid, or copies
@@ -257,8 +259,11 @@ async fn upgrade_superblock(superblock: &mut Superblock) -> Result<(), BootError
             path = %superblock.path().display(),
             from,
             to = storage::superblock::SUPERBLOCK_VERSION,
-            "superblock upgraded: partition logs may now hold entries under the issue-12 \
-             checksum rule, so binaries from before issue 12 refuse this data directory"
+            "superblock upgraded from version {from} to {}: the partition log entry checksum \
+             format changed, so from now on shardline releases older than that change (those \
+             that read only superblock version {from}, such as the one that last ran this data \
+             directory) refuse this data directory; no data was rewritten, only the superblock",
+            storage::superblock::SUPERBLOCK_VERSION
         );
         super::failpoint::hit("boot.after_superblock_upgrade");
     }

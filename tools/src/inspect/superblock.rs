@@ -1,11 +1,14 @@
 //! `inspect superblock`: decodes each of the four copies with
 //! `storage::superblock::decode_copy_versioned` and applies the open rule of `storage/FORMAT.md`
 //! section 7 (an intact copy of a version this binary does not read refuses the file; otherwise
-//! the highest valid sequence wins and valid copies must agree). Shows each copy's version (1: from
-//! before issue 12, upgraded at the next boot). Reads the file read-only; never rewrites a copy.
+//! the highest valid sequence wins and valid copies must agree). Shows each copy's version field
+//! (marked unverified when the copy's checksum fails), and notes that the next `serve` upgrades a
+//! file whose valid copies include version 1 (from before issue 12), which older releases then
+//! refuse. Reads the file read-only; never rewrites a copy.
 
 use std::fmt::Write as _;
 use std::io::Read as _;
+use std::ops::Range;
 use std::path::Path;
 
 use storage::SuperblockState;
@@ -17,6 +20,10 @@ use storage::superblock::{
 
 use super::{Damage, Report, file_in, open_read_only};
 
+/// Bytes of the little-endian `u16` version field in a copy (`storage/FORMAT.md` section 7,
+/// "Layout of one copy"), read here to show the field of a copy that does not verify.
+const VERSION_FIELD: Range<usize> = 8..10;
+
 #[derive(Debug, serde::Serialize)]
 pub(crate) struct SuperblockReport {
     file: String,
@@ -25,10 +32,24 @@ pub(crate) struct SuperblockReport {
     /// The copy open would boot from (lowest index among the current ones); `None` when open
     /// refuses the file.
     chosen_copy: Option<usize>,
-    /// The version of the first intact copy whose version this binary does not read (a newer
-    /// shardline's): open refuses the file.
+    /// The version of the first intact copy whose version this binary does not read (above
+    /// `SUPERBLOCK_VERSION` a newer shardline's, below `SUPERBLOCK_VERSION_MIN` no shardline's):
+    /// open refuses the file.
     unsupported_version: Option<u16>,
     state: Option<StateReport>,
+    /// Set when open would boot from this file and a valid copy is of a version below
+    /// `SUPERBLOCK_VERSION`: the next `serve` rewrites every copy at `to`.
+    upgrade: Option<UpgradeReport>,
+    /// Sentences about the file that are not damage (the upgrade above, unverified versions).
+    notes: Vec<String>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct UpgradeReport {
+    /// The lowest version among the valid copies.
+    from: u16,
+    /// `SUPERBLOCK_VERSION`.
+    to: u16,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -37,8 +58,12 @@ struct CopyReport {
     position: u64,
     /// `current`, `stale` or `invalid`.
     status: &'static str,
-    /// The copy's version when it is valid (1 or 2; `storage::superblock::SUPERBLOCK_VERSION`).
+    /// The copy's version field as read (`None` when the copy is missing, zeroed or has a bad
+    /// magic: then there is no version field to speak of).
     version: Option<u16>,
+    /// True when the copy's checksum verifies, so `version` is what was written; false when it
+    /// fails (the field may be damaged) or there is no version.
+    version_verified: bool,
     sequence: Option<u64>,
     reason: Option<String>,
 }
@@ -123,6 +148,8 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SuperblockReport, Vec<Dama
 
     let mut damage = Vec::new();
     let mut copies = Vec::new();
+    // Set when valid copies contradict each other (`SuperblockError::Corrupt`: open refuses).
+    let mut contradiction = false;
     for (copy_index, copy) in decoded.iter().enumerate() {
         let position = (copy_index * SUPERBLOCK_COPY_SIZE) as u64;
         let (status, sequence, reason) = match (copy, newest) {
@@ -143,6 +170,7 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SuperblockReport, Vec<Dama
             }
             (Ok(state), Some((chosen, newest))) if state.sequence == newest.sequence => {
                 if state != newest {
+                    contradiction = true;
                     damage.push(Damage::new(
                         &file_path,
                         Some(position),
@@ -157,6 +185,7 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SuperblockReport, Vec<Dama
             }
             (Ok(state), Some((chosen, newest))) => {
                 if let Some(regression) = storage::superblock::regression(state, newest) {
+                    contradiction = true;
                     damage.push(Damage::new(
                         &file_path,
                         Some(position),
@@ -171,11 +200,13 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SuperblockReport, Vec<Dama
             }
             (Ok(_), None) => unreachable!("a valid copy makes `newest` Some"),
         };
+        let (version, version_verified) = version_field(&bytes, copy_index, &versioned[copy_index]);
         copies.push(CopyReport {
             copy_index,
             position,
             status,
-            version: versioned[copy_index].as_ref().ok().map(|copy| copy.version),
+            version,
+            version_verified,
             sequence,
             reason,
         });
@@ -184,12 +215,7 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SuperblockReport, Vec<Dama
         damage.push(Damage::new(
             &file_path,
             None,
-            format!(
-                "copy {copy_index} has version {found}, but this binary reads only versions \
-                 {SUPERBLOCK_VERSION_MIN} to {SUPERBLOCK_VERSION}: a newer shardline wrote this \
-                 file, and open refuses it; inspect it with a shardline that supports version \
-                 {found}"
-            ),
+            unsupported_version_finding(copy_index, found),
         ));
     } else if newest.is_none() {
         damage.push(Damage::new(
@@ -200,6 +226,24 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SuperblockReport, Vec<Dama
                  boot from this file"
             ),
         ));
+    }
+    // Open boots from this file only when no copy has an unsupported version, one is valid, and
+    // the valid copies agree.
+    let open_boots = unsupported.is_none() && newest.is_some() && !contradiction;
+    let upgrade = upgrade(&versioned).filter(|_| open_boots);
+    let mut notes = Vec::new();
+    if let Some(upgrade) = &upgrade {
+        notes.push(upgrade_note(upgrade, &copies));
+    }
+    if copies
+        .iter()
+        .any(|copy| copy.version.is_some() && !copy.version_verified)
+    {
+        notes.push(
+            "a version shown as N? is the field read from a copy whose checksum fails: \
+             unverified, it may be damaged"
+                .to_owned(),
+        );
     }
     let report = SuperblockReport {
         file: file_path.display().to_string(),
@@ -212,8 +256,95 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SuperblockReport, Vec<Dama
         state: newest
             .filter(|_| unsupported.is_none())
             .map(|(_, state)| StateReport::new(state)),
+        upgrade,
+        notes,
     };
     Ok((report, damage))
+}
+
+/// `(version, verified)` for copy `copy_index` of `bytes` as decoded into `decoded`: the version
+/// of a valid copy or of an intact one of another version (verified), the raw field of a copy
+/// whose checksum fails (unverified), the version of a copy refused after its checksum and
+/// version passed (copy index, reserved bytes, padding, fields: verified), and none where the copy
+/// is missing, zeroed or has a bad magic.
+fn version_field(
+    bytes: &[u8],
+    copy_index: usize,
+    decoded: &Result<DecodedCopy, CopyDefect>,
+) -> (Option<u16>, bool) {
+    let start = copy_index * SUPERBLOCK_COPY_SIZE;
+    let raw = || {
+        let field = bytes.get(start + VERSION_FIELD.start..start + VERSION_FIELD.end)?;
+        Some(u16::from_le_bytes([field[0], field[1]]))
+    };
+    match decoded {
+        Ok(copy) => (Some(copy.version), true),
+        Err(CopyDefect::Version { found }) => (Some(*found), true),
+        Err(CopyDefect::Checksum { .. }) => (raw(), false),
+        Err(
+            CopyDefect::CopyIndex { .. }
+            | CopyDefect::Reserved
+            | CopyDefect::Padding
+            | CopyDefect::Inconsistent { .. },
+        ) => (raw(), true),
+        Err(CopyDefect::Missing { .. } | CopyDefect::Zeroed | CopyDefect::Magic { .. }) => {
+            (None, false)
+        }
+    }
+}
+
+/// The upgrade the next `serve` makes: from the lowest version among the valid copies, when it
+/// is below `SUPERBLOCK_VERSION` (`storage::superblock::OpenReport::oldest_version`).
+fn upgrade(versioned: &[Result<DecodedCopy, CopyDefect>]) -> Option<UpgradeReport> {
+    let from = versioned
+        .iter()
+        .filter_map(|copy| copy.as_ref().ok().map(|copy| copy.version))
+        .min()?;
+    (from < SUPERBLOCK_VERSION).then_some(UpgradeReport {
+        from,
+        to: SUPERBLOCK_VERSION,
+    })
+}
+
+/// The note for a file the next `serve` upgrades, naming the copies below `upgrade.to`.
+fn upgrade_note(upgrade: &UpgradeReport, copies: &[CopyReport]) -> String {
+    let older: Vec<String> = copies
+        .iter()
+        .filter(|copy| copy.status != "invalid")
+        .filter(|copy| copy.version.is_some_and(|version| version < upgrade.to))
+        .map(|copy| copy.copy_index.to_string())
+        .collect();
+    format!(
+        "valid copies at version {} (copy {}): the next `shardline serve` on this data directory \
+         upgrades every copy to version {} before it opens any partition, and from then on \
+         shardline releases from before issue 12 (which read only superblock version {}) refuse \
+         it; only a copy of the data directory made before that serve can go back to them",
+        upgrade.from,
+        older.join(", "),
+        upgrade.to,
+        upgrade.from
+    )
+}
+
+/// The finding for an intact copy of a version this binary does not read, by case: below
+/// `SUPERBLOCK_VERSION_MIN` no shardline wrote it, above `SUPERBLOCK_VERSION` a newer one did.
+fn unsupported_version_finding(copy_index: usize, found: u16) -> String {
+    if found < SUPERBLOCK_VERSION_MIN {
+        format!(
+            "copy {copy_index} has version {found}, which is not a shardline superblock version \
+             (shardline writes versions {SUPERBLOCK_VERSION_MIN} and up; this binary reads \
+             {SUPERBLOCK_VERSION_MIN} to {SUPERBLOCK_VERSION}): its checksum verifies, so another \
+             program wrote it, or damage rewrote it whole; open refuses this file, and no \
+             shardline release reads it: restore the data directory from a backup"
+        )
+    } else {
+        format!(
+            "copy {copy_index} has version {found}, but this binary reads only versions \
+             {SUPERBLOCK_VERSION_MIN} to {SUPERBLOCK_VERSION}: a newer shardline wrote this \
+             file, and open refuses it; inspect it with a shardline that supports version \
+             {found}"
+        )
+    }
 }
 
 impl Report for SuperblockReport {
@@ -228,9 +359,11 @@ impl Report for SuperblockReport {
             let sequence = copy
                 .sequence
                 .map_or_else(|| "-".to_owned(), |sequence| sequence.to_string());
-            let version = copy
-                .version
-                .map_or_else(|| "-".to_owned(), |version| version.to_string());
+            let version = match (copy.version, copy.version_verified) {
+                (None, _) => "-".to_owned(),
+                (Some(version), true) => version.to_string(),
+                (Some(version), false) => format!("{version}?"),
+            };
             let line = format!(
                 "{:<5} {:>8}  {:<8} {:>7} {:>9}  {}",
                 copy.copy_index,
@@ -260,6 +393,13 @@ impl Report for SuperblockReport {
                 );
             }
             _ => match self.unsupported_version {
+                Some(found) if found < SUPERBLOCK_VERSION_MIN => {
+                    let _ = writeln!(
+                        out,
+                        "state: none (a copy has version {found}, which is not a shardline \
+                         superblock version)"
+                    );
+                }
                 Some(found) => {
                     let _ = writeln!(
                         out,
@@ -282,5 +422,8 @@ impl Report for SuperblockReport {
             count("stale"),
             count("invalid")
         );
+        for note in &self.notes {
+            let _ = writeln!(out, "note: {note}");
+        }
     }
 }
