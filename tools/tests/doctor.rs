@@ -142,38 +142,6 @@ fn usage_errors_exit_2() {
 }
 
 #[test]
-fn partition_counts_outside_what_a_topic_takes_are_refused_before_any_ulimit_advice() {
-    let root = tempfile::tempdir().unwrap();
-    for bad in ["100000000", "4097", "0", "-1"] {
-        let (code, stdout, stderr) = output(&mut doctor(root.path(), &["--partitions", bad]));
-        assert_eq!(code, 2, "{bad}: {stdout}{stderr}");
-        assert!(stdout.is_empty(), "{bad}: no check runs: {stdout}");
-        assert!(
-            stderr.starts_with(&format!(
-                "error: invalid value '{bad}' for '--partitions <N>': \"{bad}\" is not a \
-                 partition count: use a whole number from 1 to 4096\n"
-            )),
-            "{stderr}"
-        );
-        assert!(!stderr.contains("ulimit"), "{stderr}");
-    }
-    // Both ends of the range are checked against the open-file budget.
-    for good in ["1", "4096"] {
-        let (code, stdout, stderr) =
-            output(&mut doctor(root.path(), &["--json", "--partitions", good]));
-        assert_ne!(code, 2, "{good}: {stderr}");
-        let report = parse_json(&stdout, &stderr);
-        let open_files = json_check(&report, "open_files");
-        let found = open_files["found"].as_str().unwrap();
-        assert!(
-            found.contains(&format!("(planned {good})"))
-                || found.contains(&format!("below the {good} planned")),
-            "{open_files}"
-        );
-    }
-}
-
-#[test]
 fn more_pinned_shards_than_cores_fails_the_cpus_check_as_serve_would() {
     let root = tempfile::tempdir().unwrap();
     let (code, stdout, stderr) = output(&mut doctor(root.path(), &["--json", "--shards", "1024"]));

@@ -43,22 +43,9 @@ pub struct DoctorArgs {
     /// The server would run with `--no-pin` (more shards than cores allowed).
     #[arg(long, env = "SHARDLINE_NO_PIN", value_parser = crate::arg_values::parse_no_pin, action = clap::ArgAction::SetTrue)]
     pub no_pin: bool,
-    /// Partitions the deployment plans to hold, 1 to 4096 (`bus::limits::PARTITION_COUNT_MAX`,
-    /// the range `topic create --partitions` takes): checked against the open-file budget the
-    /// server derives from the limit. A count outside it is a usage error (exit 2) naming the
-    /// flag, the value and the range, so no `ulimit -n` advice is given for a count no topic
-    /// can have.
-    #[arg(
-        long,
-        default_value_t = limits::PARTITIONS_DEFAULT,
-        value_name = "N",
-        value_parser = crate::arg_values::whole_number(
-            "a partition count",
-            1,
-            u64::from(bus::limits::PARTITION_COUNT_MAX),
-        ),
-        allow_negative_numbers = true
-    )]
+    /// Partitions (over all topics) the deployment plans to hold: checked against the open-file
+    /// budget the server derives from the limit.
+    #[arg(long, default_value_t = limits::PARTITIONS_DEFAULT, value_name = "N")]
     pub partitions: u64,
 }
 
