@@ -26,7 +26,43 @@ pub(super) fn check(shard_count: u16, partition_count: u64) -> Check {
             "check that getrlimit is allowed (seccomp profile)",
         );
     }
-    check_limits(limit.rlim_cur, limit.rlim_max, shard_count, partition_count)
+    let check = check_limits(limit.rlim_cur, limit.rlim_max, shard_count, partition_count);
+    match kernel_open_file_ceiling() {
+        Some(nr_open) => check_kernel_ceiling(nr_open, partition_count).unwrap_or(check),
+        None => check,
+    }
+}
+
+/// `/proc/sys/fs/nr_open`: the most descriptors any process may be allowed (the ceiling of
+/// `RLIMIT_NOFILE`, see proc(5)); `None` when it cannot be read.
+fn kernel_open_file_ceiling() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// `fail` when the planned `partition_count` needs more descriptors than the kernel lets any
+/// process have (`nr_open`): no `ulimit -n` can allow it, so the advice is to plan fewer
+/// partitions per server or raise `fs.nr_open` first; `None` when the plan fits under it.
+pub(super) fn check_kernel_ceiling(nr_open: u64, partition_count: u64) -> Option<Check> {
+    let needed = open_file_limit_for_partitions(partition_count);
+    (needed > nr_open).then(|| {
+        Check::fail(
+            NAME,
+            format!(
+                "{partition_count} partitions (--partitions) need an open-file limit of {needed}, \
+                 above the kernel's ceiling for any process (fs.nr_open = {nr_open}): no ulimit \
+                 can allow that many"
+            ),
+            format!(
+                "plan fewer partitions per server, or raise the ceiling first (`sysctl \
+                 fs.nr_open={needed}`, if the host's memory allows that many open files) and \
+                 then the open-file limit"
+            ),
+        )
+    })
 }
 
 /// The decision for a soft and hard limit: `serve` raises the soft limit to the hard one, so the
@@ -112,6 +148,26 @@ mod tests {
         )));
         // The limit the fix names is enough.
         assert_eq!(check_limits(needed, needed, 2, 1000).status, Status::Ok);
+    }
+
+    /// The planned count needs more descriptors than fs.nr_open: no ulimit advice, a failure
+    /// naming the count, the need and the ceiling.
+    #[test]
+    fn a_plan_above_the_kernel_ceiling_fails_without_ulimit_advice() {
+        let check = check_kernel_ceiling(1_048_576, 100_000_000).unwrap();
+        assert_eq!(check.status, Status::Fail);
+        let needed = open_file_limit_for_partitions(100_000_000);
+        assert!(
+            check.found.starts_with(&format!(
+                "100000000 partitions (--partitions) need an open-file limit of {needed}, above \
+                 the kernel's ceiling for any process (fs.nr_open = 1048576)"
+            )),
+            "{}",
+            check.found
+        );
+        assert!(!check.fix.contains("ulimit -n"), "{}", check.fix);
+        assert_eq!(check_kernel_ceiling(1_048_576, 5000), None);
+        assert_eq!(check_kernel_ceiling(needed, 100_000_000), None);
     }
 
     #[test]
