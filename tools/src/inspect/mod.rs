@@ -33,8 +33,8 @@ What each KIND checks (all by the rules of storage/FORMAT.md):
   superblock  PATH is the superblock file or its directory. Decodes all 4 copies (magic, version,
               copy index, XXH3-128 checksum, padding, field invariants), says which is current,
               stale or invalid and why, each copy's version (1: before issue 12, upgraded to 2
-              at the next boot; newer: open refuses the file), and prints the state open would
-              choose.
+              at the next boot; 0 or newer than 2: open refuses the file), and prints the state
+              open would choose.
   wal         PATH is the data directory (its journal/), a journal directory or one .wal segment. Lists every record (op, view,
               commit, body size, checksums), checks ops follow each other across segments, and
               tells a torn tail of the last segment (open would truncate it) from interior damage
