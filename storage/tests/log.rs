@@ -1240,7 +1240,8 @@ fn issue7_1_a_read_refuses_an_entry_whose_messages_differ_from_its_header() {
                 assert_eq!(
                     reason,
                     "header (offset 8, 3 messages, 1096 bytes) differs from the index (offset 8, \
-                     2 messages, 1096 bytes)"
+                     2 messages, 1096 bytes) (the index puts offsets 8-9 in this entry; a poll \
+                     from offset 10 reads past it)"
                 );
             }
             other => panic!("expected Corrupt, got {other:?}"),

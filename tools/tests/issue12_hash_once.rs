@@ -273,6 +273,12 @@ fn issue12_1_a_flipped_byte_in_a_stored_entry_fails_the_poll_at_it_with_path_and
         )),
         "{message}"
     );
+    assert!(
+        message.contains(
+            "(the index puts offsets 10-19 in this entry; a poll from offset 20 reads past it)"
+        ),
+        "the error names the offsets to skip: {message}"
+    );
     assert_eq!(poll_offsets(addr, 20), (20..40).collect::<Vec<_>>());
     for (offset, segment) in [(40, &message_header_segment), (70, &batch_header_segment)] {
         let message = poll_failure(addr, offset);

@@ -394,18 +394,26 @@ fn mapped_span(span: &ReadSpan, mapping: Arc<SegmentMapping>, size: u64) -> Veri
 /// Checks entries read back against the index: same offset, count, length, and checksum.
 ///
 /// # Errors
-/// The bytes of the intact entries before the first one that fails, with its `Corrupt` error.
+/// The bytes of the intact entries before the first one that fails, with its `Corrupt` error;
+/// its reason ends with the offsets the index puts in the damaged entry and the offset a poll
+/// can start from to read past it.
 fn check_read_entries(span: &ReadSpan, bytes: &[u8]) -> Result<(), (usize, LogError)> {
     let mut at = 0usize;
     for expected in &span.rows {
         let position = span.position + at as u64;
+        let end_offset = expected.base_offset + expected.message_count;
         let corrupt = |reason: String| {
             (
                 at,
                 LogError::Corrupt {
                     path: span.path.clone(),
                     position,
-                    reason,
+                    reason: format!(
+                        "{reason} (the index puts offsets {}-{} in this entry; a poll from \
+                         offset {end_offset} reads past it)",
+                        expected.base_offset,
+                        end_offset.saturating_sub(1),
+                    ),
                 },
             )
         };
