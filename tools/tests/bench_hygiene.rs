@@ -97,12 +97,33 @@ fn sigterm_during_a_run_stops_the_server_removes_the_run_directory_and_exits_143
     stop_signal_mid_run_cleans_up(libc::SIGTERM, 143);
 }
 
-/// Sends `signal` to a bench mid-run; it must kill its server, remove the run directory, say so
-/// and exit with `exit_code` (128 + the signal).
-fn stop_signal_mid_run_cleans_up(signal: libc::c_int, exit_code: i32) {
-    let root = tempfile::tempdir().unwrap();
-    // One message per batch and one producer: 200 000 round trips, seconds of work, so the run
-    // is still going when the signal comes.
+/// A process's parent pid and start time (clock ticks since boot), from `/proc/PID/stat`
+/// (proc(5): fields 4 and 22, counted after the parenthesised command name), or `None` once
+/// it is gone or a zombie (dead, only not yet reaped by whoever inherited it).
+fn live_process(pid: u32) -> Option<(u32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = after_name.split(' ').collect();
+    if fields[0] == "Z" || fields[0] == "X" {
+        return None;
+    }
+    Some((fields[1].parse().ok()?, fields[19].parse().ok()?))
+}
+
+/// The pids whose parent is `parent`.
+fn children_of(parent: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| live_process(pid).is_some_and(|(ppid, _)| ppid == parent))
+        .collect()
+}
+
+/// Starts a bench of 200 000 one-message round trips (seconds of work) writing into `root`,
+/// with `extra` flags, and waits until its run is mid-way: the bench topic's directory
+/// (`data/partitions/STREAM/TOPIC`) exists once the server is up and the topic is created,
+/// right before the produce phase starts. Returns the bench and its run directory.
+fn bench_mid_run(root: &Path, extra: &[&str]) -> (std::process::Child, PathBuf) {
     let mut child = Command::new(BIN)
         .args([
             "bench",
@@ -120,18 +141,17 @@ fn stop_signal_mid_run_cleans_up(signal: libc::c_int, exit_code: i32) {
             "--fsync",
             "never",
             "--data-root",
-            path_arg(root.path()),
+            path_arg(root),
         ])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // A bound on the wait, not an assertion on timing. The bench topic's directory
-    // (`data/partitions/STREAM/TOPIC`) exists once the server is up and the topic is created,
-    // right before the produce phase starts: the signal comes mid-run, not during the start.
+    // A bound on the wait, not an assertion on timing.
     let deadline = Instant::now() + Duration::from_mins(1);
     let run_dir = loop {
-        if let Some(dir) = run_dirs(root.path()).pop()
+        if let Some(dir) = run_dirs(root).pop()
             && dir
                 .join("data")
                 .join("partitions")
@@ -148,6 +168,43 @@ fn stop_signal_mid_run_cleans_up(signal: libc::c_int, exit_code: i32) {
         assert!(Instant::now() < deadline, "no run directory appeared");
         std::thread::sleep(Duration::from_millis(20));
     };
+    (child, run_dir)
+}
+
+#[test]
+fn sigkill_of_the_bench_takes_its_embedded_server_down_too() {
+    let root = tempfile::tempdir().unwrap();
+    let (mut child, run_dir) = bench_mid_run(root.path(), &[]);
+    let servers = children_of(child.id());
+    assert_eq!(servers.len(), 1, "the bench has one child: {servers:?}");
+    let server = servers[0];
+    let (_, server_start) = live_process(server).expect("the server runs");
+    let cmdline = std::fs::read(format!("/proc/{server}/cmdline")).unwrap();
+    assert!(
+        String::from_utf8_lossy(&cmdline).contains("serve"),
+        "{cmdline:?}"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Polled with a bound, not timed: the death signal is delivered as the bench exits. A pid
+    // reused by another process has another start time.
+    let deadline = Instant::now() + Duration::from_mins(1);
+    while live_process(server).is_some_and(|(_, start)| start == server_start) {
+        assert!(
+            Instant::now() < deadline,
+            "the embedded server (pid {server}) outlived its SIGKILLed bench"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // No handler ran: the run directory stays, as any killed program's files do.
+    std::fs::remove_dir_all(run_dir).unwrap();
+}
+
+/// Sends `signal` to a bench mid-run; it must kill its server, remove the run directory, say so
+/// and exit with `exit_code` (128 + the signal).
+fn stop_signal_mid_run_cleans_up(signal: libc::c_int, exit_code: i32) {
+    let root = tempfile::tempdir().unwrap();
+    let (child, run_dir) = bench_mid_run(root.path(), &[]);
     let pid = libc::pid_t::try_from(child.id()).unwrap();
     // SAFETY: kill(2) on our own unreaped child.
     assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
