@@ -1,7 +1,7 @@
 //! `shardline bench` leaves the machine as it found it: a run that cannot fit on the data root's
 //! filesystem, or asks for more messages than the documented bound, is refused before any server
-//! starts; Ctrl-C during a run stops the embedded server, removes the run directory and exits
-//! 130. The real binary, tiny or refused workloads; never asserts a timing.
+//! starts; Ctrl-C during a run stops the embedded server, removes the run directory and the
+//! report outputs it created, and exits 130; a SIGKILL of the bench kills its server too. The real binary, tiny or refused workloads; never asserts a timing.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -204,7 +204,22 @@ fn sigkill_of_the_bench_takes_its_embedded_server_down_too() {
 /// and exit with `exit_code` (128 + the signal).
 fn stop_signal_mid_run_cleans_up(signal: libc::c_int, exit_code: i32) {
     let root = tempfile::tempdir().unwrap();
-    let (child, run_dir) = bench_mid_run(root.path(), &[]);
+    let outputs = tempfile::tempdir().unwrap();
+    let json = outputs.path().join("b.json");
+    let csv = outputs.path().join("b.csv");
+    let charts = outputs.path().join("out").join("charts");
+    let (child, run_dir) = bench_mid_run(
+        root.path(),
+        &[
+            "--json",
+            path_arg(&json),
+            "--csv",
+            path_arg(&csv),
+            "--charts",
+            path_arg(&charts),
+        ],
+    );
+    assert!(json.exists() && csv.exists() && charts.is_dir());
     let pid = libc::pid_t::try_from(child.id()).unwrap();
     // SAFETY: kill(2) on our own unreaped child.
     assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
@@ -221,4 +236,17 @@ fn stop_signal_mid_run_cleans_up(signal: libc::c_int, exit_code: i32) {
         stderr.contains("interrupted: stopped the embedded server (pid "),
         "{stderr}"
     );
+    // The report outputs it created, unwritten, go too; the directory that held them stays.
+    for line in [
+        format!("removed the unwritten --csv {}", csv.display()),
+        format!("removed the unwritten --json {}", json.display()),
+        format!("removed the empty --charts {}", charts.display()),
+        format!(
+            "removed the empty --charts {}",
+            outputs.path().join("out").display()
+        ),
+    ] {
+        assert!(stderr.contains(&line), "{line} not in: {stderr}");
+    }
+    assert_eq!(std::fs::read_dir(outputs.path()).unwrap().count(), 0);
 }

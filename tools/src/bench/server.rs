@@ -200,11 +200,7 @@ impl EmbeddedServer {
                     return Ok(server);
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if let Some(status) = server
-                        .child
-                        .try_wait()
-                        .context("cannot wait for the server")?
-                    {
+                    if let Some(status) = server.try_reap().context("cannot wait for the server")? {
                         return Err(server.fail(&format!("exited with {status} before listening")));
                     }
                     if Instant::now() >= deadline {
@@ -246,10 +242,26 @@ impl EmbeddedServer {
         self.run_dir().map(|dir| dir.join("data"))
     }
 
+    /// The child's exit status if it has exited, reaping it under the active-run lock and
+    /// forgetting its pid there (`RunGuard::reaped`), so that a stop signal never kills a reaped
+    /// pid, which may be another process's by then.
+    ///
+    /// # Errors
+    /// waitpid(2) fails.
+    fn try_reap(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        let mut run_guard = interrupt::lock();
+        let status = self.child.try_wait()?;
+        if status.is_some() {
+            run_guard.reaped(self.child.id());
+        }
+        Ok(status)
+    }
+
+    /// Polls [`EmbeddedServer::try_reap`] until the child exits or `timeout` passes (`None`).
     fn wait_for_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + timeout;
         loop {
-            match self.child.try_wait() {
+            match self.try_reap() {
                 Ok(Some(status)) => return Some(status),
                 Ok(None) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(20));
