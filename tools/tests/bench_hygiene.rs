@@ -77,12 +77,29 @@ fn a_run_larger_than_the_free_space_is_refused_before_any_server_starts() {
 }
 
 #[test]
-fn a_message_count_above_the_bound_names_the_flag_value_and_rule() {
-    let output = bench(&["--messages", "10000000001"]);
+fn a_message_count_outside_its_range_names_the_flag_value_and_rule() {
+    for value in ["10000000001", "0", "-1", "1e6"] {
+        let output = bench(&["--messages", value]);
+        let stderr = text(&output.stderr);
+        // A clap value error, as for any other bad value.
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "invalid value '{value}' for '--messages <M>': \"{value}\" is not a message \
+                 count: use a whole number from 1 to 10000000000: a run writes every message to \
+                 disk"
+            )),
+            "{stderr}"
+        );
+    }
+    let output = bench(&["--partitions", "-4"]);
     let stderr = text(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("--messages 10000000001 is outside 1..=10000000000: "),
+        stderr.contains(
+            "invalid value '-4' for '--partitions <K>': \"-4\" is not a partition count: use a \
+             whole number from 1 to 4096"
+        ),
         "{stderr}"
     );
 }
