@@ -337,10 +337,11 @@ const INBOX_CAPACITY_DEFAULT_TEXT: &str = "1024";
 /// the policy alone, so a default and the same value given explicitly compare equal.
 fn setting_text(setting: &Setting, value: &serde_json::Value) -> String {
     match value {
-        serde_json::Value::String(text) => text
+        serde_json::Value::String(text) if setting.key == "fsync" => text
             .strip_suffix(FSYNC_DEFAULT_SUFFIX)
             .unwrap_or(text)
             .to_string(),
+        serde_json::Value::String(text) => text.clone(),
         serde_json::Value::Null => setting.server_default.unwrap_or("unset").to_string(),
         other => other.to_string(),
     }
