@@ -65,8 +65,8 @@ pub use self::plan::{BenchPlan, PayloadChoice, ServerTarget, ShardRequest, Workl
 /// count and the recommendation; writes `--json`, `--csv`, `--charts` and prints `--compare`
 /// (also after a failed run, for the runs that completed), and fails if any acknowledged message
 /// was not read back intact. `--workload metadata` runs [`metadata::run`] instead. A SIGINT
-/// during any of it stops the embedded server, removes its run directory and exits 130
-/// (`interrupt`).
+/// during any of it stops the embedded server, removes its run directory and the report outputs
+/// this bench created and has not written, and exits 130 (`interrupt`).
 ///
 /// # Errors
 /// Invalid arguments (naming the flag and the rule), a `--json` or `--csv` path that cannot be
