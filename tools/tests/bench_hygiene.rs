@@ -1,7 +1,7 @@
 //! `shardline bench` leaves the machine as it found it: a run that cannot fit on the data root's
 //! filesystem, or asks for more messages than the documented bound, is refused before any server
-//! starts; Ctrl-C during a run stops the embedded server, removes the run directory and exits
-//! 130. The real binary, tiny or refused workloads; never asserts a timing.
+//! starts; Ctrl-C during a run stops the embedded server, removes the run directory and the
+//! report outputs it created, and exits 130; a SIGKILL of the bench kills its server too. The real binary, tiny or refused workloads; never asserts a timing.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -77,12 +77,29 @@ fn a_run_larger_than_the_free_space_is_refused_before_any_server_starts() {
 }
 
 #[test]
-fn a_message_count_above_the_bound_names_the_flag_value_and_rule() {
-    let output = bench(&["--messages", "10000000001"]);
+fn a_message_count_outside_its_range_names_the_flag_value_and_rule() {
+    for value in ["10000000001", "0", "-1", "1e6"] {
+        let output = bench(&["--messages", value]);
+        let stderr = text(&output.stderr);
+        // A clap value error, as for any other bad value.
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "invalid value '{value}' for '--messages <M>': \"{value}\" is not a message \
+                 count: use a whole number from 1 to 10000000000: a run writes every message to \
+                 disk"
+            )),
+            "{stderr}"
+        );
+    }
+    let output = bench(&["--partitions", "-4"]);
     let stderr = text(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("--messages 10000000001 is outside 1..=10000000000: "),
+        stderr.contains(
+            "invalid value '-4' for '--partitions <K>': \"-4\" is not a partition count: use a \
+             whole number from 1 to 4096"
+        ),
         "{stderr}"
     );
 }
@@ -97,12 +114,33 @@ fn sigterm_during_a_run_stops_the_server_removes_the_run_directory_and_exits_143
     stop_signal_mid_run_cleans_up(libc::SIGTERM, 143);
 }
 
-/// Sends `signal` to a bench mid-run; it must kill its server, remove the run directory, say so
-/// and exit with `exit_code` (128 + the signal).
-fn stop_signal_mid_run_cleans_up(signal: libc::c_int, exit_code: i32) {
-    let root = tempfile::tempdir().unwrap();
-    // One message per batch and one producer: 200 000 round trips, seconds of work, so the run
-    // is still going when the signal comes.
+/// A process's parent pid and start time (clock ticks since boot), from `/proc/PID/stat`
+/// (proc(5): fields 4 and 22, counted after the parenthesised command name), or `None` once
+/// it is gone or a zombie (dead, only not yet reaped by whoever inherited it).
+fn live_process(pid: u32) -> Option<(u32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = after_name.split(' ').collect();
+    if fields[0] == "Z" || fields[0] == "X" {
+        return None;
+    }
+    Some((fields[1].parse().ok()?, fields[19].parse().ok()?))
+}
+
+/// The pids whose parent is `parent`.
+fn children_of(parent: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| live_process(pid).is_some_and(|(ppid, _)| ppid == parent))
+        .collect()
+}
+
+/// Starts a bench of 200 000 one-message round trips (seconds of work) writing into `root`,
+/// with `extra` flags, and waits until its run is mid-way: the bench topic's directory
+/// (`data/partitions/STREAM/TOPIC`) exists once the server is up and the topic is created,
+/// right before the produce phase starts. Returns the bench and its run directory.
+fn bench_mid_run(root: &Path, extra: &[&str]) -> (std::process::Child, PathBuf) {
     let mut child = Command::new(BIN)
         .args([
             "bench",
@@ -120,18 +158,17 @@ fn stop_signal_mid_run_cleans_up(signal: libc::c_int, exit_code: i32) {
             "--fsync",
             "never",
             "--data-root",
-            path_arg(root.path()),
+            path_arg(root),
         ])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // A bound on the wait, not an assertion on timing. The bench topic's directory
-    // (`data/partitions/STREAM/TOPIC`) exists once the server is up and the topic is created,
-    // right before the produce phase starts: the signal comes mid-run, not during the start.
+    // A bound on the wait, not an assertion on timing.
     let deadline = Instant::now() + Duration::from_mins(1);
     let run_dir = loop {
-        if let Some(dir) = run_dirs(root.path()).pop()
+        if let Some(dir) = run_dirs(root).pop()
             && dir
                 .join("data")
                 .join("partitions")
@@ -148,6 +185,60 @@ fn stop_signal_mid_run_cleans_up(signal: libc::c_int, exit_code: i32) {
         assert!(Instant::now() < deadline, "no run directory appeared");
         std::thread::sleep(Duration::from_millis(20));
     };
+    (child, run_dir)
+}
+
+#[test]
+fn sigkill_of_the_bench_takes_its_embedded_server_down_too() {
+    let root = tempfile::tempdir().unwrap();
+    let (mut child, run_dir) = bench_mid_run(root.path(), &[]);
+    let servers = children_of(child.id());
+    assert_eq!(servers.len(), 1, "the bench has one child: {servers:?}");
+    let server = servers[0];
+    let (_, server_start) = live_process(server).expect("the server runs");
+    let cmdline = std::fs::read(format!("/proc/{server}/cmdline")).unwrap();
+    assert!(
+        String::from_utf8_lossy(&cmdline).contains("serve"),
+        "{cmdline:?}"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Polled with a bound, not timed: the death signal is delivered as the bench exits. A pid
+    // reused by another process has another start time.
+    let deadline = Instant::now() + Duration::from_mins(1);
+    while live_process(server).is_some_and(|(_, start)| start == server_start) {
+        if Instant::now() >= deadline {
+            // SAFETY: kill(2) on the orphan checked above (same pid and start time), so a
+            // failing run leaves no server behind.
+            unsafe { libc::kill(libc::pid_t::try_from(server).unwrap(), libc::SIGKILL) };
+            panic!("the embedded server (pid {server}) outlived its SIGKILLed bench");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // No handler ran: the run directory stays, as any killed program's files do.
+    std::fs::remove_dir_all(run_dir).unwrap();
+}
+
+/// Sends `signal` to a bench mid-run; it must kill its server, remove the run directory, say so
+/// and exit with `exit_code` (128 + the signal).
+fn stop_signal_mid_run_cleans_up(signal: libc::c_int, exit_code: i32) {
+    let root = tempfile::tempdir().unwrap();
+    let outputs = tempfile::tempdir().unwrap();
+    let json = outputs.path().join("b.json");
+    let csv = outputs.path().join("b.csv");
+    let charts = outputs.path().join("out").join("charts");
+    let (child, run_dir) = bench_mid_run(
+        root.path(),
+        &[
+            "--json",
+            path_arg(&json),
+            "--csv",
+            path_arg(&csv),
+            "--charts",
+            path_arg(&charts),
+        ],
+    );
+    assert!(json.exists() && csv.exists() && charts.is_dir());
     let pid = libc::pid_t::try_from(child.id()).unwrap();
     // SAFETY: kill(2) on our own unreaped child.
     assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
@@ -164,4 +255,17 @@ fn stop_signal_mid_run_cleans_up(signal: libc::c_int, exit_code: i32) {
         stderr.contains("interrupted: stopped the embedded server (pid "),
         "{stderr}"
     );
+    // The report outputs it created, unwritten, go too; the directory that held them stays.
+    for line in [
+        format!("removed the unwritten --csv {}", csv.display()),
+        format!("removed the unwritten --json {}", json.display()),
+        format!("removed the empty --charts {}", charts.display()),
+        format!(
+            "removed the empty --charts {}",
+            outputs.path().join("out").display()
+        ),
+    ] {
+        assert!(stderr.contains(&line), "{line} not in: {stderr}");
+    }
+    assert_eq!(std::fs::read_dir(outputs.path()).unwrap().count(), 0);
 }

@@ -174,8 +174,12 @@ fn bad_metadata_flags_name_the_flag_and_the_rule() {
     let output = bench(&["--workload", "metadata", "--metadata-ops", "0"]);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("--metadata-ops must be at least 1"),
+        stderr.contains(
+            "invalid value '0' for '--metadata-ops <N>': \"0\" is not a metadata op count: use a \
+             whole number from 1 to 100000"
+        ),
         "{stderr}"
     );
 

@@ -74,7 +74,10 @@ fn clients_out_of_range_or_on_the_produce_workload_are_refused() {
     for value in ["0", "2000"] {
         let stderr = refused(&["--workload", "metadata", "--clients", value]);
         assert!(
-            stderr.contains(&format!("--clients {value} is outside 1..=1024: {rule}")),
+            stderr.contains(&format!(
+                "invalid value '{value}' for '--clients <N>': \"{value}\" is not a client \
+                 count: use a whole number from 1 to 1024: {rule}"
+            )),
             "{stderr}"
         );
     }

@@ -232,49 +232,138 @@ fn count_list(counts: &[u16]) -> String {
         .join(", ")
 }
 
-/// The settings (`report::RunConfig` keys) whose difference between the two reports makes the
-/// figures differ for a reason other than the code under test. The shard count is not here: rows
-/// are per count already, and counts run in one report only are listed as such.
-const SETTING_KEYS: [&str; 15] = [
-    "server",
-    "producers",
-    "consumers",
-    "partitions",
-    "batch_messages",
-    "messages",
-    "duration_seconds",
-    "payload",
-    "fsync",
-    "concurrent",
-    "cpus",
-    "no_pin",
-    "io_driver",
-    "inbox_capacity",
-    "idle_poll_us",
+/// A setting compared between the two reports: its `report::RunConfig` key, the bench flag that
+/// sets it (what the warning names, since that is what the user changes), and the value `serve`
+/// uses when the flag is not given (`None`: no server default stands in for an absent value).
+struct Setting {
+    key: &'static str,
+    flag: &'static str,
+    server_default: Option<&'static str>,
+}
+
+/// The server's default I/O driver (`serve --io-driver`'s default, `tools/src/serve.rs`).
+const IO_DRIVER_DEFAULT: &str = "io-uring";
+
+/// What `RunConfig::fsync` appends to the policy when `--fsync` was not given; the policy
+/// before it is the effective one.
+const FSYNC_DEFAULT_SUFFIX: &str = " (server default)";
+
+/// The settings whose difference between the two reports makes the figures differ for a reason
+/// other than the code under test. The shard count is not here: rows are per count already, and
+/// counts run in one report only are listed as such.
+const SETTINGS: [Setting; 15] = [
+    Setting {
+        key: "server",
+        flag: "--addr",
+        server_default: None,
+    },
+    Setting {
+        key: "producers",
+        flag: "--producers",
+        server_default: None,
+    },
+    Setting {
+        key: "consumers",
+        flag: "--consumers",
+        server_default: None,
+    },
+    Setting {
+        key: "partitions",
+        flag: "--partitions",
+        server_default: None,
+    },
+    Setting {
+        key: "batch_messages",
+        flag: "--batch",
+        server_default: None,
+    },
+    Setting {
+        key: "messages",
+        flag: "--messages",
+        server_default: None,
+    },
+    Setting {
+        key: "duration_seconds",
+        flag: "--duration (s)",
+        server_default: None,
+    },
+    Setting {
+        key: "payload",
+        flag: "--message-size/--payload-file",
+        server_default: None,
+    },
+    Setting {
+        key: "fsync",
+        flag: "--fsync",
+        server_default: None,
+    },
+    Setting {
+        key: "concurrent",
+        flag: "--concurrent",
+        server_default: None,
+    },
+    Setting {
+        key: "cpus",
+        flag: "--cpus",
+        server_default: None,
+    },
+    Setting {
+        key: "no_pin",
+        flag: "--no-pin",
+        server_default: None,
+    },
+    Setting {
+        key: "io_driver",
+        flag: "--io-driver",
+        server_default: Some(IO_DRIVER_DEFAULT),
+    },
+    Setting {
+        key: "inbox_capacity",
+        flag: "--inbox-capacity",
+        server_default: Some(INBOX_CAPACITY_DEFAULT_TEXT),
+    },
+    Setting {
+        key: "idle_poll_us",
+        flag: "--idle-poll-us",
+        server_default: Some("0"),
+    },
 ];
 
-/// A setting's value as the warning shows it: strings bare, `null` as `unset`.
-fn setting_text(value: &serde_json::Value) -> String {
+/// `runtime::limits::INBOX_CAPACITY_DEFAULT` as text (checked by a test).
+const INBOX_CAPACITY_DEFAULT_TEXT: &str = "1024";
+
+/// A setting's effective value as the warning shows it: strings bare, the server default for
+/// an unset value that has one (`unset` otherwise), and `fsync`'s `always (server default)` as
+/// the policy alone, so a default and the same value given explicitly compare equal.
+fn setting_text(setting: &Setting, value: &serde_json::Value) -> String {
     match value {
+        serde_json::Value::String(text) if setting.key == "fsync" => text
+            .strip_suffix(FSYNC_DEFAULT_SUFFIX)
+            .unwrap_or(text)
+            .to_string(),
         serde_json::Value::String(text) => text.clone(),
-        serde_json::Value::Null => "unset".to_string(),
+        serde_json::Value::Null => setting.server_default.unwrap_or("unset").to_string(),
         other => other.to_string(),
     }
 }
 
-/// The distinct values of `key` over `configs`, joined with `,`; `None` when any config lacks
-/// the key (a report from before it existed: nothing to compare).
-fn setting_values(configs: &[&serde_json::Value], key: &str) -> Option<String> {
+/// The distinct effective values of `setting` over `configs`, joined with `,`; `None` when any
+/// config lacks the key (a report from before it existed: nothing to compare).
+fn setting_values(configs: &[&serde_json::Value], setting: &Setting) -> Option<String> {
     let values: BTreeSet<String> = configs
         .iter()
-        .map(|config| config.get(key).map(setting_text))
+        .map(|config| {
+            config
+                .get(setting.key)
+                .map(|value| setting_text(setting, value))
+        })
         .collect::<Option<_>>()?;
     Some(values.into_iter().collect::<Vec<_>>().join(","))
 }
 
-/// One warning line per setting of [`SETTING_KEYS`] whose values differ between the baseline's
-/// runs and `runs`, naming the key and both values; empty when they agree or the baseline
-/// carries no `config`.
+/// One warning line per setting of [`SETTINGS`] whose effective values differ between the
+/// baseline's runs and `runs`, naming its flag and both values; empty when they agree or the
+/// baseline carries no `config`.
 pub fn settings_warnings(baseline: &Baseline, runs: &[RunReport]) -> Vec<String> {
     let old_configs: Vec<&serde_json::Value> = baseline
         .report
@@ -290,15 +379,16 @@ pub fn settings_warnings(baseline: &Baseline, runs: &[RunReport]) -> Vec<String>
     if old_configs.is_empty() || new_configs.is_empty() {
         return Vec::new();
     }
-    SETTING_KEYS
+    SETTINGS
         .iter()
-        .filter_map(|key| {
-            let old = setting_values(&old_configs, key)?;
-            let new = setting_values(&new_configs, key)?;
+        .filter_map(|setting| {
+            let old = setting_values(&old_configs, setting)?;
+            let new = setting_values(&new_configs, setting)?;
             (old != new).then(|| {
                 format!(
-                    "warning: settings differ: {key} is {old} in {} but {new} in this run, so \
+                    "warning: settings differ: {} is {old} in {} but {new} in this run, so \
                      the figures below differ for that reason too",
+                    setting.flag,
                     baseline.path.display()
                 )
             })
@@ -495,16 +585,16 @@ mod tests {
             settings_warnings(&baseline, &new),
             [
                 format!(
-                    "warning: settings differ: batch_messages is 1000 in {path} but 10,1000 in \
-                     this run, so the figures below differ for that reason too"
-                ),
-                format!(
-                    "warning: settings differ: fsync is never in {path} but always,never in this \
+                    "warning: settings differ: --batch is 1000 in {path} but 10,1000 in this \
                      run, so the figures below differ for that reason too"
                 ),
                 format!(
-                    "warning: settings differ: io_driver is unset in {path} but poll,unset in \
+                    "warning: settings differ: --fsync is never in {path} but always,never in \
                      this run, so the figures below differ for that reason too"
+                ),
+                format!(
+                    "warning: settings differ: --io-driver is io-uring in {path} but \
+                     io-uring,poll in this run, so the figures below differ for that reason too"
                 ),
             ]
         );
@@ -512,6 +602,54 @@ mod tests {
         assert_eq!(
             text.lines().nth(2).unwrap(),
             settings_warnings(&baseline, &new)[0]
+        );
+    }
+
+    #[test]
+    fn a_server_default_equals_the_same_value_given_explicitly() {
+        let (_dir, baseline) = baseline_of(&[(1, &[(100_000.0, Some(50_000.0))])]);
+        let mut new = runs(&[(1, &[(100_000.0, Some(50_000.0))])]);
+        // The baseline's runs leave every server setting unset and ran `--fsync never`.
+        new[0].config.fsync = "always (server default)".to_string();
+        let mut explicit = new.clone();
+        explicit[0].config.fsync = "always".to_string();
+        explicit[0].config.io_driver = Some("io-uring".to_string());
+        explicit[0].config.inbox_capacity = Some(1024);
+        explicit[0].config.idle_poll_us = Some(0);
+        let (dir, default_baseline) = baseline_of(&[(1, &[(100_000.0, Some(50_000.0))])]);
+        let mut report = default_baseline.report.clone();
+        report["runs"][0]["config"] = serde_json::to_value(&new[0].config).unwrap();
+        let default_path = dir.path().join("default.json");
+        std::fs::write(&default_path, report.to_string()).unwrap();
+        let default_baseline = load_baseline(&default_path).unwrap();
+        assert_eq!(
+            settings_warnings(&default_baseline, &explicit),
+            Vec::<String>::new()
+        );
+        explicit[0].config.inbox_capacity = Some(64);
+        explicit[0].config.idle_poll_us = Some(50);
+        let path = default_path.display();
+        assert_eq!(
+            settings_warnings(&default_baseline, &explicit),
+            [
+                format!(
+                    "warning: settings differ: --inbox-capacity is 1024 in {path} but 64 in \
+                     this run, so the figures below differ for that reason too"
+                ),
+                format!(
+                    "warning: settings differ: --idle-poll-us is 0 in {path} but 50 in this \
+                     run, so the figures below differ for that reason too"
+                ),
+            ]
+        );
+        assert_eq!(settings_warnings(&baseline, &new).len(), 1);
+    }
+
+    #[test]
+    fn the_inbox_capacity_default_is_the_runtimes() {
+        assert_eq!(
+            INBOX_CAPACITY_DEFAULT_TEXT,
+            runtime::limits::INBOX_CAPACITY_DEFAULT.to_string()
         );
     }
 

@@ -10,8 +10,13 @@
 //! SIGINT thread never removes a directory the main thread is still creating, nor the other way
 //! round; the SIGINT thread keeps the lock until the process exits.
 //!
-//! Must never remove anything but the active run's directory, and never signal any process but
-//! the bench's own child.
+//! The report outputs this bench created (`--json`, `--csv`, `--charts`) and has not yet written
+//! are listed in [`CREATED_OUTPUTS`] under a lock of their own, and a stop signal removes them
+//! too: the exit skips every drop, and an empty report file would pass for a report.
+//!
+//! Must never remove anything but the active run's directory and the outputs this bench created,
+//! never a non-empty directory of outputs, and never signal any process but the bench's own
+//! unreaped child: every reap of it happens under the active-run lock, which then forgets its pid.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -58,6 +63,63 @@ impl RunGuard {
             *self.0 = None;
         }
     }
+
+    /// Forgets the active run's server if its pid is `pid`: the owner reaps it while holding this
+    /// guard, after which the pid may belong to another process and must never be signalled.
+    pub fn reaped(&mut self, pid: u32) {
+        if let Some(run) = self.0.as_mut()
+            && run.server_pid == Some(pid)
+        {
+            run.server_pid = None;
+        }
+    }
+}
+
+/// What kind of report output a run created, and so how [`remove_outputs`] removes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputKind {
+    /// A `--json` or `--csv` file: removed.
+    File,
+    /// A `--charts` directory or one of its parents: removed only while empty.
+    Dir,
+}
+
+/// A report output this bench created and has not yet written, named by its flag (`--csv`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreatedOutput {
+    pub flag: &'static str,
+    pub path: PathBuf,
+    pub kind: OutputKind,
+}
+
+/// The report outputs created by this bench and still waiting for their report, in the order
+/// they were created. Taken after [`ACTIVE_RUN`] when both are needed, never before it.
+static CREATED_OUTPUTS: Mutex<Vec<CreatedOutput>> = Mutex::new(Vec::new());
+
+/// Holds the created-outputs lock; the SIGINT thread waits while one is alive, so an output is
+/// never removed while it is being created or written.
+#[derive(Debug)]
+pub struct OutputsGuard(MutexGuard<'static, Vec<CreatedOutput>>);
+
+impl OutputsGuard {
+    /// Records `output`, just created by this bench: a stop signal removes it.
+    pub fn created(&mut self, output: CreatedOutput) {
+        self.0.push(output);
+    }
+
+    /// Forgets the output at `path`: its report is in it, or its owner removed it.
+    pub fn forget(&mut self, path: &Path) {
+        self.0.retain(|output| output.path != path);
+    }
+}
+
+/// Takes the created-outputs lock (a poisoned lock still holds a valid `Vec`).
+pub fn outputs_lock() -> OutputsGuard {
+    OutputsGuard(
+        CREATED_OUTPUTS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner),
+    )
 }
 
 /// Takes the active-run lock (a poisoned lock still holds a valid `Option`).
@@ -85,7 +147,12 @@ pub fn install() -> anyhow::Result<()> {
         .spawn(move || {
             if let Some(signal) = signals.forever().next() {
                 let mut guard = lock();
-                let line = clean_up(guard.0.take());
+                let mut outputs = outputs_lock();
+                let mut line = clean_up(guard.0.take());
+                for removed in remove_outputs(std::mem::take(&mut *outputs.0)) {
+                    line.push_str("; ");
+                    line.push_str(&removed);
+                }
                 // Err: stderr is gone; the exit status still says what happened.
                 let _ = std::io::Write::write_all(
                     &mut std::io::stderr(),
@@ -126,14 +193,41 @@ pub fn clean_up(run: Option<ActiveRun>) -> String {
     }
 }
 
+/// Removes `outputs` (this bench's unwritten report files and the `--charts` directories it
+/// created), the last created first, so a directory goes after what it held; a directory is
+/// removed only while empty, so nothing else in it is ever lost. One line per output says what
+/// was done.
+pub fn remove_outputs(outputs: Vec<CreatedOutput>) -> Vec<String> {
+    outputs
+        .into_iter()
+        .rev()
+        .map(|output| {
+            let (result, what) = match output.kind {
+                OutputKind::File => (std::fs::remove_file(&output.path), "unwritten"),
+                OutputKind::Dir => (std::fs::remove_dir(&output.path), "empty"),
+            };
+            let path = output.path.display();
+            let flag = output.flag;
+            match result {
+                Ok(()) => format!("removed the {what} {flag} {path}"),
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                    format!("the {what} {flag} {path} was already gone")
+                }
+                Err(error) => format!("could not remove the {what} {flag} {path}: {error}"),
+            }
+        })
+        .collect()
+}
+
 /// SIGKILLs `pid` (the bench's own child) and waits for it, so nothing writes into the run
 /// directory while it is removed.
 fn kill_and_reap(pid: u32) -> String {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return format!("the server pid {pid} is out of range and was not signalled");
     };
-    // SAFETY: kill(2) only sends a signal; `pid` is the bench's own unreaped child (its owner
-    // holds or has handed over the active-run lock before reaping it).
+    // SAFETY: kill(2) only sends a signal; `pid` is the bench's own unreaped child: its owner
+    // reaps it only while holding the active-run lock, and forgets the pid ([`RunGuard::reaped`])
+    // before releasing it, so a pid still recorded here was not reaped.
     if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
         let error = std::io::Error::last_os_error();
         // A clean stop reaps the child before its owner takes the lock to remove the directory.
@@ -224,6 +318,86 @@ mod tests {
                 "the embedded server (pid {pid}) had already exited; removed the run directory {}",
                 run_dir.display()
             )
+        );
+    }
+
+    #[test]
+    fn reaped_forgets_only_the_named_pid() {
+        let mut guard = lock();
+        let run = ActiveRun {
+            server_pid: Some(7),
+            run_dir: PathBuf::from("/tmp/r"),
+        };
+        guard.set(run.clone());
+        guard.reaped(8);
+        assert_eq!(guard.0.as_ref(), Some(&run));
+        guard.reaped(7);
+        assert_eq!(
+            guard.0.as_ref(),
+            Some(&ActiveRun {
+                server_pid: None,
+                run_dir: PathBuf::from("/tmp/r"),
+            })
+        );
+        *guard.0 = None;
+    }
+
+    #[test]
+    fn created_outputs_are_removed_last_first_and_a_non_empty_directory_stays() {
+        let root = tempfile::tempdir().unwrap();
+        let charts = root.path().join("out");
+        let inner = charts.join("charts");
+        std::fs::create_dir_all(&inner).unwrap();
+        let json = inner.join("b.json");
+        std::fs::write(&json, "").unwrap();
+        let kept = root.path().join("kept");
+        std::fs::create_dir(&kept).unwrap();
+        std::fs::write(kept.join("user.txt"), "mine").unwrap();
+        let output = |flag, path: &Path, kind| CreatedOutput {
+            flag,
+            path: path.to_path_buf(),
+            kind,
+        };
+        let lines = remove_outputs(vec![
+            output("--charts", &kept, OutputKind::Dir),
+            output("--charts", &charts, OutputKind::Dir),
+            output("--charts", &inner, OutputKind::Dir),
+            output("--json", &json, OutputKind::File),
+            output("--csv", &root.path().join("gone.csv"), OutputKind::File),
+        ]);
+        let shown = |path: &Path| path.display().to_string();
+        assert_eq!(
+            lines[0],
+            format!(
+                "the unwritten --csv {} was already gone",
+                shown(&root.path().join("gone.csv"))
+            )
+        );
+        assert_eq!(
+            lines[1],
+            format!("removed the unwritten --json {}", shown(&json))
+        );
+        assert_eq!(
+            lines[2],
+            format!("removed the empty --charts {}", shown(&inner))
+        );
+        assert_eq!(
+            lines[3],
+            format!("removed the empty --charts {}", shown(&charts))
+        );
+        assert!(
+            lines[4].starts_with(&format!(
+                "could not remove the empty --charts {}: ",
+                shown(&kept)
+            )),
+            "{}",
+            lines[4]
+        );
+        assert_eq!(lines.len(), 5);
+        assert!(!charts.exists());
+        assert_eq!(
+            std::fs::read_to_string(kept.join("user.txt")).unwrap(),
+            "mine"
         );
     }
 

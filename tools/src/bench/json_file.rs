@@ -2,8 +2,11 @@
 //! be written fails at once, naming the flag and the path, instead of after the whole bench;
 //! written once, when the report exists.
 //!
-//! Must never leave a file it created behind without a report (a bench that fails before its
-//! report removes it) and never empties a file that existed until the report replaces its contents.
+//! Must never leave a file or `--charts` directory it created behind without a report (a bench
+//! that fails before its report removes it on drop; a stop signal, which skips drops, removes it
+//! through `interrupt`, where each created output is registered under `interrupt::outputs_lock`
+//! until its report is written) and never empties a file that existed until the report replaces
+//! its contents.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
@@ -12,6 +15,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 
 use serde::Serialize;
+
+use super::interrupt::{self, CreatedOutput, OutputKind};
 
 /// An open report file, waiting for its report.
 #[derive(Debug)]
@@ -35,6 +40,9 @@ impl ReportFile {
     /// permission, a directory at `path`.
     pub fn open(flag: &'static str, path: &Path) -> anyhow::Result<ReportFile> {
         let context = || format!("cannot create {flag} {}", path.display());
+        // Held from the creation to its registration: a stop signal in between waits, then
+        // finds the file.
+        let mut outputs = interrupt::outputs_lock();
         let (file, created) = match OpenOptions::new().write(true).create_new(true).open(path) {
             Ok(file) => (file, true),
             Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => (
@@ -46,6 +54,13 @@ impl ReportFile {
             ),
             Err(error) => return Err(error).with_context(context),
         };
+        if created {
+            outputs.created(CreatedOutput {
+                flag,
+                path: path.to_path_buf(),
+                kind: OutputKind::File,
+            });
+        }
         Ok(ReportFile {
             flag,
             path: path.to_path_buf(),
@@ -60,11 +75,15 @@ impl ReportFile {
     /// # Errors
     /// `cannot write FLAG PATH` with the OS error.
     pub fn write_text(mut self, text: &str) -> anyhow::Result<()> {
+        // Held across the write: a stop signal never removes a file being written, nor one
+        // whose report is complete.
+        let mut outputs = interrupt::outputs_lock();
         self.file
             .set_len(0)
             .and_then(|()| self.file.write_all(text.as_bytes()))
             .with_context(|| format!("cannot write {} {}", self.flag, self.path.display()))?;
         self.written = true;
+        outputs.forget(&self.path);
         Ok(())
     }
 }
@@ -72,8 +91,89 @@ impl ReportFile {
 impl Drop for ReportFile {
     fn drop(&mut self) {
         if self.created && !self.written {
+            let mut outputs = interrupt::outputs_lock();
             // Err: it is gone already or its directory changed; an empty file is all that stays.
             let _ = std::fs::remove_file(&self.path);
+            outputs.forget(&self.path);
+        }
+    }
+}
+
+/// A `--charts` directory, checked to take files and waiting for its charts. The directories
+/// this bench created for it (it and any missing parents) are removed, while empty, if no
+/// charts come.
+#[derive(Debug)]
+pub struct ChartsDir {
+    path: PathBuf,
+    /// Created by this bench, outermost first.
+    created: Vec<PathBuf>,
+}
+
+impl ChartsDir {
+    /// Creates `path` (with its parents) and checks that a file can be created in it.
+    ///
+    /// # Errors
+    /// `cannot create --charts PATH` or `cannot write into --charts PATH` with the OS error.
+    pub fn prepare(path: &Path) -> anyhow::Result<ChartsDir> {
+        let mut missing: Vec<PathBuf> = path
+            .ancestors()
+            .take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists())
+            .map(Path::to_path_buf)
+            .collect();
+        missing.reverse();
+        let mut outputs = interrupt::outputs_lock();
+        let created = std::fs::create_dir_all(path);
+        // Registered even after a failure: the parents that were created are removed on drop.
+        for dir in &missing {
+            if dir.is_dir() {
+                outputs.created(CreatedOutput {
+                    flag: "--charts",
+                    path: dir.clone(),
+                    kind: OutputKind::Dir,
+                });
+            }
+        }
+        drop(outputs);
+        let charts = ChartsDir {
+            path: path.to_path_buf(),
+            created: missing,
+        };
+        created.with_context(|| format!("cannot create --charts {}", path.display()))?;
+        let probe = path.join(".shardline-bench-write-check");
+        std::fs::write(&probe, b"")
+            .and_then(|()| std::fs::remove_file(&probe))
+            .with_context(|| format!("cannot write into --charts {}", path.display()))?;
+        Ok(charts)
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `write` (which writes the charts into [`ChartsDir::path`]) while holding the
+    /// created-outputs lock, then keeps the directory whatever `write` returned (a failed write
+    /// may have left some charts).
+    ///
+    /// # Errors
+    /// Those of `write`.
+    pub fn write<T>(mut self, write: impl FnOnce(&Path) -> anyhow::Result<T>) -> anyhow::Result<T> {
+        let mut outputs = interrupt::outputs_lock();
+        let result = write(&self.path);
+        for dir in std::mem::take(&mut self.created) {
+            outputs.forget(&dir);
+        }
+        result
+    }
+}
+
+impl Drop for ChartsDir {
+    fn drop(&mut self) {
+        let mut outputs = interrupt::outputs_lock();
+        for dir in self.created.iter().rev() {
+            // Err: not empty (something else was put there) or already gone; it stays.
+            let _ = std::fs::remove_dir(dir);
+            outputs.forget(dir);
         }
     }
 }
@@ -179,6 +279,32 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
         file.write_text("a,b\n").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "a,b\n");
+    }
+
+    #[test]
+    fn an_unwritten_charts_dir_is_removed_with_the_parents_this_bench_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let existing = dir.path().join("old");
+        std::fs::create_dir(&existing).unwrap();
+        let charts = existing.join("a").join("charts");
+        let prepared = ChartsDir::prepare(&charts).unwrap();
+        assert_eq!(prepared.path(), charts);
+        assert_eq!(std::fs::read_dir(&charts).unwrap().count(), 0);
+        drop(prepared);
+        assert!(!existing.join("a").exists());
+        assert!(existing.is_dir());
+        // An existing directory is never removed.
+        drop(ChartsDir::prepare(&existing).unwrap());
+        assert!(existing.is_dir());
+        // A written one stays.
+        let written = ChartsDir::prepare(&charts).unwrap();
+        written
+            .write(|path| std::fs::write(path.join("x.svg"), "svg").map_err(anyhow::Error::from))
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(charts.join("x.svg")).unwrap(),
+            "svg"
+        );
     }
 
     #[test]

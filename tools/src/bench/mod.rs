@@ -36,14 +36,14 @@ pub mod workload;
 pub mod writeback;
 
 use std::net::{SocketAddr, ToSocketAddrs as _};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context as _, anyhow, bail};
 use bus::{Client, ClientError, ErrorCode};
 
 use self::ack::AckLedger;
-use self::json_file::{JsonReportFile, ReportFile};
+use self::json_file::{ChartsDir, JsonReportFile, ReportFile};
 use self::payload::PayloadSource;
 use self::phase::{PhaseOutcome, latest_finish, progress_bar, run_phase};
 use self::plan::ScheduledRun;
@@ -65,8 +65,8 @@ pub use self::plan::{BenchPlan, PayloadChoice, ServerTarget, ShardRequest, Workl
 /// count and the recommendation; writes `--json`, `--csv`, `--charts` and prints `--compare`
 /// (also after a failed run, for the runs that completed), and fails if any acknowledged message
 /// was not read back intact. `--workload metadata` runs [`metadata::run`] instead. A SIGINT
-/// during any of it stops the embedded server, removes its run directory and exits 130
-/// (`interrupt`).
+/// during any of it stops the embedded server, removes its run directory and the report outputs
+/// this bench created and has not written, and exits 130 (`interrupt`).
 ///
 /// # Errors
 /// Invalid arguments (naming the flag and the rule), a `--json` or `--csv` path that cannot be
@@ -216,7 +216,7 @@ fn print_summary(
 struct Outputs {
     json: Option<JsonReportFile>,
     csv: Option<ReportFile>,
-    charts: Option<PathBuf>,
+    charts: Option<ChartsDir>,
     compare: Option<compare::Baseline>,
 }
 
@@ -231,7 +231,7 @@ impl Outputs {
                 .as_deref()
                 .map(|path| ReportFile::open("--csv", path))
                 .transpose()?,
-            charts: plan.charts.as_deref().map(prepare_charts_dir).transpose()?,
+            charts: plan.charts.as_deref().map(ChartsDir::prepare).transpose()?,
             compare: plan
                 .compare
                 .as_deref()
@@ -250,13 +250,10 @@ impl Outputs {
         if let Some(csv) = self.csv {
             csv.write_text(&csv_report::render_csv(runs))?;
         }
-        if let Some(dir) = &self.charts {
-            let files = charts::write_charts(dir, runs, &summary)?;
-            crate::output::print_line(&format!(
-                "\ncharts: {} SVG files in {}",
-                files.len(),
-                dir.display()
-            ))?;
+        if let Some(dir) = self.charts {
+            let shown = dir.path().display().to_string();
+            let files = dir.write(|path| charts::write_charts(path, runs, &summary))?;
+            crate::output::print_line(&format!("\ncharts: {} SVG files in {shown}", files.len()))?;
         }
         if let Some(baseline) = &self.compare {
             let table = compare::render_comparison(baseline, runs);
@@ -292,17 +289,6 @@ impl Outputs {
             )),
         }
     }
-}
-
-/// `--charts DIR`: creates it (with its parents) and checks that a file can be created in it.
-fn prepare_charts_dir(dir: &Path) -> anyhow::Result<PathBuf> {
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("cannot create --charts {}", dir.display()))?;
-    let probe = dir.join(".shardline-bench-write-check");
-    std::fs::write(&probe, b"")
-        .and_then(|()| std::fs::remove_file(&probe))
-        .with_context(|| format!("cannot write into --charts {}", dir.display()))?;
-    Ok(dir.to_path_buf())
 }
 
 /// The server of one run: where to connect and whose CPU to measure.
@@ -788,6 +774,7 @@ mod tests {
     use clap::Parser as _;
 
     use super::*;
+    use std::path::Path;
 
     #[derive(Debug, clap::Parser)]
     struct Cli {
@@ -843,29 +830,35 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let json = dir.path().join("j.json");
         let csv = dir.path().join("c.csv");
+        let charts = dir.path().join("out").join("charts");
         let plan = plan(&[
             "--json",
             json.to_str().unwrap(),
             "--csv",
             csv.to_str().unwrap(),
+            "--charts",
+            charts.to_str().unwrap(),
         ]);
         let outputs = Outputs::open(&plan).unwrap();
+        assert!(charts.is_dir());
         let error = outputs.finish_after_failure(&plan, &[], anyhow!("the server did not start"));
         assert_eq!(error.to_string(), "the server did not start");
         assert!(!json.exists());
         assert!(!csv.exists());
+        assert!(!dir.path().join("out").exists());
     }
 
     #[test]
     fn the_charts_dir_is_created_and_left_empty_before_the_runs() {
         let dir = tempfile::tempdir().unwrap();
         let charts = dir.path().join("a").join("charts");
-        assert_eq!(prepare_charts_dir(&charts).unwrap(), charts);
+        let prepared = ChartsDir::prepare(&charts).unwrap();
+        assert_eq!(prepared.path(), charts);
         assert_eq!(std::fs::read_dir(&charts).unwrap().count(), 0);
         let file = dir.path().join("file");
         std::fs::write(&file, "").unwrap();
         assert_eq!(
-            format!("{:#}", prepare_charts_dir(&file).unwrap_err()),
+            format!("{:#}", ChartsDir::prepare(&file).unwrap_err()),
             format!(
                 "cannot create --charts {}: File exists (os error 17)",
                 file.display()

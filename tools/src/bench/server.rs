@@ -7,7 +7,9 @@
 //! running, nor its directory behind: a failure or a drop kills it and removes the directory (a
 //! failure quotes the log's last lines first), and a SIGINT does the same (`interrupt`): the
 //! child runs in a process group of its own so that a terminal's Ctrl-C reaches the bench only,
-//! and every change to the run's directory or child happens under `interrupt::lock`.
+//! and every change to the run's directory or child happens under `interrupt::lock`. A SIGKILL of
+//! the bench, which no handler sees, kills the child too (`PR_SET_PDEATHSIG`); its directory
+//! then stays, as any killed program's files do.
 
 use std::ffi::OsString;
 use std::io::{BufRead as _, Write as _};
@@ -79,6 +81,33 @@ fn log_tail(path: &Path, count: usize) -> String {
     lines[lines.len().saturating_sub(count)..].join("\n")
 }
 
+/// Makes the child `command` spawns receive SIGKILL when the bench dies, however it dies: a
+/// SIGKILL of the bench runs neither `interrupt`'s clean-up nor any drop, and the child's own
+/// process group keeps a terminal's signals from it, so without this it would run forever.
+///
+/// In the child, between fork and exec: `prctl(PR_SET_PDEATHSIG, SIGKILL)` (prctl(2)), then
+/// `getppid()` is checked against the bench's pid, because a bench that died before the prctl
+/// already reparented the child and no death signal will come; such a child fails its spawn
+/// instead of running. The death signal follows the *thread* that forked the child (prctl(2)),
+/// so the child must be spawned from a thread that lives as long as the bench: the main one.
+fn die_with_parent(command: &mut Command) {
+    let parent_pid = libc::pid_t::try_from(std::process::id()).unwrap_or(libc::pid_t::MAX);
+    // SAFETY: the closure runs in the forked child before exec and calls only prctl(2) and
+    // getppid(2), both async-signal-safe system calls; it allocates nothing (`from_raw_os_error`
+    // and `last_os_error` build an `io::Error` without allocating).
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent_pid {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
 /// A running embedded server.
 #[derive(Debug)]
 pub struct EmbeddedServer {
@@ -121,12 +150,15 @@ impl EmbeddedServer {
         let log_path = dir.path().join("server.log");
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("cannot create {}", log_path.display()))?;
-        let mut child = Command::new(exe)
+        let mut command = Command::new(exe);
+        command
             .args(options.serve_args(&data_dir, shards))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
-            .process_group(0)
+            .process_group(0);
+        die_with_parent(&mut command);
+        let mut child = command
             .spawn()
             .with_context(|| format!("cannot start {} serve", exe.display()))?;
         run_guard.set(ActiveRun {
@@ -168,11 +200,7 @@ impl EmbeddedServer {
                     return Ok(server);
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if let Some(status) = server
-                        .child
-                        .try_wait()
-                        .context("cannot wait for the server")?
-                    {
+                    if let Some(status) = server.try_reap().context("cannot wait for the server")? {
                         return Err(server.fail(&format!("exited with {status} before listening")));
                     }
                     if Instant::now() >= deadline {
@@ -214,10 +242,26 @@ impl EmbeddedServer {
         self.run_dir().map(|dir| dir.join("data"))
     }
 
+    /// The child's exit status if it has exited, reaping it under the active-run lock and
+    /// forgetting its pid there (`RunGuard::reaped`), so that a stop signal never kills a reaped
+    /// pid, which may be another process's by then.
+    ///
+    /// # Errors
+    /// waitpid(2) fails.
+    fn try_reap(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        let mut run_guard = interrupt::lock();
+        let status = self.child.try_wait()?;
+        if status.is_some() {
+            run_guard.reaped(self.child.id());
+        }
+        Ok(status)
+    }
+
+    /// Polls [`EmbeddedServer::try_reap`] until the child exits or `timeout` passes (`None`).
     fn wait_for_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + timeout;
         loop {
-            match self.child.try_wait() {
+            match self.try_reap() {
                 Ok(Some(status)) => return Some(status),
                 Ok(None) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(20));
