@@ -537,8 +537,9 @@ async fn open_last_segment(
                 resync = ?resync,
                 "damaged entry in the last segment that may have been acknowledged (it is \
                  complete, or valid entries follow it, or the search for them ran out of budget), \
-                 so it is not treated as a torn write: its bytes and everything after them were \
-                 copied to the quarantine file, then the segment was truncated at the damage"
+                 so it is treated as interior damage, not a torn write: its bytes and everything \
+                 after them were copied to the quarantine file, then the segment was truncated at \
+                 the damage"
             );
             cut.quarantined = Some(quarantine);
         } else {
