@@ -3,27 +3,13 @@
 //! starts; Ctrl-C during a run stops the embedded server, removes the run directory and the
 //! report outputs it created, and exits 130; a SIGKILL of the bench kills its server too. The real binary, tiny or refused workloads; never asserts a timing.
 
+mod common;
+
+use common::{BIN, bench, path_arg, text};
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_shardline");
-
-fn bench(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .arg("bench")
-        .args(args)
-        .output()
-        .expect("run shardline bench")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn path_arg(path: &Path) -> &str {
-    path.to_str().expect("temp paths are UTF-8")
-}
 
 /// The bench's run directories under `root`.
 fn run_dirs(root: &Path) -> Vec<PathBuf> {

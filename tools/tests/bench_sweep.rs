@@ -4,28 +4,11 @@
 //! their modules), and that bad report paths fail before any server starts. Never asserts a
 //! timing.
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
+
+use common::{bench, path_arg, text};
 
 use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_shardline");
-
-fn bench(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .arg("bench")
-        .args(args)
-        .output()
-        .expect("run shardline bench")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn path_arg(path: &Path) -> &str {
-    path.to_str().expect("temp paths are UTF-8")
-}
 
 /// The tiny workload: two producers and consumers, 20 000 messages of 100 bytes, no fsync.
 const TINY: [&str; 10] = [

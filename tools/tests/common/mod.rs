@@ -310,3 +310,22 @@ pub fn unused_port() -> u16 {
     }
 }
 pub mod cluster;
+
+/// Runs `shardline bench ARGS` to completion and returns its output.
+pub fn bench(args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .arg("bench")
+        .args(args)
+        .output()
+        .expect("run shardline bench")
+}
+
+/// Lossy UTF-8 of a child's stdout or stderr.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A temp path as a command-line argument.
+pub fn path_arg(path: &Path) -> &str {
+    path.to_str().expect("temp paths are UTF-8")
+}
