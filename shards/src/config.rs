@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use crate::limits::{CHECKPOINT_INTERVAL_LIMIT, CLIENTS_TABLE_MAX_LIMIT};
+use crate::limits::{CHECKPOINT_INTERVAL_LIMIT, CLIENTS_TABLE_MAX_LIMIT, TIMER_TICKS_MAX};
 use runtime::{IoDriver, TopologyConfig};
 use storage::FsyncPolicy;
 
@@ -49,6 +49,160 @@ const _: () = assert!(JOURNAL_SEGMENT_SIZE_MIN <= JOURNAL_SEGMENT_SIZE_MAX);
 const _: () = assert!(
     storage::limits::JOURNAL_RECORD_SIZE_MAX as u64 <= storage::limits::JOURNAL_SEGMENT_SIZE_MAX
 );
+
+/// Largest `--replica` index: the largest replica count in [`REPLICA_COUNTS`], less one.
+pub const REPLICA_INDEX_MAX: u8 = 4;
+const _: () = assert!(REPLICA_INDEX_MAX as usize + 1 == REPLICA_COUNTS[REPLICA_COUNTS.len() - 1]);
+
+/// A key whose rule is a fixed range of whole numbers of one unit (DESIGN section 11: a bad
+/// value names the key, the value and the rule). [`ServerConfig::validate`] checks it, and the
+/// `serve` flag parsers check the same range and state the same rule before a configuration
+/// exists, so that a flag, a `SHARDLINE_*` variable or a config-file value out of range is a
+/// usage error naming that flag or key, worded as `validate` words it. Rules that relate two
+/// keys (`--view-change-timeout-ticks` above `--heartbeat-ticks`, `--replica` below the replica
+/// count) stay `validate`'s alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RangedKey {
+    /// `--max-message-size`, bytes.
+    MaxMessageSize,
+    /// `--inbox-capacity`, frames.
+    InboxCapacity,
+    /// `--segment-size`, bytes.
+    SegmentSize,
+    /// `--idle-poll-us`, microseconds.
+    IdlePollUs,
+    /// `--idle-timeout-s`, seconds.
+    IdleTimeoutS,
+    /// `--clients-table-max`, sessions.
+    ClientsTableMax,
+    /// `--parked-polls-max`, parked polls per shard.
+    ParkedPollsMax,
+    /// `--checkpoint-interval`, committed ops.
+    CheckpointInterval,
+    /// `--journal-segment-size`, bytes.
+    JournalSegmentSize,
+    /// `--tick-ms`, milliseconds.
+    TickMs,
+    /// `--heartbeat-ticks`, ticks.
+    HeartbeatTicks,
+    /// `--view-change-timeout-ticks`, ticks (and above `--heartbeat-ticks`, which `validate`
+    /// checks).
+    ViewChangeTimeoutTicks,
+}
+
+impl RangedKey {
+    /// Every ranged key, in `validate`'s order.
+    pub const ALL: [RangedKey; 12] = [
+        RangedKey::MaxMessageSize,
+        RangedKey::InboxCapacity,
+        RangedKey::SegmentSize,
+        RangedKey::IdlePollUs,
+        RangedKey::IdleTimeoutS,
+        RangedKey::ClientsTableMax,
+        RangedKey::ParkedPollsMax,
+        RangedKey::CheckpointInterval,
+        RangedKey::JournalSegmentSize,
+        RangedKey::TickMs,
+        RangedKey::HeartbeatTicks,
+        RangedKey::ViewChangeTimeoutTicks,
+    ];
+
+    /// The `ServerConfig` field as `ConfigError::Invalid::key` names it.
+    pub fn key(self) -> &'static str {
+        match self {
+            RangedKey::MaxMessageSize => "max_message_size",
+            RangedKey::InboxCapacity => "inbox_capacity",
+            RangedKey::SegmentSize => "segment_size_max",
+            RangedKey::IdlePollUs => "idle_poll_us",
+            RangedKey::IdleTimeoutS => "connection_idle_timeout_s",
+            RangedKey::ClientsTableMax => "clients_table_max",
+            RangedKey::ParkedPollsMax => "parked_polls_max",
+            RangedKey::CheckpointInterval => "checkpoint_interval",
+            RangedKey::JournalSegmentSize => "journal_segment_size_max",
+            RangedKey::TickMs => "tick",
+            RangedKey::HeartbeatTicks => "heartbeat_ticks",
+            RangedKey::ViewChangeTimeoutTicks => "view_change_timeout_ticks",
+        }
+    }
+
+    /// The `serve` flag that sets this key (`--tick-ms`).
+    pub fn flag(self) -> &'static str {
+        flag_of(self.key())
+    }
+
+    /// The accepted values, inclusive, in the key's unit.
+    pub fn range(self) -> std::ops::RangeInclusive<u64> {
+        // usize -> u64 is lossless on every target shardline builds for (64-bit Linux).
+        match self {
+            RangedKey::MaxMessageSize => u64::from(MESSAGE_SIZE_MIN)..=u64::from(MESSAGE_SIZE_MAX),
+            RangedKey::InboxCapacity => 1..=runtime::limits::INBOX_CAPACITY_MAX as u64,
+            RangedKey::SegmentSize => SEGMENT_SIZE_MIN..=storage::limits::SEGMENT_SIZE_MAX_LIMIT,
+            RangedKey::IdlePollUs => 0..=IDLE_POLL_MAX.as_micros() as u64,
+            RangedKey::IdleTimeoutS => {
+                CONNECTION_IDLE_TIMEOUT_MIN.as_secs()..=CONNECTION_IDLE_TIMEOUT_MAX.as_secs()
+            }
+            RangedKey::ClientsTableMax => 1..=CLIENTS_TABLE_MAX_LIMIT as u64,
+            RangedKey::ParkedPollsMax => 1..=crate::limits::PARKED_POLLS_MAX_LIMIT as u64,
+            RangedKey::CheckpointInterval => 1..=CHECKPOINT_INTERVAL_LIMIT,
+            RangedKey::JournalSegmentSize => JOURNAL_SEGMENT_SIZE_MIN..=JOURNAL_SEGMENT_SIZE_MAX,
+            RangedKey::TickMs => TICK_MIN.as_millis() as u64..=TICK_MAX.as_millis() as u64,
+            RangedKey::HeartbeatTicks => 1..=TIMER_TICKS_MAX,
+            RangedKey::ViewChangeTimeoutTicks => 2..=TIMER_TICKS_MAX,
+        }
+    }
+
+    /// The rule, as errors state it after the key and the value: `must be between 1 and
+    /// 1000 ms`.
+    pub fn rule(self) -> String {
+        let range = self.range();
+        let (min, max) = (range.start(), range.end());
+        match self {
+            RangedKey::MaxMessageSize => format!(
+                "must be between {min} and {max} bytes (the 256-byte header plus at least one \
+                 batch must fit)"
+            ),
+            RangedKey::InboxCapacity => format!("must be between {min} and {max} frames"),
+            RangedKey::SegmentSize => format!("must be between {min} and {max} bytes"),
+            RangedKey::IdlePollUs => format!("must be between {min} and {max} µs"),
+            RangedKey::IdleTimeoutS => format!("must be between {min} and {max} seconds"),
+            RangedKey::ClientsTableMax => format!("must be between {min} and {max} sessions"),
+            RangedKey::ParkedPollsMax => {
+                format!("must be between {min} and {max} parked polls per shard")
+            }
+            RangedKey::CheckpointInterval => format!("must be between {min} and {max} ops"),
+            RangedKey::JournalSegmentSize => format!(
+                "must be between {min} and {max} bytes (64KiB..=64MiB: opening the journal reads \
+                 a whole segment into memory)"
+            ),
+            RangedKey::TickMs => format!("must be between {min} and {max} ms"),
+            RangedKey::HeartbeatTicks | RangedKey::ViewChangeTimeoutTicks => {
+                format!("must be between {min} and {max} ticks")
+            }
+        }
+    }
+
+    /// `value` (in the key's unit) against [`RangedKey::range`].
+    ///
+    /// # Errors
+    /// `ConfigError::Invalid` naming the flag, `value` and [`RangedKey::rule`].
+    pub fn check(self, value: u64) -> Result<(), ConfigError> {
+        if self.range().contains(&value) {
+            Ok(())
+        } else {
+            Err(self.refusal(value.to_string()))
+        }
+    }
+
+    /// The `ConfigError::Invalid` of a value `value` (as the error shows it) out of range.
+    fn refusal(self, value: String) -> ConfigError {
+        ConfigError::Invalid {
+            flag: self.flag(),
+            key: self.key(),
+            value,
+            rule: self.rule(),
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -166,37 +320,9 @@ impl ServerConfig {
                 ),
             ));
         }
-        if !(MESSAGE_SIZE_MIN..=MESSAGE_SIZE_MAX).contains(&self.max_message_size) {
-            return Err(invalid(
-                "max_message_size",
-                self.max_message_size.to_string(),
-                format!(
-                    "must be between {MESSAGE_SIZE_MIN} and {MESSAGE_SIZE_MAX} bytes (the 256-byte header plus at least one batch must fit)"
-                ),
-            ));
-        }
-        if !(1..=runtime::limits::INBOX_CAPACITY_MAX).contains(&self.inbox_capacity) {
-            return Err(invalid(
-                "inbox_capacity",
-                self.inbox_capacity.to_string(),
-                format!(
-                    "must be between 1 and {}",
-                    runtime::limits::INBOX_CAPACITY_MAX
-                ),
-            ));
-        }
-        if !(SEGMENT_SIZE_MIN..=storage::limits::SEGMENT_SIZE_MAX_LIMIT)
-            .contains(&self.segment_size_max)
-        {
-            return Err(invalid(
-                "segment_size_max",
-                self.segment_size_max.to_string(),
-                format!(
-                    "must be between {SEGMENT_SIZE_MIN} and {} bytes",
-                    storage::limits::SEGMENT_SIZE_MAX_LIMIT
-                ),
-            ));
-        }
+        RangedKey::MaxMessageSize.check(u64::from(self.max_message_size))?;
+        RangedKey::InboxCapacity.check(self.inbox_capacity as u64)?;
+        RangedKey::SegmentSize.check(self.segment_size_max)?;
         let session_range =
             crate::limits::GROUP_SESSION_TIMEOUT_MIN..=crate::limits::GROUP_SESSION_TIMEOUT_MAX;
         if !session_range.contains(&self.group_session_timeout) {
@@ -210,62 +336,22 @@ impl ServerConfig {
                 ),
             ));
         }
+        // Durations are compared as durations (a library caller may set sub-unit values); the
+        // error shows them in the flag's unit.
         if self.idle_poll > IDLE_POLL_MAX {
-            return Err(invalid(
-                "idle_poll_us",
-                self.idle_poll.as_micros().to_string(),
-                format!("must be at most {} µs", IDLE_POLL_MAX.as_micros()),
-            ));
+            return Err(RangedKey::IdlePollUs.refusal(self.idle_poll.as_micros().to_string()));
         }
         if !(CONNECTION_IDLE_TIMEOUT_MIN..=CONNECTION_IDLE_TIMEOUT_MAX)
             .contains(&self.connection_idle_timeout)
         {
-            return Err(invalid(
-                "connection_idle_timeout_s",
-                self.connection_idle_timeout.as_secs().to_string(),
-                format!(
-                    "must be between {} and {} seconds",
-                    CONNECTION_IDLE_TIMEOUT_MIN.as_secs(),
-                    CONNECTION_IDLE_TIMEOUT_MAX.as_secs()
-                ),
-            ));
+            return Err(
+                RangedKey::IdleTimeoutS.refusal(self.connection_idle_timeout.as_secs().to_string())
+            );
         }
-        if !(1..=CLIENTS_TABLE_MAX_LIMIT).contains(&self.clients_table_max) {
-            return Err(invalid(
-                "clients_table_max",
-                self.clients_table_max.to_string(),
-                format!("must be between 1 and {CLIENTS_TABLE_MAX_LIMIT} sessions"),
-            ));
-        }
-        if !(1..=crate::limits::PARKED_POLLS_MAX_LIMIT).contains(&self.parked_polls_max) {
-            return Err(invalid(
-                "parked_polls_max",
-                self.parked_polls_max.to_string(),
-                format!(
-                    "must be between 1 and {} parked polls per shard",
-                    crate::limits::PARKED_POLLS_MAX_LIMIT
-                ),
-            ));
-        }
-        if !(1..=CHECKPOINT_INTERVAL_LIMIT).contains(&self.checkpoint_interval) {
-            return Err(invalid(
-                "checkpoint_interval",
-                self.checkpoint_interval.to_string(),
-                format!("must be between 1 and {CHECKPOINT_INTERVAL_LIMIT} ops"),
-            ));
-        }
-        if !(JOURNAL_SEGMENT_SIZE_MIN..=JOURNAL_SEGMENT_SIZE_MAX)
-            .contains(&self.journal_segment_size_max)
-        {
-            return Err(invalid(
-                "journal_segment_size_max",
-                self.journal_segment_size_max.to_string(),
-                format!(
-                    "must be between {JOURNAL_SEGMENT_SIZE_MIN} and {JOURNAL_SEGMENT_SIZE_MAX} \
-                     bytes (64KiB..=64MiB: opening the journal reads a whole segment into memory)"
-                ),
-            ));
-        }
+        RangedKey::ClientsTableMax.check(self.clients_table_max as u64)?;
+        RangedKey::ParkedPollsMax.check(self.parked_polls_max as u64)?;
+        RangedKey::CheckpointInterval.check(self.checkpoint_interval)?;
+        RangedKey::JournalSegmentSize.check(self.journal_segment_size_max)?;
         if let runtime::ShardCountArg::Count(0) = self.topology.shards {
             return Err(invalid(
                 "shards",
@@ -366,23 +452,9 @@ impl ServerConfig {
             ));
         }
         if !(TICK_MIN..=TICK_MAX).contains(&self.tick) {
-            return Err(invalid(
-                "tick",
-                self.tick.as_millis().to_string(),
-                format!(
-                    "must be between {} and {} ms",
-                    TICK_MIN.as_millis(),
-                    TICK_MAX.as_millis()
-                ),
-            ));
+            return Err(RangedKey::TickMs.refusal(self.tick.as_millis().to_string()));
         }
-        if self.heartbeat_ticks == 0 {
-            return Err(invalid(
-                "heartbeat_ticks",
-                "0".to_owned(),
-                "must be at least 1 tick".to_owned(),
-            ));
-        }
+        RangedKey::HeartbeatTicks.check(self.heartbeat_ticks)?;
         if self.view_change_timeout_ticks <= self.heartbeat_ticks {
             return Err(invalid(
                 "view_change_timeout_ticks",
@@ -394,6 +466,7 @@ impl ServerConfig {
                 ),
             ));
         }
+        RangedKey::ViewChangeTimeoutTicks.check(self.view_change_timeout_ticks)?;
         let (interval_min, interval_max) = (
             crate::limits::RETENTION_INTERVAL_MIN,
             crate::limits::RETENTION_INTERVAL_MAX,
@@ -693,7 +766,19 @@ mod tests {
         config.heartbeat_ticks = 0;
         assert_eq!(
             error_of(&config),
-            "invalid --heartbeat-ticks value \"0\": must be at least 1 tick"
+            "invalid --heartbeat-ticks value \"0\": must be between 1 and 1000000 ticks"
+        );
+        config.heartbeat_ticks = TIMER_TICKS_MAX + 1;
+        assert_eq!(
+            error_of(&config),
+            "invalid --heartbeat-ticks value \"1000001\": must be between 1 and 1000000 ticks"
+        );
+        config.heartbeat_ticks = 10;
+        config.view_change_timeout_ticks = TIMER_TICKS_MAX + 1;
+        assert_eq!(
+            error_of(&config),
+            "invalid --view-change-timeout-ticks value \"1000001\": must be between 2 and \
+             1000000 ticks"
         );
         config.heartbeat_ticks = 10;
         config.view_change_timeout_ticks = 10;
@@ -705,6 +790,31 @@ mod tests {
         );
         config.view_change_timeout_ticks = 11;
         config.validate().unwrap();
+    }
+
+    #[test]
+    fn ranged_keys_accept_their_bounds_and_name_flag_value_rule_beyond_them() {
+        for key in RangedKey::ALL {
+            let (min, max) = (*key.range().start(), *key.range().end());
+            assert!(min <= max, "{key:?}");
+            key.check(min).unwrap();
+            key.check(max).unwrap();
+            let beyond = [min.checked_sub(1), max.checked_add(1)];
+            for value in beyond.into_iter().flatten() {
+                assert_eq!(
+                    key.check(value).unwrap_err().to_string(),
+                    format!("invalid {} value \"{value}\": {}", key.flag(), key.rule()),
+                    "{key:?}"
+                );
+            }
+            assert!(key.flag().starts_with("--"), "{key:?} has a flag");
+        }
+        let mut config = ServerConfig::new(PathBuf::from("/tmp/x"));
+        config.idle_poll = std::time::Duration::from_micros(10_001);
+        assert_eq!(
+            error_of(&config),
+            "invalid --idle-poll-us value \"10001\": must be between 0 and 10000 µs"
+        );
     }
 
     #[test]

@@ -29,6 +29,6 @@ mod test_support;
 pub mod unopened;
 pub mod vsr;
 
-pub use config::{ConfigError, ServerConfig};
+pub use config::{ConfigError, RangedKey, ServerConfig};
 pub use namespace::shard_for;
 pub use server::{RunningServer, ServerError};

@@ -136,6 +136,13 @@ pub const HEARTBEAT_TICKS_DEFAULT: u64 = 10;
 /// Default `--view-change-timeout-ticks`: a backup that heard nothing from its primary for
 /// 300 ms (3 missed heartbeats) starts a view change.
 pub const VIEW_CHANGE_TIMEOUT_TICKS_DEFAULT: u64 = 30;
+/// Largest `--heartbeat-ticks` and `--view-change-timeout-ticks`: at the longest tick (1 s) a
+/// million ticks is 11 days without a heartbeat or a failover, past any use; the bound keeps
+/// `now + timeout` (and the randomized doubling of the view-change timeout) far from `u64`
+/// overflow.
+pub const TIMER_TICKS_MAX: u64 = 1_000_000;
+const _: () = assert!(HEARTBEAT_TICKS_DEFAULT < VIEW_CHANGE_TIMEOUT_TICKS_DEFAULT);
+const _: () = assert!(VIEW_CHANGE_TIMEOUT_TICKS_DEFAULT <= TIMER_TICKS_MAX);
 /// Prepares a primary keeps in flight (prepared, not yet committed): concurrent clients' changes
 /// share fsyncs, and a view change carries at most this many uncommitted prepares.
 pub const PIPELINE_PREPARE_MAX: usize = 8;

@@ -269,15 +269,88 @@ where
     }
 }
 
-/// Parses `serve --retention-interval` (issue 11 section 4) as [`parse_duration`] does, at most
-/// a day (`ServerConfig::validate` checks the lower bound).
+/// A clap value parser of a whole number in `range` whose refusal is `rule`, a text that
+/// names the range and its unit (`must be between 1 and 1000 ms`, as
+/// `shards::RangedKey::rule` words it for `serve`). A number out of range (`-1`, `0`, `2000`)
+/// gets `rule` alone; a text that is no whole number (`1e6`, `10k`, `1.5`) gets `"TEXT" is
+/// not a whole number; RULE`. Pair it with `allow_negative_numbers = true` so that `-1` reaches
+/// it; clap names the flag and the value before the rule, a config file names its key.
 ///
 /// # Errors
-/// As [`parse_duration`].
+/// The returned parser fails as said above.
+pub fn whole_number_in(
+    range: std::ops::RangeInclusive<u64>,
+    rule: String,
+) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync + 'static {
+    move |text: &str| {
+        let trimmed = text.trim();
+        match trimmed.parse::<u64>() {
+            Ok(value) if range.contains(&value) => Ok(value),
+            Ok(_) => Err(rule.clone()),
+            // A whole number all the same, below 0 or beyond u64: out of range.
+            Err(_) if is_digits(trimmed.strip_prefix('-').unwrap_or(trimmed)) => Err(rule.clone()),
+            Err(_) => Err(format!("{text:?} is not a whole number; {rule}")),
+        }
+    }
+}
+
+/// Whether `text` is one or more ASCII digits (a whole number too long for any integer type).
+fn is_digits(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_digit())
+}
+
+/// A clap value parser of a byte size as [`parse_byte_size`] takes it (`4096`, `64KiB`), in
+/// `range` bytes, whose refusal states `rule` (`must be between 4096 and 1073741824 bytes`):
+/// alone for a size out of range, after `parse_byte_size`'s error for a text that is no size
+/// (`-4KiB`, `64MB`). Pair it with `allow_hyphen_values = true` so that `-4KiB` reaches it.
+///
+/// # Errors
+/// The returned parser fails as said above.
+pub fn byte_size_in(
+    range: std::ops::RangeInclusive<u64>,
+    rule: String,
+) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync + 'static {
+    move |text: &str| match parse_byte_size(text) {
+        Ok(size) if range.contains(&size) => Ok(size),
+        Ok(_) => Err(rule.clone()),
+        Err(error) => Err(format!("{error}; {rule}")),
+    }
+}
+
+/// Parses a duration flag as [`parse_duration`] does, at least `min` and at most `max`.
+///
+/// # Errors
+/// Those of [`parse_duration`] with `; the smallest is MIN ms` after them, or a text naming
+/// `text`, the smallest and the largest `what` when it is shorter than `min`.
+pub fn parse_duration_between(
+    text: &str,
+    what: &str,
+    min: Duration,
+    max: Duration,
+) -> Result<Duration, String> {
+    let duration = parse_duration(text, what, max)
+        .map_err(|error| format!("{error}; the smallest is {} ms", min.as_millis()))?;
+    if duration < min {
+        return Err(format!(
+            "{text:?} is below the smallest {what}, {} ms (the largest is {})",
+            min.as_millis(),
+            duration_max_text(max)
+        ));
+    }
+    Ok(duration)
+}
+
+/// Parses `serve --retention-interval` (issue 11 section 4) as [`parse_duration_between`]
+/// does, from `RETENTION_INTERVAL_MIN` (10 ms) to `RETENTION_INTERVAL_MAX` (a day), the range
+/// `ServerConfig::validate` checks too.
+///
+/// # Errors
+/// As [`parse_duration_between`].
 pub fn parse_retention_interval(text: &str) -> Result<Duration, String> {
-    parse_duration(
+    parse_duration_between(
         text,
         "retention interval",
+        shards::limits::RETENTION_INTERVAL_MIN,
         shards::limits::RETENTION_INTERVAL_MAX,
     )
 }
@@ -583,6 +656,80 @@ mod tests {
             offsets("-1"),
             Err(
                 "\"-1\" is not an offset: use a whole number from 0 to 18446744073709551615"
+                    .to_owned()
+            )
+        );
+    }
+
+    #[test]
+    fn ranged_whole_numbers_state_the_rule_for_every_refused_text() {
+        let rule = "must be between 1 and 1000 ms".to_owned();
+        let tick_ms = whole_number_in(1..=1000, rule.clone());
+        assert_eq!(tick_ms("1"), Ok(1));
+        assert_eq!(tick_ms(" 1000 "), Ok(1000));
+        for out_of_range in [
+            "0",
+            "1001",
+            "-1",
+            "-99999999999999999999999",
+            "99999999999999999999",
+        ] {
+            assert_eq!(tick_ms(out_of_range), Err(rule.clone()), "{out_of_range}");
+        }
+        for not_a_number in ["1e3", "10k", "1.5", "", "ten", "--1"] {
+            assert_eq!(
+                tick_ms(not_a_number),
+                Err(format!("{not_a_number:?} is not a whole number; {rule}")),
+                "{not_a_number}"
+            );
+        }
+    }
+
+    #[test]
+    fn ranged_byte_sizes_state_the_rule_after_the_accepted_forms() {
+        let rule = "must be between 4096 and 1073741824 bytes".to_owned();
+        let segment_size = byte_size_in(4096..=1 << 30, rule.clone());
+        assert_eq!(segment_size("4KiB"), Ok(4096));
+        assert_eq!(segment_size("1GiB"), Ok(1 << 30));
+        assert_eq!(segment_size("10"), Err(rule.clone()));
+        assert_eq!(segment_size("2GiB"), Err(rule.clone()));
+        assert_eq!(
+            segment_size("-4KiB"),
+            Err(format!(
+                "\"-4KiB\" is not a size: use bytes, an integer (e.g. 67108864), or one with a \
+                 suffix KiB, MiB or GiB (e.g. 64MiB); {rule}"
+            ))
+        );
+    }
+
+    #[test]
+    fn durations_between_name_the_smallest_and_the_largest() {
+        let (min, max) = (Duration::from_millis(100), Duration::from_hours(1));
+        let session = |text| parse_duration_between(text, "group session timeout", min, max);
+        assert_eq!(session("100ms"), Ok(min));
+        assert_eq!(session("60m"), Ok(max));
+        assert_eq!(
+            session("50ms"),
+            Err(
+                "\"50ms\" is below the smallest group session timeout, 100 ms (the largest is \
+                 3600 s (60m))"
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            session("61m"),
+            Err(
+                "\"61m\" exceeds the largest group session timeout, 3600 s (60m); the smallest \
+                 is 100 ms"
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            session("-1"),
+            Err(
+                "\"-1\" is not a duration: use a whole number of seconds (5, 5s), milliseconds \
+                 (300ms) or minutes (2m), no other unit, at most 3600 s (60m) for the group \
+                 session timeout; the smallest is 100 ms"
                     .to_owned()
             )
         );

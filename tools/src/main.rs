@@ -281,6 +281,155 @@ mod tests {
         }
     }
 
+    /// `serve`, `sim` and `doctor`, whose range-checking parsers return the field's own type:
+    /// defaults and given values both reach their fields.
+    #[test]
+    fn serve_sim_and_doctor_range_parsers_parse_into_their_fields() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("shardline").chain(args.iter().copied()))
+                .unwrap_or_else(|error| panic!("{args:?}: {error}"))
+                .command
+        };
+        match parse(&["serve"]) {
+            Command::Serve(args) => {
+                let defaults = shards::ServerConfig::new(args.data_dir.clone());
+                let config = args.to_config();
+                assert_eq!(config.inbox_capacity, defaults.inbox_capacity);
+                assert_eq!(config.tick, defaults.tick);
+                assert_eq!(config.max_message_size, defaults.max_message_size);
+                assert_eq!(
+                    config.journal_segment_size_max,
+                    defaults.journal_segment_size_max
+                );
+                config.validate().unwrap();
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse(&[
+            "serve",
+            "--max-message-size",
+            "1KiB",
+            "--inbox-capacity",
+            "7",
+            "--segment-size",
+            "4KiB",
+            "--idle-poll-us",
+            "0",
+            "--idle-timeout-s",
+            "86400",
+            "--clients-table-max",
+            "3",
+            "--parked-polls-max",
+            "4",
+            "--checkpoint-interval",
+            "5",
+            "--journal-segment-size",
+            "64KiB",
+            "--replica",
+            "4",
+            "--tick-ms",
+            "1000",
+            "--heartbeat-ticks",
+            "1",
+            "--view-change-timeout-ticks",
+            "1000000",
+        ]) {
+            Command::Serve(args) => {
+                assert_eq!(
+                    (
+                        args.max_message_size,
+                        args.inbox_capacity,
+                        args.segment_size,
+                        args.idle_poll_us,
+                        args.idle_timeout_s,
+                        args.clients_table_max,
+                        args.parked_polls_max,
+                    ),
+                    (1024, 7, 4096, 0, 86400, 3, 4)
+                );
+                assert_eq!(
+                    (
+                        args.checkpoint_interval,
+                        args.journal_segment_size,
+                        args.replica,
+                        args.tick_ms,
+                        args.heartbeat_ticks,
+                        args.view_change_timeout_ticks,
+                    ),
+                    (5, 65536, 4, 1000, 1, 1_000_000)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse(&["sim", "--seed", "0"]) {
+            Command::Sim(args) => assert_eq!(
+                (
+                    args.seed,
+                    args.ticks,
+                    args.liveness_ticks,
+                    args.requests,
+                    args.jobs
+                ),
+                (
+                    Some(0),
+                    shardline::sim::TICKS_DEFAULT,
+                    shardline::sim::LIVENESS_TICKS_DEFAULT,
+                    shardline::sim::REQUESTS_DEFAULT,
+                    None
+                )
+            ),
+            other => panic!("{other:?}"),
+        }
+        match parse(&[
+            "sim",
+            "--seeds",
+            "1..3",
+            "--ticks",
+            "0",
+            "--liveness-ticks",
+            "100000000",
+            "--requests",
+            "1000000",
+            "--journal-segment-ops",
+            "1000000",
+            "--jobs",
+            "1024",
+        ]) {
+            Command::Sim(args) => assert_eq!(
+                (
+                    args.seeds,
+                    args.ticks,
+                    args.liveness_ticks,
+                    args.requests,
+                    args.journal_segment_ops,
+                    args.jobs
+                ),
+                (
+                    Some(1..3),
+                    0,
+                    100_000_000,
+                    1_000_000,
+                    Some(1_000_000),
+                    Some(1024)
+                )
+            ),
+            other => panic!("{other:?}"),
+        }
+        match parse(&["doctor"]) {
+            Command::Doctor(args) => {
+                assert_eq!(
+                    args.partitions,
+                    shardline::doctor::limits::PARTITIONS_DEFAULT
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse(&["doctor", "--partitions", "1073741824"]) {
+            Command::Doctor(args) => assert_eq!(args.partitions, 1 << 30),
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[derive(Debug)]
     struct BrokenPipe;
 

@@ -14,7 +14,7 @@ use runtime::{CpuList, IoDriver, ShardCountArg, TopologyConfig};
 use shardline::arg_values::AddressList;
 use shardline::config_file::ConfigFile;
 use shardline::metrics::{BoundListener, ListenerLimits, MetricsListener, ScrapeSource, Scraper};
-use shards::{RunningServer, ServerConfig};
+use shards::{RangedKey, RunningServer, ServerConfig};
 use storage::FsyncPolicy;
 
 /// Printed after `shardline serve --help`.
@@ -83,10 +83,10 @@ pub struct ServeArgs {
     /// takes 288 + 32 × N bytes plus its payloads (16 more with an idempotent producer's stamp,
     /// as `shardline send` sends). Clients learn it from a Ping reply; `shardline send` cuts its
     /// batches to fit.
-    #[arg(long, env = "SHARDLINE_MAX_MESSAGE_SIZE", default_value_t = bus::limits::MESSAGE_SIZE_MAX_DEFAULT, value_parser = shardline::arg_values::parse_byte_size_u32, value_name = "BYTES", allow_hyphen_values = true)]
+    #[arg(long, env = "SHARDLINE_MAX_MESSAGE_SIZE", default_value_t = bus::limits::MESSAGE_SIZE_MAX_DEFAULT, value_parser = ranged_size::<u32>(RangedKey::MaxMessageSize), value_name = "BYTES", allow_hyphen_values = true)]
     pub max_message_size: u32,
-    /// Frames each shard inbox holds before senders get `Busy` (1..=1048576).
-    #[arg(long, env = "SHARDLINE_INBOX_CAPACITY", default_value_t = runtime::limits::INBOX_CAPACITY_DEFAULT)]
+    /// Frames each shard inbox holds before senders get `Busy` (1..=1048576 frames).
+    #[arg(long, env = "SHARDLINE_INBOX_CAPACITY", default_value_t = runtime::limits::INBOX_CAPACITY_DEFAULT, value_name = "FRAMES", value_parser = ranged::<usize>(RangedKey::InboxCapacity), allow_negative_numbers = true)]
     pub inbox_capacity: usize,
     /// I/O driver of every shard: `io-uring`, or `poll` where io_uring is blocked (seccomp,
     /// memlock limits, old kernels).
@@ -94,49 +94,56 @@ pub struct ServeArgs {
     pub io_driver: IoDriver,
     /// Segment file size before a partition log rolls to a new segment, bytes
     /// (4096..=1073741824, i.e. 4KiB..=1GiB; a KiB, MiB or GiB suffix is accepted).
-    #[arg(long, env = "SHARDLINE_SEGMENT_SIZE", default_value_t = storage::limits::SEGMENT_SIZE_MAX_DEFAULT, value_parser = shardline::arg_values::parse_byte_size, value_name = "BYTES", allow_hyphen_values = true)]
+    #[arg(long, env = "SHARDLINE_SEGMENT_SIZE", default_value_t = storage::limits::SEGMENT_SIZE_MAX_DEFAULT, value_parser = ranged_size::<u64>(RangedKey::SegmentSize), value_name = "BYTES", allow_hyphen_values = true)]
     pub segment_size: u64,
     /// Microseconds an idle shard keeps polling before it sleeps (0..=10000). Lowers cross-shard
     /// and I/O latency (no wakeup needed) at the cost of CPU burnt while idle; 0 sleeps at once.
-    #[arg(long, env = "SHARDLINE_IDLE_POLL_US", default_value_t = 0)]
+    #[arg(long, env = "SHARDLINE_IDLE_POLL_US", default_value_t = 0, value_name = "US", value_parser = ranged::<u64>(RangedKey::IdlePollUs), allow_negative_numbers = true)]
     pub idle_poll_us: u64,
     /// Seconds a client connection may stay without sending a complete frame header before the
     /// server closes it (1..=86400). Also bounds half-sent headers.
-    #[arg(long, env = "SHARDLINE_IDLE_TIMEOUT_S", default_value_t = shards::limits::CONNECTION_IDLE_TIMEOUT.as_secs())]
+    #[arg(long, env = "SHARDLINE_IDLE_TIMEOUT_S", default_value_t = shards::limits::CONNECTION_IDLE_TIMEOUT.as_secs(), value_name = "SECONDS", value_parser = ranged::<u64>(RangedKey::IdleTimeoutS), allow_negative_numbers = true)]
     pub idle_timeout_s: u64,
     /// Client sessions shard 0 keeps (1..=1048576). Registering one more evicts the session
     /// whose latest commit is oldest; that client's next request is answered with an Eviction.
-    #[arg(long, env = "SHARDLINE_CLIENTS_TABLE_MAX", default_value_t = shards::limits::CLIENTS_TABLE_MAX_DEFAULT)]
+    #[arg(long, env = "SHARDLINE_CLIENTS_TABLE_MAX", default_value_t = shards::limits::CLIENTS_TABLE_MAX_DEFAULT, value_name = "SESSIONS", value_parser = ranged::<usize>(RangedKey::ClientsTableMax), allow_negative_numbers = true)]
     pub clients_table_max: usize,
     /// Polls with a wait (`poll --follow`, `Client::poll_wait`) each shard holds parked at once
     /// while their partition has nothing new (1..=1048576). One parked poll costs a few hundred
     /// bytes and no CPU while it waits; one more is refused with ResourceExhausted.
-    #[arg(long, env = "SHARDLINE_PARKED_POLLS_MAX", default_value_t = shards::limits::PARKED_POLLS_MAX_DEFAULT)]
+    #[arg(long, env = "SHARDLINE_PARKED_POLLS_MAX", default_value_t = shards::limits::PARKED_POLLS_MAX_DEFAULT, value_name = "POLLS", value_parser = ranged::<usize>(RangedKey::ParkedPollsMax), allow_negative_numbers = true)]
     pub parked_polls_max: usize,
     /// Committed metadata ops between checkpoints (1..=1048576). A checkpoint writes a snapshot
     /// of metadata and client sessions, records it in the superblock and releases the journal
     /// below it; boot replays at most this many ops. A clean shutdown always checkpoints.
-    #[arg(long, env = "SHARDLINE_CHECKPOINT_INTERVAL", default_value_t = shards::limits::CHECKPOINT_INTERVAL_DEFAULT)]
+    #[arg(long, env = "SHARDLINE_CHECKPOINT_INTERVAL", default_value_t = shards::limits::CHECKPOINT_INTERVAL_DEFAULT, value_name = "OPS", value_parser = ranged::<u64>(RangedKey::CheckpointInterval), allow_negative_numbers = true)]
     pub checkpoint_interval: u64,
     /// Metadata journal segment size before it rolls to a new segment, bytes (65536..=67108864,
     /// i.e. 64KiB..=64MiB: opening the journal reads a whole segment into memory; a KiB or MiB
     /// suffix is accepted). A checkpoint releases only whole segments, so smaller segments let
     /// the journal shrink sooner (a replica that fell further behind then catches up by state
     /// transfer).
-    #[arg(long, env = "SHARDLINE_JOURNAL_SEGMENT_SIZE", default_value_t = storage::limits::JOURNAL_SEGMENT_SIZE_MAX, value_parser = shardline::arg_values::parse_byte_size, value_name = "BYTES", allow_hyphen_values = true)]
+    #[arg(long, env = "SHARDLINE_JOURNAL_SEGMENT_SIZE", default_value_t = storage::limits::JOURNAL_SEGMENT_SIZE_MAX, value_parser = ranged_size::<u64>(RangedKey::JournalSegmentSize), value_name = "BYTES", allow_hyphen_values = true)]
     pub journal_segment_size: u64,
     /// Cluster id (decimal, or 0x-prefixed hex), the same on every replica of the cluster. A
     /// replica frame from another cluster is dropped, and a data directory formatted for another
     /// cluster refuses to boot.
-    #[arg(long, env = "SHARDLINE_CLUSTER", default_value = "0", value_parser = shardline::arg_values::parse_cluster_id, value_name = "ID", help_heading = "Cluster")]
+    #[arg(long, env = "SHARDLINE_CLUSTER", default_value = "0", value_parser = shardline::arg_values::parse_cluster_id, value_name = "ID", help_heading = "Cluster", allow_negative_numbers = true)]
     pub cluster: u128,
-    /// This replica's index into --addresses (0-based; 0 without --addresses).
+    /// This replica's index into --addresses (0-based, 0..=4 and below the replica count; 0
+    /// without --addresses).
     #[arg(
         long,
         env = "SHARDLINE_REPLICA",
         default_value_t = 0,
         value_name = "I",
-        help_heading = "Cluster"
+        help_heading = "Cluster",
+        allow_negative_numbers = true,
+        value_parser = shardline::arg_values::whole_number(
+            "a replica index",
+            0,
+            shards::config::REPLICA_INDEX_MAX
+        )
     )]
     pub replica: u8,
     /// Replica-to-replica addresses of every replica, in replica-index order, comma-separated:
@@ -145,14 +152,14 @@ pub struct ServeArgs {
     #[arg(long, env = "SHARDLINE_ADDRESSES", value_parser = shardline::arg_values::parse_address_list, value_name = "A0,A1,A2", help_heading = "Cluster")]
     pub addresses: Option<AddressList>,
     /// Length of one consensus tick, milliseconds (1..=1000); the two timeouts below count ticks.
-    #[arg(long, env = "SHARDLINE_TICK_MS", default_value_t = shards::limits::TICK_DEFAULT.as_millis() as u64, value_name = "MS", help_heading = "Cluster")]
+    #[arg(long, env = "SHARDLINE_TICK_MS", default_value_t = shards::limits::TICK_DEFAULT.as_millis() as u64, value_name = "MS", help_heading = "Cluster", value_parser = ranged::<u64>(RangedKey::TickMs), allow_negative_numbers = true)]
     pub tick_ms: u64,
-    /// Ticks between two heartbeats (Commit messages) of an idle primary (>= 1).
-    #[arg(long, env = "SHARDLINE_HEARTBEAT_TICKS", default_value_t = shards::limits::HEARTBEAT_TICKS_DEFAULT, value_name = "TICKS", help_heading = "Cluster")]
+    /// Ticks between two heartbeats (Commit messages) of an idle primary (1..=1000000 ticks).
+    #[arg(long, env = "SHARDLINE_HEARTBEAT_TICKS", default_value_t = shards::limits::HEARTBEAT_TICKS_DEFAULT, value_name = "TICKS", help_heading = "Cluster", value_parser = ranged::<u64>(RangedKey::HeartbeatTicks), allow_negative_numbers = true)]
     pub heartbeat_ticks: u64,
     /// Ticks a backup waits without hearing from its primary before it starts a view change
-    /// (randomized up to twice this); must be greater than --heartbeat-ticks.
-    #[arg(long, env = "SHARDLINE_VIEW_CHANGE_TIMEOUT_TICKS", default_value_t = shards::limits::VIEW_CHANGE_TIMEOUT_TICKS_DEFAULT, value_name = "TICKS", help_heading = "Cluster")]
+    /// (randomized up to twice this); 2..=1000000 ticks, and greater than --heartbeat-ticks.
+    #[arg(long, env = "SHARDLINE_VIEW_CHANGE_TIMEOUT_TICKS", default_value_t = shards::limits::VIEW_CHANGE_TIMEOUT_TICKS_DEFAULT, value_name = "TICKS", help_heading = "Cluster", value_parser = ranged::<u64>(RangedKey::ViewChangeTimeoutTicks), allow_negative_numbers = true)]
     pub view_change_timeout_ticks: u64,
     /// Serve Prometheus metrics (OpenMetrics text) at http://HOST:PORT/metrics, from a thread of
     /// its own; off without this flag. Port 0 picks a free port (printed on stdout as
@@ -173,14 +180,55 @@ pub struct ServeArgs {
     pub retention_interval: std::time::Duration,
 }
 
-/// `--group-session-timeout`: a duration as `parse_duration` takes it; the range is checked by
-/// `ServerConfig::validate`, which names the rule.
+/// `--group-session-timeout`: a duration as `parse_duration_between` takes it, from
+/// `GROUP_SESSION_TIMEOUT_MIN` to `GROUP_SESSION_TIMEOUT_MAX` (issue 11 section 2), the range
+/// `ServerConfig::validate` checks too.
 fn parse_group_session_timeout(text: &str) -> Result<std::time::Duration, String> {
-    shardline::arg_values::parse_duration(
+    shardline::arg_values::parse_duration_between(
         text,
         "group session timeout",
+        shards::limits::GROUP_SESSION_TIMEOUT_MIN,
         shards::limits::GROUP_SESSION_TIMEOUT_MAX,
     )
+}
+
+/// The value parser of a whole-number `serve` flag whose rule is `key`'s range
+/// ([`RangedKey::range`], worded by [`RangedKey::rule`] as `ServerConfig::validate` words it), as
+/// the field's type `T`. A value out of range (`-1`, `0`, too large) is a usage error naming the
+/// flag (or the config-file key), the value and the rule (exit 2).
+fn ranged<T>(key: RangedKey) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static
+where
+    T: TryFrom<u64> + Clone + Send + Sync + 'static,
+{
+    into_field(
+        key,
+        shardline::arg_values::whole_number_in(key.range(), key.rule()),
+    )
+}
+
+/// [`ranged`] for a byte-size flag (`4096`, `64KiB`: `arg_values::parse_byte_size`).
+fn ranged_size<T>(
+    key: RangedKey,
+) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static
+where
+    T: TryFrom<u64> + Clone + Send + Sync + 'static,
+{
+    into_field(
+        key,
+        shardline::arg_values::byte_size_in(key.range(), key.rule()),
+    )
+}
+
+/// `parse`, its value converted to the field's type `T`; `key`'s range fits `T` (a value that
+/// would not is refused with the rule).
+fn into_field<T>(
+    key: RangedKey,
+    parse: impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync + 'static,
+) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static
+where
+    T: TryFrom<u64> + Clone + Send + Sync + 'static,
+{
+    move |text: &str| parse(text).and_then(|value| T::try_from(value).map_err(|_| key.rule()))
 }
 
 impl ServeArgs {

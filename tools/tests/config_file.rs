@@ -113,7 +113,7 @@ fn a_bad_file_value_names_key_value_file_and_rule() {
         )),
         "{stderr}"
     );
-    // Refused by ServerConfig::validate's range rule.
+    // Refused by the flag's parser with the range rule ServerConfig::validate states too.
     let config = write_config(dir.path(), "tick-ms = 0\n");
     let stderr = serve_refusal(Command::new(BIN), &["--config", config.to_str().unwrap()]);
     assert!(
@@ -124,12 +124,13 @@ fn a_bad_file_value_names_key_value_file_and_rule() {
         "{stderr}"
     );
     // The same rule broken by a flag names the flag, not the file.
+    let config = write_config(dir.path(), "tick-ms = 5\n");
     let stderr = serve_refusal(
         Command::new(BIN),
         &["--config", config.to_str().unwrap(), "--tick-ms", "2000"],
     );
     assert!(
-        stderr.contains("invalid --tick-ms value \"2000\": must be between 1 and 1000 ms")
+        stderr.contains("invalid value '2000' for '--tick-ms <MS>': must be between 1 and 1000 ms")
             && !stderr.contains("config file"),
         "{stderr}"
     );
@@ -145,16 +146,53 @@ fn a_bad_file_value_names_key_value_file_and_rule() {
 }
 
 #[test]
-fn a_range_rule_judges_the_flag_value_not_the_overridden_file_value() {
+fn a_rule_between_two_keys_judges_the_values_in_effect_not_the_overridden_file_value() {
     let dir = tempfile::tempdir().unwrap();
-    // The range rule is judged on the value in effect: the flag's.
-    let config = write_config(dir.path(), "shards = 1\nno-pin = true\ntick-ms = 0\n");
+    // heartbeat-ticks = 40 would break "view change timeout (30) above heartbeat" if it took
+    // effect; the flag's 5 is what is judged.
+    let config = write_config(
+        dir.path(),
+        "shards = 1\nno-pin = true\nheartbeat-ticks = 40\n",
+    );
     let server = Server::start(
         &dir.path().join("data"),
-        &["--config", config.to_str().unwrap(), "--tick-ms", "5"],
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--heartbeat-ticks",
+            "5",
+        ],
     );
-    assert!(server.stderr().contains("tick_ms=5"), "{}", server.stderr());
+    assert!(
+        server.stderr().contains("heartbeat_ticks=5"),
+        "{}",
+        server.stderr()
+    );
     assert_eq!(server.stop(), Some(0));
+}
+
+/// A value's own range is the flag parser's rule: a file value out of range is refused even
+/// where a flag overrides it (the file is wrong either way), naming the file, the key and the
+/// rule, with exit status 2.
+#[test]
+fn a_file_value_out_of_its_range_is_refused_even_when_a_flag_overrides_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "shards = 1\nno-pin = true\ntick-ms = 0\n");
+    let output = Command::new(BIN)
+        .args(["serve", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args(["--config", config.to_str().unwrap(), "--tick-ms", "5"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "error: config file {}: invalid tick-ms value \"0\": must be between 1 and 1000 ms",
+            config.display()
+        )),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -286,7 +324,7 @@ fn issue9_journal_segment_size_from_file_env_and_flag() {
     let stderr = serve_refusal(Command::new(BIN), &["--config", bad.to_str().unwrap()]);
     assert!(
         stderr.contains(&format!(
-            "error: config file {}: invalid journal-segment-size value \"1024\": must be between \
+            "error: config file {}: invalid journal-segment-size value \"1KiB\": must be between \
              65536 and 67108864 bytes (64KiB..=64MiB: opening the journal reads a whole segment \
              into memory)",
             bad.display()
@@ -295,7 +333,9 @@ fn issue9_journal_segment_size_from_file_env_and_flag() {
     );
     let stderr = serve_refusal(Command::new(BIN), &["--journal-segment-size", "65MiB"]);
     assert!(
-        stderr.contains("invalid --journal-segment-size value \"68157440\": must be between 65536"),
+        stderr.contains(
+            "invalid value '65MiB' for '--journal-segment-size <BYTES>': must be between 65536"
+        ),
         "{stderr}"
     );
 }

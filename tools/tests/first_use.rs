@@ -528,11 +528,12 @@ fn issue7_6_a_bad_segment_size_names_the_flag() {
         .arg(dir.path())
         .output()
         .unwrap();
-    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(output.status.code(), Some(2));
     assert_eq!(
-        stderr_of(&output).lines().last(),
+        stderr_of(&output).lines().next(),
         Some(
-            "error: invalid --segment-size value \"10\": must be between 4096 and 1073741824 bytes"
+            "error: invalid value '10' for '--segment-size <BYTES>': must be between 4096 and \
+             1073741824 bytes"
         )
     );
 }

@@ -2,7 +2,9 @@
 //! under `taskset -c 1` runs exactly one shard pinned to CPU 1. Client commands too: a count out
 //! of range meets its range rule first (never descriptor advice), a negative number reaches the
 //! flag's parser (never clap's "unexpected argument"), and a duration in a unit not taken (`2h`)
-//! or too large says which units are taken and the largest value.
+//! or too large says which units are taken and the largest value. Every whole-number, size and
+//! duration flag of `serve`, `sim` and `doctor` refuses `-1` and a value out of its range with
+//! exit 2, naming the flag, the value and the range.
 
 mod common;
 
@@ -79,11 +81,12 @@ fn reversed_cpu_range_is_rejected() {
 
 #[test]
 fn tiny_max_message_size_is_rejected() {
-    let message = serve_error(&["--max-message-size", "100"]);
+    let message = usage_error(&["serve", "--max-message-size", "100"]);
     assert!(
-        message.contains("--max-message-size")
-            && message.contains("\"100\"")
-            && message.contains("between 1024"),
+        message.contains(
+            "invalid value '100' for '--max-message-size <BYTES>': must be between 1024 and \
+             67108864 bytes"
+        ),
         "{message}"
     );
 }
@@ -229,6 +232,267 @@ fn negative_shard_count_names_the_range() {
         ),
         "{message}"
     );
+}
+
+/// Asserts that `shardline SUBCOMMAND [before...] FLAG VALUE` exits 2 with clap's
+/// `invalid value 'VALUE' for 'FLAG <...>'` (the flag and the value) followed, on the same
+/// line, by a text that holds `rule`, and never with clap's "unexpected argument".
+fn assert_refused(subcommand: &str, before: &[&str], flag: &str, value: &str, rule: &str) {
+    let args: Vec<&str> = [subcommand]
+        .into_iter()
+        .chain(before.iter().copied())
+        .chain([flag, value])
+        .collect();
+    let message = usage_error(&args);
+    let line = message
+        .lines()
+        .find(|line| line.starts_with("error: "))
+        .unwrap_or_else(|| panic!("{args:?}: no error line in {message}"));
+    let framing = format!("error: invalid value '{value}' for '{flag} <");
+    assert!(line.starts_with(&framing), "{args:?}: {line}");
+    assert!(line.contains(rule), "{args:?}: expected {rule:?} in {line}");
+    assert!(
+        !message.contains("unexpected argument"),
+        "{args:?}: {message}"
+    );
+}
+
+/// Every whole-number, size and duration flag of `serve`: `-1` and a value out of range each
+/// exit 2 naming the flag, the value and the rule (the range, in the flag's unit).
+#[test]
+fn serve_flags_refuse_negative_and_out_of_range_values_naming_the_rule() {
+    for (flag, out_of_range, rule) in [
+        (
+            "--max-message-size",
+            "100",
+            "must be between 1024 and 67108864 bytes",
+        ),
+        (
+            "--inbox-capacity",
+            "1048577",
+            "must be between 1 and 1048576 frames",
+        ),
+        (
+            "--segment-size",
+            "2GiB",
+            "must be between 4096 and 1073741824 bytes",
+        ),
+        ("--idle-poll-us", "10001", "must be between 0 and 10000 µs"),
+        (
+            "--idle-timeout-s",
+            "0",
+            "must be between 1 and 86400 seconds",
+        ),
+        (
+            "--clients-table-max",
+            "0",
+            "must be between 1 and 1048576 sessions",
+        ),
+        (
+            "--parked-polls-max",
+            "1048577",
+            "must be between 1 and 1048576 parked polls per shard",
+        ),
+        (
+            "--checkpoint-interval",
+            "0",
+            "must be between 1 and 1048576 ops",
+        ),
+        (
+            "--journal-segment-size",
+            "65MiB",
+            "must be between 65536 and 67108864 bytes",
+        ),
+        ("--tick-ms", "1001", "must be between 1 and 1000 ms"),
+        (
+            "--heartbeat-ticks",
+            "0",
+            "must be between 1 and 1000000 ticks",
+        ),
+        (
+            "--view-change-timeout-ticks",
+            "1000001",
+            "must be between 2 and 1000000 ticks",
+        ),
+        (
+            "--replica",
+            "5",
+            "is not a replica index: use a whole number from 0 to 4",
+        ),
+        (
+            "--group-session-timeout",
+            "50ms",
+            "the smallest group session timeout, 100 ms",
+        ),
+        (
+            "--retention-interval",
+            "1ms",
+            "the smallest retention interval, 10 ms",
+        ),
+    ] {
+        assert_refused("serve", &[], flag, out_of_range, rule);
+        assert_refused("serve", &[], flag, "-1", rule_of_negative(flag, rule));
+    }
+    // Not a whole number at all: said so, with the range.
+    assert_refused(
+        "serve",
+        &[],
+        "--tick-ms",
+        "1e3",
+        "\"1e3\" is not a whole number; must be between 1 and 1000 ms",
+    );
+    assert_refused(
+        "serve",
+        &[],
+        "--cluster",
+        "-1",
+        "\"-1\" is not a cluster id: use a decimal number (e.g. 7) or 0x-prefixed hex",
+    );
+    assert_refused(
+        "serve",
+        &[],
+        "--shards",
+        "1025",
+        "shard count must be at most 1024",
+    );
+    assert_refused(
+        "serve",
+        &[],
+        "--shards",
+        "-1",
+        "a whole number of shards from 1 to 1024",
+    );
+}
+
+/// The rule `-1` meets for `flag`, whose out-of-range value meets `rule`: the same, but for the
+/// durations, whose `-1` is no duration (the message gives the units and both bounds).
+fn rule_of_negative<'a>(flag: &str, rule: &'a str) -> &'a str {
+    match flag {
+        "--group-session-timeout" => {
+            "at most 3600 s (60m) for the group session timeout; the smallest is 100 ms"
+        }
+        "--retention-interval" => {
+            "at most 86400 s (1440m) for the retention interval; the smallest is 10 ms"
+        }
+        _ => rule,
+    }
+}
+
+/// Every whole-number and probability flag of `sim`: `-1` and a value out of range each exit 2
+/// naming the flag, the value and the rule.
+#[test]
+fn sim_flags_refuse_negative_and_out_of_range_values_naming_the_rule() {
+    const SEED: &[&str] = &["--seed", "1"];
+    let u64_max = u64::MAX.to_string();
+    let seed_rule = format!("is not a seed: use a whole number from 0 to {u64_max}");
+    for (before, flag, out_of_range, rule) in [
+        (
+            &[][..],
+            "--seed",
+            "18446744073709551616",
+            seed_rule.as_str(),
+        ),
+        (
+            &[],
+            "--seeds",
+            "1..18446744073709551616",
+            seed_rule.as_str(),
+        ),
+        (
+            SEED,
+            "--replicas",
+            "4",
+            "the simulator runs 3 or 5 replicas",
+        ),
+        (
+            SEED,
+            "--ticks",
+            "100000001",
+            "is not a tick count: use a whole number from 0 to 100000000",
+        ),
+        (
+            SEED,
+            "--liveness-ticks",
+            "0",
+            "is not a liveness tick count: use a whole number from 1 to 100000000",
+        ),
+        (
+            SEED,
+            "--requests",
+            "1000001",
+            "is not a request count: use a whole number from 0 to 1000000",
+        ),
+        (
+            SEED,
+            "--clients",
+            "33",
+            "is not a client count from 1 to 32",
+        ),
+        (
+            SEED,
+            "--journal-segment-ops",
+            "0",
+            "is not a journal segment record count: use a whole number from 1 to 1000000",
+        ),
+        (
+            &["--seeds", "1..2"],
+            "--jobs",
+            "1025",
+            "is not a thread count: use a whole number from 1 to 1024",
+        ),
+    ] {
+        assert_refused("sim", before, flag, out_of_range, rule);
+        let negative = if flag == "--seeds" { "-1..5" } else { "-1" };
+        assert_refused("sim", before, flag, negative, rule);
+    }
+    for flag in [
+        "--packet-loss",
+        "--packet-duplicate",
+        "--partition",
+        "--crash",
+        "--torn-write",
+        "--read-corruption",
+        "--chunk-corruption",
+        "--install-write-fail",
+        "--offer-unreadable",
+    ] {
+        for value in ["-1", "1.5"] {
+            assert_refused(
+                "sim",
+                SEED,
+                flag,
+                value,
+                "is not a probability: it must be from 0 to 1",
+            );
+        }
+    }
+}
+
+/// Every whole-number flag of `doctor`: `-1` and a value out of range each exit 2 naming the
+/// flag, the value and the rule.
+#[test]
+fn doctor_flags_refuse_negative_and_out_of_range_values_naming_the_rule() {
+    for (flag, value, rule) in [
+        ("--shards", "-1", "a whole number of shards from 1 to 1024"),
+        ("--shards", "1025", "shard count must be at most 1024"),
+        (
+            "--partitions",
+            "-1",
+            "is not a planned partition count: use a whole number from 1 to 1073741824",
+        ),
+        (
+            "--partitions",
+            "1073741825",
+            "is not a planned partition count: use a whole number from 1 to 1073741824",
+        ),
+        (
+            "--partitions",
+            "0",
+            "is not a planned partition count: use a whole number from 1 to 1073741824",
+        ),
+    ] {
+        assert_refused("doctor", &[], flag, value, rule);
+    }
 }
 
 #[test]

@@ -10,6 +10,14 @@ use std::time::Duration;
 /// 1024, which is what the check is there to catch.
 pub const PARTITIONS_DEFAULT: u64 = 1000;
 
+/// Largest `--partitions`: 2^30. `fs.nr_open` cannot go above `INT_MAX` rounded down
+/// (`sysctl_nr_open_max`, fs/file.c), about 2^31, and a partition holds at least 2 descriptors
+/// (`shards::limits::FDS_PER_PARTITION`), so no host holds more partitions than this. It also
+/// keeps the open-file arithmetic of the check far from `u64` overflow.
+pub const PARTITIONS_MAX: u64 = 1 << 30;
+const _: () = assert!(PARTITIONS_DEFAULT <= PARTITIONS_MAX);
+const _: () = assert!(PARTITIONS_MAX * shards::limits::FDS_PER_PARTITION >= 1 << 31);
+
 /// 4 KiB write + fdatasync samples the latency check takes. Sixteen gives a stable median on a
 /// quiet disk in well under a second (16 x ~1 ms on an SSD; a few hundred ms on a slow disk).
 pub const FSYNC_SAMPLE_COUNT: usize = 16;

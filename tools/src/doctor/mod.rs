@@ -37,15 +37,27 @@ pub struct DoctorArgs {
         long,
         env = "SHARDLINE_SHARDS",
         default_value = "all",
-        value_name = "N|all"
+        value_name = "N|all",
+        allow_negative_numbers = true
     )]
     pub shards: ShardCountArg,
     /// The server would run with `--no-pin` (more shards than cores allowed).
     #[arg(long, env = "SHARDLINE_NO_PIN", value_parser = crate::arg_values::parse_no_pin, action = clap::ArgAction::SetTrue)]
     pub no_pin: bool,
     /// Partitions (over all topics) the deployment plans to hold: checked against the open-file
-    /// budget the server derives from the limit.
-    #[arg(long, default_value_t = limits::PARTITIONS_DEFAULT, value_name = "N")]
+    /// budget the server derives from the limit (1..=1073741824, the kernel's ceiling on open
+    /// files).
+    #[arg(
+        long,
+        default_value_t = limits::PARTITIONS_DEFAULT,
+        value_name = "N",
+        allow_negative_numbers = true,
+        value_parser = crate::arg_values::whole_number(
+            "a planned partition count",
+            1,
+            limits::PARTITIONS_MAX
+        )
+    )]
     pub partitions: u64,
 }
 

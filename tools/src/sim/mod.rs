@@ -34,6 +34,7 @@ use std::time::Instant;
 
 use self::checker::Violation;
 use self::cluster::{FaultCounts, TransferStats, World};
+use crate::arg_values::whole_number;
 
 /// Default `--ticks`: the safety phase (10 ms ticks: 30 simulated seconds).
 pub const TICKS_DEFAULT: u64 = 3000;
@@ -46,6 +47,21 @@ pub const CHECKPOINT_INTERVAL: u64 = 16;
 pub const CLIENTS_DEFAULT: usize = 4;
 /// Default `--liveness-ticks`: after the heal, ticks within which the cluster must converge.
 pub const LIVENESS_TICKS_DEFAULT: u64 = 5000;
+/// Largest `--ticks` and `--liveness-ticks`: 10^8 ticks is 11 simulated days and hours of wall
+/// time per seed (a debug build runs about 10^4 ticks a second); the bound keeps
+/// `ticks + liveness_ticks` far from `u64` overflow.
+pub const TICKS_MAX: u64 = 100_000_000;
+/// Largest `--requests`: the workload is generated up front (`workload::generate_operations`,
+/// about a hundred bytes per change, so 100 MB at this bound), and stream ids, which count up
+/// with the requests, stay far below `u32::MAX`.
+pub const REQUESTS_MAX: u64 = 1_000_000;
+/// Largest `--journal-segment-ops`: records per journal segment; far above any checkpoint
+/// interval, past which a segment is simply never released in a run.
+pub const JOURNAL_SEGMENT_OPS_MAX: u64 = 1_000_000;
+/// Largest `--jobs`: threads for `--seeds`, far above the cores of any host that runs it.
+pub const JOBS_MAX: u32 = 1024;
+const _: () = assert!(TICKS_DEFAULT <= TICKS_MAX && LIVENESS_TICKS_DEFAULT <= TICKS_MAX);
+const _: () = assert!(REQUESTS_DEFAULT <= REQUESTS_MAX);
 /// `--transfer`: records per journal segment (small, so checkpoints release the journal and a
 /// lagging replica cannot repair by journal alone).
 pub const TRANSFER_JOURNAL_SEGMENT_OPS: u64 = 8;
@@ -369,60 +385,84 @@ pub fn run_seeds(
 #[derive(Debug, Clone, PartialEq, clap::Args)]
 #[command(group(clap::ArgGroup::new("which").required(true).args(["seed", "seeds"])))]
 pub struct SimArgs {
-    /// Run this one seed.
-    #[arg(long, value_name = "N")]
+    /// Run this one seed (0..=18446744073709551615).
+    #[arg(
+        long,
+        value_name = "N",
+        allow_negative_numbers = true,
+        value_parser = whole_number("a seed", 0, u64::MAX)
+    )]
     pub seed: Option<u64>,
 
     /// Run the seeds A, A+1, ..., B-1 (e.g. `1..2000`), one per thread on all allowed CPUs.
-    #[arg(long, value_name = "A..B", value_parser = parse_seed_range)]
+    #[arg(long, value_name = "A..B", value_parser = parse_seed_range, allow_hyphen_values = true)]
     pub seeds: Option<Range<u64>>,
 
     /// Replicas in the simulated cluster: 3 (f = 1) or 5 (f = 2).
-    #[arg(long, value_name = "N", default_value_t = 3, value_parser = parse_replica_count)]
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = parse_replica_count, allow_negative_numbers = true)]
     pub replicas: u8,
 
-    /// Ticks (10 ms each) of the safety phase, during which faults are injected.
-    #[arg(long, value_name = "T", default_value_t = TICKS_DEFAULT)]
+    /// Ticks (10 ms each) of the safety phase, during which faults are injected
+    /// (0..=100000000).
+    #[arg(
+        long,
+        value_name = "T",
+        default_value_t = TICKS_DEFAULT,
+        allow_negative_numbers = true,
+        value_parser = whole_number("a tick count", 0, TICKS_MAX)
+    )]
     pub ticks: u64,
 
     /// Ticks after the heal within which every replica must reach the same commit and every
-    /// request must be answered.
-    #[arg(long, value_name = "T", default_value_t = LIVENESS_TICKS_DEFAULT)]
+    /// request must be answered (1..=100000000, 10 ms each).
+    #[arg(
+        long,
+        value_name = "T",
+        default_value_t = LIVENESS_TICKS_DEFAULT,
+        allow_negative_numbers = true,
+        value_parser = whole_number("a liveness tick count", 1, TICKS_MAX)
+    )]
     pub liveness_ticks: u64,
 
-    /// Metadata changes the clients send (each client also registers first).
-    #[arg(long, value_name = "R", default_value_t = REQUESTS_DEFAULT)]
+    /// Metadata changes the clients send (each client also registers first; 0..=1000000).
+    #[arg(
+        long,
+        value_name = "R",
+        default_value_t = REQUESTS_DEFAULT,
+        allow_negative_numbers = true,
+        value_parser = whole_number("a request count", 0, REQUESTS_MAX)
+    )]
     pub requests: u64,
 
     /// Simulated clients, each with one request in flight (1..=32).
-    #[arg(long, value_name = "C", default_value_t = CLIENTS_DEFAULT, value_parser = parse_client_count)]
+    #[arg(long, value_name = "C", default_value_t = CLIENTS_DEFAULT, value_parser = parse_client_count, allow_negative_numbers = true)]
     pub clients: usize,
 
     /// Probability that a packet is lost.
-    #[arg(long, value_name = "P", default_value_t = 0.02, value_parser = parse_probability)]
+    #[arg(long, value_name = "P", default_value_t = 0.02, value_parser = parse_probability, allow_negative_numbers = true)]
     pub packet_loss: f64,
 
     /// Probability that a packet is delivered twice.
-    #[arg(long, value_name = "P", default_value_t = 0.02, value_parser = parse_probability)]
+    #[arg(long, value_name = "P", default_value_t = 0.02, value_parser = parse_probability, allow_negative_numbers = true)]
     pub packet_duplicate: f64,
 
     /// Probability per tick that a partition starts (symmetric, asymmetric, or the primary
     /// isolated), while none is active.
-    #[arg(long, value_name = "P", default_value_t = 0.002, value_parser = parse_probability)]
+    #[arg(long, value_name = "P", default_value_t = 0.002, value_parser = parse_probability, allow_negative_numbers = true)]
     pub partition: f64,
 
     /// Probability per tick that a replica crashes (losing its unfinished writes) and restarts
     /// later from its disk.
-    #[arg(long, value_name = "P", default_value_t = 0.002, value_parser = parse_probability)]
+    #[arg(long, value_name = "P", default_value_t = 0.002, value_parser = parse_probability, allow_negative_numbers = true)]
     pub crash: f64,
 
     /// Probability that a crash tears the write in progress (a journal record prefix, one
     /// superblock copy, a checkpoint between its steps).
-    #[arg(long, value_name = "P", default_value_t = 0.5, value_parser = parse_probability)]
+    #[arg(long, value_name = "P", default_value_t = 0.5, value_parser = parse_probability, allow_negative_numbers = true)]
     pub torn_write: f64,
 
     /// Probability per tick that a bit flips in a durable journal record (a latent sector error).
-    #[arg(long, value_name = "P", default_value_t = 0.001, value_parser = parse_probability)]
+    #[arg(long, value_name = "P", default_value_t = 0.001, value_parser = parse_probability, allow_negative_numbers = true)]
     pub read_corruption: f64,
 
     /// The state-transfer scenario (issue 9): journals released in whole segments of
@@ -435,31 +475,42 @@ pub struct SimArgs {
     pub transfer: bool,
 
     /// Records per journal segment: a checkpoint releases the journal in whole segments
-    /// (default 8 with `--transfer`, else 1 with 4096 ops retained: never released in a run).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    /// (1..=1000000; default 8 with `--transfer`, else 1 with 4096 ops retained: never released
+    /// in a run).
+    #[arg(
+        long,
+        value_name = "N",
+        allow_negative_numbers = true,
+        value_parser = whole_number("a journal segment record count", 1, JOURNAL_SEGMENT_OPS_MAX)
+    )]
     pub journal_segment_ops: Option<u64>,
 
     /// Probability that a state chunk's payload gets one byte flipped in flight (the frame stays
     /// valid; the artifact checksum must catch it).
-    #[arg(long, value_name = "P", value_parser = parse_probability)]
+    #[arg(long, value_name = "P", value_parser = parse_probability, allow_negative_numbers = true)]
     pub chunk_corruption: Option<f64>,
 
     /// Probability that one write of a checkpoint install fails (the snapshot write: the
     /// install fails; the pairing write after it: the install succeeds degraded).
-    #[arg(long, value_name = "P", value_parser = parse_probability)]
+    #[arg(long, value_name = "P", value_parser = parse_probability, allow_negative_numbers = true)]
     pub install_write_fail: Option<f64>,
 
     /// Probability that a serving replica finds its checkpoint unreadable when building an
     /// offer (it answers unavailable).
-    #[arg(long, value_name = "P", value_parser = parse_probability)]
+    #[arg(long, value_name = "P", value_parser = parse_probability, allow_negative_numbers = true)]
     pub offer_unreadable: Option<f64>,
 
     /// Print every event of the run to stderr (with `--seed`; the trace the digest covers).
     #[arg(long, conflicts_with = "seeds")]
     pub trace: bool,
 
-    /// Threads for `--seeds` (default: the CPUs this process may use).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    /// Threads for `--seeds`, 1..=1024 (default: the CPUs this process may use).
+    #[arg(
+        long,
+        value_name = "N",
+        allow_negative_numbers = true,
+        value_parser = whole_number("a thread count", 1, JOBS_MAX)
+    )]
     pub jobs: Option<u32>,
 }
 
@@ -489,9 +540,12 @@ pub fn parse_seed_range(text: &str) -> Result<Range<u64>, String> {
         .split_once("..")
         .ok_or_else(|| format!("{text:?} is not a seed range A..B (e.g. 1..2000, B excluded)"))?;
     let parse = |part: &str| {
-        part.trim()
-            .parse::<u64>()
-            .map_err(|_| format!("{text:?}: {part:?} is not a seed (an unsigned 64-bit number)"))
+        part.trim().parse::<u64>().map_err(|_| {
+            format!(
+                "{text:?}: {part:?} is not a seed: use a whole number from 0 to {}",
+                u64::MAX
+            )
+        })
     };
     let (start, end) = (parse(start)?, parse(end)?);
     if end <= start {
