@@ -46,7 +46,7 @@ pub struct ServeArgs {
     /// variable overrides the file. Unknown keys are refused.
     #[arg(long, env = "SHARDLINE_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Number of shards (one pinned thread each), or `all` for one per allowed CPU.
+    /// Number of shards (one pinned thread each), 1..=1024, or `all` for one per allowed CPU.
     #[arg(
         long,
         env = "SHARDLINE_SHARDS",
@@ -125,9 +125,9 @@ pub struct ServeArgs {
     /// transfer).
     #[arg(long, env = "SHARDLINE_JOURNAL_SEGMENT_SIZE", default_value_t = storage::limits::JOURNAL_SEGMENT_SIZE_MAX, value_parser = ranged_size::<u64>(RangedKey::JournalSegmentSize), value_name = "BYTES", allow_hyphen_values = true)]
     pub journal_segment_size: u64,
-    /// Cluster id (decimal, or 0x-prefixed hex), the same on every replica of the cluster. A
-    /// replica frame from another cluster is dropped, and a data directory formatted for another
-    /// cluster refuses to boot.
+    /// Cluster id (decimal, or 0x-prefixed hex; 0..=2^128-1), the same on every replica of the
+    /// cluster. A replica frame from another cluster is dropped, and a data directory formatted
+    /// for another cluster refuses to boot.
     #[arg(long, env = "SHARDLINE_CLUSTER", default_value = "0", value_parser = shardline::arg_values::parse_cluster_id, value_name = "ID", help_heading = "Cluster", allow_negative_numbers = true)]
     pub cluster: u128,
     /// This replica's index into --addresses (0-based, 0..=4 and below the replica count; 0

@@ -31,8 +31,8 @@ pub struct DoctorArgs {
     /// Print the checks as JSON instead of lines.
     #[arg(long)]
     pub json: bool,
-    /// Shards the server would run (`serve --shards`): sizes the io_uring locked-memory need and
-    /// the open-file budget.
+    /// Shards the server would run (`serve --shards`: 1..=1024 or `all`): sizes the io_uring
+    /// locked-memory need and the open-file budget.
     #[arg(
         long,
         env = "SHARDLINE_SHARDS",
@@ -45,8 +45,7 @@ pub struct DoctorArgs {
     #[arg(long, env = "SHARDLINE_NO_PIN", value_parser = crate::arg_values::parse_no_pin, action = clap::ArgAction::SetTrue)]
     pub no_pin: bool,
     /// Partitions (over all topics) the deployment plans to hold: checked against the open-file
-    /// budget the server derives from the limit (1..=1073741824, the kernel's ceiling on open
-    /// files).
+    /// budget the server derives from the limit (1..=1073741824).
     #[arg(
         long,
         default_value_t = limits::PARTITIONS_DEFAULT,
