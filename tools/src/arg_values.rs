@@ -3,7 +3,10 @@
 //! never re-resolved: a client reconnects to the address it resolved), comma-separated lists of
 //! them (`--addresses`, `--addr`), cluster ids (`--cluster`, decimal or `0x` hex), byte sizes
 //! with binary suffixes (`--max-message-size 64MiB`, `--segment-size`), durations with units
-//! (`--timeout 30s`, `bench --duration 2m`) and booleans set from the environment
+//! (`--timeout 30s`, `bench --duration 2m`), whole numbers, sizes and durations checked against
+//! a range that their error states (`whole_number`, `whole_number_in`, `byte_size_in`,
+//! `parse_duration_between`: with `allow_negative_numbers`, `-1` reaches them and never gets
+//! clap's bare "unexpected argument") and booleans set from the environment
 //! (`SHARDLINE_NO_PIN`).
 
 use std::net::{SocketAddr, ToSocketAddrs as _};
