@@ -508,6 +508,7 @@ fn partition_log(dir: &Path) {
             LogConfig {
                 fsync: FsyncPolicy::Always,
                 segment_size_max: 300,
+                write_mode: storage::WriteMode::Buffered,
             },
         )
         .await
@@ -620,6 +621,7 @@ fn issue7_4_segment_interior_damage_in_the_last_segment_then_its_quarantine_file
             LogConfig {
                 fsync: FsyncPolicy::Always,
                 segment_size_max: 1 << 20,
+                write_mode: storage::WriteMode::Buffered,
             },
         )
         .await
@@ -659,6 +661,7 @@ fn issue7_4_segment_interior_damage_in_the_last_segment_then_its_quarantine_file
             LogConfig {
                 fsync: FsyncPolicy::Always,
                 segment_size_max: 1 << 20,
+                write_mode: storage::WriteMode::Buffered,
             },
         )
         .await
@@ -1150,6 +1153,7 @@ fn issue7_1_segment_damaged_message_count_in_the_last_segment_is_interior_damage
             LogConfig {
                 fsync: FsyncPolicy::Always,
                 segment_size_max: 1 << 20,
+                write_mode: storage::WriteMode::Buffered,
             },
         )
         .await
@@ -1195,6 +1199,7 @@ fn issue7_4_segment_damaged_complete_last_entry_is_kept_not_a_torn_tail() {
     let config = LogConfig {
         fsync: FsyncPolicy::Always,
         segment_size_max: 1 << 20,
+        write_mode: storage::WriteMode::Buffered,
     };
     block_on(async {
         let (log, _) = PartitionLog::open(&log_dir, config.clone()).await.unwrap();

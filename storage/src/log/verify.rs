@@ -7,7 +7,31 @@ use super::index::SegmentIndex;
 use crate::entry::{
     ENTRY_HEADER_SIZE, EntryHeader, MESSAGE_HEADER_SIZE, PRODUCER_STAMP_SIZE, check_payload,
 };
-use crate::limits::{ENTRY_SIZE_MAX, RESYNC_CHARGED_BYTES_PER_TAIL_BYTE};
+use crate::limits::{
+    DIRECT_WRITE_ALIGNMENT_BYTES, ENTRY_SIZE_MAX, RESYNC_CHARGED_BYTES_PER_TAIL_BYTE,
+};
+
+/// Whether the tail of the last segment after its last valid entry is the zero padding of a
+/// direct write (`WriteMode::Direct`) that a crash left (`storage/FORMAT.md` section 3, "Write
+/// modes"), to cut as such (logged at info, never quarantined, not a torn tail): the tail runs
+/// from `position` to the end of a file of `file_size_bytes` bytes, which is a multiple of
+/// [`DIRECT_WRITE_ALIGNMENT_BYTES`]; it is shorter than one alignment unit, and it is all zero
+/// (`tail_bytes` are its bytes; `None` when the caller did not read them because the sizes
+/// already rule it out). Zeros hold no entry (`message_count` 0 is invalid), so cutting them
+/// never loses one.
+pub fn is_direct_write_padding(position: u64, file_size_bytes: u64, tail_bytes: &[u8]) -> bool {
+    direct_write_padding_len(position, file_size_bytes)
+        .is_some_and(|len| len == tail_bytes.len() && tail_bytes.iter().all(|byte| *byte == 0))
+}
+
+/// The length of the tail `is_direct_write_padding` would read (`None` when the sizes rule the
+/// padding out: an unaligned file end, an empty tail, or one of a whole alignment unit or more).
+pub fn direct_write_padding_len(position: u64, file_size_bytes: u64) -> Option<usize> {
+    let alignment = DIRECT_WRITE_ALIGNMENT_BYTES as u64;
+    let len = file_size_bytes.checked_sub(position)?;
+    (len > 0 && len < alignment && file_size_bytes.is_multiple_of(alignment))
+        .then_some(len as usize)
+}
 
 /// Checks an entry header read at a position with `bytes_left` bytes to the end of the segment,
 /// where the entry must start at offset `expected_base_offset`: the entry is at most
