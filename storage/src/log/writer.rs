@@ -766,11 +766,11 @@ async fn write_direct(
         }
         Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {
             fall_back_to_buffered(shared, path, &error, "write");
-            if direct.file_len > position {
-                file.set_len(position).await.map_err(|error| {
-                    Failure::new(path, "cut direct-write padding at the fallback", &error)
-                })?;
-            }
+            // Unconditionally: a write cut short before the refusal may have reached past
+            // `file_len`, which only a successful write updates.
+            file.set_len(position).await.map_err(|error| {
+                Failure::new(path, "cut direct-write padding at the fallback", &error)
+            })?;
             direct.close().await;
             write_entries(shared, file, buffers, position)
                 .await
