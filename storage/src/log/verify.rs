@@ -370,6 +370,42 @@ pub fn closed_segment_index(
 mod tests {
     use super::*;
 
+    /// Issue 12 item 3: direct-write padding is all zero, fewer than one alignment unit of
+    /// bytes, up to an aligned end of file; each rule is checked at its edge.
+    #[test]
+    fn issue12_3_direct_write_padding_rule_edges() {
+        let unit = DIRECT_WRITE_ALIGNMENT_BYTES as u64;
+        assert_eq!(direct_write_padding_len(4000, unit), Some(96));
+        assert_eq!(direct_write_padding_len(unit + 1, 2 * unit), Some(4095));
+        assert_eq!(
+            direct_write_padding_len(unit, 2 * unit),
+            None,
+            "a whole unit"
+        );
+        assert_eq!(direct_write_padding_len(unit, unit), None, "no tail");
+        assert_eq!(
+            direct_write_padding_len(4000, unit + 8),
+            None,
+            "unaligned end"
+        );
+        assert_eq!(
+            direct_write_padding_len(unit + 1, unit),
+            None,
+            "end before position"
+        );
+        assert!(is_direct_write_padding(4000, unit, &[0; 96]));
+        let mut tail = [0; 96];
+        tail[95] = 1;
+        assert!(
+            !is_direct_write_padding(4000, unit, &tail),
+            "a non-zero byte"
+        );
+        assert!(
+            !is_direct_write_padding(4000, unit, &[0; 95]),
+            "a short read"
+        );
+    }
+
     /// `resync_entry_header`'s bounds (FORMAT.md section 4, "Open" step 4): the offset lies in
     /// `min ..= min + bytes_after_damage / 32`, and `message_count * 32 <= length`; each bound
     /// is checked at its edge.
