@@ -38,6 +38,7 @@ fn append_sample(
         let config = LogConfig {
             fsync,
             segment_size_max: SEGMENT_SIZE_MAX_DEFAULT,
+            write_mode: storage::WriteMode::Buffered,
         };
         let (log, _) = PartitionLog::open(dir.path(), config)
             .await

@@ -214,6 +214,8 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
     pub fsync: FsyncPolicy,
+    /// Buffered or `O_DIRECT` partition log writes (`--write-mode`; `storage::WriteMode`).
+    pub write_mode: storage::WriteMode,
     /// Largest message (header + body) accepted or sent, bytes.
     pub max_message_size: u32,
     /// Partition segment size before rolling, bytes.
@@ -278,6 +280,7 @@ impl ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8090)),
             data_dir,
             fsync: FsyncPolicy::Always,
+            write_mode: storage::WriteMode::Buffered,
             max_message_size: bus::limits::MESSAGE_SIZE_MAX_DEFAULT,
             segment_size_max: storage::limits::SEGMENT_SIZE_MAX_DEFAULT,
             idle_poll: std::time::Duration::ZERO,

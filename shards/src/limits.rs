@@ -75,7 +75,9 @@ pub const SPLICE_PIPE_BYTES: usize = 1024 * 1024;
 /// the closed segment files its log holds open for reads, kept or held by reads in flight
 /// (`storage::limits::CLOSED_SEGMENT_FILES_OPEN_MAX`, an upper bound: concurrent reads of other
 /// closed segments wait for a slot). Closed segments hold no descriptor otherwise, so the count
-/// grows neither with the number of segments nor with concurrent polls.
+/// grows neither with the number of segments nor with concurrent polls. Under `--write-mode
+/// direct` the active segment's `O_DIRECT` descriptor is the second file between rolls: a roll
+/// (and a rollback) closes it before it opens anything, and the next write opens it again.
 pub const FDS_PER_PARTITION: u64 = 2 + storage::limits::CLOSED_SEGMENT_FILES_OPEN_MAX as u64;
 /// Fraction of the open-file limit (after the reserve) given to partitions; the rest is for
 /// client connections.

@@ -521,6 +521,7 @@ impl Shard {
         LogConfig {
             fsync: self.config.fsync,
             segment_size_max: self.config.segment_size_max,
+            write_mode: self.config.write_mode,
         }
     }
 

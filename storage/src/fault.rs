@@ -22,6 +22,10 @@ pub enum FaultOp {
     /// segment at a roll, and the open of the log directory for its fsync (after a roll, or in a
     /// rollback). An injected fault opens nothing, as an open refused with `EMFILE` does.
     Open,
+    /// The `O_DIRECT` open of the active segment by a log in direct write mode
+    /// (`WriteMode::Direct`). An injected fault opens nothing; `EINVAL` makes the log fall back
+    /// to buffered writes, as a filesystem that refuses `O_DIRECT` does.
+    DirectOpen,
     /// The write of a partition log's producer-state snapshot at a segment roll (a derived file;
     /// a separate kind so that arming it does not shift the count of entry writes). An injected
     /// fault writes nothing.

@@ -34,7 +34,7 @@ pub use journal::{
 };
 pub use log::{
     AppendFuture, FsyncPolicy, LogConfig, LogError, PartitionLog, Quarantine, RecoveryReport,
-    VerifiedSpan, VerifiedSpans,
+    VerifiedSpan, VerifiedSpans, WriteMode,
 };
 pub use offsets::{
     CONSUMER_OFFSETS_FILE_NAME, ConsumerKey, ConsumerOffsets, OffsetsError, OffsetsRecovery,

@@ -43,6 +43,26 @@ pub const RESYNC_CHARGED_BYTES_PER_TAIL_BYTE: u64 = 3;
 /// Entries per vectored write: Linux rejects more than `IOV_MAX` (1024) iovecs in one
 /// `pwritev`/`IORING_OP_WRITEV`. A larger group is written with several writes and one fsync.
 pub const WRITE_IOVEC_COUNT_MAX: usize = 1024;
+/// Alignment of every `O_DIRECT` write of a log in direct write mode (`WriteMode::Direct`,
+/// `storage/FORMAT.md` section 3, "Write modes"): buffer address, file position and length are
+/// multiples of it. 4096 is the logical block size of every common disk and page-cache page size
+/// (a 512-byte device accepts it too); a filesystem that refuses it answers `EINVAL` and the log
+/// falls back to buffered writes. It is also the padding bound recovery accepts: a direct write
+/// leaves less than one unit of zeros past the logical end of the active segment.
+pub const DIRECT_WRITE_ALIGNMENT_BYTES: usize = 4096;
+/// Entry bytes one direct write stages at most before the batch is cut (direct mode only; an
+/// entry larger than this is staged alone). Bounds a staging buffer to this plus two alignment
+/// units in the common case, as [`WRITE_IOVEC_COUNT_MAX`] bounds a buffered write's iovecs.
+pub const DIRECT_STAGING_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Staging buffers a shard keeps for reuse between direct writes (a thread-local free list: one
+/// shard runs the writers of many logs, each with at most one write in flight). Bounded so that
+/// thousands of partitions cost at most this many buffers per shard, not one each.
+pub const STAGING_BUFFERS_KEPT_MAX: usize = 4;
+/// Largest staging buffer the free list keeps (bytes); a larger one (a batch holding an entry
+/// above [`DIRECT_STAGING_BYTES_MAX`]) is freed after its write. With
+/// [`STAGING_BUFFERS_KEPT_MAX`]: at most 4 x 4 MiB + 8 KiB, about 16 MiB per shard.
+pub const STAGING_BUFFER_KEPT_BYTES_MAX: usize =
+    DIRECT_STAGING_BYTES_MAX + 2 * DIRECT_WRITE_ALIGNMENT_BYTES;
 /// Appends queued for the writer of one log before `append` answers `QueueFull`. Each queued entry
 /// holds its own buffer, so this with [`APPEND_QUEUE_BYTES_MAX`] bounds a log's queued memory.
 pub const APPEND_QUEUE_ENTRY_COUNT_MAX: usize = 16 * 1024;
@@ -128,6 +148,9 @@ const _: () = assert!(SEGMENT_SIZE_MAX_LIMIT >= ENTRY_SIZE_MAX as u64);
 const _: () = assert!(SEGMENT_SIZE_MAX_LIMIT / 2 + 48 + 8 <= DURABLE_FILE_SIZE_MAX);
 const _: () = assert!(SEGMENT_SIZE_MAX_DEFAULT <= SEGMENT_SIZE_MAX_LIMIT);
 const _: () = assert!(SCAN_CHUNK_BYTES >= ENTRY_HEADER_SIZE);
+const _: () =
+    assert!(DIRECT_WRITE_ALIGNMENT_BYTES.is_power_of_two() && DIRECT_WRITE_ALIGNMENT_BYTES >= 512);
+const _: () = assert!(DIRECT_STAGING_BYTES_MAX.is_multiple_of(DIRECT_WRITE_ALIGNMENT_BYTES));
 const _: () = assert!(HASH_INLINE_BYTES_MAX as u64 <= DURABLE_FILE_SIZE_MAX);
 
 /// Largest snapshot file (bytes: 64-byte header, payload, 8-byte trailer) that `write_snapshot`

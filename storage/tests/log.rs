@@ -17,6 +17,7 @@ fn config(fsync: FsyncPolicy, segment_size_max: u64) -> LogConfig {
     LogConfig {
         fsync,
         segment_size_max,
+        write_mode: storage::WriteMode::Buffered,
     }
 }
 
@@ -84,6 +85,7 @@ fn append_and_read_back_exact_bytes_and_offsets() {
                 entry_count: 0,
                 next_offset: 0,
                 truncated_bytes: 0,
+                direct_padding_bytes: 0,
                 scanned_segment_count: 0,
                 producer_batches: Vec::new(),
                 quarantined: None,
@@ -265,6 +267,7 @@ fn restart_recovers_next_offset_and_bytes() {
                 entry_count: 7,
                 next_offset: 21,
                 truncated_bytes: 0,
+                direct_padding_bytes: 0,
                 scanned_segment_count: 1,
                 producer_batches: Vec::new(),
                 quarantined: None,
@@ -359,6 +362,7 @@ fn check_recovered(dir: &Path, kept: &[Vec<u8>], truncated_bytes: u64) {
                 entry_count: kept.len() as u64,
                 next_offset,
                 truncated_bytes,
+                direct_padding_bytes: 0,
                 scanned_segment_count: 1,
                 producer_batches: Vec::new(),
                 quarantined: None,
@@ -437,6 +441,7 @@ fn check_last_entry_quarantined(dir: &Path, written: &[Vec<u8>], last_offset: u6
                 entry_count: 4,
                 next_offset: 8,
                 truncated_bytes: 196,
+                direct_padding_bytes: 0,
                 scanned_segment_count: 1,
                 producer_batches: Vec::new(),
                 quarantined: Some(Quarantine {
@@ -533,6 +538,7 @@ fn issue7_4_damaged_first_entry_of_the_active_segment_is_quarantined_not_dropped
                 entry_count: 0,
                 next_offset: 0,
                 truncated_bytes: 588,
+                direct_padding_bytes: 0,
                 scanned_segment_count: 1,
                 producer_batches: Vec::new(),
                 quarantined: Some(Quarantine {
@@ -1143,6 +1149,7 @@ fn check_entry_3_quarantined(dir: &Path, written: &[Vec<u8>], damaged_bytes: &[u
                 entry_count: 3,
                 next_offset: 3,
                 truncated_bytes: 707,
+                direct_padding_bytes: 0,
                 scanned_segment_count: 1,
                 producer_batches: Vec::new(),
                 quarantined: Some(Quarantine {

@@ -23,6 +23,7 @@ fn config() -> LogConfig {
     LogConfig {
         fsync: FsyncPolicy::Always,
         segment_size_max: SEGMENT_SIZE_MAX,
+        write_mode: storage::WriteMode::Buffered,
     }
 }
 

@@ -16,6 +16,7 @@ fn config(segment_size_max: u64) -> LogConfig {
     LogConfig {
         fsync: FsyncPolicy::Always,
         segment_size_max,
+        write_mode: storage::WriteMode::Buffered,
     }
 }
 

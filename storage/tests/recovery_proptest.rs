@@ -74,7 +74,7 @@ proptest! {
 
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(format!("{:020}.log", 0)), &on_disk).unwrap();
-        let config = LogConfig { fsync: FsyncPolicy::Always, segment_size_max: 1 << 20 };
+        let config = LogConfig { fsync: FsyncPolicy::Always, segment_size_max: 1 << 20, write_mode: storage::WriteMode::Buffered };
         let (read, report, appended_offset) = compio::runtime::Runtime::new().unwrap().block_on(async {
             let (log, report) = PartitionLog::open(dir.path(), config).await.unwrap();
             let read = log.read(0, u32::MAX, usize::MAX).await.unwrap();

@@ -20,6 +20,7 @@ fn config(fsync: FsyncPolicy, segment_size_max: u64) -> LogConfig {
     LogConfig {
         fsync,
         segment_size_max,
+        write_mode: storage::WriteMode::Buffered,
     }
 }
 

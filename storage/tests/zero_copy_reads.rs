@@ -20,6 +20,7 @@ fn small_segments() -> LogConfig {
     LogConfig {
         fsync: FsyncPolicy::Always,
         segment_size_max: 4096,
+        write_mode: storage::WriteMode::Buffered,
     }
 }
 

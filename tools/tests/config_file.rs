@@ -339,3 +339,36 @@ fn issue9_journal_segment_size_from_file_env_and_flag() {
         "{stderr}"
     );
 }
+
+/// Issue 12 item 3: `write-mode` comes from the file like `--write-mode` (the server says which
+/// in its starting line), and a bad value names the key, the value, the file and the choices.
+#[test]
+fn issue12_3_write_mode_from_the_file_and_its_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "shards = 1\nno-pin = true\nwrite-mode = \"direct\"\n",
+    );
+    let server = Server::start(
+        &dir.path().join("data"),
+        &["--config", config.to_str().unwrap()],
+    );
+    let stderr = server.stderr();
+    assert_eq!(server.stop(), Some(0));
+    let starting = stderr
+        .lines()
+        .find(|line| line.contains("starting"))
+        .unwrap_or_else(|| panic!("no starting line in:\n{stderr}"));
+    assert!(starting.contains("write_mode=direct"), "{starting}");
+
+    let config = write_config(dir.path(), "write-mode = \"odirect\"\n");
+    let stderr = serve_refusal(Command::new(BIN), &["--config", config.to_str().unwrap()]);
+    assert!(
+        stderr.contains(&format!(
+            "error: config file {}: invalid write-mode value \"odirect\": write mode \
+             \"odirect\": expected \"buffered\" or \"direct\"",
+            config.display()
+        )),
+        "{stderr}"
+    );
+}

@@ -101,6 +101,17 @@ fn unknown_fsync_policy_is_rejected() {
 }
 
 #[test]
+fn unknown_write_mode_is_rejected() {
+    let message = serve_error(&["--write-mode", "odirect"]);
+    assert!(
+        message.contains("--write-mode")
+            && message.contains("odirect")
+            && message.contains("\"buffered\" or \"direct\""),
+        "{message}"
+    );
+}
+
+#[test]
 fn partition_count_above_the_limit_names_the_range_not_descriptors() {
     let message = usage_error(&[
         "topic",

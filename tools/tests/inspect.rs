@@ -508,6 +508,7 @@ fn partition_log(dir: &Path) {
             LogConfig {
                 fsync: FsyncPolicy::Always,
                 segment_size_max: 300,
+                write_mode: storage::WriteMode::Buffered,
             },
         )
         .await
@@ -610,6 +611,52 @@ fn segment_torn_tail_and_damaged_index_are_reported() {
     assert_eq!(json["damage"][1]["position"], 0);
 }
 
+/// Issue 12 item 3: the last segment of a direct-mode log caught while running (or after a
+/// crash) ends in the zero padding of its last direct write. Inspect reaches open's verdict: not
+/// damage nor a torn tail, but padding that open cuts; the summary counts the file's bytes.
+#[test]
+fn issue12_3_segment_direct_write_padding_is_named_not_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = tempfile::tempdir().unwrap();
+    block_on(async {
+        let (log, _) = PartitionLog::open(
+            dir.path(),
+            LogConfig {
+                fsync: FsyncPolicy::Always,
+                segment_size_max: 1 << 20,
+                write_mode: storage::WriteMode::Direct,
+            },
+        )
+        .await
+        .unwrap();
+        for seed in 0..5u64 {
+            log.append(entry_of_3_messages(seed)).await.unwrap();
+        }
+        assert_eq!(log.write_mode_in_use(), storage::WriteMode::Direct);
+        std::fs::copy(log_segment(dir.path(), 0), log_segment(image.path(), 0)).unwrap();
+        log.close().await.unwrap();
+    });
+    let (code, stdout, stderr) = inspect_path("segment", image.path());
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains(
+            "(4096 bytes, last, the last 3436 of them zero padding of a direct write, which open \
+             cuts; no index)"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("summary: 1 segment(s), 5 entries, 15 messages, next_offset 15"),
+        "{stdout}"
+    );
+    let (_, json) = inspect_json("segment", image.path());
+    assert_eq!(json["segments"][0]["direct_padding_bytes"], 3436);
+    // After the close the segment ends at its last entry.
+    let (code, stdout, _) = inspect_path("segment", dir.path());
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains("(660 bytes, last; no index)"), "{stdout}");
+}
+
 #[test]
 fn issue7_4_segment_interior_damage_in_the_last_segment_then_its_quarantine_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -620,6 +667,7 @@ fn issue7_4_segment_interior_damage_in_the_last_segment_then_its_quarantine_file
             LogConfig {
                 fsync: FsyncPolicy::Always,
                 segment_size_max: 1 << 20,
+                write_mode: storage::WriteMode::Buffered,
             },
         )
         .await
@@ -659,6 +707,7 @@ fn issue7_4_segment_interior_damage_in_the_last_segment_then_its_quarantine_file
             LogConfig {
                 fsync: FsyncPolicy::Always,
                 segment_size_max: 1 << 20,
+                write_mode: storage::WriteMode::Buffered,
             },
         )
         .await
@@ -1150,6 +1199,7 @@ fn issue7_1_segment_damaged_message_count_in_the_last_segment_is_interior_damage
             LogConfig {
                 fsync: FsyncPolicy::Always,
                 segment_size_max: 1 << 20,
+                write_mode: storage::WriteMode::Buffered,
             },
         )
         .await
@@ -1195,6 +1245,7 @@ fn issue7_4_segment_damaged_complete_last_entry_is_kept_not_a_torn_tail() {
     let config = LogConfig {
         fsync: FsyncPolicy::Always,
         segment_size_max: 1 << 20,
+        write_mode: storage::WriteMode::Buffered,
     };
     block_on(async {
         let (log, _) = PartitionLog::open(&log_dir, config.clone()).await.unwrap();

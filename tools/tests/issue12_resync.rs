@@ -64,6 +64,7 @@ fn config() -> LogConfig {
     LogConfig {
         fsync: FsyncPolicy::Always,
         segment_size_max: 1 << 30,
+        write_mode: storage::WriteMode::Buffered,
     }
 }
 

@@ -760,6 +760,7 @@ fn issue7_2_quarantine_on_a_full_disk_leaves_no_file_and_succeeds_once_space_is_
     let config = || storage::LogConfig {
         fsync: storage::FsyncPolicy::Always,
         segment_size_max: 1 << 20,
+        write_mode: storage::WriteMode::Buffered,
     };
     // Ten 1-message entries of 20 000 bytes: 20 064 bytes each.
     block_on(async {

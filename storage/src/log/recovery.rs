@@ -21,12 +21,12 @@ use super::retention::{read_retention_floor, remove_segment_files, retention_flo
 use super::sealed::{SealedSegment, SealedSegments};
 use super::verify::{
     CandidateStep, Resync, ResyncBudget, ResyncCandidate, check_entry_header, check_entry_payload,
-    damage_verdict, resync_entry_header,
+    damage_verdict, direct_write_padding_len, is_direct_write_padding, resync_entry_header,
 };
 use super::{LogError, Quarantine, RecoveryReport, Segment};
 use crate::durable::{
     DurableError, create_dir_durable, durable_replace, list_dir_names, read_exact_append,
-    read_verified, sync_dir,
+    read_exact_at, read_verified, sync_dir,
 };
 use crate::entry::{
     ENTRY_HEADER_SIZE, EntryHeader, MESSAGE_HEADER_SIZE, ProducerBatch, producer_stamp,
@@ -152,6 +152,7 @@ pub(super) async fn recover(dir: &Path) -> Result<Recovered, LogError> {
     .await?;
     report.producer_batches = producers.states.batches_in_log_order();
     report.truncated_bytes = cut.truncated_bytes;
+    report.direct_padding_bytes = cut.direct_padding_bytes;
     report.quarantined = cut.quarantined;
     report.entry_count += segment.index.rows.len() as u64;
     report.next_offset = segment.index.end_offset;
@@ -480,8 +481,10 @@ async fn stamps_of_rows(
 /// What opening the last segment cut from it.
 #[derive(Debug, Default)]
 struct TailCut {
-    /// Bytes cut (0 if the segment was clean).
+    /// Bytes cut (0 if the segment was clean), direct-write padding not included.
     truncated_bytes: u64,
+    /// Zero padding of a direct write cut (`verify::is_direct_write_padding`).
+    direct_padding_bytes: u64,
     /// Set when valid entries followed the damage: where their bytes were kept.
     quarantined: Option<Quarantine>,
 }
@@ -509,7 +512,23 @@ async fn open_last_segment(
         .len();
     let scan = scan_segment(&file, &path, base_offset, size_bytes).await?;
     let mut cut = TailCut::default();
-    if let Some(invalid) = scan.invalid {
+    if let Some(invalid) = &scan.invalid
+        && is_padding(&file, &path, invalid.position, size_bytes).await?
+    {
+        cut.direct_padding_bytes = size_bytes - invalid.position;
+        tracing::info!(
+            segment = %path.display(),
+            position = invalid.position,
+            padding_bytes = cut.direct_padding_bytes,
+            "cutting the zero padding a direct write left past the last entry (not a torn write)"
+        );
+        file.set_len(invalid.position)
+            .await
+            .map_err(io_error(&path, "cut direct-write padding"))?;
+        file.sync_all()
+            .await
+            .map_err(io_error(&path, "fsync after cutting direct-write padding"))?;
+    } else if let Some(invalid) = scan.invalid {
         cut.truncated_bytes = size_bytes - invalid.position;
         let mut budget = ResyncBudget::new(size_bytes - invalid.position);
         let resync = valid_entries_after_damage(
@@ -558,7 +577,10 @@ async fn open_last_segment(
             .await
             .map_err(io_error(&path, "fsync after truncating torn tail"))?;
     }
-    assert_eq!(scan.index.size_bytes, size_bytes - cut.truncated_bytes);
+    assert_eq!(
+        scan.index.size_bytes,
+        size_bytes - cut.truncated_bytes - cut.direct_padding_bytes
+    );
     Ok((
         Segment {
             path,
@@ -568,6 +590,24 @@ async fn open_last_segment(
         cut,
         scan.producer_batches.into(),
     ))
+}
+
+/// Whether the bytes of the last segment from `position` (after its last valid entry) to its end
+/// (`size_bytes`) are the zero padding of a direct write (`verify::is_direct_write_padding`);
+/// reads them (less than one alignment unit) only when the sizes allow it.
+async fn is_padding(
+    file: &File,
+    path: &Path,
+    position: u64,
+    size_bytes: u64,
+) -> Result<bool, LogError> {
+    let Some(len) = direct_write_padding_len(position, size_bytes) else {
+        return Ok(false);
+    };
+    let tail = read_exact_at(file, position, len)
+        .await
+        .map_err(io_error(path, "read the tail of the last segment"))?;
+    Ok(is_direct_write_padding(position, size_bytes, &tail))
 }
 
 /// Whether valid entries follow the first invalid entry of the last segment, by resynchronising:

@@ -447,6 +447,7 @@ mod tests {
         LogConfig {
             fsync: FsyncPolicy::Always,
             segment_size_max: 40,
+            write_mode: crate::log::WriteMode::Buffered,
         }
     }
 

@@ -385,6 +385,7 @@ mod tests {
         let config = LogConfig {
             fsync: FsyncPolicy::Never,
             segment_size_max: 400,
+            write_mode: crate::log::WriteMode::Buffered,
         };
         block_on(async {
             let (log, _) = PartitionLog::open(dir.path(), config.clone())
@@ -524,6 +525,7 @@ mod tests {
         let config = LogConfig {
             fsync: FsyncPolicy::Never,
             segment_size_max: 400,
+            write_mode: crate::log::WriteMode::Buffered,
         };
         block_on(async {
             let (log, _) = PartitionLog::open(dir.path(), config.clone())

@@ -7,7 +7,31 @@ use super::index::SegmentIndex;
 use crate::entry::{
     ENTRY_HEADER_SIZE, EntryHeader, MESSAGE_HEADER_SIZE, PRODUCER_STAMP_SIZE, check_payload,
 };
-use crate::limits::{ENTRY_SIZE_MAX, RESYNC_CHARGED_BYTES_PER_TAIL_BYTE};
+use crate::limits::{
+    DIRECT_WRITE_ALIGNMENT_BYTES, ENTRY_SIZE_MAX, RESYNC_CHARGED_BYTES_PER_TAIL_BYTE,
+};
+
+/// Whether the tail of the last segment after its last valid entry is the zero padding of a
+/// direct write (`WriteMode::Direct`) that a crash left (`storage/FORMAT.md` section 3, "Write
+/// modes"), to cut as such (logged at info, never quarantined, not a torn tail): the tail runs
+/// from `position` to the end of a file of `file_size_bytes` bytes, which is a multiple of
+/// [`DIRECT_WRITE_ALIGNMENT_BYTES`]; it is shorter than one alignment unit, and it is all zero
+/// (`tail_bytes` are its bytes; `None` when the caller did not read them because the sizes
+/// already rule it out). Zeros hold no entry (`message_count` 0 is invalid), so cutting them
+/// never loses one.
+pub fn is_direct_write_padding(position: u64, file_size_bytes: u64, tail_bytes: &[u8]) -> bool {
+    direct_write_padding_len(position, file_size_bytes)
+        .is_some_and(|len| len == tail_bytes.len() && tail_bytes.iter().all(|byte| *byte == 0))
+}
+
+/// The length of the tail `is_direct_write_padding` would read (`None` when the sizes rule the
+/// padding out: an unaligned file end, an empty tail, or one of a whole alignment unit or more).
+pub fn direct_write_padding_len(position: u64, file_size_bytes: u64) -> Option<usize> {
+    let alignment = DIRECT_WRITE_ALIGNMENT_BYTES as u64;
+    let len = file_size_bytes.checked_sub(position)?;
+    (len > 0 && len < alignment && file_size_bytes.is_multiple_of(alignment))
+        .then_some(len as usize)
+}
 
 /// Checks an entry header read at a position with `bytes_left` bytes to the end of the segment,
 /// where the entry must start at offset `expected_base_offset`: the entry is at most
@@ -345,6 +369,42 @@ pub fn closed_segment_index(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 12 item 3: direct-write padding is all zero, fewer than one alignment unit of
+    /// bytes, up to an aligned end of file; each rule is checked at its edge.
+    #[test]
+    fn issue12_3_direct_write_padding_rule_edges() {
+        let unit = DIRECT_WRITE_ALIGNMENT_BYTES as u64;
+        assert_eq!(direct_write_padding_len(4000, unit), Some(96));
+        assert_eq!(direct_write_padding_len(unit + 1, 2 * unit), Some(4095));
+        assert_eq!(
+            direct_write_padding_len(unit, 2 * unit),
+            None,
+            "a whole unit"
+        );
+        assert_eq!(direct_write_padding_len(unit, unit), None, "no tail");
+        assert_eq!(
+            direct_write_padding_len(4000, unit + 8),
+            None,
+            "unaligned end"
+        );
+        assert_eq!(
+            direct_write_padding_len(unit + 1, unit),
+            None,
+            "end before position"
+        );
+        assert!(is_direct_write_padding(4000, unit, &[0; 96]));
+        let mut tail = [0; 96];
+        tail[95] = 1;
+        assert!(
+            !is_direct_write_padding(4000, unit, &tail),
+            "a non-zero byte"
+        );
+        assert!(
+            !is_direct_write_padding(4000, unit, &[0; 95]),
+            "a short read"
+        );
+    }
 
     /// `resync_entry_header`'s bounds (FORMAT.md section 4, "Open" step 4): the offset lies in
     /// `min ..= min + bytes_after_damage / 32`, and `message_count * 32 <= length`; each bound

@@ -23,13 +23,14 @@ use compio::fs::{File, OpenOptions};
 use compio::io::AsyncWriteAtExt;
 
 use super::completion::Completion;
+use super::direct::{DirectFile, DirectState, OpenRefused};
 use super::producer_state::producer_snapshot_path;
 use super::recovery::{index_path, segment_path};
-use super::{Failure, FsyncPolicy, LogError, PendingAppend, Refusal, Segment, Shared};
+use super::{Failure, FsyncPolicy, LogError, PendingAppend, Refusal, Segment, Shared, WriteMode};
 use crate::durable::{DurableError, durable_replace, sync_dir};
 use crate::entry::{ENTRY_HEADER_SIZE, ProducerBatch, producer_stamp};
 use crate::fault::FaultOp;
-use crate::limits::WRITE_IOVEC_COUNT_MAX;
+use crate::limits::{DIRECT_STAGING_BYTES_MAX, WRITE_IOVEC_COUNT_MAX};
 use crate::space::{FreeBytes, free_bytes};
 
 use super::index::SegmentIndex;
@@ -338,6 +339,21 @@ async fn recover_from_refusal(
 /// a retry after a descriptor refusal still fsyncs the directory. Every step can be repeated.
 async fn roll_back(shared: &Shared, dir_dirty: &mut bool) -> Result<(), Failure> {
     let acked_offset = shared.state.borrow().acked_offset;
+    // The truncation below cuts the direct writes' padding and may cut the carry block: the
+    // next write opens the direct descriptor again and reloads the carry from the file.
+    let direct = {
+        let mut state = shared.state.borrow_mut();
+        match mem::replace(&mut state.direct, DirectState::Idle) {
+            DirectState::Open(direct) => Some(direct),
+            other => {
+                state.direct = other;
+                None
+            }
+        }
+    };
+    if let Some(direct) = direct {
+        direct.close().await;
+    }
     loop {
         let Some(segment) = return_to_newest_sealed(shared, acked_offset).await? else {
             break;
@@ -537,6 +553,15 @@ async fn finish(shared: &Shared, pending_rollback: &mut Option<PendingRollback>)
         );
         shared.state.borrow_mut().failure = Some(failure);
     }
+    let healthy = shared.state.borrow().failure.is_none();
+    if healthy && let Err(failure) = close_direct_file(shared).await {
+        tracing::error!(
+            path = %failure.path.display(),
+            error = %failure.message,
+            "cutting the direct-write padding at close failed"
+        );
+        shared.state.borrow_mut().failure = Some(failure);
+    }
     let needs_sync = {
         let state = shared.state.borrow();
         state.failure.is_none() && state.dirty
@@ -585,6 +610,12 @@ async fn write_group(
     sync_required: bool,
 ) -> Result<(), Failure> {
     let segment_size_max = shared.config.segment_size_max;
+    // A direct write copies its batch into a staging buffer: bound the copy (buffered writes
+    // hand the entries' own buffers to the kernel and are cut by iovec count alone).
+    let staging_bytes_max = match shared.config.write_mode {
+        WriteMode::Buffered => u64::MAX,
+        WriteMode::Direct => DIRECT_STAGING_BYTES_MAX as u64,
+    };
     let mut batch: Vec<Entry> = Vec::new();
     let mut batch_bytes: u64 = 0;
     for entry in entries {
@@ -597,7 +628,7 @@ async fn write_group(
         }
         batch_bytes += entry_size;
         batch.push(entry);
-        if batch.len() == WRITE_IOVEC_COUNT_MAX {
+        if batch.len() == WRITE_IOVEC_COUNT_MAX || batch_bytes >= staging_bytes_max {
             write_batch(shared, mem::take(&mut batch)).await?;
             batch_bytes = 0;
         }
@@ -609,18 +640,20 @@ async fn write_group(
     Ok(())
 }
 
-/// One vectored write of `batch` at the end of the active segment, then the entries join its
-/// index (still invisible to readers until the group is acknowledged).
+/// One write of `batch` at the end of the active segment (a vectored buffered write, or in
+/// direct mode one `O_DIRECT` write from a staging buffer: `direct.rs`), then the entries join
+/// its index (still invisible to readers until the group is acknowledged).
 async fn write_batch(shared: &Shared, batch: Vec<Entry>) -> Result<(), Failure> {
     if batch.is_empty() {
         return Ok(());
     }
-    let (file, path, position) = {
+    let (file, path, base_offset, position) = {
         let state = shared.state.borrow();
         let active = state.active();
         (
             active.active_file().clone(),
             active.path.clone(),
+            active.index.base_offset,
             active.index.size_bytes,
         )
     };
@@ -634,9 +667,12 @@ async fn write_batch(shared: &Shared, batch: Vec<Entry>) -> Result<(), Failure> 
         ));
         buffers.push(entry.bytes);
     }
-    write_entries(shared, &file, buffers, position)
-        .await
-        .map_err(|error| Failure::write(&path, "write entries", &error))?;
+    match take_direct_file(shared, &file, &path, base_offset, position).await? {
+        Some(direct) => write_direct(shared, direct, &file, &path, buffers, position).await?,
+        None => write_entries(shared, &file, buffers, position)
+            .await
+            .map_err(|error| Failure::write(&path, "write entries", &error))?,
+    }
     let mut state = shared.state.borrow_mut();
     let active = state.active_mut();
     assert_eq!(
@@ -649,6 +685,136 @@ async fn write_batch(shared: &Shared, batch: Vec<Entry>) -> Result<(), Failure> 
     }
     state.dirty = true;
     state.unsynced_append_count += row_count;
+    Ok(())
+}
+
+/// The direct descriptor of the active segment (`base_offset`, logical end `position`) when
+/// the log writes direct: the open one, or a new one (opened with its carry loaded after a roll,
+/// a rollback or at the first write). `None` for buffered writes, and when `O_DIRECT` is refused
+/// at the open (`EINVAL`): the log then falls back to buffered writes, logged once.
+///
+/// # Errors
+/// The open's or the carry read's failure (an `EMFILE`/`ENFILE` open is a refusal: rolled back,
+/// the log goes on; anything else poisons it).
+async fn take_direct_file(
+    shared: &Shared,
+    file: &File,
+    path: &std::path::Path,
+    base_offset: u64,
+    position: u64,
+) -> Result<Option<DirectFile>, Failure> {
+    let current = {
+        let mut state = shared.state.borrow_mut();
+        if matches!(state.direct, DirectState::Off | DirectState::FellBack) {
+            return Ok(None);
+        }
+        mem::replace(&mut state.direct, DirectState::Idle)
+    };
+    if let DirectState::Open(direct) = current {
+        assert_eq!(
+            direct.base_offset, base_offset,
+            "a roll and a rollback close the direct descriptor of the segment they leave"
+        );
+        return Ok(Some(direct));
+    }
+    match DirectFile::open(&shared.faults, path, base_offset, file, position).await {
+        Ok(direct) => Ok(Some(direct)),
+        Err(OpenRefused::Unsupported(error)) => {
+            fall_back_to_buffered(shared, path, &error, "open");
+            Ok(None)
+        }
+        Err(OpenRefused::Failed(op, error)) => Err(Failure::new(path, op, &error)),
+    }
+}
+
+/// Records that this log writes buffered from now on, and says so once, at warn.
+fn fall_back_to_buffered(
+    shared: &Shared,
+    path: &std::path::Path,
+    error: &std::io::Error,
+    step: &str,
+) {
+    shared.state.borrow_mut().direct = DirectState::FellBack;
+    tracing::warn!(
+        path = %path.display(),
+        error = %error,
+        step,
+        "O_DIRECT refused by the filesystem; this log falls back to buffered writes \
+         (--write-mode buffered) until it is reopened"
+    );
+}
+
+/// Writes `buffers` at `position` through `direct` and keeps it for the next write. An
+/// `EINVAL` (the filesystem refused the alignment) falls back to buffered writes instead of
+/// poisoning the log: the padding the direct writes left is cut, the descriptor closed, and the
+/// same bytes written buffered at `position`.
+///
+/// # Errors
+/// The write's as a `Failure::write` (a refusal for lack of space), or the cut's.
+async fn write_direct(
+    shared: &Shared,
+    mut direct: DirectFile,
+    file: &File,
+    path: &std::path::Path,
+    buffers: Vec<Vec<u8>>,
+    position: u64,
+) -> Result<(), Failure> {
+    match direct.write(&shared.faults, &buffers, position).await {
+        Ok(()) => {
+            shared.state.borrow_mut().direct = DirectState::Open(direct);
+            Ok(())
+        }
+        Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {
+            fall_back_to_buffered(shared, path, &error, "write");
+            // Unconditionally: a write cut short before the refusal may have reached past
+            // `file_len`, which only a successful write updates.
+            file.set_len(position).await.map_err(|error| {
+                Failure::new(path, "cut direct-write padding at the fallback", &error)
+            })?;
+            direct.close().await;
+            write_entries(shared, file, buffers, position)
+                .await
+                .map_err(|error| Failure::write(path, "write entries", &error))
+        }
+        Err(error) => {
+            shared.state.borrow_mut().direct = DirectState::Open(direct);
+            Err(Failure::write(path, "write entries with O_DIRECT", &error))
+        }
+    }
+}
+
+/// Closes the active segment's direct descriptor, if one is open, after cutting the zero
+/// padding its writes left past the logical end (a roll and a close: a segment that is not
+/// being written holds exactly its entries; storage/FORMAT.md section 3, "Write modes"). The
+/// cut marks the segment dirty, so the fsync that follows makes its length durable. In buffered
+/// mode, or with no descriptor open, it does nothing.
+///
+/// # Errors
+/// The truncation's (the log is poisoned: its length is unknown).
+async fn close_direct_file(shared: &Shared) -> Result<(), Failure> {
+    let (direct, file, path, logical_end) = {
+        let mut state = shared.state.borrow_mut();
+        if !matches!(state.direct, DirectState::Open(_)) {
+            return Ok(());
+        }
+        let DirectState::Open(direct) = mem::replace(&mut state.direct, DirectState::Idle) else {
+            unreachable!("matched above");
+        };
+        let active = state.active();
+        (
+            direct,
+            active.active_file().clone(),
+            active.path.clone(),
+            active.index.size_bytes,
+        )
+    };
+    if direct.file_len > logical_end {
+        file.set_len(logical_end)
+            .await
+            .map_err(|error| Failure::new(&path, "cut direct-write padding", &error))?;
+        shared.state.borrow_mut().dirty = true;
+    }
+    direct.close().await;
     Ok(())
 }
 
@@ -709,6 +875,7 @@ async fn sync_active(shared: &Shared) -> Result<(), Failure> {
 /// plus `group_stamps` of the entries written before the roll), create the new segment file,
 /// fsync the directory, then delete the snapshots no longer needed.
 async fn roll(shared: &Shared, group_stamps: &[ProducerBatch]) -> Result<(), Failure> {
+    close_direct_file(shared).await?;
     sync_active(shared).await?;
     let (closed_path, index) = {
         let state = shared.state.borrow();
@@ -906,6 +1073,7 @@ mod tests {
             let config = LogConfig {
                 fsync: FsyncPolicy::Never,
                 segment_size_max: 150,
+                write_mode: crate::log::WriteMode::Buffered,
             };
             let (log, _) = PartitionLog::open(dir.path(), config).await.unwrap();
             // 72-byte entries, 150-byte segments: segment 0 (offsets 0 and 1), segment 2.

@@ -112,6 +112,12 @@ pub struct BenchArgs {
     #[arg(long, value_name = "POLICY")]
     pub fsync: Option<String>,
 
+    /// Embedded server: how partition logs write, `buffered` (the server default) or `direct`
+    /// (O_DIRECT; half the CPU per GB once writes outrun the dirty-page limits). Passed to
+    /// `serve --write-mode`.
+    #[arg(long, value_name = "MODE")]
+    pub write_mode: Option<String>,
+
     /// Embedded server: the exact CPUs of the shards, e.g. `0-3,8` (each must be allowed).
     #[arg(long, value_name = "LIST")]
     pub cpus: Option<String>,
@@ -417,6 +423,8 @@ pub enum BenchArgsError {
     Fsync { value: String },
     #[error("--io-driver {value}: expected io-uring or poll")]
     IoDriver { value: String },
+    #[error("--write-mode {value}: expected buffered or direct")]
+    WriteMode { value: String },
     /// The server's own `--cpus` parser rejected the list (its message names value and rule).
     #[error("{reason}")]
     Cpus { reason: String },
@@ -698,6 +706,13 @@ impl BenchArgs {
                 value: value.clone(),
             });
         }
+        if let Some(value) = &self.write_mode
+            && value.parse::<storage::WriteMode>().is_err()
+        {
+            return Err(BenchArgsError::WriteMode {
+                value: value.clone(),
+            });
+        }
         let server = self.server_target(&shard_spec)?;
         let shard_requests = match (shard_spec, &server) {
             (ShardSpec::List(requests), _) => requests,
@@ -862,6 +877,7 @@ impl BenchArgs {
             return Ok(ServerTarget::Embedded {
                 options: ServerOptions {
                     fsync: self.fsync.clone(),
+                    write_mode: self.write_mode.clone(),
                     cpus: self.cpus.clone(),
                     no_pin: self.no_pin,
                     io_driver: self.io_driver.clone(),
@@ -889,6 +905,7 @@ impl BenchArgs {
         }
         let embedded_only = [
             ("fsync", self.fsync.is_some()),
+            ("write-mode", self.write_mode.is_some()),
             ("cpus", self.cpus.is_some()),
             ("no-pin", self.no_pin),
             ("io-driver", self.io_driver.is_some()),
@@ -1354,6 +1371,25 @@ mod tests {
             error(&["--message-size", "0KiB"]),
             "--message-size must be at least 1"
         );
+    }
+
+    /// Issue 12 item 3: `--write-mode` is checked here and passed to the embedded server.
+    #[test]
+    fn write_mode_is_checked_and_passed_to_the_embedded_server() {
+        assert_eq!(
+            error(&["--write-mode", "odirect"]),
+            "--write-mode odirect: expected buffered or direct"
+        );
+        assert_eq!(
+            error(&["--addr", "127.0.0.1:9000", "--write-mode", "direct"]),
+            "--write-mode configures the embedded server and cannot be used with --addr; \
+             configure the running server instead"
+        );
+        let plan = parse(&["--write-mode", "direct"]).validate().unwrap();
+        let ServerTarget::Embedded { options, .. } = &plan.server else {
+            panic!("{:?}", plan.server);
+        };
+        assert_eq!(options.write_mode.as_deref(), Some("direct"));
     }
 
     #[test]

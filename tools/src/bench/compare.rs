@@ -251,7 +251,7 @@ const FSYNC_DEFAULT_SUFFIX: &str = " (server default)";
 /// The settings whose difference between the two reports makes the figures differ for a reason
 /// other than the code under test. The shard count is not here: rows are per count already, and
 /// counts run in one report only are listed as such.
-const SETTINGS: [Setting; 15] = [
+const SETTINGS: [Setting; 16] = [
     Setting {
         key: "server",
         flag: "--addr",
@@ -296,6 +296,11 @@ const SETTINGS: [Setting; 15] = [
         key: "fsync",
         flag: "--fsync",
         server_default: None,
+    },
+    Setting {
+        key: "write_mode",
+        flag: "--write-mode",
+        server_default: Some("buffered"),
     },
     Setting {
         key: "concurrent",

@@ -132,6 +132,7 @@ fn run_one(plan: &BenchPlan, request: ShardRequest) -> anyhow::Result<MetadataRu
         server_pid: server.pid,
         shards_requested: request.to_string(),
         fsync,
+        write_mode: options.write_mode,
         cpus: options.cpus,
         no_pin: options.no_pin,
         io_driver: options.io_driver,

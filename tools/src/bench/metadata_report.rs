@@ -184,6 +184,8 @@ pub struct MetadataRunConfig {
     pub server_pid: Option<u32>,
     pub shards_requested: String,
     pub fsync: String,
+    /// `--write-mode` as given (`None`: the server default, `buffered`).
+    pub write_mode: Option<String>,
     pub cpus: Option<String>,
     pub no_pin: bool,
     pub io_driver: Option<String>,
@@ -579,6 +581,7 @@ mod tests {
             server_pid: Some(42),
             shards_requested: "1".to_string(),
             fsync: "always (server default)".to_string(),
+            write_mode: None,
             cpus: None,
             no_pin: false,
             io_driver: None,

@@ -217,6 +217,7 @@ impl BenchPlan {
             payload: payload.describe(),
             concurrent: self.concurrent,
             fsync,
+            write_mode: options.write_mode,
             cpus: options.cpus,
             no_pin: options.no_pin,
             io_driver: options.io_driver,

@@ -128,6 +128,8 @@ pub struct RunConfig {
     pub payload: String,
     pub concurrent: bool,
     pub fsync: String,
+    /// `--write-mode` as given (`None`: the server default, `buffered`).
+    pub write_mode: Option<String>,
     pub cpus: Option<String>,
     pub no_pin: bool,
     pub io_driver: Option<String>,
@@ -622,6 +624,7 @@ mod tests {
             payload: "1000 B".to_string(),
             concurrent: false,
             fsync: "never".to_string(),
+            write_mode: None,
             cpus: None,
             no_pin: false,
             io_driver: None,

@@ -29,6 +29,7 @@ use super::limits::{SERVER_LOG_TAIL_LINES, SERVER_READY_TIMEOUT, SERVER_STOP_TIM
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServerOptions {
     pub fsync: Option<String>,
+    pub write_mode: Option<String>,
     pub cpus: Option<String>,
     pub no_pin: bool,
     pub io_driver: Option<String>,
@@ -52,6 +53,7 @@ impl ServerOptions {
             }
         };
         push("--fsync", self.fsync.clone());
+        push("--write-mode", self.write_mode.clone());
         push("--cpus", self.cpus.clone());
         push("--io-driver", self.io_driver.clone());
         push(
@@ -396,6 +398,7 @@ mod tests {
         );
         let options = ServerOptions {
             fsync: Some("never".to_string()),
+            write_mode: Some("direct".to_string()),
             cpus: Some("0-3".to_string()),
             no_pin: true,
             io_driver: Some("poll".to_string()),
@@ -409,8 +412,9 @@ mod tests {
             .collect();
         assert_eq!(
             args.join(" "),
-            "serve --listen 127.0.0.1:0 --data-dir /d --shards 2 --fsync never --cpus 0-3 \
-             --io-driver poll --inbox-capacity 64 --idle-poll-us 50 --no-pin"
+            "serve --listen 127.0.0.1:0 --data-dir /d --shards 2 --fsync never \
+             --write-mode direct --cpus 0-3 --io-driver poll --inbox-capacity 64 \
+             --idle-poll-us 50 --no-pin"
         );
     }
 

@@ -499,6 +499,7 @@ pub(crate) mod fixtures {
             payload: "1000 B".to_string(),
             concurrent: false,
             fsync: "never".to_string(),
+            write_mode: None,
             cpus: None,
             no_pin: false,
             io_driver: None,

@@ -290,11 +290,12 @@ struct AlignedBlock([u8; DIRECT_IO_ALIGN_BYTES]);
 const _: () = assert!(std::mem::align_of::<AlignedBlock>() == DIRECT_IO_ALIGN_BYTES);
 
 /// Opens `path` with `O_DIRECT` and writes one aligned block at offset 0: `ok` when both work,
-/// `warn` when either is refused (shardline does not need `O_DIRECT` today, but a filesystem
-/// without it is rarely a disk).
+/// `warn` when either is refused (only `serve --write-mode direct` uses `O_DIRECT`, and falls
+/// back to buffered writes without it, but a filesystem without it is rarely a disk).
 fn direct_io_check(path: &Path) -> Check {
     const NAME: &str = "o_direct";
-    let fix = "shardline does not need O_DIRECT today, but a filesystem without it is usually \
+    let fix = "only --write-mode direct uses O_DIRECT (it falls back to buffered writes without \
+               it), but a filesystem without it is usually \
                RAM- or network-backed: put --data-dir on a local disk filesystem (ext4, xfs) for \
                predictable durability";
     let file = match OpenOptions::new()

@@ -15,7 +15,7 @@ use storage::limits::{DURABLE_FILE_SIZE_MAX, SCAN_CHUNK_BYTES};
 use storage::log::verify::{
     CandidateStep, ClosedSegmentIndex, IndexedEntry, Resync, ResyncBudget, ResyncCandidate,
     check_entry_header, check_entry_payload, closed_segment_index, damage_verdict,
-    resync_entry_header,
+    direct_write_padding_len, is_direct_write_padding, resync_entry_header,
 };
 use storage::{ENTRY_HEADER_SIZE, EntryHeader};
 use twox_hash::XxHash3_64;
@@ -59,6 +59,10 @@ struct LogSegment {
     size_bytes: u64,
     /// The active segment, where a torn tail is possible.
     last: bool,
+    /// Zero bytes after the last entry of the last segment that open cuts as the padding of a
+    /// direct write (`--write-mode direct`, `storage/FORMAT.md` section 3, "Write modes"): not
+    /// damage. 0 when there are none.
+    direct_padding_bytes: u64,
     entries: Vec<LogEntry>,
     index: IndexCheck,
 }
@@ -497,6 +501,22 @@ fn judge_index(
     })
 }
 
+/// Whether the bytes of `file` from `position` to its end (`size_bytes`) are the zero padding of
+/// a direct write, by open's rule (`verify::is_direct_write_padding`); reads them only when the
+/// sizes allow it (less than one alignment unit).
+fn is_padding(file: &Path, position: u64, size_bytes: u64) -> anyhow::Result<bool> {
+    let Some(len) = direct_write_padding_len(position, size_bytes) else {
+        return Ok(false);
+    };
+    let mut reader = open_read_only(file)?;
+    reader
+        .seek(SeekFrom::Start(position))
+        .map_err(read_error(file))?;
+    let mut tail = vec![0_u8; len];
+    reader.read_exact(&mut tail).map_err(read_error(file))?;
+    Ok(is_direct_write_padding(position, size_bytes, &tail))
+}
+
 /// The name open gives the quarantine file of damage at `position` in `file` (before any `.N`).
 fn quarantine_display(file: &Path, position: u64) -> String {
     format!("{}.damaged-at-{position}", file.display())
@@ -646,10 +666,18 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SegmentReport, Vec<Damage>
             .len();
         size_bytes += file_size_bytes;
         let (index, used_index) = judge_index(&file, base_offset, last, file_size_bytes)?;
-        let walk = match &used_index {
+        let mut walk = match &used_index {
             Some(used_index) => walk_indexed(&file, used_index)?,
             None => scan(&file, base_offset.or(expected), file_size_bytes)?,
         };
+        let mut direct_padding_bytes = 0;
+        if let Some((position, _)) = &walk.invalid
+            && last
+            && is_padding(&file, *position, file_size_bytes)?
+        {
+            direct_padding_bytes = file_size_bytes - position;
+            walk.invalid = None;
+        }
         let kept = match (&walk.invalid, walk.end_offset.or(expected)) {
             (Some((position, _)), Some(first_offset)) if last => {
                 let resync = resync_after_damage(&file, *position, first_offset, file_size_bytes)?;
@@ -684,6 +712,7 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<(SegmentReport, Vec<Damage>
             base_offset,
             size_bytes: file_size_bytes,
             last,
+            direct_padding_bytes,
             entries: walk.entries,
             index,
         });
@@ -725,9 +754,17 @@ impl Report for SegmentReport {
                 }
                 IndexCheck::Unknown => "index not checked (unnumbered file)".to_owned(),
             };
+            let padding = if segment.direct_padding_bytes > 0 {
+                format!(
+                    ", the last {} of them zero padding of a direct write, which open cuts",
+                    segment.direct_padding_bytes
+                )
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 out,
-                "segment {} ({} bytes{}; {index})",
+                "segment {} ({} bytes{}{padding}; {index})",
                 segment.file,
                 segment.size_bytes,
                 if segment.last { ", last" } else { "" }
