@@ -5,9 +5,12 @@
 //! time.
 
 use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::{BIN, Server};
@@ -15,6 +18,9 @@ use super::{BIN, Server};
 pub const CLUSTER: &str = "7";
 /// Longest wait for a cluster condition (election, catch-up) before the test fails.
 pub const CONVERGE_DEADLINE: Duration = Duration::from_mins(1);
+/// Longest run of one CLI command (`metadata`, `topic create`) before it is killed: above the
+/// CLI's own connect (5 s) and request (30 s) timeouts, so it only stops a CLI that hangs.
+pub const CLI_DEADLINE: Duration = Duration::from_mins(1);
 
 pub fn free_port() -> u16 {
     super::unused_port()
@@ -89,11 +95,34 @@ impl Cluster {
     }
 
     pub fn start_replica(&mut self, index: usize) {
-        self.start_replica_with_env(index, &[]);
+        self.start_replica_retrying(index, &[], |_| false)
+            .expect("a plain start is retried until it listens or panics");
     }
 
-    /// `start_replica` with environment variables `env` set for the process (e.g. a failpoint).
-    pub fn start_replica_with_env(&mut self, index: usize, env: &[(&str, &str)]) {
+    /// Starts replica `index` with `SHARDLINE_FAILPOINT=failpoint`: `Ok` once it listens (it
+    /// may reach the failpoint later; the caller waits for its exit), `Err` with its stderr log
+    /// when it reached the failpoint before it listened (it is reaped). A start that failed
+    /// otherwise (the port of a replica just killed not free yet) is retried as
+    /// [`Cluster::start_replica`] does, but one that reached the failpoint never is: a second
+    /// start would boot from what the first left behind (an install finished by boot, say),
+    /// need no state transfer, and never reach the failpoint, so a caller waiting for it to
+    /// die would wait forever.
+    pub fn start_replica_armed(&mut self, index: usize, failpoint: &str) -> Result<(), String> {
+        let reached = format!("failpoint {failpoint}: killing the process with SIGKILL");
+        self.start_replica_retrying(index, &[("SHARDLINE_FAILPOINT", failpoint)], |stderr| {
+            last_start(stderr).contains(&reached)
+        })
+    }
+
+    /// Starts replica `index` with `env` set, retrying (for up to [`CONVERGE_DEADLINE`]) a start
+    /// that failed unless `gives_up` says so of its stderr log, which it then returns; panics
+    /// with the stderr log once the deadline passed.
+    fn start_replica_retrying(
+        &mut self,
+        index: usize,
+        env: &[(&str, &str)],
+        gives_up: impl Fn(&str) -> bool,
+    ) -> Result<(), String> {
         let args = self.serve_args(index);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let listen = self.clients[index].to_string();
@@ -103,15 +132,17 @@ impl Cluster {
             command.envs(env.iter().copied());
             match Server::try_start_on(command, &self.dirs[index], &listen, &args) {
                 Ok(server) => break server,
+                Err(stderr) if gives_up(&stderr) => return Err(stderr),
                 // The port of a replica just killed may not be free yet.
                 Err(stderr) if Instant::now() < deadline => {
-                    eprintln!("replica {index} did not start yet: {stderr}");
+                    eprintln!("replica {index} did not start yet: {}", last_start(&stderr));
                     std::thread::sleep(Duration::from_millis(200));
                 }
-                Err(stderr) => panic!("replica {index} did not start:\n{stderr}"),
+                Err(stderr) => panic!("replica {index} did not start:\n{}", last_start(&stderr)),
             }
         };
         self.servers[index] = Some(server);
+        Ok(())
     }
 
     pub fn kill9(&mut self, index: usize) {
@@ -218,26 +249,36 @@ pub fn shape(metadata: &serde_json::Value) -> serde_json::Value {
     streams
 }
 
+/// The part of a replica's stderr log written by its latest start (every start of a replica
+/// appends to the same file).
+pub fn last_start(stderr: &str) -> &str {
+    &stderr[stderr.rfind("starting data_dir").unwrap_or(0)..]
+}
+
 pub fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// `shardline metadata --addr ADDR` as JSON, or `None` if it fails (replica down or busy).
+/// `shardline metadata --addr ADDR` as JSON, or `None` if it fails (replica down or busy) or
+/// runs past [`CLI_DEADLINE`] (killed).
 pub fn metadata(addr: SocketAddr) -> Option<serde_json::Value> {
-    let output = Command::new(BIN)
-        .args(["metadata", "--addr", &addr.to_string()])
-        .output()
-        .unwrap();
+    let mut command = Command::new(BIN);
+    command.args(["metadata", "--addr", &addr.to_string()]);
+    let output = super::output_within(command, CLI_DEADLINE)?;
     if !output.status.success() {
         return None;
     }
     serde_json::from_slice(&output.stdout).ok()
 }
 
-/// Runs the CLI with `args`; panics with its stderr unless it succeeds.
+/// Runs the CLI with `args`; panics with its stderr unless it succeeds within [`CLI_DEADLINE`]
+/// (past it, the CLI is killed and the panic says so).
 pub fn cli(args: &[&str]) {
-    let output = Command::new(BIN).args(args).output().unwrap();
+    let mut command = Command::new(BIN);
+    command.args(args);
+    let output = super::output_within(command, CLI_DEADLINE)
+        .unwrap_or_else(|| panic!("shardline {args:?} ran past {CLI_DEADLINE:?}; killed it"));
     assert!(
         output.status.success(),
         "shardline {args:?} failed: {}",
@@ -324,5 +365,95 @@ pub fn request_at_primary(
             cluster.stderrs()
         );
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// While it lives, holds a downed replica's replica-bus address: it accepts every connection and
+/// reads and drops all that is sent, a network that loses every message to that replica.
+///
+/// Why: a peer queues the frames for a replica whose link is down in a bounded queue and writes
+/// them once a connection is up (`shards::replica_bus::connect_loop`), so without the sink a
+/// restarted replica can receive the prepares sent while it was down and catch up from them,
+/// with no repair and no state transfer. With it, the peers' links are up and drain into it;
+/// dropping it closes every connection (a peer's next write fails and it reconnects) and frees
+/// the port for the replica's next start.
+pub struct DropSink {
+    stop: Arc<AtomicBool>,
+    accept_thread: Option<JoinHandle<()>>,
+}
+
+/// How often the sink's threads look at the stop flag.
+const SINK_POLL: Duration = Duration::from_millis(20);
+
+impl DropSink {
+    /// Binds `addr` (retrying for up to [`CONVERGE_DEADLINE`]: the port of a replica just
+    /// killed may not be free yet) and starts draining; panics if it never binds.
+    pub fn bind(addr: SocketAddr) -> DropSink {
+        let deadline = Instant::now() + CONVERGE_DEADLINE;
+        let listener = loop {
+            match TcpListener::bind(addr) {
+                Ok(listener) => break listener,
+                Err(error) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "cannot bind {addr} to drop what is sent there: {error}"
+                    );
+                    std::thread::sleep(SINK_POLL);
+                }
+            }
+        };
+        listener.set_nonblocking(true).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let accept_stop = Arc::clone(&stop);
+        let accept_thread = std::thread::spawn(move || {
+            let mut readers = Vec::new();
+            while !accept_stop.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let stop = Arc::clone(&accept_stop);
+                        readers.push(std::thread::spawn(move || drain_until(stream, &stop)));
+                    }
+                    Err(_) => std::thread::sleep(SINK_POLL),
+                }
+            }
+            drop(listener);
+            for reader in readers {
+                let _ = reader.join();
+            }
+        });
+        DropSink {
+            stop,
+            accept_thread: Some(accept_thread),
+        }
+    }
+}
+
+impl Drop for DropSink {
+    /// Stops accepting, closes every connection and frees the port (returns once it is free).
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.accept_thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Reads and drops what `stream` receives until the peer closes it or `stop` is set (then the
+/// stream is dropped, which closes it).
+fn drain_until(mut stream: TcpStream, stop: &AtomicBool) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(SINK_POLL));
+    let mut buffer = vec![0u8; 1 << 16];
+    while !stop.load(Ordering::Relaxed) {
+        match stream.read(&mut buffer) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return,
+        }
     }
 }
