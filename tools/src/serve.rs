@@ -78,14 +78,16 @@ pub struct ServeArgs {
         value_name = "always|interval=MS|never"
     )]
     pub fsync: FsyncPolicy,
-    /// How partition logs write: `buffered` (through the page cache; the kernel's writeback
-    /// threads copy it to disk) or `direct` (O_DIRECT from an aligned staging buffer, bypassing
-    /// the page cache; reads still use it). Direct helps once the data written outruns the
-    /// kernel's dirty-page limits (vm.dirty_background_ratio / vm.dirty_ratio of memory), where
-    /// it measured half the CPU per GB, writeback threads included (0.44 against 0.89 CPU-s/GB);
-    /// below them both cost the same. Durability is the same: --fsync still decides. A
-    /// filesystem that refuses O_DIRECT gets buffered writes for that partition, with a warning
-    /// in the server log.
+    /// How partition logs write: `buffered` (default: through the page cache; the kernel's
+    /// writeback threads copy it to disk) or `direct` (O_DIRECT from an aligned staging buffer,
+    /// bypassing the page cache; reads still use it, so polls of freshly written data read the
+    /// disk). Measured with the server on a 2-vCPU VM (1 shard, 1000-byte messages): direct
+    /// acknowledged 3-7x fewer messages per second under --fsync never and 0.7x under always,
+    /// polls after it cost 3x the server CPU, and its only gain was 5% less server CPU per
+    /// produced GB under --fsync always. A standalone write test halved CPU per GB past the
+    /// kernel's dirty-page limits; measure your own host (`shardline bench --write-mode direct`)
+    /// before choosing it. Durability is the same: --fsync decides. A filesystem that refuses
+    /// O_DIRECT gets buffered writes for that partition, with a warning in the server log.
     #[arg(
         long,
         env = "SHARDLINE_WRITE_MODE",
