@@ -9,6 +9,10 @@ pub const SEGMENT_SIZE_MAX_DEFAULT: u64 = 1 << 30;
 /// one 16-byte row per 32-byte entry, so an index is at most half a segment and fits
 /// [`DURABLE_FILE_SIZE_MAX`].
 pub const SEGMENT_SIZE_MAX_LIMIT: u64 = 1 << 30;
+/// Longest `FsyncPolicy::Interval` (milliseconds): one hour. Beyond it the policy is `never` in
+/// all but name, and a mistyped huge value (`interval=18446744073709551615`) would silently be
+/// that; `--fsync never` says so plainly.
+pub const FSYNC_INTERVAL_MS_MAX: u64 = 3_600_000;
 /// Largest single entry (bytes, header included); equals the default max message size.
 pub const ENTRY_SIZE_MAX: u32 = 64 * 1024 * 1024;
 /// Largest reply of one read (bytes), bounding poll memory.

@@ -65,7 +65,8 @@ pub enum FsyncPolicy {
 
 impl std::str::FromStr for FsyncPolicy {
     type Err = String;
-    /// `always`, `never`, `interval=MS` (MS an integer >= 1, milliseconds).
+    /// `always`, `never`, `interval=MS` (MS a whole number of milliseconds, 1..=
+    /// [`FSYNC_INTERVAL_MS_MAX`](crate::limits::FSYNC_INTERVAL_MS_MAX)).
     ///
     /// # Errors
     /// A message naming the value and the rule it breaks.
@@ -79,12 +80,15 @@ impl std::str::FromStr for FsyncPolicy {
                         "fsync policy {s:?}: expected \"always\", \"never\" or \"interval=MS\""
                     ));
                 };
-                let interval_ms: u64 = interval_ms.parse().map_err(|_| {
-                    format!("fsync policy {s:?}: MS must be an integer number of milliseconds")
-                })?;
-                if interval_ms == 0 {
-                    return Err(format!("fsync policy {s:?}: MS must be at least 1"));
-                }
+                let max = crate::limits::FSYNC_INTERVAL_MS_MAX;
+                let rule = format!("MS must be a whole number of milliseconds from 1 to {max}");
+                let in_range = interval_ms
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|ms| (1..=max).contains(ms));
+                let Some(interval_ms) = in_range else {
+                    return Err(format!("fsync policy {s:?}: {rule}"));
+                };
                 Ok(FsyncPolicy::Interval(Duration::from_millis(interval_ms)))
             }
         }
@@ -1129,12 +1133,34 @@ mod tests {
     fn fsync_policy_errors_name_value_and_rule() {
         assert_eq!(
             "interval=0".parse::<FsyncPolicy>(),
-            Err("fsync policy \"interval=0\": MS must be at least 1".to_owned())
+            Err(
+                "fsync policy \"interval=0\": MS must be a whole number of milliseconds from 1 to \
+                 3600000"
+                    .to_owned()
+            )
+        );
+        for value in [
+            "interval=-1",
+            "interval=3600001",
+            "interval=99999999999999999999",
+        ] {
+            assert_eq!(
+                value.parse::<FsyncPolicy>(),
+                Err(format!(
+                    "fsync policy {value:?}: MS must be a whole number of milliseconds from 1 \
+                     to 3600000"
+                ))
+            );
+        }
+        assert_eq!(
+            "interval=3600000".parse(),
+            Ok(FsyncPolicy::Interval(Duration::from_secs(3600)))
         );
         assert_eq!(
             "interval=1.5".parse::<FsyncPolicy>(),
             Err(
-                "fsync policy \"interval=1.5\": MS must be an integer number of milliseconds"
+                "fsync policy \"interval=1.5\": MS must be a whole number of milliseconds from 1 \
+                 to 3600000"
                     .to_owned()
             )
         );

@@ -70,7 +70,7 @@ pub struct ServeArgs {
     #[arg(long, env = "SHARDLINE_DATA_DIR", default_value = "./shardline-data")]
     pub data_dir: PathBuf,
     /// When appends are acknowledged: `always` (after fsync, batches share fsyncs), `interval=MS`
-    /// (after the write; fsync every MS), `never` (page cache only).
+    /// (after the write; fsync every MS milliseconds, 1..=3600000), `never` (page cache only).
     #[arg(
         long,
         env = "SHARDLINE_FSYNC",
@@ -191,7 +191,7 @@ pub struct ServeArgs {
     pub group_session_timeout: std::time::Duration,
     /// How often each shard deletes the sealed segments of its partitions that are past their
     /// topic's retention (--retention-bytes / --retention-ms of `topic create` and `topic
-    /// alter`): seconds (10, 10s), milliseconds (500ms) or minutes (5m), 10ms..=1 day. A pass
+    /// alter`): seconds (10, 10s), milliseconds (500ms) or minutes (5m), 10ms..=86400s (1440m). A pass
     /// also runs as soon as a segment roll is acknowledged.
     #[arg(long, env = "SHARDLINE_RETENTION_INTERVAL", default_value = "10s", value_parser = shardline::arg_values::parse_retention_interval, value_name = "DURATION", allow_hyphen_values = true)]
     pub retention_interval: std::time::Duration,

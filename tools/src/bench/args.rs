@@ -419,7 +419,10 @@ pub enum BenchArgsError {
     },
     #[error("--server-pid needs --addr: the embedded server's pid is known")]
     ServerPidWithoutAddr,
-    #[error("--fsync {value}: expected always, never or interval=MS with MS >= 1")]
+    #[error(
+        "--fsync {value}: expected always, never or interval=MS with MS from 1 to {max}",
+        max = storage::limits::FSYNC_INTERVAL_MS_MAX
+    )]
     Fsync { value: String },
     #[error("--io-driver {value}: expected io-uring or poll")]
     IoDriver { value: String },
@@ -543,19 +546,11 @@ fn parse_run_duration(text: &str) -> Result<Duration, String> {
 }
 
 fn check_fsync(value: &str) -> Result<(), BenchArgsError> {
-    let valid = match value {
-        "always" | "never" => true,
-        other => other
-            .strip_prefix("interval=")
-            .and_then(|ms| ms.parse::<u64>().ok())
-            .is_some_and(|ms| ms >= 1),
-    };
-    if valid {
-        Ok(())
-    } else {
-        Err(BenchArgsError::Fsync {
+    match value.parse::<storage::FsyncPolicy>() {
+        Ok(_) => Ok(()),
+        Err(_) => Err(BenchArgsError::Fsync {
             value: value.to_string(),
-        })
+        }),
     }
 }
 
@@ -1426,7 +1421,12 @@ mod tests {
         }
         assert_eq!(
             error(&["--fsync", "interval=0"]),
-            "--fsync interval=0: expected always, never or interval=MS with MS >= 1"
+            "--fsync interval=0: expected always, never or interval=MS with MS from 1 to 3600000"
+        );
+        assert_eq!(
+            error(&["--fsync", "interval=3600001"]),
+            "--fsync interval=3600001: expected always, never or interval=MS with MS from 1 to \
+             3600000"
         );
         assert_eq!(
             error(&["--io-driver", "epoll"]),

@@ -294,8 +294,16 @@ pub fn render_config(config: &RunConfig) -> String {
         (_, Some(seconds)) => format!("duration={seconds}s"),
         (messages, None) => format!("messages={}", messages.unwrap_or(0)),
     };
+    // An external server's write mode is its own; the embedded one's is `--write-mode` or the
+    // server default.
+    let write_mode = match (&config.write_mode, config.data_dir.is_some()) {
+        (Some(mode), _) => format!(" write-mode={mode}"),
+        (None, true) => " write-mode=buffered (server default)".to_string(),
+        (None, false) => String::new(),
+    };
     format!(
-        "server={} producers={} consumers={} partitions={} batch={} {size} payload={} fsync={}{}",
+        "server={} producers={} consumers={} partitions={} batch={} {size} payload={} fsync={}\
+         {write_mode}{}",
         config.server,
         config.producers,
         config.consumers,
@@ -769,6 +777,25 @@ mod tests {
         assert!(run["server_cpu_seconds"].is_null());
         assert_eq!(run["shards"], 1);
         assert_eq!(run["config"]["fsync"], "never");
+    }
+
+    #[test]
+    fn issue12_3_config_line_names_the_write_mode_of_the_embedded_server() {
+        let mut report = run(None, 1);
+        report.config.data_dir = Some("/srv/bench/data".to_string());
+        report.config.write_mode = None;
+        assert!(
+            render_config(&report.config)
+                .contains("fsync=never write-mode=buffered (server default)"),
+            "{}",
+            render_config(&report.config)
+        );
+        report.config.write_mode = Some("direct".to_string());
+        assert!(render_config(&report.config).contains("fsync=never write-mode=direct"));
+        // An external server's mode is its own: the line does not guess it.
+        report.config.data_dir = None;
+        report.config.write_mode = None;
+        assert!(!render_config(&report.config).contains("write-mode"));
     }
 
     #[test]
