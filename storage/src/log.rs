@@ -1154,7 +1154,7 @@ mod tests {
         }
         assert_eq!(
             "interval=3600000".parse(),
-            Ok(FsyncPolicy::Interval(Duration::from_secs(3600)))
+            Ok(FsyncPolicy::Interval(Duration::from_hours(1)))
         );
         assert_eq!(
             "interval=1.5".parse::<FsyncPolicy>(),
