@@ -113,8 +113,8 @@ pub struct BenchArgs {
     pub fsync: Option<String>,
 
     /// Embedded server: how partition logs write, `buffered` (the server default) or `direct`
-    /// (O_DIRECT; half the CPU per GB once writes outrun the dirty-page limits). Passed to
-    /// `serve --write-mode`.
+    /// (O_DIRECT; polls then read the disk). Passed to `serve --write-mode`; compare the two on
+    /// your host with `--json` and `--compare` (`serve --help` gives this VM's figures).
     #[arg(long, value_name = "MODE")]
     pub write_mode: Option<String>,
 
