@@ -53,6 +53,22 @@ fn file_size(path: &Path) -> u64 {
     std::fs::metadata(path).unwrap().len()
 }
 
+/// Checks that `log` reads `expected`, closes it, reopens `dir` with `config`, checks that the
+/// reopened log reads `expected` too, and returns what its recovery reported.
+async fn close_reopen_and_read(
+    log: PartitionLog,
+    dir: &Path,
+    config: LogConfig,
+    expected: &[u8],
+) -> storage::RecoveryReport {
+    assert_eq!(read_all(&log).await, expected);
+    log.close().await.unwrap();
+    drop(log);
+    let (log, report) = PartitionLog::open(dir, config).await.unwrap();
+    assert_eq!(read_all(&log).await, expected, "after reopening");
+    report
+}
+
 /// Appends one entry per size, each awaited (one direct write each, so every carry case runs);
 /// returns the stored bytes of each.
 async fn append_each(log: &PartitionLog, first_seed: u64, sizes: &[usize]) -> Vec<Vec<u8>> {
@@ -308,14 +324,9 @@ fn issue12_3_enospc_rollback_in_direct_mode_then_appends_continue() {
         let after = append_each(&log, 10, &[3, 4093, 9000]).await.concat();
         assert_eq!(log.write_mode_in_use(), WriteMode::Direct);
         let expected = [before, after].concat();
-        assert_eq!(read_all(&log).await, expected);
-        log.close().await.unwrap();
-        drop(log);
-        let (log, report) = PartitionLog::open(dir.path(), direct(FsyncPolicy::Always))
-            .await
-            .unwrap();
+        let report =
+            close_reopen_and_read(log, dir.path(), direct(FsyncPolicy::Always), &expected).await;
         assert_eq!((report.truncated_bytes, report.next_offset), (0, 5));
-        assert_eq!(read_all(&log).await, expected);
     });
 }
 
@@ -420,14 +431,9 @@ fn issue12_3_direct_write_refused_falls_back_without_poisoning() {
         assert_eq!(log.write_mode_in_use(), WriteMode::Buffered);
         let expected = expected.concat();
         assert_eq!(file_size(&segment(dir.path(), 0)), expected.len() as u64);
-        assert_eq!(read_all(&log).await, expected);
-        log.close().await.unwrap();
-        drop(log);
-        let (log, report) = PartitionLog::open(dir.path(), direct(FsyncPolicy::Always))
-            .await
-            .unwrap();
+        let report =
+            close_reopen_and_read(log, dir.path(), direct(FsyncPolicy::Always), &expected).await;
         assert_eq!((report.truncated_bytes, report.next_offset), (0, 5));
-        assert_eq!(read_all(&log).await, expected);
     });
 }
 
