@@ -52,7 +52,7 @@ pub struct ServeArgs {
         env = "SHARDLINE_SHARDS",
         default_value = "all",
         value_name = "N|all",
-        allow_negative_numbers = true
+        allow_hyphen_values = true
     )]
     pub shards: ShardCountArg,
     /// Exact CPUs to pin shards to, e.g. `0-3,8`; each must be in the process affinity mask.
@@ -103,7 +103,7 @@ pub struct ServeArgs {
     #[arg(long, env = "SHARDLINE_MAX_MESSAGE_SIZE", default_value_t = bus::limits::MESSAGE_SIZE_MAX_DEFAULT, value_parser = ranged_size::<u32>(RangedKey::MaxMessageSize), value_name = "BYTES", allow_hyphen_values = true)]
     pub max_message_size: u32,
     /// Frames each shard inbox holds before senders get `Busy` (1..=1048576 frames).
-    #[arg(long, env = "SHARDLINE_INBOX_CAPACITY", default_value_t = runtime::limits::INBOX_CAPACITY_DEFAULT, value_name = "FRAMES", value_parser = ranged::<usize>(RangedKey::InboxCapacity), allow_negative_numbers = true)]
+    #[arg(long, env = "SHARDLINE_INBOX_CAPACITY", default_value_t = runtime::limits::INBOX_CAPACITY_DEFAULT, value_name = "FRAMES", value_parser = ranged::<usize>(RangedKey::InboxCapacity), allow_hyphen_values = true)]
     pub inbox_capacity: usize,
     /// I/O driver of every shard: `io-uring`, or `poll` where io_uring is blocked (seccomp,
     /// memlock limits, old kernels).
@@ -115,25 +115,25 @@ pub struct ServeArgs {
     pub segment_size: u64,
     /// Microseconds an idle shard keeps polling before it sleeps (0..=10000). Lowers cross-shard
     /// and I/O latency (no wakeup needed) at the cost of CPU burnt while idle; 0 sleeps at once.
-    #[arg(long, env = "SHARDLINE_IDLE_POLL_US", default_value_t = 0, value_name = "US", value_parser = ranged::<u64>(RangedKey::IdlePollUs), allow_negative_numbers = true)]
+    #[arg(long, env = "SHARDLINE_IDLE_POLL_US", default_value_t = 0, value_name = "US", value_parser = ranged::<u64>(RangedKey::IdlePollUs), allow_hyphen_values = true)]
     pub idle_poll_us: u64,
     /// Seconds a client connection may stay without sending a complete frame header before the
     /// server closes it (1..=86400). Also bounds half-sent headers.
-    #[arg(long, env = "SHARDLINE_IDLE_TIMEOUT_S", default_value_t = shards::limits::CONNECTION_IDLE_TIMEOUT.as_secs(), value_name = "SECONDS", value_parser = ranged::<u64>(RangedKey::IdleTimeoutS), allow_negative_numbers = true)]
+    #[arg(long, env = "SHARDLINE_IDLE_TIMEOUT_S", default_value_t = shards::limits::CONNECTION_IDLE_TIMEOUT.as_secs(), value_name = "SECONDS", value_parser = ranged::<u64>(RangedKey::IdleTimeoutS), allow_hyphen_values = true)]
     pub idle_timeout_s: u64,
     /// Client sessions shard 0 keeps (1..=1048576). Registering one more evicts the session
     /// whose latest commit is oldest; that client's next request is answered with an Eviction.
-    #[arg(long, env = "SHARDLINE_CLIENTS_TABLE_MAX", default_value_t = shards::limits::CLIENTS_TABLE_MAX_DEFAULT, value_name = "SESSIONS", value_parser = ranged::<usize>(RangedKey::ClientsTableMax), allow_negative_numbers = true)]
+    #[arg(long, env = "SHARDLINE_CLIENTS_TABLE_MAX", default_value_t = shards::limits::CLIENTS_TABLE_MAX_DEFAULT, value_name = "SESSIONS", value_parser = ranged::<usize>(RangedKey::ClientsTableMax), allow_hyphen_values = true)]
     pub clients_table_max: usize,
     /// Polls with a wait (`poll --follow`, `Client::poll_wait`) each shard holds parked at once
     /// while their partition has nothing new (1..=1048576). One parked poll costs a few hundred
     /// bytes and no CPU while it waits; one more is refused with ResourceExhausted.
-    #[arg(long, env = "SHARDLINE_PARKED_POLLS_MAX", default_value_t = shards::limits::PARKED_POLLS_MAX_DEFAULT, value_name = "POLLS", value_parser = ranged::<usize>(RangedKey::ParkedPollsMax), allow_negative_numbers = true)]
+    #[arg(long, env = "SHARDLINE_PARKED_POLLS_MAX", default_value_t = shards::limits::PARKED_POLLS_MAX_DEFAULT, value_name = "POLLS", value_parser = ranged::<usize>(RangedKey::ParkedPollsMax), allow_hyphen_values = true)]
     pub parked_polls_max: usize,
     /// Committed metadata ops between checkpoints (1..=1048576). A checkpoint writes a snapshot
     /// of metadata and client sessions, records it in the superblock and releases the journal
     /// below it; boot replays at most this many ops. A clean shutdown always checkpoints.
-    #[arg(long, env = "SHARDLINE_CHECKPOINT_INTERVAL", default_value_t = shards::limits::CHECKPOINT_INTERVAL_DEFAULT, value_name = "OPS", value_parser = ranged::<u64>(RangedKey::CheckpointInterval), allow_negative_numbers = true)]
+    #[arg(long, env = "SHARDLINE_CHECKPOINT_INTERVAL", default_value_t = shards::limits::CHECKPOINT_INTERVAL_DEFAULT, value_name = "OPS", value_parser = ranged::<u64>(RangedKey::CheckpointInterval), allow_hyphen_values = true)]
     pub checkpoint_interval: u64,
     /// Metadata journal segment size before it rolls to a new segment, bytes (65536..=67108864,
     /// i.e. 64KiB..=64MiB: opening the journal reads a whole segment into memory; a KiB or MiB
@@ -145,7 +145,7 @@ pub struct ServeArgs {
     /// Cluster id (decimal, or 0x-prefixed hex; 0..=2^128-1), the same on every replica of the
     /// cluster. A replica frame from another cluster is dropped, and a data directory formatted
     /// for another cluster refuses to boot.
-    #[arg(long, env = "SHARDLINE_CLUSTER", default_value = "0", value_parser = shardline::arg_values::parse_cluster_id, value_name = "ID", help_heading = "Cluster", allow_negative_numbers = true)]
+    #[arg(long, env = "SHARDLINE_CLUSTER", default_value = "0", value_parser = shardline::arg_values::parse_cluster_id, value_name = "ID", help_heading = "Cluster", allow_hyphen_values = true)]
     pub cluster: u128,
     /// This replica's index into --addresses (0-based, 0..=4 and below the replica count; 0
     /// without --addresses).
@@ -155,7 +155,7 @@ pub struct ServeArgs {
         default_value_t = 0,
         value_name = "I",
         help_heading = "Cluster",
-        allow_negative_numbers = true,
+        allow_hyphen_values = true,
         value_parser = shardline::arg_values::whole_number(
             "a replica index",
             0,
@@ -169,14 +169,14 @@ pub struct ServeArgs {
     #[arg(long, env = "SHARDLINE_ADDRESSES", value_parser = shardline::arg_values::parse_address_list, value_name = "A0,A1,A2", help_heading = "Cluster")]
     pub addresses: Option<AddressList>,
     /// Length of one consensus tick, milliseconds (1..=1000); the two timeouts below count ticks.
-    #[arg(long, env = "SHARDLINE_TICK_MS", default_value_t = shards::limits::TICK_DEFAULT.as_millis() as u64, value_name = "MS", help_heading = "Cluster", value_parser = ranged::<u64>(RangedKey::TickMs), allow_negative_numbers = true)]
+    #[arg(long, env = "SHARDLINE_TICK_MS", default_value_t = shards::limits::TICK_DEFAULT.as_millis() as u64, value_name = "MS", help_heading = "Cluster", value_parser = ranged::<u64>(RangedKey::TickMs), allow_hyphen_values = true)]
     pub tick_ms: u64,
     /// Ticks between two heartbeats (Commit messages) of an idle primary (1..=1000000 ticks).
-    #[arg(long, env = "SHARDLINE_HEARTBEAT_TICKS", default_value_t = shards::limits::HEARTBEAT_TICKS_DEFAULT, value_name = "TICKS", help_heading = "Cluster", value_parser = ranged::<u64>(RangedKey::HeartbeatTicks), allow_negative_numbers = true)]
+    #[arg(long, env = "SHARDLINE_HEARTBEAT_TICKS", default_value_t = shards::limits::HEARTBEAT_TICKS_DEFAULT, value_name = "TICKS", help_heading = "Cluster", value_parser = ranged::<u64>(RangedKey::HeartbeatTicks), allow_hyphen_values = true)]
     pub heartbeat_ticks: u64,
     /// Ticks a backup waits without hearing from its primary before it starts a view change
     /// (randomized up to twice this); 2..=1000000 ticks, and greater than --heartbeat-ticks.
-    #[arg(long, env = "SHARDLINE_VIEW_CHANGE_TIMEOUT_TICKS", default_value_t = shards::limits::VIEW_CHANGE_TIMEOUT_TICKS_DEFAULT, value_name = "TICKS", help_heading = "Cluster", value_parser = ranged::<u64>(RangedKey::ViewChangeTimeoutTicks), allow_negative_numbers = true)]
+    #[arg(long, env = "SHARDLINE_VIEW_CHANGE_TIMEOUT_TICKS", default_value_t = shards::limits::VIEW_CHANGE_TIMEOUT_TICKS_DEFAULT, value_name = "TICKS", help_heading = "Cluster", value_parser = ranged::<u64>(RangedKey::ViewChangeTimeoutTicks), allow_hyphen_values = true)]
     pub view_change_timeout_ticks: u64,
     /// Serve Prometheus metrics (OpenMetrics text) at http://HOST:PORT/metrics, from a thread of
     /// its own; off without this flag. Port 0 picks a free port (printed on stdout as

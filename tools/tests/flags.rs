@@ -344,6 +344,22 @@ fn serve_flags_refuse_negative_and_out_of_range_values_naming_the_rule() {
         assert_refused("serve", &[], flag, out_of_range, rule);
         assert_refused("serve", &[], flag, "-1", rule_of_negative(flag, rule));
     }
+    // A malformed negative value reaches the parser too (clap would take `-5k` for a flag).
+    for (flag, value, rule) in [
+        (
+            "--tick-ms",
+            "-5k",
+            "\"-5k\" is not a whole number; must be between 1 and 1000 ms",
+        ),
+        ("--replica", "-one", "\"-one\" is not a replica index"),
+        (
+            "--shards",
+            "-all",
+            "a whole number of shards from 1 to 1024",
+        ),
+    ] {
+        assert_refused("serve", &[], flag, value, rule);
+    }
     // Not a whole number at all: said so, with the range.
     assert_refused(
         "serve",

@@ -76,7 +76,7 @@ fn issue12_3_serve_write_mode_direct_round_trips_across_kill_9_and_restart() {
     check(server.addr, namespace, 40);
     let stderr = server.stderr();
     assert!(
-        stderr.contains("cutting the zero padding a direct write left past the last entry"),
+        stderr.contains("cutting the zero padding past the last entry"),
         "open names the padding of the last direct write:\n{stderr}"
     );
     send(server.addr, namespace, 40..52);

@@ -520,7 +520,8 @@ async fn open_last_segment(
             segment = %path.display(),
             position = invalid.position,
             padding_bytes = cut.direct_padding_bytes,
-            "cutting the zero padding a direct write left past the last entry (not a torn write)"
+            "cutting the zero padding past the last entry (all zeros up to a 4096-byte boundary, \
+             as a direct write pads; zeros hold no entry, so nothing acknowledged is lost)"
         );
         file.set_len(invalid.position)
             .await
