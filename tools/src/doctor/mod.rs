@@ -38,7 +38,8 @@ pub struct DoctorArgs {
         env = "SHARDLINE_SHARDS",
         default_value = "all",
         value_name = "N|all",
-        allow_negative_numbers = true
+        allow_negative_numbers = true,
+        value_parser = crate::arg_values::parse_shard_count
     )]
     pub shards: ShardCountArg,
     /// The server would run with `--no-pin` (more shards than cores allowed).
