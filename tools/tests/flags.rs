@@ -607,3 +607,24 @@ fn shards_all_under_taskset_runs_one_shard_pinned_to_cpu_1() {
     assert_eq!(threads, vec![("shard-0".to_owned(), "1".to_owned())]);
     assert_eq!(server.stop(), Some(0));
 }
+
+/// New-user review: `sim --seeds 0..18446744073709551615` was accepted and ran until killed. A
+/// range runs at most `SEED_COUNT_MAX` seeds; a wider one exits 2 naming flag, value and rule.
+#[test]
+fn sim_seed_range_wider_than_the_bound_is_refused() {
+    assert_refused(
+        "sim",
+        &[],
+        "--seeds",
+        "0..18446744073709551615",
+        "\"0..18446744073709551615\" is 18446744073709551615 seeds: a range runs at most \
+         10000000 seeds (B - A)",
+    );
+    assert_refused(
+        "sim",
+        &[],
+        "--seeds",
+        "5..10000006",
+        "\"5..10000006\" is 10000001 seeds: a range runs at most 10000000 seeds (B - A)",
+    );
+}

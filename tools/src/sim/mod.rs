@@ -58,6 +58,10 @@ pub const REQUESTS_MAX: u64 = 1_000_000;
 /// Largest `--journal-segment-ops`: records per journal segment; far above any checkpoint
 /// interval, past which a segment is simply never released in a run.
 pub const JOURNAL_SEGMENT_OPS_MAX: u64 = 1_000_000;
+/// Most seeds one `--seeds A..B` runs: a default seed takes about a wall second in a debug build
+/// (`TICKS_DEFAULT` at about 10^4 ticks a second), so this bound is months of CPU, never an
+/// accident; a range of `u64`'s width otherwise runs until killed.
+pub const SEED_COUNT_MAX: u64 = 10_000_000;
 /// Largest `--jobs`: threads for `--seeds`, far above the cores of any host that runs it.
 pub const JOBS_MAX: u32 = 1024;
 const _: () = assert!(TICKS_DEFAULT <= TICKS_MAX && LIVENESS_TICKS_DEFAULT <= TICKS_MAX);
@@ -394,7 +398,8 @@ pub struct SimArgs {
     )]
     pub seed: Option<u64>,
 
-    /// Run the seeds A, A+1, ..., B-1 (e.g. `1..2000`), one per thread on all allowed CPUs.
+    /// Run the seeds A, A+1, ..., B-1 (e.g. `1..2000`; at most 10000000 of them), one per
+    /// thread on all allowed CPUs.
     #[arg(long, value_name = "A..B", value_parser = parse_seed_range, allow_hyphen_values = true)]
     pub seeds: Option<Range<u64>>,
 
@@ -531,10 +536,10 @@ pub fn parse_probability(text: &str) -> Result<f64, String> {
     Ok(value)
 }
 
-/// Parses `A..B` (B excluded, B > A).
+/// Parses `A..B` (B excluded, B > A, at most `SEED_COUNT_MAX` seeds).
 ///
 /// # Errors
-/// Not two numbers joined by `..`, or an empty range.
+/// Not two numbers joined by `..`, an empty range, or one of more than `SEED_COUNT_MAX` seeds.
 pub fn parse_seed_range(text: &str) -> Result<Range<u64>, String> {
     let (start, end) = text
         .split_once("..")
@@ -551,6 +556,12 @@ pub fn parse_seed_range(text: &str) -> Result<Range<u64>, String> {
     if end <= start {
         return Err(format!(
             "{text:?} is empty: B must be above A (B is excluded)"
+        ));
+    }
+    let seed_count = end - start;
+    if seed_count > SEED_COUNT_MAX {
+        return Err(format!(
+            "{text:?} is {seed_count} seeds: a range runs at most {SEED_COUNT_MAX} seeds (B - A)"
         ));
     }
     Ok(start..end)
@@ -705,6 +716,14 @@ mod tests {
         assert!(parse_seed_range("5..5").unwrap_err().contains("empty"));
         assert!(parse_seed_range("5").unwrap_err().contains("A..B"));
         assert!(parse_seed_range("a..5").unwrap_err().contains("\"a\""));
+        assert_eq!(parse_seed_range("0..10000000"), Ok(0..SEED_COUNT_MAX));
+        assert_eq!(
+            parse_seed_range("0..10000001"),
+            Err(
+                "\"0..10000001\" is 10000001 seeds: a range runs at most 10000000 seeds (B - A)"
+                    .to_owned()
+            )
+        );
         assert_eq!(parse_replica_count("5"), Ok(5));
         assert!(parse_replica_count("4").unwrap_err().contains("3 or 5"));
         assert!(parse_client_count("0").is_err());
