@@ -22,13 +22,14 @@ impl FromStr for IoDriver {
     /// Accepts `io-uring`, `io_uring`, `uring` and `poll`.
     ///
     /// # Errors
-    /// A message naming the value and the accepted words.
+    /// A message naming the value and the accepted words, not the flag: clap and the config file
+    /// name the flag (or key) themselves.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "io-uring" | "io_uring" | "uring" => Ok(IoDriver::IoUring),
             "poll" => Ok(IoDriver::Poll),
             other => Err(format!(
-                "invalid --io-driver value {other:?}: expected one of io-uring, io_uring, uring, poll"
+                "{other:?} is not an I/O driver: expected one of io-uring, io_uring, uring, poll"
             )),
         }
     }
@@ -373,8 +374,10 @@ mod tests {
         assert_eq!("poll".parse::<IoDriver>(), Ok(IoDriver::Poll));
         assert_eq!(
             "epoll".parse::<IoDriver>(),
-            Err(r#"invalid --io-driver value "epoll": expected one of io-uring, io_uring, uring, poll"#
-                .to_owned())
+            Err(
+                r#""epoll" is not an I/O driver: expected one of io-uring, io_uring, uring, poll"#
+                    .to_owned()
+            )
         );
         assert_eq!(IoDriver::IoUring.to_string(), "io-uring");
         assert_eq!(IoDriver::Poll.to_string(), "poll");

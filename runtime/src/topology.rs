@@ -147,12 +147,9 @@ impl FromStr for ShardCountArg {
                 "expected `all` or a whole number of shards from 1 to {SHARD_COUNT_MAX}"
             ))
         })?;
-        if count == 0 {
-            return Err(rejected("shard count must be at least 1".to_owned()));
-        }
-        if count > SHARD_COUNT_MAX as u64 {
+        if count == 0 || count > SHARD_COUNT_MAX as u64 {
             return Err(rejected(format!(
-                "shard count must be at most {SHARD_COUNT_MAX}"
+                "shard count must be between 1 and {SHARD_COUNT_MAX}"
             )));
         }
         Ok(ShardCountArg::Count(count as u16))
@@ -497,11 +494,11 @@ mod tests {
         let text = |s: &str| s.parse::<ShardCountArg>().unwrap_err().to_string();
         assert_eq!(
             text("0"),
-            r#"invalid --shards value "0": shard count must be at least 1"#
+            r#"invalid --shards value "0": shard count must be between 1 and 1024"#
         );
         assert_eq!(
             text("1025"),
-            r#"invalid --shards value "1025": shard count must be at most 1024"#
+            r#"invalid --shards value "1025": shard count must be between 1 and 1024"#
         );
         assert_eq!(
             text("four"),

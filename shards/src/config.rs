@@ -359,7 +359,10 @@ impl ServerConfig {
             return Err(invalid(
                 "shards",
                 "0".to_owned(),
-                "shard count must be at least 1".to_owned(),
+                format!(
+                    "shard count must be between 1 and {}",
+                    runtime::limits::SHARD_COUNT_MAX
+                ),
             ));
         }
         if self.data_dir.as_os_str().is_empty() {

@@ -45,6 +45,34 @@ pub fn parse_host_port(text: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("host name {host:?} of {text:?} resolves to no address"))
 }
 
+/// Parses `--shards N|all` by the server's own rule (`runtime::ShardCountArg`: `all`, or 1 to
+/// `SHARD_COUNT_MAX`).
+///
+/// # Errors
+/// The rule alone (e.g. `shard count must be between 1 and 1024`): clap, and the config file,
+/// name the flag and the value themselves, so `TopologyError`'s own `invalid --shards value`
+/// framing would say them twice.
+pub fn parse_shard_count(text: &str) -> Result<runtime::ShardCountArg, String> {
+    text.parse().map_err(topology_rule)
+}
+
+/// Parses `--cpus LIST` (e.g. `0-3,8`) by the server's own rule (`runtime::CpuList`).
+///
+/// # Errors
+/// The rule alone, as [`parse_shard_count`] says.
+pub fn parse_cpu_list(text: &str) -> Result<runtime::CpuList, String> {
+    text.parse().map_err(topology_rule)
+}
+
+/// The rule of a topology flag parser's error, without the flag and value it also names.
+fn topology_rule(error: runtime::TopologyError) -> String {
+    match error {
+        runtime::TopologyError::ShardCount { rule, .. }
+        | runtime::TopologyError::CpuListSyntax { rule, .. } => rule,
+        other => other.to_string(),
+    }
+}
+
 /// A comma-separated list of `HOST:PORT` addresses, in the order given (`--addresses A0,A1,A2`,
 /// `--addr A,B`). Never empty.
 #[derive(Debug, Clone, PartialEq, Eq)]

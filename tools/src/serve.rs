@@ -52,11 +52,12 @@ pub struct ServeArgs {
         env = "SHARDLINE_SHARDS",
         default_value = "all",
         value_name = "N|all",
-        allow_hyphen_values = true
+        allow_hyphen_values = true,
+        value_parser = shardline::arg_values::parse_shard_count
     )]
     pub shards: ShardCountArg,
     /// Exact CPUs to pin shards to, e.g. `0-3,8`; each must be in the process affinity mask.
-    #[arg(long, env = "SHARDLINE_CPUS", value_name = "LIST")]
+    #[arg(long, env = "SHARDLINE_CPUS", value_name = "LIST", value_parser = shardline::arg_values::parse_cpu_list)]
     pub cpus: Option<CpuList>,
     /// Do not pin shards to cores (allows more shards than cores, for shared hosts).
     /// `SHARDLINE_NO_PIN` takes 1/0, true/false, yes/no, on/off; empty counts as unset.

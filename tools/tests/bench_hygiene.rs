@@ -255,3 +255,34 @@ fn stop_signal_mid_run_cleans_up(signal: libc::c_int, exit_code: i32) {
     }
     assert_eq!(std::fs::read_dir(outputs.path()).unwrap().count(), 0);
 }
+
+/// New-user review: `bench --write-mode odirect`, `--fsync sometimes` and `--io-driver epoll`
+/// exited 1 while `serve` exits 2 for the same values. They are usage errors now: exit 2,
+/// naming the flag, the value and the rule, before anything starts.
+#[test]
+fn bad_server_flag_values_are_usage_errors_as_in_serve() {
+    for (flag, value, rule) in [
+        (
+            "--write-mode <MODE>",
+            "odirect",
+            "expected buffered or direct",
+        ),
+        (
+            "--fsync <POLICY>",
+            "sometimes",
+            "expected always, never or interval=MS with MS from 1 to 3600000",
+        ),
+        ("--io-driver <DRIVER>", "epoll", "expected io-uring or poll"),
+    ] {
+        let name = flag.split_once(' ').unwrap().0;
+        let output = bench(&[name, value]);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "error: invalid value '{value}' for '{flag}': {rule}\n"
+            )),
+            "{stderr}"
+        );
+    }
+}

@@ -372,3 +372,90 @@ fn issue12_3_write_mode_from_the_file_and_its_refusal() {
         "{stderr}"
     );
 }
+
+/// New-user review: a file value that a flag parser refused said the key and value twice
+/// (`invalid shards value "0": invalid --shards value "0": shard count must be at least 1`).
+/// It reads once, naming the file, the key, the value and the rule (both bounds), and no
+/// key's refusal repeats a flag's own `invalid --FLAG value` framing.
+#[test]
+fn a_file_value_refused_by_a_flag_parser_names_key_value_and_rule_once() {
+    let dir = tempfile::tempdir().unwrap();
+    for (line, expected) in [
+        (
+            "shards = 0",
+            "invalid shards value \"0\": shard count must be between 1 and 1024",
+        ),
+        (
+            "shards = 1025",
+            "invalid shards value \"1025\": shard count must be between 1 and 1024",
+        ),
+        (
+            "cpus = \"x\"",
+            "invalid cpus value \"x\": \"x\" is not a CPU number",
+        ),
+        (
+            "io-driver = \"epoll\"",
+            "invalid io-driver value \"epoll\": \"epoll\" is not an I/O driver: expected one of \
+             io-uring, io_uring, uring, poll",
+        ),
+    ] {
+        let config = write_config(dir.path(), &format!("{line}\n"));
+        let stderr = serve_refusal(Command::new(BIN), &["--config", config.to_str().unwrap()]);
+        assert!(
+            stderr.contains(&format!(
+                "error: config file {}: {expected}\n",
+                config.display()
+            )),
+            "{line}: {stderr}"
+        );
+    }
+    for line in [
+        "listen = \"x\"",
+        "fsync = \"sometimes\"",
+        "write-mode = \"odirect\"",
+        "max-message-size = \"x\"",
+        "inbox-capacity = -1",
+        "segment-size = \"x\"",
+        "idle-poll-us = -1",
+        "idle-timeout-s = -1",
+        "clients-table-max = -1",
+        "parked-polls-max = -1",
+        "checkpoint-interval = 0",
+        "journal-segment-size = \"x\"",
+        "retention-interval = \"x\"",
+        "cluster = \"x\"",
+        "replica = -1",
+        "addresses = \"x\"",
+        "tick-ms = 0",
+        "heartbeat-ticks = 0",
+        "view-change-timeout-ticks = 0",
+        "metrics-listen = \"x\"",
+        "group-session-timeout = \"x\"",
+    ] {
+        let config = write_config(dir.path(), &format!("{line}\n"));
+        let stderr = serve_refusal(Command::new(BIN), &["--config", config.to_str().unwrap()]);
+        assert!(
+            stderr.contains(&format!(
+                "error: config file {}: invalid ",
+                config.display()
+            )),
+            "{line}: {stderr}"
+        );
+        assert!(!stderr.contains("invalid --"), "{line}: {stderr}");
+    }
+}
+
+/// `--shards 0` on the command line states both bounds, once.
+#[test]
+fn a_shard_count_flag_out_of_range_states_both_bounds_once() {
+    for value in ["0", "1025"] {
+        let stderr = serve_refusal(Command::new(BIN), &["--shards", value]);
+        assert!(
+            stderr.contains(&format!(
+                "error: invalid value '{value}' for '--shards <N|all>': shard count must be \
+                 between 1 and 1024\n"
+            )),
+            "{stderr}"
+        );
+    }
+}

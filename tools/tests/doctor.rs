@@ -237,3 +237,34 @@ fn io_uring_blocked_by_seccomp_fails_naming_seccomp() {
         "{first}"
     );
 }
+
+/// New-user review: `doctor --shards N` with more pinned shards than allowed cores sized the
+/// io_uring check for the allowed count without a word. It sizes for the N requested (what
+/// `--no-pin` runs) and says why.
+#[test]
+fn refused_pinned_shards_size_the_io_uring_check_as_requested_and_say_why() {
+    let root = tempfile::tempdir().unwrap();
+    let allowed = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let requested = allowed + 1;
+    if requested > 1024 {
+        return;
+    }
+    let requested = requested.to_string();
+    let (_, stdout, stderr) = output(&mut doctor(
+        root.path(),
+        &["--json", "--shards", &requested],
+    ));
+    let report = parse_json(&stdout, &stderr);
+    let io_uring = json_check(&report, "io_uring");
+    // Where io_uring is refused (container, seccomp) the check names the cause instead.
+    if io_uring["status"] == "ok" {
+        assert!(
+            io_uring["found"].as_str().unwrap().contains(&format!(
+                "{requested} shard(s) (the {requested} requested: serve refuses to pin them to \
+                 the {allowed} allowed core(s), see the cpus check; with --no-pin it runs \
+                 {requested}) need "
+            )),
+            "{io_uring}"
+        );
+    }
+}

@@ -109,13 +109,13 @@ pub struct BenchArgs {
     /// Embedded server: when an append is acknowledged. `always` (after fsync, group commit; the
     /// server default), `interval=MS` (fsync every MS ms), `never` (page cache only; measures the
     /// server, not the disk).
-    #[arg(long, value_name = "POLICY")]
+    #[arg(long, value_name = "POLICY", value_parser = parse_fsync_value)]
     pub fsync: Option<String>,
 
     /// Embedded server: how partition logs write, `buffered` (the server default) or `direct`
     /// (O_DIRECT; polls then read the disk). Passed to `serve --write-mode`; compare the two on
     /// your host with `--json` and `--compare` (`serve --help` gives this VM's figures).
-    #[arg(long, value_name = "MODE")]
+    #[arg(long, value_name = "MODE", value_parser = parse_write_mode_value)]
     pub write_mode: Option<String>,
 
     /// Embedded server: the exact CPUs of the shards, e.g. `0-3,8` (each must be allowed).
@@ -128,7 +128,7 @@ pub struct BenchArgs {
     pub no_pin: bool,
 
     /// Embedded server: `io-uring` (default) or `poll`, the fallback where `io_uring` is unavailable.
-    #[arg(long, value_name = "DRIVER")]
+    #[arg(long, value_name = "DRIVER", value_parser = parse_io_driver_value)]
     pub io_driver: Option<String>,
 
     /// Embedded server: capacity of each shard's mesh inbox (1..=1048576). Small values make
@@ -419,14 +419,11 @@ pub enum BenchArgsError {
     },
     #[error("--server-pid needs --addr: the embedded server's pid is known")]
     ServerPidWithoutAddr,
-    #[error(
-        "--fsync {value}: expected always, never or interval=MS with MS from 1 to {max}",
-        max = storage::limits::FSYNC_INTERVAL_MS_MAX
-    )]
+    #[error("--fsync {value}: {}", fsync_rule())]
     Fsync { value: String },
-    #[error("--io-driver {value}: expected io-uring or poll")]
+    #[error("--io-driver {value}: {IO_DRIVER_RULE}")]
     IoDriver { value: String },
-    #[error("--write-mode {value}: expected buffered or direct")]
+    #[error("--write-mode {value}: {WRITE_MODE_RULE}")]
     WriteMode { value: String },
     /// The server's own `--cpus` parser rejected the list (its message names value and rule).
     #[error("{reason}")]
@@ -543,6 +540,56 @@ fn parse_run_duration(text: &str) -> Result<Duration, String> {
         ));
     }
     Ok(duration)
+}
+
+/// What `--fsync` takes: the server's own `storage::FsyncPolicy` rule.
+fn fsync_rule() -> String {
+    format!(
+        "expected always, never or interval=MS with MS from 1 to {}",
+        storage::limits::FSYNC_INTERVAL_MS_MAX
+    )
+}
+
+/// What `--io-driver` takes: the server's two drivers, by their canonical names (the run's
+/// metadata records the text, so the aliases `serve` also accepts are not taken here).
+const IO_DRIVER_RULE: &str = "expected io-uring or poll";
+
+/// What `--write-mode` takes: the server's own `storage::WriteMode` rule.
+const WRITE_MODE_RULE: &str = "expected buffered or direct";
+
+/// clap parser of `--fsync`: checks `text` by the server's `storage::FsyncPolicy` parser and
+/// keeps it as text (passed on to the embedded server as `serve --fsync`).
+///
+/// # Errors
+/// The rule (clap names the flag and the value), exit 2 as `serve` does.
+fn parse_fsync_value(text: &str) -> Result<String, String> {
+    match text.parse::<storage::FsyncPolicy>() {
+        Ok(_) => Ok(text.to_owned()),
+        Err(_) => Err(fsync_rule()),
+    }
+}
+
+/// clap parser of `--io-driver`: `io-uring` or `poll`, kept as text.
+///
+/// # Errors
+/// The rule, as [`parse_fsync_value`] says.
+fn parse_io_driver_value(text: &str) -> Result<String, String> {
+    match text {
+        "io-uring" | "poll" => Ok(text.to_owned()),
+        _ => Err(IO_DRIVER_RULE.to_owned()),
+    }
+}
+
+/// clap parser of `--write-mode`: checks `text` by the server's `storage::WriteMode` parser and
+/// keeps it as text.
+///
+/// # Errors
+/// The rule, as [`parse_fsync_value`] says.
+fn parse_write_mode_value(text: &str) -> Result<String, String> {
+    match text.parse::<storage::WriteMode>() {
+        Ok(_) => Ok(text.to_owned()),
+        Err(_) => Err(WRITE_MODE_RULE.to_owned()),
+    }
 }
 
 fn check_fsync(value: &str) -> Result<(), BenchArgsError> {
@@ -1372,8 +1419,8 @@ mod tests {
     #[test]
     fn write_mode_is_checked_and_passed_to_the_embedded_server() {
         assert_eq!(
-            error(&["--write-mode", "odirect"]),
-            "--write-mode odirect: expected buffered or direct"
+            parse_error(&["--write-mode", "odirect"]),
+            "error: invalid value 'odirect' for '--write-mode <MODE>': expected buffered or direct"
         );
         assert_eq!(
             error(&["--addr", "127.0.0.1:9000", "--write-mode", "direct"]),
@@ -1414,23 +1461,62 @@ mod tests {
         );
     }
 
+    /// New-user review: bad `--fsync`, `--io-driver` and `--write-mode` values exited 1 from
+    /// validate() while `serve` exits 2 for them; clap's value parsers now refuse them, naming
+    /// the flag, the value and the rule.
     #[test]
     fn server_flag_values_are_checked() {
         for good in ["always", "never", "interval=5"] {
             assert_eq!(check_fsync(good), Ok(()));
+            assert_eq!(parse(&["--fsync", good]).fsync.as_deref(), Some(good));
         }
+        for (flag, value, rule) in [
+            (
+                "--fsync <POLICY>",
+                "sometimes",
+                "expected always, never or interval=MS with MS from 1 to 3600000",
+            ),
+            (
+                "--fsync <POLICY>",
+                "interval=0",
+                "expected always, never or interval=MS with MS from 1 to 3600000",
+            ),
+            (
+                "--fsync <POLICY>",
+                "interval=3600001",
+                "expected always, never or interval=MS with MS from 1 to 3600000",
+            ),
+            ("--io-driver <DRIVER>", "epoll", "expected io-uring or poll"),
+            (
+                "--write-mode <MODE>",
+                "odirect",
+                "expected buffered or direct",
+            ),
+        ] {
+            let name = flag.split_once(' ').unwrap().0;
+            assert_eq!(
+                parse_error(&[name, value]),
+                format!("error: invalid value '{value}' for '{flag}': {rule}")
+            );
+        }
+        // validate() stays the backstop for values set without clap.
+        let mut args = parse(&[]);
+        args.fsync = Some("interval=0".to_owned());
         assert_eq!(
-            error(&["--fsync", "interval=0"]),
+            args.validate().unwrap_err().to_string(),
             "--fsync interval=0: expected always, never or interval=MS with MS from 1 to 3600000"
         );
+        let mut args = parse(&[]);
+        args.io_driver = Some("epoll".to_owned());
         assert_eq!(
-            error(&["--fsync", "interval=3600001"]),
-            "--fsync interval=3600001: expected always, never or interval=MS with MS from 1 to \
-             3600000"
-        );
-        assert_eq!(
-            error(&["--io-driver", "epoll"]),
+            args.validate().unwrap_err().to_string(),
             "--io-driver epoll: expected io-uring or poll"
+        );
+        let mut args = parse(&[]);
+        args.write_mode = Some("odirect".to_owned());
+        assert_eq!(
+            args.validate().unwrap_err().to_string(),
+            "--write-mode odirect: expected buffered or direct"
         );
     }
 

@@ -6,8 +6,8 @@
 
 use procfs::process::Process;
 
-use super::Check;
 use super::limits::CAP_SYS_ADMIN_BIT;
+use super::{Check, SizedShards};
 
 const NAME: &str = "io_uring";
 
@@ -64,16 +64,16 @@ impl RingPolicy {
 
 /// Runs the startup probe for `shard_count` shards: `ok` with the locked-memory figures, or `fail`
 /// with the cause and its fix.
-pub(super) fn check(shard_count: u16) -> Check {
+pub(super) fn check(shards: &SizedShards) -> Check {
     let page_size = procfs::page_size();
-    let needed_bytes = runtime::probe::memlock_needed_bytes(shard_count, page_size);
-    match runtime::probe_io_uring(shard_count) {
+    let needed_bytes = runtime::probe::memlock_needed_bytes(shards.count, page_size);
+    match runtime::probe_io_uring(shards.count) {
         Ok(()) => Check::ok(
             NAME,
             format!(
                 "available: a ring with IORING_SETUP_COOP_TASKRUN and every opcode the shards use; \
                  {}",
-                memlock_text(memlock_limit_bytes(), needed_bytes, shard_count)
+                memlock_text(memlock_limit_bytes(), needed_bytes, shards)
             ),
         ),
         Err(refusal) => {
@@ -100,15 +100,16 @@ fn memlock_limit_bytes() -> Option<u64> {
     (rc == 0 && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
 }
 
-/// `RLIMIT_MEMLOCK unlimited|N KiB, S shard(s) need M KiB of ring memory`, noting when the
-/// limit is below the need (the probe passed, so this kernel does not charge rings to it).
-fn memlock_text(limit_bytes: Option<u64>, needed_bytes: u64, shard_count: u16) -> String {
+/// `RLIMIT_MEMLOCK unlimited|N KiB, S shard(s) need M KiB of ring memory` (with why S was
+/// counted when `serve` would refuse the topology), noting when the limit is below the need
+/// (the probe passed, so this kernel does not charge rings to it).
+fn memlock_text(limit_bytes: Option<u64>, needed_bytes: u64, shards: &SizedShards) -> String {
     let limit = limit_bytes.map_or_else(
         || "unlimited".to_owned(),
         |bytes| format!("{} KiB", bytes / 1024),
     );
     let mut text = format!(
-        "RLIMIT_MEMLOCK {limit}, {shard_count} shard(s) need {} KiB of ring memory",
+        "RLIMIT_MEMLOCK {limit}, {shards} need {} KiB of ring memory",
         needed_bytes.div_ceil(1024)
     );
     if limit_bytes.is_some_and(|bytes| bytes < needed_bytes) {
@@ -367,18 +368,30 @@ mod tests {
         assert!(fix.starts_with("run on Linux 5.19 or later"));
     }
 
+    fn shards(count: u16) -> SizedShards {
+        SizedShards { count, basis: None }
+    }
+
     #[test]
     fn memlock_text_shows_limit_and_need() {
         assert_eq!(
-            memlock_text(Some(8192 * 1024), 232 * 1024, 2),
+            memlock_text(Some(8192 * 1024), 232 * 1024, &shards(2)),
             "RLIMIT_MEMLOCK 8192 KiB, 2 shard(s) need 232 KiB of ring memory"
         );
+        let refused = SizedShards {
+            count: 8,
+            basis: Some("the 8 requested: why".to_owned()),
+        };
         assert_eq!(
-            memlock_text(None, 128 * 1024, 1),
+            memlock_text(Some(8192 * 1024), 824 * 1024, &refused),
+            "RLIMIT_MEMLOCK 8192 KiB, 8 shard(s) (the 8 requested: why) need 824 KiB of ring memory"
+        );
+        assert_eq!(
+            memlock_text(None, 128 * 1024, &shards(1)),
             "RLIMIT_MEMLOCK unlimited, 1 shard(s) need 128 KiB of ring memory"
         );
         assert_eq!(
-            memlock_text(Some(64 * 1024), 128 * 1024, 1),
+            memlock_text(Some(64 * 1024), 128 * 1024, &shards(1)),
             "RLIMIT_MEMLOCK 64 KiB, 1 shard(s) need 128 KiB of ring memory (this kernel does not charge \
              rings against it)"
         );

@@ -38,7 +38,8 @@ pub struct DoctorArgs {
         env = "SHARDLINE_SHARDS",
         default_value = "all",
         value_name = "N|all",
-        allow_negative_numbers = true
+        allow_hyphen_values = true,
+        value_parser = crate::arg_values::parse_shard_count
     )]
     pub shards: ShardCountArg,
     /// The server would run with `--no-pin` (more shards than cores allowed).
@@ -50,7 +51,7 @@ pub struct DoctorArgs {
         long,
         default_value_t = limits::PARTITIONS_DEFAULT,
         value_name = "N",
-        allow_negative_numbers = true,
+        allow_hyphen_values = true,
         value_parser = crate::arg_values::whole_number(
             "a planned partition count",
             1,
@@ -212,26 +213,122 @@ fn checks(args: &DoctorArgs) -> Vec<Check> {
         pin: !args.no_pin,
     });
     let host = cpus::HostCpus::read();
-    // The shard count the other checks size for: the resolved one, or (when resolution fails,
-    // which the cpus line reports) one per allowed CPU.
-    let shard_count = match &topology {
-        Ok(topology) => topology.shard_count(),
-        Err(_) => u16::try_from(host.allowed.len().max(1)).unwrap_or(u16::MAX),
-    };
+    let sized = sized_shards(args.shards, &topology, host.allowed.len());
     let mut checks = vec![
-        io_uring::check(shard_count),
+        io_uring::check(&sized),
         cpus::shards_check(&host, args.shards, &topology),
         cpus::quota_check(&host),
         cpus::numa_check(&host),
-        open_files::check(shard_count, args.partitions),
+        open_files::check(sized.count, args.partitions),
     ];
     checks.extend(data_dir::checks(&args.data_dir));
     checks
 }
 
+/// The shard count the resource checks size for, and why when it is not what `serve` would run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SizedShards {
+    pub count: u16,
+    /// Set when `serve` would refuse the topology, saying which count was taken instead.
+    pub basis: Option<String>,
+}
+
+impl fmt::Display for SizedShards {
+    /// `N shard(s)`, then ` (basis)` when there is one.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} shard(s)", self.count)?;
+        match &self.basis {
+            Some(basis) => write!(f, " ({basis})"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What the io_uring and open-file checks size for: the shards `serve --shards` would run; when
+/// it would refuse (the cpus check says why), the requested count `N`, which `--no-pin` runs
+/// and any other fix lowers, or for `all` one per allowed CPU (`allowed_cpu_count`), as
+/// `Topology::resolve` counts `all`. The count is never silently changed: `basis` says why.
+fn sized_shards(
+    shards: ShardCountArg,
+    topology: &Result<Topology, runtime::TopologyError>,
+    allowed_cpu_count: usize,
+) -> SizedShards {
+    match (topology, shards) {
+        (Ok(topology), _) => SizedShards {
+            count: topology.shard_count(),
+            basis: None,
+        },
+        (
+            Err(runtime::TopologyError::TooManyShards { allowed_count, .. }),
+            ShardCountArg::Count(requested),
+        ) => SizedShards {
+            count: requested,
+            basis: Some(format!(
+                "the {requested} requested: serve refuses to pin them to the \
+                 {allowed_count} allowed core(s), see the cpus check; with --no-pin it runs \
+                 {requested}"
+            )),
+        },
+        (Err(_), ShardCountArg::Count(requested)) => SizedShards {
+            count: requested,
+            basis: Some(format!(
+                "the {requested} requested: serve would refuse this topology, see the cpus check"
+            )),
+        },
+        (Err(_), ShardCountArg::All) => {
+            let count = u16::try_from(allowed_cpu_count.clamp(1, runtime::limits::SHARD_COUNT_MAX))
+                .unwrap_or(u16::MAX);
+            SizedShards {
+                count,
+                basis: Some(
+                    "one per allowed CPU for --shards all: serve would refuse this topology, see \
+                     the cpus check"
+                        .to_owned(),
+                ),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// New-user review: `doctor --shards 8` on 2 allowed cores (pinned) sized the io_uring check
+    /// for 2 shards without a word. It sizes for the 8 requested (what `--no-pin` runs) and says
+    /// why.
+    #[test]
+    fn refused_pinned_shards_are_sized_as_requested_and_say_why() {
+        let refused = Topology::resolve_with(
+            &TopologyConfig {
+                shards: ShardCountArg::Count(8),
+                cpus: None,
+                pin: true,
+            },
+            &[0, 1],
+            None,
+        );
+        let sized = sized_shards(ShardCountArg::Count(8), &refused, 2);
+        assert_eq!(sized.count, 8);
+        assert_eq!(
+            sized.to_string(),
+            "8 shard(s) (the 8 requested: serve refuses to pin them to the 2 allowed core(s), \
+             see the cpus check; with --no-pin it runs 8)"
+        );
+        let placed = Topology::resolve_with(
+            &TopologyConfig {
+                shards: ShardCountArg::Count(2),
+                cpus: None,
+                pin: true,
+            },
+            &[0, 1],
+            None,
+        );
+        assert_eq!(
+            sized_shards(ShardCountArg::Count(2), &placed, 2).to_string(),
+            "2 shard(s)"
+        );
+    }
 
     #[test]
     fn verdict_is_the_worst_status() {

@@ -58,6 +58,10 @@ pub const REQUESTS_MAX: u64 = 1_000_000;
 /// Largest `--journal-segment-ops`: records per journal segment; far above any checkpoint
 /// interval, past which a segment is simply never released in a run.
 pub const JOURNAL_SEGMENT_OPS_MAX: u64 = 1_000_000;
+/// Most seeds one `--seeds A..B` runs: a default seed takes about a wall second in a debug build
+/// (`TICKS_DEFAULT` at about 10^4 ticks a second), so this bound is months of CPU, never an
+/// accident; a range of `u64`'s width otherwise runs until killed.
+pub const SEED_COUNT_MAX: u64 = 10_000_000;
 /// Largest `--jobs`: threads for `--seeds`, far above the cores of any host that runs it.
 pub const JOBS_MAX: u32 = 1024;
 const _: () = assert!(TICKS_DEFAULT <= TICKS_MAX && LIVENESS_TICKS_DEFAULT <= TICKS_MAX);
@@ -389,17 +393,18 @@ pub struct SimArgs {
     #[arg(
         long,
         value_name = "N",
-        allow_negative_numbers = true,
+        allow_hyphen_values = true,
         value_parser = whole_number("a seed", 0, u64::MAX)
     )]
     pub seed: Option<u64>,
 
-    /// Run the seeds A, A+1, ..., B-1 (e.g. `1..2000`), one per thread on all allowed CPUs.
+    /// Run the seeds A, A+1, ..., B-1 (e.g. `1..2000`; at most 10000000 of them), one per
+    /// thread on all allowed CPUs.
     #[arg(long, value_name = "A..B", value_parser = parse_seed_range, allow_hyphen_values = true)]
     pub seeds: Option<Range<u64>>,
 
     /// Replicas in the simulated cluster: 3 (f = 1) or 5 (f = 2).
-    #[arg(long, value_name = "N", default_value_t = 3, value_parser = parse_replica_count, allow_negative_numbers = true)]
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = parse_replica_count, allow_hyphen_values = true)]
     pub replicas: u8,
 
     /// Ticks (10 ms each) of the safety phase, during which faults are injected
@@ -408,7 +413,7 @@ pub struct SimArgs {
         long,
         value_name = "T",
         default_value_t = TICKS_DEFAULT,
-        allow_negative_numbers = true,
+        allow_hyphen_values = true,
         value_parser = whole_number("a tick count", 0, TICKS_MAX)
     )]
     pub ticks: u64,
@@ -419,7 +424,7 @@ pub struct SimArgs {
         long,
         value_name = "T",
         default_value_t = LIVENESS_TICKS_DEFAULT,
-        allow_negative_numbers = true,
+        allow_hyphen_values = true,
         value_parser = whole_number("a liveness tick count", 1, TICKS_MAX)
     )]
     pub liveness_ticks: u64,
@@ -429,40 +434,40 @@ pub struct SimArgs {
         long,
         value_name = "R",
         default_value_t = REQUESTS_DEFAULT,
-        allow_negative_numbers = true,
+        allow_hyphen_values = true,
         value_parser = whole_number("a request count", 0, REQUESTS_MAX)
     )]
     pub requests: u64,
 
     /// Simulated clients, each with one request in flight (1..=32).
-    #[arg(long, value_name = "C", default_value_t = CLIENTS_DEFAULT, value_parser = parse_client_count, allow_negative_numbers = true)]
+    #[arg(long, value_name = "C", default_value_t = CLIENTS_DEFAULT, value_parser = parse_client_count, allow_hyphen_values = true)]
     pub clients: usize,
 
     /// Probability that a packet is lost.
-    #[arg(long, value_name = "P", default_value_t = 0.02, value_parser = parse_probability, allow_negative_numbers = true)]
+    #[arg(long, value_name = "P", default_value_t = 0.02, value_parser = parse_probability, allow_hyphen_values = true)]
     pub packet_loss: f64,
 
     /// Probability that a packet is delivered twice.
-    #[arg(long, value_name = "P", default_value_t = 0.02, value_parser = parse_probability, allow_negative_numbers = true)]
+    #[arg(long, value_name = "P", default_value_t = 0.02, value_parser = parse_probability, allow_hyphen_values = true)]
     pub packet_duplicate: f64,
 
     /// Probability per tick that a partition starts (symmetric, asymmetric, or the primary
     /// isolated), while none is active.
-    #[arg(long, value_name = "P", default_value_t = 0.002, value_parser = parse_probability, allow_negative_numbers = true)]
+    #[arg(long, value_name = "P", default_value_t = 0.002, value_parser = parse_probability, allow_hyphen_values = true)]
     pub partition: f64,
 
     /// Probability per tick that a replica crashes (losing its unfinished writes) and restarts
     /// later from its disk.
-    #[arg(long, value_name = "P", default_value_t = 0.002, value_parser = parse_probability, allow_negative_numbers = true)]
+    #[arg(long, value_name = "P", default_value_t = 0.002, value_parser = parse_probability, allow_hyphen_values = true)]
     pub crash: f64,
 
     /// Probability that a crash tears the write in progress (a journal record prefix, one
     /// superblock copy, a checkpoint between its steps).
-    #[arg(long, value_name = "P", default_value_t = 0.5, value_parser = parse_probability, allow_negative_numbers = true)]
+    #[arg(long, value_name = "P", default_value_t = 0.5, value_parser = parse_probability, allow_hyphen_values = true)]
     pub torn_write: f64,
 
     /// Probability per tick that a bit flips in a durable journal record (a latent sector error).
-    #[arg(long, value_name = "P", default_value_t = 0.001, value_parser = parse_probability, allow_negative_numbers = true)]
+    #[arg(long, value_name = "P", default_value_t = 0.001, value_parser = parse_probability, allow_hyphen_values = true)]
     pub read_corruption: f64,
 
     /// The state-transfer scenario (issue 9): journals released in whole segments of
@@ -480,24 +485,24 @@ pub struct SimArgs {
     #[arg(
         long,
         value_name = "N",
-        allow_negative_numbers = true,
+        allow_hyphen_values = true,
         value_parser = whole_number("a journal segment record count", 1, JOURNAL_SEGMENT_OPS_MAX)
     )]
     pub journal_segment_ops: Option<u64>,
 
     /// Probability that a state chunk's payload gets one byte flipped in flight (the frame stays
     /// valid; the artifact checksum must catch it).
-    #[arg(long, value_name = "P", value_parser = parse_probability, allow_negative_numbers = true)]
+    #[arg(long, value_name = "P", value_parser = parse_probability, allow_hyphen_values = true)]
     pub chunk_corruption: Option<f64>,
 
     /// Probability that one write of a checkpoint install fails (the snapshot write: the
     /// install fails; the pairing write after it: the install succeeds degraded).
-    #[arg(long, value_name = "P", value_parser = parse_probability, allow_negative_numbers = true)]
+    #[arg(long, value_name = "P", value_parser = parse_probability, allow_hyphen_values = true)]
     pub install_write_fail: Option<f64>,
 
     /// Probability that a serving replica finds its checkpoint unreadable when building an
     /// offer (it answers unavailable).
-    #[arg(long, value_name = "P", value_parser = parse_probability, allow_negative_numbers = true)]
+    #[arg(long, value_name = "P", value_parser = parse_probability, allow_hyphen_values = true)]
     pub offer_unreadable: Option<f64>,
 
     /// Print every event of the run to stderr (with `--seed`; the trace the digest covers).
@@ -508,7 +513,7 @@ pub struct SimArgs {
     #[arg(
         long,
         value_name = "N",
-        allow_negative_numbers = true,
+        allow_hyphen_values = true,
         value_parser = whole_number("a thread count", 1, JOBS_MAX)
     )]
     pub jobs: Option<u32>,
@@ -531,10 +536,10 @@ pub fn parse_probability(text: &str) -> Result<f64, String> {
     Ok(value)
 }
 
-/// Parses `A..B` (B excluded, B > A).
+/// Parses `A..B` (B excluded, B > A, at most `SEED_COUNT_MAX` seeds).
 ///
 /// # Errors
-/// Not two numbers joined by `..`, or an empty range.
+/// Not two numbers joined by `..`, an empty range, or one of more than `SEED_COUNT_MAX` seeds.
 pub fn parse_seed_range(text: &str) -> Result<Range<u64>, String> {
     let (start, end) = text
         .split_once("..")
@@ -551,6 +556,12 @@ pub fn parse_seed_range(text: &str) -> Result<Range<u64>, String> {
     if end <= start {
         return Err(format!(
             "{text:?} is empty: B must be above A (B is excluded)"
+        ));
+    }
+    let seed_count = end - start;
+    if seed_count > SEED_COUNT_MAX {
+        return Err(format!(
+            "{text:?} is {seed_count} seeds: a range runs at most {SEED_COUNT_MAX} seeds (B - A)"
         ));
     }
     Ok(start..end)
@@ -705,6 +716,14 @@ mod tests {
         assert!(parse_seed_range("5..5").unwrap_err().contains("empty"));
         assert!(parse_seed_range("5").unwrap_err().contains("A..B"));
         assert!(parse_seed_range("a..5").unwrap_err().contains("\"a\""));
+        assert_eq!(parse_seed_range("0..10000000"), Ok(0..SEED_COUNT_MAX));
+        assert_eq!(
+            parse_seed_range("0..10000001"),
+            Err(
+                "\"0..10000001\" is 10000001 seeds: a range runs at most 10000000 seeds (B - A)"
+                    .to_owned()
+            )
+        );
         assert_eq!(parse_replica_count("5"), Ok(5));
         assert!(parse_replica_count("4").unwrap_err().contains("3 or 5"));
         assert!(parse_client_count("0").is_err());
