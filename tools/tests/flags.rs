@@ -644,3 +644,27 @@ fn sim_seed_range_wider_than_the_bound_is_refused() {
         "\"5..10000006\" is 10000001 seeds: a range runs at most 10000000 seeds (B - A)",
     );
 }
+
+/// Values that start with a hyphen but are no number clap knows (`-5k`, `-inf`, `-1e-3`) reach
+/// the flag's parser too, so the error names the flag, the value and the rule instead of clap's
+/// bare "unexpected argument" (adversarial review, session 9).
+#[test]
+fn malformed_hyphen_values_of_sim_and_doctor_reach_the_parser() {
+    const SEED: &[&str] = &["--seed", "1"];
+    assert_refused("sim", SEED, "--ticks", "-5k", "is not a tick count");
+    assert_refused(
+        "sim",
+        SEED,
+        "--torn-write",
+        "-inf",
+        "it must be from 0 to 1",
+    );
+    assert_refused("sim", SEED, "--crash", "-1e-3", "it must be from 0 to 1");
+    assert_refused(
+        "doctor",
+        &[],
+        "--partitions",
+        "-1k",
+        "is not a planned partition count",
+    );
+}
