@@ -53,6 +53,16 @@ fn file_size(path: &Path) -> u64 {
     std::fs::metadata(path).unwrap().len()
 }
 
+/// What open cut from the last segment: (torn-tail bytes, direct-write padding bytes, the
+/// quarantine if any).
+fn what_open_cut(report: &storage::RecoveryReport) -> (u64, u64, Option<storage::Quarantine>) {
+    (
+        report.truncated_bytes,
+        report.direct_padding_bytes,
+        report.quarantined.clone(),
+    )
+}
+
 /// Checks that `log` reads `expected`, closes it, reopens `dir` with `config`, checks that the
 /// reopened log reads `expected` too, and returns what its recovery reported.
 async fn close_reopen_and_read(
@@ -134,14 +144,7 @@ fn issue12_3_direct_writes_of_odd_sizes_read_back_and_close_at_the_logical_end()
         let (log, report) = PartitionLog::open(dir.path(), direct(FsyncPolicy::Never))
             .await
             .unwrap();
-        assert_eq!(
-            (
-                report.truncated_bytes,
-                report.direct_padding_bytes,
-                report.quarantined
-            ),
-            (0, 0, None)
-        );
+        assert_eq!(what_open_cut(&report), (0, 0, None));
         assert_eq!(report.next_offset, 2 * ODD_SIZES.len() as u64);
         assert_eq!(read_all(&log).await, expected);
         // Appends after the reopen continue from a carry loaded from the file.
@@ -185,15 +188,7 @@ fn issue12_3_a_crash_image_with_padding_recovers_every_acknowledged_entry() {
             )
             .await
             .unwrap();
-            assert_eq!(
-                (
-                    report.truncated_bytes,
-                    report.direct_padding_bytes,
-                    report.quarantined.clone()
-                ),
-                (0, padding, None),
-                "{reopen_mode}"
-            );
+            assert_eq!(what_open_cut(&report), (0, padding, None), "{reopen_mode}");
             assert_eq!(report.next_offset, ODD_SIZES.len() as u64);
             assert_eq!(
                 file_size(&segment(crashed.path(), 0)),
@@ -234,14 +229,7 @@ fn issue12_3_zeros_that_cannot_be_padding_stay_a_torn_tail() {
             let (log, report) = PartitionLog::open(dir.path(), direct(FsyncPolicy::Always))
                 .await
                 .unwrap();
-            assert_eq!(
-                (
-                    report.truncated_bytes,
-                    report.direct_padding_bytes,
-                    report.quarantined
-                ),
-                (zeros as u64, 0, None)
-            );
+            assert_eq!(what_open_cut(&report), (zeros as u64, 0, None));
             assert_eq!(read_all(&log).await, expected);
         });
     }
