@@ -106,10 +106,10 @@ pub enum WriteMode {
     /// One `O_DIRECT` write per batch from an aligned staging buffer (the last partial block,
     /// carried in memory, plus the batch, padded with zeros to [`DIRECT_WRITE_ALIGNMENT_BYTES`]),
     /// through a second, write-only descriptor of the active segment. No dirty pages, so no
-    /// writeback threads: the standalone `write_modes` test measured half the CPU per GB of
-    /// `Buffered` past the dirty-page limits, but the whole server measured it slower and costlier
-    /// on a 2-vCPU VM (one write in flight per log; polls of its data read the disk), so it is
-    /// not the default (`storage/FORMAT.md` section 3, "Write modes"). A filesystem that refuses
+    /// writeback threads: it costs less host CPU per written GB past the dirty-page limits, but
+    /// with one write in flight per log it acknowledges fewer messages per second and polls of
+    /// its data read the disk, so it is not the default (`storage/FORMAT.md` section 3, "Write
+    /// modes", gives the figures). A filesystem that refuses
     /// `O_DIRECT` (`EINVAL` at the open or at a write) gets buffered writes for that log, logged
     /// once. Durability is unchanged: fsync policies still `fdatasync`.
     ///

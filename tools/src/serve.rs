@@ -82,13 +82,14 @@ pub struct ServeArgs {
     /// How partition logs write: `buffered` (default: through the page cache; the kernel's
     /// writeback threads copy it to disk) or `direct` (O_DIRECT from an aligned staging buffer,
     /// bypassing the page cache; reads still use it, so polls of freshly written data read the
-    /// disk). Measured with the server on a 2-vCPU VM (1 shard, 1000-byte messages): direct
-    /// acknowledged 3-7x fewer messages per second under --fsync never and 0.7x under always,
-    /// polls after it cost 3x the server CPU, and its only gain was 5% less server CPU per
-    /// produced GB under --fsync always. A standalone write test halved CPU per GB past the
-    /// kernel's dirty-page limits; measure your own host (`shardline bench --write-mode direct`)
-    /// before choosing it. Durability is the same: --fsync decides. A filesystem that refuses
-    /// O_DIRECT gets buffered writes for that partition, with a warning in the server log.
+    /// disk). Measured on a quiet 2-vCPU VM (1 shard, 1000-byte messages): direct cut the host
+    /// CPU per produced GB (kernel writeback included) by about 25% once 6 GB outran the
+    /// dirty-page limits and by 0-8% below them, but acknowledged 0.34-0.8x the messages per
+    /// second (p99 1.8x under --fsync always), and polls of what it wrote cost 3x the CPU. Choose
+    /// it for write-mostly logs whose readers lag far behind; measure your host first
+    /// (`shardline bench --write-mode direct`). Durability is the same: --fsync decides. A
+    /// filesystem that refuses O_DIRECT gets buffered writes for that partition, with a warning
+    /// in the server log.
     #[arg(
         long,
         env = "SHARDLINE_WRITE_MODE",
