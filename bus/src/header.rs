@@ -50,8 +50,11 @@ use crate::command::{Command, Operation};
 use crate::frame::FrameError;
 
 pub const HEADER_SIZE: usize = 256;
-/// 2 since issue 12: the `checksum_body` of batch bodies covers their batch headers only.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// 2 since issue 12 item 1: the `checksum_body` of batch bodies covers their batch headers only.
+/// 3 since issue 12's timestamp rule: batches carry `MESSAGE_FLAG_CHECKSUM_OF_TIMESTAMP`, whose
+/// checksum a peer of version 2 would compute without the timestamp and refuse (or, polling, call
+/// damage); a version-2 peer is refused at its first frame instead (`ProtocolVersion`).
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// First byte covered by `checksum` (everything after the checksum field itself).
 const CHECKSUM_COVERAGE_START: usize = 16;

@@ -24,9 +24,9 @@ pub mod wire;
 
 pub use batch::{
     BATCH_HEADER_SIZE, BatchBuilder, BatchError, BatchHeader, BatchView, BatchesChecksum,
-    ChecksumRule, MESSAGE_FLAG_CHECKSUM_OF_HEADERS, MESSAGE_FLAG_PRODUCER_STAMP,
-    MESSAGE_HEADER_SIZE, MessageHeader, MessageView, PRODUCER_STAMP_SIZE, ProducerStamp,
-    checksum_of_batches,
+    ChecksumRule, MESSAGE_FLAG_CHECKSUM_OF_HEADERS, MESSAGE_FLAG_CHECKSUM_OF_TIMESTAMP,
+    MESSAGE_FLAG_PRODUCER_STAMP, MESSAGE_HEADER_SIZE, MessageHeader, MessageView,
+    PRODUCER_STAMP_SIZE, ProducerStamp, checksum_covers_timestamp, checksum_of_batches,
 };
 pub use client::{Client, ClientError, PollResult, SendAck};
 pub use command::{Command, ErrorCode, Operation};

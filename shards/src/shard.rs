@@ -2026,16 +2026,22 @@ mod tests {
         );
     }
 
-    /// Issue 12 item 1: storage mirrors bus's checksum rules. Batches bus builds (the
-    /// message-headers rule, stamped or not) and batches of the rule before issue 12 (whole
-    /// section) verify in storage with the checksum bus wrote, and a byte flipped anywhere the
-    /// batch checksum rules cover (from byte 16: count, length, checksum, message section) fails
-    /// both bus's `parse_verified` and storage's entry rules.
+    /// Issue 12 item 1 and the timestamp rule: storage mirrors bus's checksum rules. Batches
+    /// bus builds (the message-headers and timestamp rules, stamped or not), the whole-section
+    /// rule with the timestamp, and batches of the rule before issue 12 (whole section, no
+    /// timestamp) verify in storage with the checksum bus wrote, and a byte flipped anywhere the
+    /// batch checksum rules cover (from byte 8 under the timestamp rule, else from byte 16:
+    /// timestamp, count, length, checksum, message section) fails both bus's `parse_verified`
+    /// and storage's entry rules.
     #[test]
     fn issue12_1_storage_verifies_the_checksum_rules_bus_writes() {
         assert_eq!(
             storage::entry::PAYLOAD_FLAG_CHECKSUM_OF_HEADERS,
             bus::MESSAGE_FLAG_CHECKSUM_OF_HEADERS
+        );
+        assert_eq!(
+            storage::entry::PAYLOAD_FLAG_CHECKSUM_OF_TIMESTAMP,
+            bus::MESSAGE_FLAG_CHECKSUM_OF_TIMESTAMP
         );
         assert_eq!(
             storage::entry::MESSAGE_HEADER_SIZE,
@@ -2048,21 +2054,21 @@ mod tests {
         }
         let batch = builder.finish();
         let header = storage::EntryHeader::decode(&batch).unwrap();
-        assert_eq!(storage::entry_checksum(&batch[32..]), header.checksum);
         assert_eq!(
-            storage::check_payload(&batch[32..], 100, header.checksum),
-            Ok(())
+            storage::entry_checksum(header.base_timestamp_us, &batch[32..]),
+            header.checksum
         );
+        assert_eq!(storage::check_payload(&header, &batch[32..]), Ok(()));
         let storage_verdict = |batch: &[u8]| {
             let header = storage::EntryHeader::decode(batch).unwrap();
             let payload = &batch[storage::ENTRY_HEADER_SIZE..];
             if header.length as usize != payload.len() {
                 return Err("length".to_owned());
             }
-            storage::check_payload(payload, header.message_count, header.checksum)
+            storage::check_payload(&header, payload)
         };
         for stamped in [false, true] {
-            for section_rule in [false, true] {
+            for (section_rule, timestamp_rule) in [(false, true), (true, true), (true, false)] {
                 let mut builder = bus::BatchBuilder::default();
                 builder.push(1, 10, b"first payload");
                 builder.push(2, 11, b"");
@@ -2078,10 +2084,19 @@ mod tests {
                 if section_rule {
                     batch[bus::BATCH_HEADER_SIZE + 12] &=
                         !(bus::MESSAGE_FLAG_CHECKSUM_OF_HEADERS as u8);
-                    let checksum = twox_hash::XxHash3_64::oneshot(&batch[32..]);
+                    if !timestamp_rule {
+                        batch[bus::BATCH_HEADER_SIZE + 12] &=
+                            !(bus::MESSAGE_FLAG_CHECKSUM_OF_TIMESTAMP as u8);
+                    }
+                    let hashed_first: &[u8] = if timestamp_rule { &batch[8..16] } else { &[] };
+                    let checksum =
+                        twox_hash::XxHash3_64::oneshot(&[hashed_first, &batch[32..]].concat());
                     batch[24..32].copy_from_slice(&checksum.to_le_bytes());
                 }
-                let case = format!("stamped {stamped}, section rule {section_rule}");
+                let case = format!(
+                    "stamped {stamped}, section rule {section_rule}, timestamp rule \
+                     {timestamp_rule}"
+                );
                 let view = bus::BatchView::parse_verified(&batch).unwrap();
                 let expected_rule = if section_rule {
                     bus::ChecksumRule::Section
@@ -2095,12 +2110,18 @@ mod tests {
                     "{case}"
                 );
                 assert_eq!(
-                    storage::entry_checksum(&batch[32..]),
+                    storage::checksum_covers_timestamp(&batch[32..]),
+                    timestamp_rule,
+                    "{case}"
+                );
+                assert_eq!(
+                    storage::entry_checksum(view.header.base_timestamp_us, &batch[32..]),
                     view.header.checksum,
                     "{case}"
                 );
                 assert_eq!(storage_verdict(&batch), Ok(()), "{case}");
-                for at in 16..batch.len() {
+                let covered_from = if timestamp_rule { 8 } else { 16 };
+                for at in covered_from..batch.len() {
                     let mut flipped = batch.clone();
                     flipped[at] ^= 0x5a;
                     assert!(

@@ -12,6 +12,10 @@
 //! in order, then the producer stamp when flagged), and each message header's checksum (u64 at
 //! 24) is XXH3-64 of its payload; otherwise (every entry before issue 12) `checksum` is XXH3-64
 //! of the whole payload. [`check_payload`] verifies either, the flagged one in one pass.
+//! Timestamp rule (issue 12, "checksums still catch every flipped byte ... on disk"): when bit 2
+//! of the flags is set, the bytes either rule hashes are preceded by the header's
+//! `base_timestamp_us` (8 bytes, little-endian), so the checksum covers the timestamp that
+//! retention by age and consumers read.
 //!
 //! Producer stamp: the payload is owned by `bus`, except for the one rule recovery needs to
 //! rebuild idempotent producers' state from the log (`storage/FORMAT.md` section 3, "Producer
@@ -83,6 +87,10 @@ pub const PAYLOAD_FLAG_PRODUCER_STAMP: u32 = 1;
 /// and the stamp, each message checksum its own payload (`bus::MESSAGE_FLAG_CHECKSUM_OF_HEADERS`,
 /// issue 12 item 1).
 pub const PAYLOAD_FLAG_CHECKSUM_OF_HEADERS: u32 = 2;
+/// Bit of payload bytes 12..16 (u32) that says the entry checksum's input starts with the entry
+/// header's `base_timestamp_us` (8 bytes, little-endian), under either rule
+/// (`bus::MESSAGE_FLAG_CHECKSUM_OF_TIMESTAMP`; `storage/FORMAT.md` section 3).
+pub const PAYLOAD_FLAG_CHECKSUM_OF_TIMESTAMP: u32 = 4;
 /// Message-header bytes gathered on the stack per call of the streaming XXH3-64 of the
 /// message-headers rule (32 headers), as `bus` does.
 const HEADERS_STAGE_SIZE: usize = 1024;
@@ -183,6 +191,27 @@ pub fn checksums_message_headers(payload: &[u8]) -> bool {
         .is_some_and(|flags| u32::from(flags[0]) & PAYLOAD_FLAG_CHECKSUM_OF_HEADERS != 0)
 }
 
+/// Whether `payload`'s first message flags the timestamp rule (bit 2 of payload bytes 12..16);
+/// `false` when the payload is too short to hold the flags.
+pub fn checksum_covers_timestamp(payload: &[u8]) -> bool {
+    payload
+        .get(PAYLOAD_FLAGS_AT..PAYLOAD_FLAGS_AT + 4)
+        .is_some_and(|flags| u32::from(flags[0]) & PAYLOAD_FLAG_CHECKSUM_OF_TIMESTAMP != 0)
+}
+
+/// The whole-payload rule's checksum of an entry whose timestamp is `base_timestamp_us`: XXH3-64
+/// of `payload`, preceded by the timestamp's 8 little-endian bytes when the payload flags the
+/// timestamp rule.
+fn whole_payload_checksum(base_timestamp_us: u64, payload: &[u8]) -> u64 {
+    if !checksum_covers_timestamp(payload) {
+        return payload_checksum(payload);
+    }
+    let mut hasher = XxHash3_64::new();
+    std::hash::Hasher::write(&mut hasher, &base_timestamp_us.to_le_bytes());
+    std::hash::Hasher::write(&mut hasher, payload);
+    std::hash::Hasher::finish(&hasher)
+}
+
 /// The streaming XXH3-64 of the message-headers rule: message headers in order, then the stamp,
 /// gathered `HEADERS_STAGE_SIZE` bytes at a time. Equals `XxHash3_64::oneshot` of the
 /// concatenation.
@@ -193,12 +222,18 @@ struct MessageHeadersChecksum {
 }
 
 impl MessageHeadersChecksum {
-    fn new() -> MessageHeadersChecksum {
-        MessageHeadersChecksum {
+    /// A hasher for the entry whose timestamp is `base_timestamp_us` and payload `payload`, fed
+    /// the timestamp first when the payload flags the timestamp rule.
+    fn new(base_timestamp_us: u64, payload: &[u8]) -> MessageHeadersChecksum {
+        let mut checksum = MessageHeadersChecksum {
             hasher: XxHash3_64::new(),
             stage: [0; HEADERS_STAGE_SIZE],
             staged_len: 0,
+        };
+        if checksum_covers_timestamp(payload) {
+            checksum.push(&base_timestamp_us.to_le_bytes());
         }
+        checksum
     }
 
     fn push(&mut self, bytes: &[u8]) {
@@ -240,16 +275,18 @@ fn split_stamp(payload: &[u8]) -> Result<(&[u8], &[u8]), String> {
     Ok(payload.split_at(payload.len() - PRODUCER_STAMP_SIZE))
 }
 
-/// The [`EntryHeader::checksum`] `payload` needs by the rule its first message flags: XXH3-64 of
-/// the whole payload, or under the message-headers rule of the message headers the framing walk
-/// reaches (it stops at the first message that does not fit) then the stamp. Defined for any
-/// bytes, so that tests and tools can build damaged entries with a matching checksum.
-pub fn entry_checksum(payload: &[u8]) -> u64 {
+/// The [`EntryHeader::checksum`] an entry whose timestamp is `base_timestamp_us` needs for
+/// `payload` by the rules its first message flags: XXH3-64 of the whole payload, or under the
+/// message-headers rule of the message headers the framing walk reaches (it stops at the first
+/// message that does not fit) then the stamp; under the timestamp rule, preceded by the
+/// timestamp. Defined for any bytes, so that tests and tools can build damaged entries with a
+/// matching checksum.
+pub fn entry_checksum(base_timestamp_us: u64, payload: &[u8]) -> u64 {
     if !checksums_message_headers(payload) {
-        return payload_checksum(payload);
+        return whole_payload_checksum(base_timestamp_us, payload);
     }
     let (mut rest, stamp) = split_stamp(payload).unwrap_or((payload, &[]));
-    let mut checksum = MessageHeadersChecksum::new();
+    let mut checksum = MessageHeadersChecksum::new(base_timestamp_us, payload);
     while rest.len() >= MESSAGE_HEADER_SIZE {
         let length = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
         let size = MESSAGE_HEADER_SIZE.saturating_add(length);
@@ -263,13 +300,14 @@ pub fn entry_checksum(payload: &[u8]) -> u64 {
     checksum.finish()
 }
 
-/// Verifies `payload` against its entry header's `checksum` and `message_count` by the rule its
-/// first message flags (`storage/FORMAT.md` section 3): without the flag, XXH3-64 of the payload
+/// Verifies `payload` against its entry `header`'s `checksum` and `message_count` by the rules its
+/// first message flags (`storage/FORMAT.md` section 3): without bit 1, XXH3-64 of the payload
 /// equals `checksum`, then [`check_message_section`]; with it, in one pass, the message section
 /// frames exactly `message_count` messages, each message's payload hashes to its header's
-/// checksum, and the XXH3-64 of the message headers then the stamp equals `checksum`. Either way
-/// each payload byte is hashed once (the old rule does not check message checksums: the server
-/// checked them before the append). Walks at most `payload.len() / 32` headers.
+/// checksum, and the XXH3-64 of the message headers then the stamp equals `checksum`; with bit 2,
+/// either hash starts with the header's `base_timestamp_us`. Either way each payload byte is
+/// hashed once (the old rule does not check message checksums: the server checked them before
+/// the append). Walks at most `payload.len() / 32` headers.
 ///
 /// # Errors
 /// A sentence starting "payload checksum" when a payload's checksum differs (the whole
@@ -277,18 +315,25 @@ pub fn entry_checksum(payload: &[u8]) -> u64 {
 /// checksum" when, under the flag, the checksum of the message headers and stamp differs
 /// (`storage/FORMAT.md` section 3, "Which checksum protects what"), or why the messages do not
 /// match the header ([`check_message_section`]'s sentences).
-pub fn check_payload(payload: &[u8], message_count: u32, checksum: u64) -> Result<(), String> {
+pub fn check_payload(header: &EntryHeader, payload: &[u8]) -> Result<(), String> {
+    let EntryHeader {
+        base_timestamp_us,
+        message_count,
+        checksum,
+        ..
+    } = *header;
     if !checksums_message_headers(payload) {
-        let computed = payload_checksum(payload);
+        let computed = whole_payload_checksum(base_timestamp_us, payload);
         if computed != checksum {
             return Err(format!(
-                "payload checksum {computed:#018x} differs from the header's {checksum:#018x}"
+                "payload checksum {computed:#018x}{} differs from the header's {checksum:#018x}",
+                timestamp_named(payload)
             ));
         }
         return check_message_section(payload, message_count);
     }
     let (section, stamp) = split_stamp(payload)?;
-    let mut headers_checksum = MessageHeadersChecksum::new();
+    let mut headers_checksum = MessageHeadersChecksum::new(base_timestamp_us, payload);
     let mut rest = section;
     let mut found: u32 = 0;
     while !rest.is_empty() {
@@ -318,11 +363,25 @@ pub fn check_payload(payload: &[u8], message_count: u32, checksum: u64) -> Resul
     let computed = headers_checksum.finish();
     if computed != checksum {
         return Err(format!(
-            "entry checksum {computed:#018x} of the message headers and stamp differs from the \
-             header's {checksum:#018x}"
+            "entry checksum {computed:#018x} of the{} message headers and stamp differs from the \
+             header's {checksum:#018x}",
+            timestamp_named(payload)
         ));
     }
     Ok(())
+}
+
+/// The words a checksum error adds when the checksum covers the entry header's timestamp too, so
+/// that a reader of the error knows a damaged timestamp is one of the candidates.
+fn timestamp_named(payload: &[u8]) -> &'static str {
+    if !checksum_covers_timestamp(payload) {
+        return "";
+    }
+    if checksums_message_headers(payload) {
+        " base timestamp,"
+    } else {
+        " (of the base timestamp and payload)"
+    }
 }
 
 /// Bytes of the message at the start of `rest` (header and its payload), the message being the
@@ -378,7 +437,7 @@ pub fn build_entry_raw(base_timestamp_us: u64, message_count: u32, section: &[u8
         base_timestamp_us,
         message_count,
         length: u32::try_from(section.len()).expect("payload length fits u32"),
-        checksum: entry_checksum(section),
+        checksum: entry_checksum(base_timestamp_us, section),
     };
     let mut entry = Vec::with_capacity(ENTRY_HEADER_SIZE + section.len());
     entry.extend_from_slice(&header.encode());
@@ -429,8 +488,19 @@ mod tests {
         assert_eq!(producer_stamp(&payload), None);
     }
 
+    /// The entry header `check_payload` is given: `message_count`, `checksum`, timestamp 0.
+    fn header_of(message_count: u32, checksum: u64) -> EntryHeader {
+        EntryHeader {
+            base_offset: 0,
+            base_timestamp_us: 0,
+            message_count,
+            length: 0,
+            checksum,
+        }
+    }
+
     /// A stamped section of 3 messages (payloads "ab", "", "cdef") under the message-headers
-    /// rule, as `bus::BatchBuilder` lays it out.
+    /// rule, as `bus::BatchBuilder` laid it out before the timestamp rule.
     fn message_headers_section() -> Vec<u8> {
         let mut section = Vec::new();
         for (index, payload) in [&b"ab"[..], b"", b"cdef"].into_iter().enumerate() {
@@ -461,11 +531,11 @@ mod tests {
         ]
         .concat();
         assert_eq!(section.len(), 118);
-        assert_eq!(entry_checksum(&section), XxHash3_64::oneshot(&headers));
+        assert_eq!(entry_checksum(5, &section), XxHash3_64::oneshot(&headers));
         let entry = build_entry_raw(5, 3, &section);
         let header = EntryHeader::decode(&entry).unwrap();
         assert_eq!(header.checksum, XxHash3_64::oneshot(&headers));
-        assert_eq!(check_payload(&section, 3, header.checksum), Ok(()));
+        assert_eq!(check_payload(&header, &section), Ok(()));
         assert_eq!(producer_stamp(&section), Some((7, 1)));
         assert_eq!(check_message_section(&section, 3), Ok(()));
         // An entry without the flag keeps the rule before issue 12.
@@ -476,20 +546,17 @@ mod tests {
             old_header.checksum,
             XxHash3_64::oneshot(&old[ENTRY_HEADER_SIZE..])
         );
-        assert_eq!(
-            check_payload(&old[ENTRY_HEADER_SIZE..], 2, old_header.checksum),
-            Ok(())
-        );
+        assert_eq!(check_payload(&old_header, &old[ENTRY_HEADER_SIZE..]), Ok(()));
     }
 
     #[test]
     fn issue12_1_message_headers_rule_names_what_fails() {
         let section = message_headers_section();
-        let checksum = entry_checksum(&section);
+        let checksum = entry_checksum(0, &section);
         let flipped = |at: usize| {
             let mut bytes = section.clone();
             bytes[at] ^= 0x20;
-            check_payload(&bytes, 3, checksum).unwrap_err()
+            check_payload(&header_of(3, checksum), &bytes).unwrap_err()
         };
         // Message 2's payload "cdef" (at 98..102).
         let damaged = payload_checksum(b"cdEf");
@@ -513,19 +580,67 @@ mod tests {
         }
         // The entry header's count, then its checksum.
         assert_eq!(
-            check_payload(&section, 4, checksum).unwrap_err(),
+            check_payload(&header_of(4, checksum), &section).unwrap_err(),
             "header declares 4 messages but the payload holds 3"
         );
-        assert!(check_payload(&section, 3, checksum ^ 1).is_err());
+        assert!(check_payload(&header_of(3, checksum ^ 1), &section).is_err());
         // Every single flipped bit of the payload fails, the flag bits included.
         for bit in 0..section.len() * 8 {
             let mut bytes = section.clone();
             bytes[bit / 8] ^= 1 << (bit % 8);
             assert!(
-                check_payload(&bytes, 3, checksum).is_err(),
+                check_payload(&header_of(3, checksum), &bytes).is_err(),
                 "bit {bit} of the payload"
             );
         }
+    }
+
+    /// Issue 12 ("checksums still catch every flipped byte ... in a batch header ... on disk"),
+    /// timestamp rule: with bit 2 the entry checksum starts with `base_timestamp_us`, so every
+    /// flipped bit of the timestamp fails the entry, under either rule, and the error names the
+    /// timestamp among what the checksum covers; without bit 2 the timestamp is not covered.
+    #[test]
+    fn issue12_timestamp_rule_catches_every_flipped_bit_of_the_base_timestamp() {
+        let mut headers_rule = message_headers_section();
+        headers_rule[PAYLOAD_FLAGS_AT] |= PAYLOAD_FLAG_CHECKSUM_OF_TIMESTAMP as u8;
+        let mut whole_rule = message_section(2, b"xyz");
+        whole_rule[PAYLOAD_FLAGS_AT] |= PAYLOAD_FLAG_CHECKSUM_OF_TIMESTAMP as u8;
+        for (section, count) in [(&headers_rule, 3), (&whole_rule, 2)] {
+            assert!(checksum_covers_timestamp(section));
+            let entry = build_entry_raw(1_795_900_000_000_000, count, section);
+            let header = EntryHeader::decode(&entry).unwrap();
+            let hashed_first = 1_795_900_000_000_000u64.to_le_bytes();
+            assert_ne!(header.checksum, entry_checksum(0, section));
+            assert_eq!(check_payload(&header, section), Ok(()));
+            for bit in 0..64 {
+                let damaged = EntryHeader {
+                    base_timestamp_us: header.base_timestamp_us ^ (1 << bit),
+                    ..header
+                };
+                let reason = check_payload(&damaged, section).unwrap_err();
+                assert!(reason.contains("base timestamp"), "bit {bit}: {reason}");
+            }
+            // What the checksum hashes: the timestamp's 8 bytes, then the rule's bytes.
+            if count == 2 {
+                let hashed = [&hashed_first[..], section].concat();
+                assert_eq!(header.checksum, XxHash3_64::oneshot(&hashed));
+            }
+        }
+        assert_eq!(
+            check_payload(&header_of(3, 1), &headers_rule).unwrap_err(),
+            format!(
+                "entry checksum {:#018x} of the base timestamp, message headers and stamp \
+                 differs from the header's {:#018x}",
+                entry_checksum(0, &headers_rule),
+                1
+            )
+        );
+        // Without bit 2 any timestamp passes (entries written before the rule).
+        let old = build_entry(5, 2, b"xyz");
+        let mut header = EntryHeader::decode(&old).unwrap();
+        header.base_timestamp_us ^= 1 << 40;
+        assert!(!checksum_covers_timestamp(&old[ENTRY_HEADER_SIZE..]));
+        assert_eq!(check_payload(&header, &old[ENTRY_HEADER_SIZE..]), Ok(()));
     }
 
     #[test]

@@ -24,8 +24,8 @@ pub use durable::{
 };
 pub use entry::{
     ENTRY_HEADER_SIZE, EntryHeader, ProducerBatch, build_entry, build_entry_raw,
-    check_message_section, check_payload, checksums_message_headers, entry_checksum,
-    message_section, payload_checksum, producer_stamp,
+    check_message_section, check_payload, checksum_covers_timestamp, checksums_message_headers,
+    entry_checksum, message_section, payload_checksum, producer_stamp,
 };
 pub use fault::{FaultInjector, FaultOp};
 pub use journal::{

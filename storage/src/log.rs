@@ -722,7 +722,7 @@ impl PartitionLog {
         let header = check_entry(&entry)?;
         debug_assert_eq!(
             header.checksum,
-            entry_checksum(&entry[ENTRY_HEADER_SIZE..]),
+            entry_checksum(header.base_timestamp_us, &entry[ENTRY_HEADER_SIZE..]),
             "the server appends only entries whose checksum it verified"
         );
         let mut state = self.shared.state.borrow_mut();

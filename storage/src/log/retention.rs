@@ -24,7 +24,9 @@ use super::producer_state::producer_snapshot_path;
 use super::recovery::{index_path, io_error};
 use super::{LogError, PartitionLog, ReadSpan, State};
 use crate::durable::{DurableError, durable_replace, read_exact_at, read_verified, sync_dir};
+use super::verify::check_entry_payload;
 use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader};
+use crate::limits::ENTRY_SIZE_MAX;
 
 /// Name of the retention floor file in a partition directory.
 pub const RETENTION_FLOOR_FILE_NAME: &str = "retention-floor";
@@ -271,10 +273,11 @@ impl PartitionLog {
     /// poisoned, does nothing.
     ///
     /// # Errors
-    /// `Io` or `DescriptorsExhausted` naming the segment whose last entry header could not be
-    /// read for the age check (nothing deleted); `Io` naming the floor file when it could not be
-    /// written (nothing deleted); `Corrupt` naming the segment when its last entry header does
-    /// not match its index (nothing deleted); `Io` naming a file that could not be deleted, or
+    /// `Io` or `DescriptorsExhausted` naming the segment whose last entry could not be read for
+    /// the age check (nothing deleted); `Io` naming the floor file when it could not be written
+    /// (nothing deleted); `Corrupt` naming the segment and position when its last entry does not
+    /// match its index or fails its checksum (the age check trusts only a verified timestamp;
+    /// nothing deleted); `Io` naming a file that could not be deleted, or
     /// the directory that could not be fsynced, after the floor moved: the log already starts
     /// at the new floor, and the next open deletes what is left below it.
     ///
@@ -395,40 +398,72 @@ impl PartitionLog {
         Ok(u128::from(age_us) > age_max.as_micros())
     }
 
-    /// The header of the entry at `position` of `segment` (its last), read through the log's
-    /// closed-file slots and checked against the index.
+    /// The header of the entry at `position` of `segment` (its last), read whole through the
+    /// log's closed-file slots and verified before its `base_timestamp_us` is trusted: it must
+    /// fill the segment from `position` to its end, name an offset inside the segment, and pass
+    /// its checksum rules (`verify::check_entry_payload`; under the timestamp rule the checksum
+    /// covers the timestamp, `storage/FORMAT.md` section 3). Retention never deletes on the
+    /// word of bytes no checksum vouches for (issue 12: a flipped timestamp bit must not expire
+    /// a segment early); an entry written before the timestamp rule has its payload verified
+    /// but its timestamp is covered by nothing.
+    ///
+    /// # Errors
+    /// `Io`/`DescriptorsExhausted` when the entry cannot be read; `Corrupt` naming the segment
+    /// and the position when the entry is not as above (the pass then deletes nothing).
     async fn last_entry_header(
         &self,
         segment: &DeletableSegment,
         position: u64,
     ) -> Result<EntryHeader, LogError> {
+        let corrupt = |reason: String| LogError::Corrupt {
+            path: segment.path.clone(),
+            position,
+            reason,
+        };
+        let entry_size = segment.size_bytes.saturating_sub(position);
+        if entry_size < ENTRY_HEADER_SIZE as u64 || entry_size > u64::from(ENTRY_SIZE_MAX) {
+            return Err(corrupt(format!(
+                "the last entry would span {entry_size} bytes to the segment's end ({} bytes), \
+                 outside {ENTRY_HEADER_SIZE}..={ENTRY_SIZE_MAX}",
+                segment.size_bytes
+            )));
+        }
         let span = ReadSpan {
             path: segment.path.clone(),
             segment_base_offset: segment.base_offset,
             file: None,
             position,
-            size_bytes: ENTRY_HEADER_SIZE as u64,
+            size_bytes: entry_size,
             rows: Vec::new(),
         };
         let file = self.closed_segment_file(&span).await?;
-        let bytes = read_exact_at(file.file(), position, ENTRY_HEADER_SIZE)
+        let bytes = read_exact_at(file.file(), position, entry_size as usize)
             .await
             .map_err(io_error(
                 &segment.path,
-                "read the last entry header for retention",
+                "read the last entry for retention's age check",
             ))?;
-        let header = EntryHeader::decode(&bytes).expect("read_exact_at returned 32 bytes");
+        let (header_bytes, payload) = bytes.split_at(ENTRY_HEADER_SIZE);
+        let header = EntryHeader::decode(header_bytes).expect("read_exact_at returned the entry");
         if header.base_offset < segment.base_offset || header.base_offset >= segment.end_offset {
-            return Err(LogError::Corrupt {
-                path: segment.path.clone(),
-                position,
-                reason: format!(
-                    "the last entry's header names offset {} outside the segment's offsets \
-                     {}..{}",
-                    header.base_offset, segment.base_offset, segment.end_offset
-                ),
-            });
+            return Err(corrupt(format!(
+                "the last entry's header names offset {} outside the segment's offsets {}..{}",
+                header.base_offset, segment.base_offset, segment.end_offset
+            )));
         }
+        if u64::from(header.length) != entry_size - ENTRY_HEADER_SIZE as u64 {
+            return Err(corrupt(format!(
+                "the last entry's header says {} payload bytes but {} bytes follow it to the \
+                 segment's end",
+                header.length,
+                entry_size - ENTRY_HEADER_SIZE as u64
+            )));
+        }
+        check_entry_payload(&header, payload).map_err(|reason| {
+            corrupt(format!(
+                "the last entry, whose timestamp retention by age reads, fails: {reason}"
+            ))
+        })?;
         Ok(header)
     }
 }
@@ -629,6 +664,74 @@ mod tests {
             assert_eq!(outcome.first_offset, 6);
             assert_eq!(segment_bases(dir.path()), vec![6]);
         });
+    }
+
+    /// Issue 12 ("checksums still catch every flipped byte ... in a batch header ... on disk"):
+    /// a flipped bit that makes a sealed segment's newest timestamp look 30 years old is caught
+    /// by the timestamp rule's checksum, so the age check deletes nothing and names the segment
+    /// and position; the same flip in an entry written before the rule (timestamp covered by
+    /// nothing) still expires its segment, which is what the rule is for.
+    #[test]
+    fn issue12_retention_by_age_trusts_only_a_verified_timestamp() {
+        let recent = now_us();
+        assert!(recent & (1 << 50) != 0, "a 2026 timestamp has bit 50 set");
+        for timestamp_rule in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            block_on(async {
+                let (log, _) = PartitionLog::open(dir.path(), one_entry_segments())
+                    .await
+                    .unwrap();
+                for seed in 0..3u8 {
+                    let mut section = crate::entry::message_section(1, &[seed; 5]);
+                    if timestamp_rule {
+                        section[12] |= crate::entry::PAYLOAD_FLAG_CHECKSUM_OF_TIMESTAMP as u8;
+                    }
+                    let entry = crate::entry::build_entry_raw(recent, 1, &section);
+                    log.append(entry).await.unwrap();
+                }
+                log.close().await.unwrap();
+            });
+            let segment = segment_path(dir.path(), 0);
+            let mut bytes = std::fs::read(&segment).unwrap();
+            bytes[8 + 6] ^= 1 << 2; // bit 50 of base_timestamp_us: 2026 becomes 1991
+            std::fs::write(&segment, &bytes).unwrap();
+            let policy = RetentionPolicy {
+                bytes_max: None,
+                age_max: Some(Duration::from_hours(1)),
+            };
+            let (result, first_offset) = block_on(async {
+                let (log, _) = PartitionLog::open(dir.path(), one_entry_segments())
+                    .await
+                    .unwrap();
+                let result = log.apply_retention(policy, SystemTime::now()).await;
+                let first_offset = log.first_offset();
+                log.close().await.unwrap();
+                (result, first_offset)
+            });
+            if timestamp_rule {
+                let error = result.unwrap_err();
+                let LogError::Corrupt {
+                    path,
+                    position,
+                    reason,
+                } = &error
+                else {
+                    panic!("expected Corrupt, got {error:?}");
+                };
+                assert_eq!((path, *position), (&segment, 0));
+                assert!(
+                    reason.starts_with("the last entry, whose timestamp retention by age reads")
+                        && reason.contains("base timestamp"),
+                    "{reason}"
+                );
+                assert_eq!(segment_bases(dir.path()), vec![0, 1, 2]);
+                assert_eq!(first_offset, 0);
+            } else {
+                assert_eq!(result.unwrap().first_offset, 1);
+                assert_eq!(segment_bases(dir.path()), vec![1, 2]);
+                assert_eq!(first_offset, 1);
+            }
+        }
     }
 
     #[test]

@@ -78,11 +78,13 @@ pub fn check_entry_header(
     Ok(entry_size)
 }
 
-/// Checks an entry's payload against its header by the checksum rule its first message flags
-/// (`crate::entry::check_payload`; issue 12 item 1): without the flag its XXH3-64 equals the
+/// Checks an entry's payload against its header by the checksum rules its first message flags
+/// (`crate::entry::check_payload`; issue 12 item 1): without bit 1 its XXH3-64 equals the
 /// header's checksum; with it, each message's payload matches its message checksum and the
-/// message headers and stamp hash to the header's checksum, in one pass. Either way (the header
-/// itself has no checksum) the checksummed message section agrees with the header, holding
+/// message headers and stamp hash to the header's checksum, in one pass; with bit 2 (the
+/// timestamp rule) either hash starts with the header's `base_timestamp_us`. Either way (the
+/// header itself has no checksum of its own) the checksummed message section agrees with the
+/// header, holding
 /// exactly `message_count` messages that fill the payload. Every reader of entries applies it:
 /// open's scan, reads, the resync after damage, producer recovery, and `shardline inspect
 /// segment`.
@@ -92,7 +94,7 @@ pub fn check_entry_header(
 /// checksum" (the message headers and stamp, issue-12 rule) with both checksums when they
 /// differ, or why the messages do not match the header.
 pub fn check_entry_payload(header: &EntryHeader, payload: &[u8]) -> Result<(), String> {
-    check_payload(payload, header.message_count, header.checksum)
+    check_payload(header, payload)
 }
 
 /// The resync rule after damage in the last segment (`storage/FORMAT.md` section 4, "Open" step
