@@ -300,7 +300,7 @@ fn a_journal_starting_above_the_checkpoint_needs_state_transfer_in_a_cluster() {
 // ------------------------------------------------ issue 12 downgrade guard (superblock version)
 
 /// Sets every copy of `data_dir`'s superblock to `version`, resealing each copy's checksum:
-/// the file a binary of that version would have written (versions 1 and 2 share the layout).
+/// the file a binary of that version would have written (versions 1, 2 and 3 share the layout).
 fn set_superblock_version(data_dir: &Path, version: u16) {
     let path = superblock_path(data_dir);
     let mut image = std::fs::read(&path).unwrap();
@@ -321,21 +321,23 @@ fn superblock_versions(data_dir: &Path) -> Vec<u16> {
         .collect()
 }
 
-#[test]
-fn issue12_downgrade_a_version_1_directory_boots_and_is_version_2_on_disk_when_recover_returns() {
+/// A directory of superblock version `version` (below the current one) boots, and every copy is
+/// at version 3 on disk when `recover` returns; the next boot writes nothing to the superblock.
+fn an_older_directory_boots_and_is_version_3_on_disk_when_recover_returns(version: u16) {
     let dir = tempfile::tempdir().unwrap();
     let single = config(dir.path(), 0, 0, 1);
     formatted_with(&single, &prepares(3, true));
-    assert_eq!(superblock_versions(dir.path()), [2, 2, 2, 2]);
-    // A directory from before issue 12.
-    set_superblock_version(dir.path(), 1);
+    assert_eq!(superblock_versions(dir.path()), [3, 3, 3, 3]);
+    // A directory a binary of `version` left (1: before issue 12; 2: before the timestamp rule).
+    set_superblock_version(dir.path(), version);
     block_on(async {
         let boot = recover(&single).await.unwrap();
         // `recover` returns before the server opens any partition log (shard 0 bootstraps the
         // other shards, and they open their partitions, only after it): the upgrade is already
-        // on disk, in every copy, so no issue-12 entry can be written before it.
-        assert_eq!(superblock_versions(dir.path()), [2, 2, 2, 2]);
-        assert_eq!(boot.superblock.oldest_version(), 2);
+        // on disk, in every copy, so no entry under a newer checksum rule can be written before
+        // it.
+        assert_eq!(superblock_versions(dir.path()), [3, 3, 3, 3]);
+        assert_eq!(boot.superblock.oldest_version(), 3);
         assert_eq!(boot.outcome, RecoveryOutcome::Clean);
         assert_eq!(boot.recovered.prepares, prepares(3, true));
         // The upgrade is one write of the same state: only the sequence moved.
@@ -352,24 +354,41 @@ fn issue12_downgrade_a_version_1_directory_boots_and_is_version_2_on_disk_when_r
 }
 
 #[test]
-fn issue12_downgrade_a_refused_boot_leaves_a_version_1_superblock_as_it_was() {
-    let dir = tempfile::tempdir().unwrap();
-    formatted_with(&config(dir.path(), 7, 0, 1), &prepares(2, true));
-    set_superblock_version(dir.path(), 1);
-    let before = std::fs::read(superblock_path(dir.path())).unwrap();
-    // Started with the wrong cluster: refused before the upgrade, so the file stays version 1
-    // (the binary it came from still boots it).
-    let (field, ..) = identity_error(block_on(recover(&config(dir.path(), 8, 0, 1))).unwrap_err());
-    assert_eq!(field, "cluster");
-    assert_eq!(std::fs::read(superblock_path(dir.path())).unwrap(), before);
+fn issue12_downgrade_a_version_1_directory_boots_and_is_version_3_on_disk_when_recover_returns() {
+    an_older_directory_boots_and_is_version_3_on_disk_when_recover_returns(1);
 }
 
 #[test]
-fn issue12_downgrade_a_version_3_superblock_refuses_to_boot_naming_the_path_and_versions() {
+fn issue12_timestamp_rule_a_version_2_directory_boots_and_is_version_3_on_disk_after_recover() {
+    an_older_directory_boots_and_is_version_3_on_disk_when_recover_returns(2);
+}
+
+#[test]
+fn issue12_downgrade_a_refused_boot_leaves_an_older_superblock_as_it_was() {
+    for version in [1, 2] {
+        let dir = tempfile::tempdir().unwrap();
+        formatted_with(&config(dir.path(), 7, 0, 1), &prepares(2, true));
+        set_superblock_version(dir.path(), version);
+        let before = std::fs::read(superblock_path(dir.path())).unwrap();
+        // Started with the wrong cluster: refused before the upgrade, so the file stays at
+        // `version` (the binary it came from still boots it).
+        let (field, ..) =
+            identity_error(block_on(recover(&config(dir.path(), 8, 0, 1))).unwrap_err());
+        assert_eq!(field, "cluster", "version {version}");
+        assert_eq!(
+            std::fs::read(superblock_path(dir.path())).unwrap(),
+            before,
+            "version {version}"
+        );
+    }
+}
+
+#[test]
+fn issue12_downgrade_a_version_4_superblock_refuses_to_boot_naming_the_path_and_versions() {
     let dir = tempfile::tempdir().unwrap();
     let single = config(dir.path(), 0, 0, 1);
     formatted_with(&single, &prepares(2, true));
-    set_superblock_version(dir.path(), 3);
+    set_superblock_version(dir.path(), 4);
     let superblock_before = std::fs::read(superblock_path(dir.path())).unwrap();
     let journal_before = std::fs::read(segment_path(&journal_dir(dir.path()), 1)).unwrap();
     let error = block_on(recover(&single)).unwrap_err();
@@ -379,17 +398,17 @@ fn issue12_downgrade_a_version_3_superblock_refuses_to_boot_naming_the_path_and_
     };
     assert_eq!(
         (path.as_path(), *found),
-        (superblock_path(dir.path()).as_path(), 3)
+        (superblock_path(dir.path()).as_path(), 4)
     );
     assert!(
         message.starts_with(&format!(
-            "{}: superblock copy 0 has version 3, but this binary reads only versions 1 to 2",
+            "{}: superblock copy 0 has version 4, but this binary reads only versions 1 to 3",
             superblock_path(dir.path()).display()
         )),
         "{message}"
     );
     assert!(
-        message.contains("supports superblock version 3 (a newer release)"),
+        message.contains("supports superblock version 4 (a newer release)"),
         "{message}"
     );
     assert!(message.ends_with("; refusing to boot"), "{message}");

@@ -29,18 +29,42 @@ pub const SUPERBLOCK_FILE_NAME: &str = "superblock";
 pub const SUPERBLOCK_MAGIC: u64 = u64::from_le_bytes(*b"SLSUPBLK");
 /// Version this binary writes in every copy (create and write), and the newest it reads.
 ///
-/// The byte layout of versions 1 and 2 is the same; the version marks the data directory's format
-/// (`storage/FORMAT.md` section 7, "Versions"):
+/// The byte layout of versions 1, 2 and 3 is the same; the version marks the data directory's
+/// format (`storage/FORMAT.md` section 7, "Versions"), each one adding a partition log entry
+/// checksum rule that a binary of an earlier version would misjudge as damage:
 /// - 1: before issue 12. Every partition log entry is checked by the whole-payload rule.
-/// - 2: since issue 12. Entries may carry the message-headers checksum rule (flag bit 1 of the
-///   first message's `reserved`, `bus::MESSAGE_FLAG_CHECKSUM_OF_HEADERS`, FORMAT.md section 3),
-///   which a binary of version 1 would judge damaged and cut. Such a binary accepts only version 1
-///   copies, so it refuses to boot a version-2 superblock instead (all copies invalid).
-pub const SUPERBLOCK_VERSION: u16 = 2;
-/// The oldest version this binary reads. A valid copy of a version below [`SUPERBLOCK_VERSION`]
-/// is rewritten at [`SUPERBLOCK_VERSION`] by [`Superblock::upgrade`] (shard 0's boot, before any
-/// partition log opens).
+/// - 2: entries may carry the message-headers checksum rule (flag bit 1 of the first message's
+///   `reserved`, `bus::MESSAGE_FLAG_CHECKSUM_OF_HEADERS`, FORMAT.md section 3), which a binary of
+///   version 1 would judge damaged and cut. Such a binary accepts only version-1 copies, so it
+///   refuses to boot a version-2 superblock instead (all copies invalid).
+/// - 3: entries may carry the timestamp checksum rule (flag bit 2, value 4, of the first
+///   message's `reserved`, `bus::MESSAGE_FLAG_CHECKSUM_OF_TIMESTAMP` /
+///   `storage::entry::PAYLOAD_FLAG_CHECKSUM_OF_TIMESTAMP`, FORMAT.md section 3): the entry
+///   checksum's input starts with the header's `base_timestamp_us` as 8 little-endian bytes, so
+///   that a flipped timestamp byte on disk is caught (issue 12: "checksums still catch every
+///   flipped byte"; retention by age deletes segments by that timestamp). A binary of version 2
+///   ignores bit 2, would find every such entry's checksum wrong and cut the log into a
+///   quarantine file; it reads only versions 1 and 2, so it refuses to boot a version-3
+///   superblock instead ([`SuperblockError::UnsupportedVersion`] in its build: "superblock copy 0
+///   has version 3, but this binary reads only versions 1 to 2"), and changes nothing.
+pub const SUPERBLOCK_VERSION: u16 = 3;
+/// The oldest version this binary reads. A valid copy of any version from this one up to, but
+/// not including, [`SUPERBLOCK_VERSION`] is rewritten at [`SUPERBLOCK_VERSION`] by
+/// [`Superblock::upgrade`] (shard 0's boot, before any partition log opens).
 pub const SUPERBLOCK_VERSION_MIN: u16 = 1;
+
+/// What data directory format superblock version `version` introduced, as a phrase for messages
+/// (the checksum rule of `storage/FORMAT.md` section 3 that a binary of an earlier version would
+/// misjudge as damage). `None` for version 1 (the first) and for any version this binary does not
+/// read.
+pub fn version_introduced(version: u16) -> Option<&'static str> {
+    match version {
+        2 => Some("the message-headers entry checksum rule, flag bit 1"),
+        3 => Some("the timestamp entry checksum rule, flag bit 2"),
+        _ => None,
+    }
+}
+
 /// Bytes of the checksummed header at the start of each copy (checksum included); the rest of the
 /// copy, up to [`SUPERBLOCK_COPY_SIZE`], is zero.
 pub const SUPERBLOCK_HEADER_SIZE: usize = 128;
@@ -747,10 +771,12 @@ impl Superblock {
     /// same torn-write rules hold), calling `observer` as it does. Does nothing when every valid
     /// copy is already at [`SUPERBLOCK_VERSION`].
     ///
-    /// Returns the version upgraded from (`Some(1)`), or `None` when nothing was written. A
-    /// caller that will write data only this version's readers understand must call it, and
-    /// have it return `Ok`, first: until it returns, a binary of the older version may still
-    /// boot from a copy of the older version.
+    /// Returns the version upgraded from (the lowest valid copy's: `Some(1)` or `Some(2)`), or
+    /// `None` when nothing was written. Any version below [`SUPERBLOCK_VERSION`] goes straight to
+    /// it in this one write (there is no step through the versions between: they share the
+    /// layout, and only the version field changes). A caller that will write data only this
+    /// version's readers understand must call it, and have it return `Ok`, first: until it
+    /// returns, a binary of the older version may still boot from a copy of the older version.
     ///
     /// # Errors
     /// As [`Superblock::write`] (`Poisoned`, `Io`; a failure poisons the handle, and the file
@@ -972,7 +998,7 @@ mod tests {
         let bytes = encode_copy(&state(), 3);
         assert_eq!(bytes.len(), SUPERBLOCK_COPY_SIZE);
         assert_eq!(&bytes[0..8], b"SLSUPBLK");
-        assert_eq!(&bytes[8..10], &2u16.to_le_bytes());
+        assert_eq!(&bytes[8..10], &3u16.to_le_bytes());
         assert_eq!(bytes[10], 3);
         assert_eq!(bytes[11], 2);
         assert_eq!(bytes[12], 3);
@@ -993,12 +1019,18 @@ mod tests {
         assert_eq!(decode_copy(&bytes, 3), Ok(state()));
     }
 
-    #[test]
-    fn issue12_downgrade_a_version_1_copy_decodes_with_its_version() {
+    /// Copy 2 of `state()`, resealed at `version`: what a binary writing `version` left.
+    fn copy_at_version(version: u16) -> Vec<u8> {
         let mut bytes = encode_copy(&state(), 2);
-        bytes[8..10].copy_from_slice(&1u16.to_le_bytes());
+        bytes[8..10].copy_from_slice(&version.to_le_bytes());
         let checksum = XxHash3_128::oneshot(&bytes[..CHECKSUMMED_SIZE]);
         bytes[CHECKSUMMED_SIZE..SUPERBLOCK_HEADER_SIZE].copy_from_slice(&checksum.to_le_bytes());
+        bytes
+    }
+
+    #[test]
+    fn issue12_downgrade_a_version_1_copy_decodes_with_its_version() {
+        let bytes = copy_at_version(1);
         assert_eq!(
             decode_copy_versioned(&bytes, 2),
             Ok(DecodedCopy {
@@ -1014,6 +1046,36 @@ mod tests {
     }
 
     #[test]
+    fn issue12_timestamp_rule_a_version_2_copy_decodes_with_its_version_and_3_is_written() {
+        assert_eq!(SUPERBLOCK_VERSION, 3);
+        assert_eq!(SUPERBLOCK_VERSION_MIN, 1);
+        let bytes = copy_at_version(2);
+        assert_eq!(
+            decode_copy_versioned(&bytes, 2),
+            Ok(DecodedCopy {
+                version: 2,
+                state: state()
+            })
+        );
+        assert_eq!(decode_copy(&bytes, 2), Ok(state()));
+        assert_eq!(&encode_copy(&state(), 2)[8..10], &3u16.to_le_bytes());
+    }
+
+    #[test]
+    fn every_version_after_the_first_names_what_it_introduced() {
+        assert_eq!(version_introduced(SUPERBLOCK_VERSION_MIN), None);
+        for version in SUPERBLOCK_VERSION_MIN + 1..=SUPERBLOCK_VERSION {
+            assert!(version_introduced(version).is_some(), "version {version}");
+        }
+        assert_eq!(
+            version_introduced(3),
+            Some("the timestamp entry checksum rule, flag bit 2")
+        );
+        assert_eq!(version_introduced(0), None);
+        assert_eq!(version_introduced(SUPERBLOCK_VERSION + 1), None);
+    }
+
+    #[test]
     fn unsupported_version_messages_tell_no_shardline_version_from_a_newer_one() {
         let path = PathBuf::from("/data/superblock");
         let below = SuperblockError::UnsupportedVersion {
@@ -1025,7 +1087,7 @@ mod tests {
             below.to_string(),
             "/data/superblock: superblock copy 2 has version 0, which is not a shardline \
              superblock version: shardline writes versions 1 and up, and this binary reads \
-             versions 1 to 2. The copy's checksum verifies, so this is no torn write: another \
+             versions 1 to 3. The copy's checksum verifies, so this is no torn write: another \
              program wrote this file, or damage rewrote the copy whole. Nothing was changed, and \
              no shardline release reads it: restore the data directory from a backup (a replica \
              of a cluster may instead reformat its data directory and rejoin by state transfer)"
@@ -1033,23 +1095,23 @@ mod tests {
         let above = SuperblockError::UnsupportedVersion {
             path,
             copy_index: 1,
-            found: 3,
+            found: 4,
         };
         assert_eq!(
             above.to_string(),
-            "/data/superblock: superblock copy 1 has version 3, but this binary reads only \
-             versions 1 to 2: the data directory was written by a newer shardline, and this one \
+            "/data/superblock: superblock copy 1 has version 4, but this binary reads only \
+             versions 1 to 3: the data directory was written by a newer shardline, and this one \
              could misread its data as damage. Nothing was changed; start it with a shardline \
-             that supports superblock version 3 (a newer release)"
+             that supports superblock version 4 (a newer release)"
         );
         assert_eq!(
             CopyDefect::Version { found: 0 }.to_string(),
             "version 0, which is not a shardline superblock version (shardline writes versions 1 \
-             and up; this binary reads 1 to 2)"
+             and up; this binary reads 1 to 3)"
         );
         assert_eq!(
-            CopyDefect::Version { found: 3 }.to_string(),
-            "version 3, which this binary does not read (it reads versions 1 to 2; a newer \
+            CopyDefect::Version { found: 4 }.to_string(),
+            "version 4, which this binary does not read (it reads versions 1 to 3; a newer \
              shardline wrote it)"
         );
     }
@@ -1075,7 +1137,7 @@ mod tests {
         ));
         // A version byte changed by damage fails the checksum: damage, not a newer format.
         let mut bytes = good.clone();
-        bytes[8] = 3;
+        bytes[8] = 4;
         assert!(matches!(
             decode_copy(&bytes, 1),
             Err(CopyDefect::Checksum { .. })
@@ -1098,8 +1160,8 @@ mod tests {
             let checksum = XxHash3_128::oneshot(&bytes[..112]);
             bytes[112..128].copy_from_slice(&checksum.to_le_bytes());
         };
-        // An intact copy of a version outside 1..=2 (a newer binary's, or 0) is `Version`.
-        for version in [0u16, 3, u16::MAX] {
+        // An intact copy of a version outside 1..=3 (a newer binary's, or 0) is `Version`.
+        for version in [0u16, 4, u16::MAX] {
             let mut bytes = good.clone();
             bytes[8..10].copy_from_slice(&version.to_le_bytes());
             reseal(&mut bytes);

@@ -658,7 +658,7 @@ proptest! {
 // ------------------------------------------------ issue 12 downgrade guard (superblock version)
 
 /// Rewrites copy `copy_index` of the file image as version `version`, resealing its checksum:
-/// what a binary of that version would have written (the layout of versions 1 and 2 is the same).
+/// what a binary of that version would have written (versions 1, 2 and 3 share the layout).
 fn set_copy_version(image: &mut [u8], copy_index: usize, version: u16) {
     let copy = &mut image[copy_range(copy_index)];
     copy[8..10].copy_from_slice(&version.to_le_bytes());
@@ -675,67 +675,70 @@ fn copy_versions(path: &Path) -> [u16; SUPERBLOCK_COPY_COUNT] {
     })
 }
 
-/// A superblock as a binary from before issue 12 left it: `writes` writes after create, every
-/// copy at version 1.
-fn version_1_file(path: &Path, writes: u64) {
+/// A superblock as a binary of superblock version `version` left it: `writes` writes after
+/// create, every copy at `version` (1: before issue 12; 2: before the timestamp checksum rule).
+fn older_version_file(path: &Path, writes: u64, version: u16) {
     create_and_write(path, writes);
     let mut image = std::fs::read(path).unwrap();
     for copy_index in 0..SUPERBLOCK_COPY_COUNT {
-        set_copy_version(&mut image, copy_index, 1);
+        set_copy_version(&mut image, copy_index, version);
     }
     std::fs::write(path, &image).unwrap();
 }
 
 #[test]
-fn issue12_downgrade_create_and_write_put_version_2_in_every_copy() {
+fn issue12_downgrade_create_and_write_put_version_3_in_every_copy() {
     let dir = tempfile::tempdir().unwrap();
     let path = superblock_path(&dir);
-    assert_eq!(storage::superblock::SUPERBLOCK_VERSION, 2);
+    assert_eq!(storage::superblock::SUPERBLOCK_VERSION, 3);
     create_and_write(&path, 0);
-    assert_eq!(copy_versions(&path), [2; SUPERBLOCK_COPY_COUNT]);
+    assert_eq!(copy_versions(&path), [3; SUPERBLOCK_COPY_COUNT]);
     let (_, report) = open(&path).unwrap();
-    assert_eq!(report.versions, [Some(2); SUPERBLOCK_COPY_COUNT]);
-    assert_eq!(report.oldest_version(), 2);
+    assert_eq!(report.versions, [Some(3); SUPERBLOCK_COPY_COUNT]);
+    assert_eq!(report.oldest_version(), 3);
 }
 
-#[test]
-fn issue12_downgrade_a_version_1_file_opens_and_upgrade_rewrites_every_copy_at_version_2() {
+/// A file of every copy at `version` (below the current one) opens, and one upgrade rewrites
+/// every copy at version 3, copy by copy, keeping the state; a second upgrade writes nothing.
+fn an_older_file_opens_and_upgrade_rewrites_every_copy_at_version_3(version: u16) {
     let dir = tempfile::tempdir().unwrap();
     let path = superblock_path(&dir);
-    version_1_file(&path, 2);
+    older_version_file(&path, 2, version);
     let (state, report) = open(&path).unwrap();
     assert_eq!(state, with_sequence(advanced(2), 3));
     assert!(report.is_clean(), "{report}");
-    assert_eq!(report.versions, [Some(1); SUPERBLOCK_COPY_COUNT]);
-    assert_eq!(report.oldest_version(), 1);
+    assert_eq!(report.versions, [Some(version); SUPERBLOCK_COPY_COUNT]);
+    assert_eq!(report.oldest_version(), version);
 
     let mut seen = Vec::new();
     block_on(async {
         let (mut superblock, _) = Superblock::open(&path).await.unwrap();
-        assert_eq!(superblock.oldest_version(), 1);
+        assert_eq!(superblock.oldest_version(), version);
         let from = superblock
             .upgrade(&mut |copy_index| seen.push((copy_index, copy_versions(&path))))
             .await
             .unwrap();
-        assert_eq!(from, Some(1));
-        assert_eq!(superblock.oldest_version(), 2);
+        assert_eq!(from, Some(version));
+        assert_eq!(superblock.oldest_version(), 3);
         // The state is kept; only the sequence moves (the existing write path).
         assert_eq!(*superblock.state(), with_sequence(advanced(2), 4));
         superblock.close().await.unwrap();
     });
-    // Copy by copy, each fsynced before the next (the torn-write rules of `write`).
+    // Copy by copy, each fsynced before the next (the torn-write rules of `write`), straight to
+    // version 3 whatever the version found.
+    let v = version;
     assert_eq!(
         seen,
         vec![
-            (0, [2, 1, 1, 1]),
-            (1, [2, 2, 1, 1]),
-            (2, [2, 2, 2, 1]),
-            (3, [2, 2, 2, 2]),
+            (0, [3, v, v, v]),
+            (1, [3, 3, v, v]),
+            (2, [3, 3, 3, v]),
+            (3, [3, 3, 3, 3]),
         ]
     );
     let (state, report) = open(&path).unwrap();
     assert_eq!(state, with_sequence(advanced(2), 4));
-    assert_eq!(report.versions, [Some(2); SUPERBLOCK_COPY_COUNT]);
+    assert_eq!(report.versions, [Some(3); SUPERBLOCK_COPY_COUNT]);
     // A second upgrade writes nothing.
     let before = std::fs::read(&path).unwrap();
     block_on(async {
@@ -747,10 +750,21 @@ fn issue12_downgrade_a_version_1_file_opens_and_upgrade_rewrites_every_copy_at_v
 }
 
 #[test]
-fn issue12_downgrade_a_torn_upgrade_still_needs_the_upgrade_and_completes_it() {
+fn issue12_downgrade_a_version_1_file_opens_and_upgrade_rewrites_every_copy_at_version_3() {
+    an_older_file_opens_and_upgrade_rewrites_every_copy_at_version_3(1);
+}
+
+#[test]
+fn issue12_timestamp_rule_a_version_2_file_opens_and_upgrade_rewrites_every_copy_at_version_3() {
+    an_older_file_opens_and_upgrade_rewrites_every_copy_at_version_3(2);
+}
+
+/// An upgrade from `version` torn after copy 1 still needs the upgrade, and the next one
+/// completes it.
+fn a_torn_upgrade_still_needs_the_upgrade_and_completes_it(version: u16) {
     let dir = tempfile::tempdir().unwrap();
     let path = superblock_path(&dir);
-    version_1_file(&path, 1);
+    older_version_file(&path, 1, version);
     // The upgrade reached copies 0 and 1 only (a crash before copy 2).
     let mut torn = Vec::new();
     block_on(async {
@@ -765,29 +779,75 @@ fn issue12_downgrade_a_torn_upgrade_still_needs_the_upgrade_and_completes_it() {
             .unwrap();
     });
     std::fs::write(&path, &torn).unwrap();
-    assert_eq!(copy_versions(&path), [2, 2, 1, 1]);
-    // This binary boots from the new sequence, but copies 2 and 3 are still version 1 (a binary
-    // from before issue 12 would boot from them), so the upgrade is still due.
+    assert_eq!(copy_versions(&path), [3, 3, version, version]);
+    // This binary boots from the new sequence, but copies 2 and 3 are still at the old version
+    // (a binary of that version would boot from them), so the upgrade is still due.
     let (state, report) = open(&path).unwrap();
     assert_eq!(state, with_sequence(advanced(1), 3));
+    assert_eq!(
+        report.versions,
+        [Some(3), Some(3), Some(version), Some(version)]
+    );
+    assert_eq!(report.oldest_version(), version);
+    block_on(async {
+        let (mut superblock, _) = Superblock::open(&path).await.unwrap();
+        assert_eq!(
+            superblock.upgrade(&mut |_| {}).await.unwrap(),
+            Some(version)
+        );
+        assert_eq!(*superblock.state(), with_sequence(advanced(1), 4));
+    });
+    assert_eq!(copy_versions(&path), [3; SUPERBLOCK_COPY_COUNT]);
+}
+
+#[test]
+fn issue12_downgrade_a_torn_upgrade_still_needs_the_upgrade_and_completes_it() {
+    a_torn_upgrade_still_needs_the_upgrade_and_completes_it(1);
+}
+
+#[test]
+fn issue12_timestamp_rule_a_torn_upgrade_from_version_2_still_needs_it_and_completes_it() {
+    a_torn_upgrade_still_needs_the_upgrade_and_completes_it(2);
+}
+
+/// A version-2 binary's own torn 1 -> 2 upgrade (copies 0 and 1 at version 2 with the new
+/// sequence, copies 2 and 3 still version 1 with the old one) is upgraded by this binary in one
+/// write, from the lowest version found, to version 3 in every copy.
+#[test]
+fn issue12_timestamp_rule_copies_of_versions_1_and_2_upgrade_in_one_write_to_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock_path(&dir);
+    let images = create_and_write(&path, 1);
+    // Sequence 2 in copies 0 and 1 (version 2), sequence 1 in copies 2 and 3 (version 1).
+    let mut image = images[1].clone();
+    image[copy_range(2)].copy_from_slice(&images[0][copy_range(2)]);
+    image[copy_range(3)].copy_from_slice(&images[0][copy_range(3)]);
+    for (copy_index, version) in [(0, 2), (1, 2), (2, 1), (3, 1)] {
+        set_copy_version(&mut image, copy_index, version);
+    }
+    std::fs::write(&path, &image).unwrap();
+    let (state, report) = open(&path).unwrap();
+    assert_eq!(state, with_sequence(advanced(1), 2));
     assert_eq!(report.versions, [Some(2), Some(2), Some(1), Some(1)]);
     assert_eq!(report.oldest_version(), 1);
     block_on(async {
         let (mut superblock, _) = Superblock::open(&path).await.unwrap();
         assert_eq!(superblock.upgrade(&mut |_| {}).await.unwrap(), Some(1));
-        assert_eq!(*superblock.state(), with_sequence(advanced(1), 4));
+        assert_eq!(*superblock.state(), with_sequence(advanced(1), 3));
     });
-    assert_eq!(copy_versions(&path), [2; SUPERBLOCK_COPY_COUNT]);
+    assert_eq!(copy_versions(&path), [3; SUPERBLOCK_COPY_COUNT]);
+    let (_, report) = open(&path).unwrap();
+    assert!(report.is_clean(), "{report}");
 }
 
 #[test]
-fn issue12_downgrade_a_version_3_superblock_is_refused_naming_the_path_and_both_versions() {
+fn issue12_downgrade_a_version_4_superblock_is_refused_naming_the_path_and_both_versions() {
     let dir = tempfile::tempdir().unwrap();
     let path = superblock_path(&dir);
     create_and_write(&path, 1);
     let mut image = std::fs::read(&path).unwrap();
     for copy_index in 0..SUPERBLOCK_COPY_COUNT {
-        set_copy_version(&mut image, copy_index, 3);
+        set_copy_version(&mut image, copy_index, 4);
     }
     std::fs::write(&path, &image).unwrap();
     let error = open(&path).unwrap_err();
@@ -795,7 +855,7 @@ fn issue12_downgrade_a_version_3_superblock_is_refused_naming_the_path_and_both_
     assert!(
         matches!(
             &error,
-            SuperblockError::UnsupportedVersion { path: named, copy_index: 0, found: 3 }
+            SuperblockError::UnsupportedVersion { path: named, copy_index: 0, found: 4 }
                 if *named == path
         ),
         "{error:?}"
@@ -803,10 +863,10 @@ fn issue12_downgrade_a_version_3_superblock_is_refused_naming_the_path_and_both_
     assert_eq!(
         message,
         format!(
-            "{}: superblock copy 0 has version 3, but this binary reads only versions 1 to 2: \
+            "{}: superblock copy 0 has version 4, but this binary reads only versions 1 to 3: \
              the data directory was written by a newer shardline, and this one could misread its \
              data as damage. Nothing was changed; start it with a shardline that supports \
-             superblock version 3 (a newer release)",
+             superblock version 4 (a newer release)",
             path.display()
         )
     );
@@ -825,7 +885,7 @@ fn issue12_downgrade_one_intact_newer_copy_refuses_the_file_but_a_damaged_versio
     let good = std::fs::read(&path).unwrap();
     // Version 0 (never written by any binary) and a newer version in one copy, the others
     // readable: refused all the same, and left as it was (never rewritten in an older version).
-    for (copy_index, version) in [(2, 0u16), (3, 3), (1, u16::MAX)] {
+    for (copy_index, version) in [(2, 0u16), (3, 4), (1, u16::MAX)] {
         let mut image = good.clone();
         set_copy_version(&mut image, copy_index, version);
         std::fs::write(&path, &image).unwrap();
@@ -841,7 +901,7 @@ fn issue12_downgrade_one_intact_newer_copy_refuses_the_file_but_a_damaged_versio
     }
     // A version field changed without its checksum is damage to one copy: survived.
     let mut image = good.clone();
-    image[SUPERBLOCK_COPY_SIZE + 8] = 3;
+    image[SUPERBLOCK_COPY_SIZE + 8] = 4;
     std::fs::write(&path, &image).unwrap();
     let (state, report) = open(&path).unwrap();
     assert_eq!(state, with_sequence(advanced(1), 2));
@@ -849,5 +909,5 @@ fn issue12_downgrade_one_intact_newer_copy_refuses_the_file_but_a_damaged_versio
         report.copies[1],
         CopyStatus::Invalid(CopyDefect::Checksum { .. })
     ));
-    assert_eq!(report.versions, [Some(2), None, Some(2), Some(2)]);
+    assert_eq!(report.versions, [Some(3), None, Some(3), Some(3)]);
 }

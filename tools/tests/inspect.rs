@@ -140,7 +140,7 @@ fn superblock_flipped_byte_names_the_file_copy_and_byte() {
     );
     // The version field is intact but the checksum fails: shown, marked unverified.
     assert!(
-        stdout.contains("\n1         4096  invalid       2?         -  checksum mismatch: "),
+        stdout.contains("\n1         4096  invalid       3?         -  checksum mismatch: "),
         "{stdout}"
     );
     assert!(
@@ -199,10 +199,10 @@ fn superblock_json_has_copies_and_state() {
             .starts_with("checksum mismatch"),
         "{json}"
     );
-    assert_eq!(json["copies"][0]["version"], 2);
+    assert_eq!(json["copies"][0]["version"], 3);
     assert_eq!(json["copies"][0]["version_verified"], true);
-    // The flip turned version 2 into 2 ^ 0x40 = 66: shown as read, unverified.
-    assert_eq!(json["copies"][3]["version"], 66);
+    // The flip turned version 3 into 3 ^ 0x40 = 67: shown as read, unverified.
+    assert_eq!(json["copies"][3]["version"], 67);
     assert_eq!(json["copies"][3]["version_verified"], false);
     assert_eq!(json["notes"].as_array().unwrap().len(), 1, "{json}");
     assert_eq!(json["damage"][0]["position"], 12288);
@@ -210,7 +210,7 @@ fn superblock_json_has_copies_and_state() {
 }
 
 /// Sets copy `copy_index` of the superblock at `path` to `version`, resealing its checksum (what
-/// a binary of that version writes; versions 1 and 2 share the layout).
+/// a binary of that version writes; versions 1, 2 and 3 share the layout).
 fn set_copy_version(path: &Path, copy_index: usize, version: u16) {
     let mut image = std::fs::read(path).unwrap();
     let copy = &mut image[copy_index * 4096..(copy_index + 1) * 4096];
@@ -234,7 +234,7 @@ fn issue12_downgrade_inspect_superblock_shows_each_copy_version() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("0            0  current        2         3\n"),
+        stdout.contains("0            0  current        3         3\n"),
         "{stdout}"
     );
     assert!(
@@ -248,16 +248,17 @@ fn issue12_downgrade_inspect_superblock_shows_each_copy_version() {
         .iter()
         .map(|copy| copy["version"].as_u64().unwrap())
         .collect();
-    assert_eq!(versions, [2, 2, 1, 1]);
+    assert_eq!(versions, [3, 3, 1, 1]);
     assert_eq!(json["unsupported_version"], serde_json::Value::Null);
-    assert_eq!(json["upgrade"], serde_json::json!({"from": 1, "to": 2}));
+    assert_eq!(json["upgrade"], serde_json::json!({"from": 1, "to": 3}));
     assert_eq!(json["clean"], true);
     assert_eq!(
         json["notes"][0],
         "valid copies at version 1 (copy 2, 3): the next `shardline serve` on this data directory \
-         upgrades every copy to version 2 before it opens any partition, and from then on \
-         shardline releases from before issue 12 (which read only superblock version 1) refuse \
-         it; only a copy of the data directory made before that serve can go back to them"
+         upgrades every copy to version 3 before it opens any partition, and from then on \
+         shardline releases that read superblock versions only up to 2 (from before the \
+         timestamp entry checksum rule, flag bit 2) refuse it; only a copy of the data \
+         directory made before that serve can go back to them"
     );
 }
 
@@ -274,18 +275,79 @@ fn issue12_downgrade_inspect_superblock_notes_the_upgrade_of_an_all_version_1_fi
         stdout.ends_with(
             "summary: 4 current, 0 stale, 0 invalid\n\
              note: valid copies at version 1 (copy 0, 1, 2, 3): the next `shardline serve` on \
-             this data directory upgrades every copy to version 2 before it opens any partition, \
-             and from then on shardline releases from before issue 12 (which read only \
-             superblock version 1) refuse it; only a copy of the data directory made before that \
-             serve can go back to them\n\
+             this data directory upgrades every copy to version 3 before it opens any partition, \
+             and from then on shardline releases that read superblock versions only up to 2 \
+             (from before the timestamp entry checksum rule, flag bit 2) refuse it; only a copy \
+             of the data directory made before that serve can go back to them\n\
              result: clean\n"
         ),
         "{stdout}"
     );
     let (code, json) = inspect_json("superblock", &path);
     assert_eq!(code, 0);
-    assert_eq!(json["upgrade"], serde_json::json!({"from": 1, "to": 2}));
+    assert_eq!(json["upgrade"], serde_json::json!({"from": 1, "to": 3}));
     assert_eq!(json["notes"].as_array().unwrap().len(), 1, "{json}");
+}
+
+#[test]
+fn issue12_timestamp_rule_inspect_superblock_shows_version_2_copies_and_notes_the_upgrade() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = superblock(dir.path());
+    // A directory today's release before the timestamp rule left: every copy at version 2.
+    for copy_index in 0..4 {
+        set_copy_version(&path, copy_index, 2);
+    }
+    let before = std::fs::read(&path).unwrap();
+    let (code, stdout, stderr) = inspect_path("superblock", &path);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("2         8192  current        2         3\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.ends_with(
+            "summary: 4 current, 0 stale, 0 invalid\n\
+             note: valid copies at version 2 (copy 0, 1, 2, 3): the next `shardline serve` on \
+             this data directory upgrades every copy to version 3 before it opens any partition, \
+             and from then on shardline releases that read superblock versions only up to 2 \
+             (from before the timestamp entry checksum rule, flag bit 2) refuse it; only a copy \
+             of the data directory made before that serve can go back to them\n\
+             result: clean\n"
+        ),
+        "{stdout}"
+    );
+    let (code, json) = inspect_json("superblock", &path);
+    assert_eq!(code, 0);
+    assert_eq!(json["upgrade"], serde_json::json!({"from": 2, "to": 3}));
+    assert_eq!(json["unsupported_version"], serde_json::Value::Null);
+    assert_eq!(json["chosen_copy"], 0);
+    assert_eq!(json["notes"].as_array().unwrap().len(), 1, "{json}");
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "inspect modified the file"
+    );
+
+    // The upgrade to 3 torn after copy 1: copies 2 and 3 still version 2, still due.
+    set_copy_version(&path, 0, 3);
+    set_copy_version(&path, 1, 3);
+    let (code, json) = inspect_json("superblock", &path);
+    assert_eq!(code, 0);
+    let versions: Vec<u64> = json["copies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|copy| copy["version"].as_u64().unwrap())
+        .collect();
+    assert_eq!(versions, [3, 3, 2, 2]);
+    assert_eq!(json["upgrade"], serde_json::json!({"from": 2, "to": 3}));
+    assert!(
+        json["notes"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("valid copies at version 2 (copy 2, 3): the next `shardline serve`"),
+        "{json}"
+    );
 }
 
 #[test]
@@ -298,7 +360,7 @@ fn inspect_superblock_version_0_is_no_shardline_version_and_no_newer_release() {
     assert!(
         stdout.contains(&format!(
             "damage: {}: copy 2 has version 0, which is not a shardline superblock version \
-             (shardline writes versions 1 and up; this binary reads 1 to 2): its checksum \
+             (shardline writes versions 1 and up; this binary reads 1 to 3): its checksum \
              verifies, so another program wrote it, or damage rewrote it whole; open refuses this \
              file, and no shardline release reads it: restore the data directory from a backup\n",
             path.display()
@@ -308,7 +370,7 @@ fn inspect_superblock_version_0_is_no_shardline_version_and_no_newer_release() {
     assert!(
         stdout.contains(
             "\n2         8192  invalid        0         -  version 0, which is not a shardline \
-             superblock version (shardline writes versions 1 and up; this binary reads 1 to 2)\n"
+             superblock version (shardline writes versions 1 and up; this binary reads 1 to 3)\n"
         ),
         "{stdout}"
     );
@@ -330,33 +392,33 @@ fn inspect_superblock_version_0_is_no_shardline_version_and_no_newer_release() {
 fn issue12_downgrade_inspect_superblock_names_a_newer_version_that_open_refuses() {
     let dir = tempfile::tempdir().unwrap();
     let path = superblock(dir.path());
-    set_copy_version(&path, 1, 3);
+    set_copy_version(&path, 1, 4);
     let before = std::fs::read(&path).unwrap();
     let (code, stdout, _) = inspect_path("superblock", &path);
     assert_eq!(code, 1, "{stdout}");
     assert!(
         stdout.contains(&format!(
-            "damage: {}: copy 1 has version 3, but this binary reads only versions 1 to 2: a \
+            "damage: {}: copy 1 has version 4, but this binary reads only versions 1 to 3: a \
              newer shardline wrote this file, and open refuses it",
             path.display()
         )),
         "{stdout}"
     );
     assert!(
-        stdout.contains("state: none (a copy has version 3, which this binary does not read)"),
+        stdout.contains("state: none (a copy has version 4, which this binary does not read)"),
         "{stdout}"
     );
     assert!(
         stdout.contains(
-            "\n1         4096  invalid        3         -  version 3, which this binary does not \
-             read (it reads versions 1 to 2; a newer shardline wrote it)\n"
+            "\n1         4096  invalid        4         -  version 4, which this binary does not \
+             read (it reads versions 1 to 3; a newer shardline wrote it)\n"
         ),
         "{stdout}"
     );
     let (_, json) = inspect_json("superblock", &path);
-    assert_eq!(json["unsupported_version"], 3);
+    assert_eq!(json["unsupported_version"], 4);
     assert_eq!(json["chosen_copy"], serde_json::Value::Null);
-    assert_eq!(json["copies"][1]["version"], 3);
+    assert_eq!(json["copies"][1]["version"], 4);
     assert_eq!(json["copies"][1]["version_verified"], true);
     assert_eq!(
         std::fs::read(&path).unwrap(),

@@ -1,10 +1,11 @@
 //! Issue 12's downgrade guard, end to end on the real `shardline serve` (`storage/FORMAT.md`
 //! section 7, "Versions"): a data directory from before issue 12 (a version-1 superblock, entries
-//! under the whole-payload checksum rule) boots, its superblock is rewritten at version 2 before
-//! the server listens (so before any produce can append an entry under the issue-12 rule, which a
-//! binary from before issue 12 would cut as damage), and its old entries still read; a
-//! superblock of a version newer than this binary reads refuses to boot, naming the file and both
-//! versions, and nothing is written.
+//! under the whole-payload checksum rule) and one from before the timestamp checksum rule (a
+//! version-2 superblock, entries under the message-headers rule, flag bit 1) boot, their
+//! superblock is rewritten at version 3 before the server listens (so before any produce can
+//! append an entry under a rule the older binary would cut as damage), and their old entries
+//! still read; a superblock of a version newer than this binary reads refuses to boot, naming the
+//! file and both versions, and nothing is written.
 
 mod common;
 
@@ -13,7 +14,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use bus::{BATCH_HEADER_SIZE, BatchBuilder, MESSAGE_FLAG_CHECKSUM_OF_HEADERS, Namespace};
+use bus::{
+    BATCH_HEADER_SIZE, BatchBuilder, MESSAGE_FLAG_CHECKSUM_OF_HEADERS, MESSAGE_HEADER_SIZE,
+    Namespace,
+};
 use common::{BIN, Server, block_on};
 
 const SHARDS: [&str; 3] = ["--shards", "2", "--no-pin"];
@@ -22,6 +26,10 @@ const SHARDS: [&str; 3] = ["--shards", "2", "--no-pin"];
 /// section 3).
 const FIRST_RESERVED_AT: usize = 12;
 const UPGRADE_FAILPOINT: &str = "boot.after_superblock_upgrade";
+/// Bit 2 (value 4) of the first message's `reserved` flags: the timestamp checksum rule that
+/// superblock version 3 guards (`storage/FORMAT.md` section 3). The helpers that build batches of
+/// an older format clear it.
+const TIMESTAMP_RULE_FLAG: u8 = 4;
 
 /// Stream 1, topic 1, partition 0.
 fn namespace() -> Namespace {
@@ -33,7 +41,7 @@ fn superblock_path(data_dir: &Path) -> PathBuf {
 }
 
 /// Sets every copy of the superblock to `version`, resealing each copy's checksum: what a binary
-/// of that version writes (versions 1 and 2 share the layout).
+/// of that version writes (versions 1, 2 and 3 share the layout).
 fn set_superblock_version(data_dir: &Path, version: u16) {
     let path = superblock_path(data_dir);
     let mut image = std::fs::read(&path).unwrap();
@@ -72,17 +80,47 @@ fn files_under(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     files
 }
 
-/// A batch under the checksum rule from before issue 12: built by `BatchBuilder`, then the
-/// message-headers flag cleared and the batch checksum recomputed over the whole message section
-/// (what every client wrote before issue 12).
-fn whole_payload_rule_batch(payloads: &[&[u8]]) -> Vec<u8> {
+/// `payloads` as one batch from `BatchBuilder` (ids 0, 1, ...; timestamp 1 us), not stamped.
+fn built_batch(payloads: &[&[u8]]) -> Vec<u8> {
     let mut builder = BatchBuilder::default();
     for (id, payload) in payloads.iter().enumerate() {
         builder.push(id as u64, 1, payload);
     }
-    let mut batch = builder.finish();
-    batch[BATCH_HEADER_SIZE + FIRST_RESERVED_AT] &= !(MESSAGE_FLAG_CHECKSUM_OF_HEADERS as u8);
+    builder.finish()
+}
+
+/// A batch under the checksum rule from before issue 12: built by `BatchBuilder`, then the
+/// message-headers and timestamp flags cleared and the batch checksum recomputed over the whole
+/// message section (what every client wrote before issue 12).
+fn whole_payload_rule_batch(payloads: &[&[u8]]) -> Vec<u8> {
+    let mut batch = built_batch(payloads);
+    batch[BATCH_HEADER_SIZE + FIRST_RESERVED_AT] &=
+        !(MESSAGE_FLAG_CHECKSUM_OF_HEADERS as u8 | TIMESTAMP_RULE_FLAG);
     let checksum = twox_hash::XxHash3_64::oneshot(&batch[BATCH_HEADER_SIZE..]);
+    batch[24..32].copy_from_slice(&checksum.to_le_bytes());
+    batch
+}
+
+/// A batch under the message-headers rule alone (flag bit 1, what a binary of superblock version
+/// 2 wrote): built by `BatchBuilder`, the timestamp flag cleared, and the batch checksum
+/// recomputed as the XXH3-64 of the 32-byte message headers in order (no producer stamp).
+fn message_headers_rule_batch(payloads: &[&[u8]]) -> Vec<u8> {
+    let mut batch = built_batch(payloads);
+    let flags = &mut batch[BATCH_HEADER_SIZE + FIRST_RESERVED_AT];
+    *flags &= !TIMESTAMP_RULE_FLAG;
+    assert_ne!(*flags & MESSAGE_FLAG_CHECKSUM_OF_HEADERS as u8, 0);
+    let mut headers = Vec::new();
+    let mut at = BATCH_HEADER_SIZE;
+    for payload in payloads {
+        headers.extend_from_slice(&batch[at..at + MESSAGE_HEADER_SIZE]);
+        at += MESSAGE_HEADER_SIZE + payload.len();
+    }
+    assert_eq!(
+        at,
+        batch.len(),
+        "the batch is the headers and payloads, no stamp"
+    );
+    let checksum = twox_hash::XxHash3_64::oneshot(&headers);
     batch[24..32].copy_from_slice(&checksum.to_le_bytes());
     batch
 }
@@ -115,37 +153,50 @@ fn stored(addr: SocketAddr) -> Vec<(u64, Vec<u8>)> {
     })
 }
 
-/// A data directory as a binary from before issue 12 left it: a version-1 superblock and one
-/// entry of 3 messages under the whole-payload rule in partition 1/1/0.
-fn pre_issue12_data_dir(data_dir: &Path) {
-    let server = Server::start(data_dir, &SHARDS);
-    let base_offset = create_and_send(
-        server.addr,
-        whole_payload_rule_batch(&[b"alpha", b"beta", b"gamma"]),
-    );
-    assert_eq!(base_offset, 0);
-    assert_eq!(server.stop(), Some(0));
-    set_superblock_version(data_dir, 1);
+/// The first message's flags byte of the first entry of partition 1/1/0.
+fn first_entry_flags(data_dir: &Path) -> u8 {
     let segment =
         std::fs::read(data_dir.join("partitions/1/1/0/00000000000000000000.log")).unwrap();
+    segment[BATCH_HEADER_SIZE + FIRST_RESERVED_AT]
+}
+
+/// A data directory as a binary of superblock version `version` left it: the superblock at
+/// `version` and one entry of 3 messages in partition 1/1/0 under that version's newest rule
+/// (1: the whole-payload rule, before issue 12; 2: the message-headers rule, flag bit 1, before
+/// the timestamp rule).
+fn older_data_dir(data_dir: &Path, version: u16) {
+    let payloads: [&[u8]; 3] = [b"alpha", b"beta", b"gamma"];
+    let (batch, flags) = match version {
+        1 => (whole_payload_rule_batch(&payloads), 0),
+        2 => (
+            message_headers_rule_batch(&payloads),
+            MESSAGE_FLAG_CHECKSUM_OF_HEADERS as u8,
+        ),
+        _ => panic!("no older data directory of version {version}"),
+    };
+    let server = Server::start(data_dir, &SHARDS);
+    assert_eq!(create_and_send(server.addr, batch), 0);
+    assert_eq!(server.stop(), Some(0));
+    set_superblock_version(data_dir, version);
     assert_eq!(
-        segment[32 + FIRST_RESERVED_AT] & MESSAGE_FLAG_CHECKSUM_OF_HEADERS as u8,
-        0,
-        "the stored entry is under the whole-payload rule"
+        first_entry_flags(data_dir)
+            & (MESSAGE_FLAG_CHECKSUM_OF_HEADERS as u8 | TIMESTAMP_RULE_FLAG),
+        flags,
+        "the stored entry is under the rule of version {version}"
     );
 }
 
 /// The upgrade is durable before the server listens, so before any produce: booted with the
 /// failpoint right after the upgrade, the server dies before it reports listening, with every
-/// superblock copy at version 2 (a binary from before issue 12 now refuses the directory) and
-/// every partition file as it was (nothing under the issue-12 rule written yet). Were the upgrade
-/// done after the partitions opened or at the first append, the server would listen first and
-/// this test would fail.
-#[test]
-fn issue12_downgrade_the_upgrade_is_on_disk_before_the_server_listens() {
+/// superblock copy at version 3 (a binary of the older version now refuses the directory) and
+/// every partition file as it was (nothing under a newer rule written yet). Were the upgrade done
+/// after the partitions opened or at the first append, the server would listen first and this
+/// test would fail.
+fn the_upgrade_is_on_disk_before_the_server_listens(version: u16) {
     let root = tempfile::tempdir().unwrap();
     let data_dir = root.path().join("data");
-    pre_issue12_data_dir(&data_dir);
+    older_data_dir(&data_dir, version);
+    assert_eq!(superblock_versions(&data_dir), [version; 4]);
     let partitions_before = files_under(&data_dir.join("partitions"));
 
     let mut command = Command::new(BIN);
@@ -164,8 +215,11 @@ fn issue12_downgrade_the_upgrade_is_on_disk_before_the_server_listens() {
         )),
         "{stderr}"
     );
-    assert!(stderr.contains("superblock upgraded"), "{stderr}");
-    assert_eq!(superblock_versions(&data_dir), [2, 2, 2, 2]);
+    assert!(
+        stderr.contains(&format!("superblock upgraded from version {version} to 3")),
+        "{stderr}"
+    );
+    assert_eq!(superblock_versions(&data_dir), [3, 3, 3, 3]);
     assert_eq!(
         files_under(&data_dir.join("partitions")),
         partitions_before,
@@ -173,17 +227,27 @@ fn issue12_downgrade_the_upgrade_is_on_disk_before_the_server_listens() {
     );
 }
 
-/// A directory from before issue 12 boots: its superblock reads back as version 2, the old
-/// (unflagged) entry still reads, and new entries (flagged) are appended after it.
 #[test]
-fn issue12_downgrade_a_pre_issue12_directory_boots_upgraded_and_its_old_entries_read() {
+fn issue12_downgrade_the_upgrade_is_on_disk_before_the_server_listens() {
+    the_upgrade_is_on_disk_before_the_server_listens(1);
+}
+
+#[test]
+fn issue12_timestamp_rule_the_upgrade_from_version_2_is_on_disk_before_the_server_listens() {
+    the_upgrade_is_on_disk_before_the_server_listens(2);
+}
+
+/// A directory of an older version boots: its superblock reads back as version 3, the old entry
+/// (under the older rule) still reads, and new entries (as `BatchBuilder` flags them) are
+/// appended after it.
+fn an_older_directory_boots_upgraded_and_its_old_entries_read(version: u16) {
     let root = tempfile::tempdir().unwrap();
     let data_dir = root.path().join("data");
-    pre_issue12_data_dir(&data_dir);
-    assert_eq!(superblock_versions(&data_dir), [1, 1, 1, 1]);
+    older_data_dir(&data_dir, version);
+    assert_eq!(superblock_versions(&data_dir), [version; 4]);
 
     let server = Server::start(&data_dir, &SHARDS);
-    assert_eq!(superblock_versions(&data_dir), [2, 2, 2, 2]);
+    assert_eq!(superblock_versions(&data_dir), [3, 3, 3, 3]);
     let old = vec![
         (0, b"alpha".to_vec()),
         (1, b"beta".to_vec()),
@@ -215,35 +279,45 @@ fn issue12_downgrade_a_pre_issue12_directory_boots_upgraded_and_its_old_entries_
         server.stderr()
     );
     assert_eq!(server.stop(), Some(0));
-    assert_eq!(superblock_versions(&data_dir), [2, 2, 2, 2]);
+    assert_eq!(superblock_versions(&data_dir), [3, 3, 3, 3]);
+}
+
+#[test]
+fn issue12_downgrade_a_pre_issue12_directory_boots_upgraded_and_its_old_entries_read() {
+    an_older_directory_boots_upgraded_and_its_old_entries_read(1);
+}
+
+#[test]
+fn issue12_timestamp_rule_a_version_2_directory_boots_upgraded_and_its_old_entries_read() {
+    an_older_directory_boots_upgraded_and_its_old_entries_read(2);
 }
 
 /// A superblock of a version this binary does not read refuses to boot, naming the file and
 /// both versions, and nothing in the directory is written.
 #[test]
-fn issue12_downgrade_serve_refuses_a_version_3_superblock_naming_the_file_and_versions() {
+fn issue12_downgrade_serve_refuses_a_version_4_superblock_naming_the_file_and_versions() {
     let root = tempfile::tempdir().unwrap();
     let data_dir = root.path().join("data");
-    pre_issue12_data_dir(&data_dir);
-    set_superblock_version(&data_dir, 3);
+    older_data_dir(&data_dir, 1);
+    set_superblock_version(&data_dir, 4);
     let before = files_under(&data_dir);
 
     let stderr = match Server::try_start_on(Command::new(BIN), &data_dir, "127.0.0.1:0", &SHARDS) {
         Err(stderr) => stderr,
         Ok(server) => panic!(
-            "the server booted a version-3 superblock on {}",
+            "the server booted a version-4 superblock on {}",
             server.addr
         ),
     };
     assert!(
         stderr.contains(&format!(
-            "{}: superblock copy 0 has version 3, but this binary reads only versions 1 to 2",
+            "{}: superblock copy 0 has version 4, but this binary reads only versions 1 to 3",
             superblock_path(&data_dir).display()
         )),
         "{stderr}"
     );
     assert!(
-        stderr.contains("a shardline that supports superblock version 3 (a newer release)"),
+        stderr.contains("a shardline that supports superblock version 4 (a newer release)"),
         "{stderr}"
     );
     assert!(stderr.contains("refusing to boot"), "{stderr}");

@@ -9,8 +9,9 @@
 //!
 //! Last, a superblock of an older version is upgraded to `SUPERBLOCK_VERSION` (issue 12's
 //! downgrade guard, `storage/FORMAT.md` section 7 "Versions"): boot returns before any partition
-//! log opens, so no entry under the issue-12 checksum rule is written while a binary from before
-//! issue 12 could still boot the directory.
+//! log opens, so no entry under a checksum rule of the current version (flag bit 1 since version
+//! 2, bit 2 since version 3: `storage/FORMAT.md` section 3) is written while a binary that reads
+//! only an older version could still boot the directory.
 //!
 //! Boot does not replay the journal: it returns what it recovered ([`Boot`]: the core's
 //! [`Recovered`], the [`RecoveryOutcome`], and the open journal and superblock for the driver),
@@ -249,21 +250,23 @@ pub async fn recover(config: &ServerConfig) -> Result<Boot, BootError> {
     Ok(boot)
 }
 
-/// Issue 12's downgrade guard: rewrites a superblock of an older version at
-/// `SUPERBLOCK_VERSION` (`Superblock::upgrade`: the existing write path, copy by copy), which a
-/// binary from before issue 12 refuses to boot; then hits the failpoint
-/// `boot.after_superblock_upgrade`.
+/// Issue 12's downgrade guard: rewrites a superblock of any older version (1 or 2) at
+/// `SUPERBLOCK_VERSION` (`Superblock::upgrade`: the existing write path, copy by copy, in one
+/// write whatever the version found), which a binary that reads only older versions refuses to
+/// boot; then hits the failpoint `boot.after_superblock_upgrade`.
 async fn upgrade_superblock(superblock: &mut Superblock) -> Result<(), BootError> {
     if let Some(from) = superblock.upgrade(&mut |_| {}).await? {
+        let to = storage::superblock::SUPERBLOCK_VERSION;
+        let introduced = storage::superblock::version_introduced(to).unwrap_or("a new format");
         tracing::info!(
             path = %superblock.path().display(),
             from,
-            to = storage::superblock::SUPERBLOCK_VERSION,
-            "superblock upgraded from version {from} to {}: the partition log entry checksum \
-             format changed, so from now on shardline releases older than that change (those \
-             that read only superblock version {from}, such as the one that last ran this data \
-             directory) refuse this data directory; no data was rewritten, only the superblock",
-            storage::superblock::SUPERBLOCK_VERSION
+            to,
+            "superblock upgraded from version {from} to {to}: the partition log entry checksum \
+             format changed ({introduced}), so from now on shardline releases that read \
+             superblock versions only up to {}, such as the one that last ran this data \
+             directory, refuse this data directory; no data was rewritten, only the superblock",
+            to - 1
         );
         super::failpoint::hit("boot.after_superblock_upgrade");
     }

@@ -3,8 +3,9 @@
 //! section 7 (an intact copy of a version this binary does not read refuses the file; otherwise
 //! the highest valid sequence wins and valid copies must agree). Shows each copy's version field
 //! (marked unverified when the copy's checksum fails), and notes that the next `serve` upgrades a
-//! file whose valid copies include version 1 (from before issue 12), which older releases then
-//! refuse. Reads the file read-only; never rewrites a copy.
+//! file whose valid copies include a version below `SUPERBLOCK_VERSION` (1: before issue 12; 2:
+//! before the timestamp checksum rule), which older releases then refuse. Reads the file
+//! read-only; never rewrites a copy.
 
 use std::fmt::Write as _;
 use std::io::Read as _;
@@ -314,15 +315,17 @@ fn upgrade_note(upgrade: &UpgradeReport, copies: &[CopyReport]) -> String {
         .filter(|copy| copy.version.is_some_and(|version| version < upgrade.to))
         .map(|copy| copy.copy_index.to_string())
         .collect();
+    let introduced = storage::superblock::version_introduced(upgrade.to).unwrap_or("a new format");
     format!(
         "valid copies at version {} (copy {}): the next `shardline serve` on this data directory \
          upgrades every copy to version {} before it opens any partition, and from then on \
-         shardline releases from before issue 12 (which read only superblock version {}) refuse \
-         it; only a copy of the data directory made before that serve can go back to them",
+         shardline releases that read superblock versions only up to {} (from before \
+         {introduced}) refuse it; only a copy of the data directory made before that serve can \
+         go back to them",
         upgrade.from,
         older.join(", "),
         upgrade.to,
-        upgrade.from
+        upgrade.to - 1
     )
 }
 
