@@ -546,7 +546,10 @@ mod tests {
             old_header.checksum,
             XxHash3_64::oneshot(&old[ENTRY_HEADER_SIZE..])
         );
-        assert_eq!(check_payload(&old_header, &old[ENTRY_HEADER_SIZE..]), Ok(()));
+        assert_eq!(
+            check_payload(&old_header, &old[ENTRY_HEADER_SIZE..]),
+            Ok(())
+        );
     }
 
     #[test]

@@ -14,9 +14,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+// `MESSAGE_FLAG_CHECKSUM_OF_TIMESTAMP` (bit 2) is the timestamp checksum rule that superblock
+// version 3 guards (`storage/FORMAT.md` section 3); the helpers that build batches of an older
+// format clear it.
 use bus::{
-    BATCH_HEADER_SIZE, BatchBuilder, MESSAGE_FLAG_CHECKSUM_OF_HEADERS, MESSAGE_HEADER_SIZE,
-    Namespace,
+    BATCH_HEADER_SIZE, BatchBuilder, MESSAGE_FLAG_CHECKSUM_OF_HEADERS,
+    MESSAGE_FLAG_CHECKSUM_OF_TIMESTAMP, MESSAGE_HEADER_SIZE, Namespace,
 };
 use common::{BIN, Server, block_on};
 
@@ -26,11 +29,6 @@ const SHARDS: [&str; 3] = ["--shards", "2", "--no-pin"];
 /// section 3).
 const FIRST_RESERVED_AT: usize = 12;
 const UPGRADE_FAILPOINT: &str = "boot.after_superblock_upgrade";
-/// Bit 2 (value 4) of the first message's `reserved` flags: the timestamp checksum rule that
-/// superblock version 3 guards (`storage/FORMAT.md` section 3). The helpers that build batches of
-/// an older format clear it.
-const TIMESTAMP_RULE_FLAG: u8 = 4;
-
 /// Stream 1, topic 1, partition 0.
 fn namespace() -> Namespace {
     Namespace::new(1, 1, 0)
@@ -95,7 +93,7 @@ fn built_batch(payloads: &[&[u8]]) -> Vec<u8> {
 fn whole_payload_rule_batch(payloads: &[&[u8]]) -> Vec<u8> {
     let mut batch = built_batch(payloads);
     batch[BATCH_HEADER_SIZE + FIRST_RESERVED_AT] &=
-        !(MESSAGE_FLAG_CHECKSUM_OF_HEADERS as u8 | TIMESTAMP_RULE_FLAG);
+        !(MESSAGE_FLAG_CHECKSUM_OF_HEADERS as u8 | (MESSAGE_FLAG_CHECKSUM_OF_TIMESTAMP as u8));
     let checksum = twox_hash::XxHash3_64::oneshot(&batch[BATCH_HEADER_SIZE..]);
     batch[24..32].copy_from_slice(&checksum.to_le_bytes());
     batch
@@ -107,7 +105,7 @@ fn whole_payload_rule_batch(payloads: &[&[u8]]) -> Vec<u8> {
 fn message_headers_rule_batch(payloads: &[&[u8]]) -> Vec<u8> {
     let mut batch = built_batch(payloads);
     let flags = &mut batch[BATCH_HEADER_SIZE + FIRST_RESERVED_AT];
-    *flags &= !TIMESTAMP_RULE_FLAG;
+    *flags &= !(MESSAGE_FLAG_CHECKSUM_OF_TIMESTAMP as u8);
     assert_ne!(*flags & MESSAGE_FLAG_CHECKSUM_OF_HEADERS as u8, 0);
     let mut headers = Vec::new();
     let mut at = BATCH_HEADER_SIZE;
@@ -180,7 +178,7 @@ fn older_data_dir(data_dir: &Path, version: u16) {
     set_superblock_version(data_dir, version);
     assert_eq!(
         first_entry_flags(data_dir)
-            & (MESSAGE_FLAG_CHECKSUM_OF_HEADERS as u8 | TIMESTAMP_RULE_FLAG),
+            & (MESSAGE_FLAG_CHECKSUM_OF_HEADERS as u8 | (MESSAGE_FLAG_CHECKSUM_OF_TIMESTAMP as u8)),
         flags,
         "the stored entry is under the rule of version {version}"
     );

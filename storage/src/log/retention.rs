@@ -22,9 +22,9 @@ use std::time::{Duration, SystemTime};
 
 use super::producer_state::producer_snapshot_path;
 use super::recovery::{index_path, io_error};
+use super::verify::check_entry_payload;
 use super::{LogError, PartitionLog, ReadSpan, State};
 use crate::durable::{DurableError, durable_replace, read_exact_at, read_verified, sync_dir};
-use super::verify::check_entry_payload;
 use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader};
 use crate::limits::ENTRY_SIZE_MAX;
 
