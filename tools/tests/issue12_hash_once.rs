@@ -208,14 +208,14 @@ fn poll_offsets(addr: SocketAddr, offset: u64) -> Vec<u64> {
     })
 }
 
-/// On disk: entries written by the server carry the message-headers rule (the builder's flag),
-/// and a byte flipped in a stored segment while the server is stopped is found by the reads
-/// after the restart: (a) a payload byte by its message's checksum, (b) a message-header byte
-/// and (c) the entry header's checksum by the entry checksum over the message headers. A poll
-/// starting at a damaged entry fails with the segment path and the entry's byte position; a poll
-/// from an earlier offset returns the intact entries before it. (The entry header's
-/// `base_offset`, count and length are checked against the index; its timestamp is covered by
-/// no checksum on disk, `storage/FORMAT.md` section 3, "Which checksum protects what".)
+/// On disk: entries written by the server carry the message-headers and timestamp rules (the
+/// builder's flags), and a byte flipped in a stored segment while the server is stopped is found
+/// by the reads after the restart: (a) a payload byte by its message's checksum, (b) a
+/// message-header byte, (c) the entry header's checksum and (d) its `base_timestamp_us` by the
+/// entry checksum over the timestamp and the message headers. A poll starting at a damaged entry
+/// fails with the segment path and the entry's byte position; a poll from an earlier offset
+/// returns the intact entries before it. (The entry header's `base_offset`, count and length are
+/// checked against the index, `storage/FORMAT.md` section 3, "Which checksum protects what".)
 #[test]
 fn issue12_1_a_flipped_byte_in_a_stored_entry_fails_the_poll_at_it_with_path_and_position() {
     let dir = tempfile::tempdir().unwrap();
@@ -245,15 +245,20 @@ fn issue12_1_a_flipped_byte_in_a_stored_entry_fails_the_poll_at_it_with_path_and
     let batch_header_segment = segment_file(&data_dir, 60);
     let stored = std::fs::read(&payload_segment).unwrap();
     assert_eq!(stored.len(), 3 * ENTRY_SIZE);
+    let timestamp_segment = segment_file(&data_dir, 90);
     assert_eq!(
-        stored[ENTRY_SIZE + 32 + 12] & bus::MESSAGE_FLAG_CHECKSUM_OF_HEADERS as u8,
-        2,
+        stored[ENTRY_SIZE + 32 + 12]
+            & (bus::MESSAGE_FLAG_CHECKSUM_OF_HEADERS | bus::MESSAGE_FLAG_CHECKSUM_OF_TIMESTAMP)
+                as u8,
+        6,
         "the server stores batches as the builder flags them"
     );
-    // (a) message 0's payload byte 50; (b) message 3's id; (c) the entry header's checksum.
+    // (a) message 0's payload byte 50; (b) message 3's id; (c) the entry header's checksum;
+    // (d) a byte of the entry header's base timestamp.
     flip_byte(&payload_segment, ENTRY_SIZE + 32 + 32 + 50);
     flip_byte(&message_header_segment, ENTRY_SIZE + 32 + 3 * 132 + 16);
     flip_byte(&batch_header_segment, ENTRY_SIZE + 24);
+    flip_byte(&timestamp_segment, ENTRY_SIZE + 8);
 
     let server = Server::start(&data_dir, &SMALL_SEGMENTS);
     let addr = server.addr;
@@ -280,7 +285,11 @@ fn issue12_1_a_flipped_byte_in_a_stored_entry_fails_the_poll_at_it_with_path_and
         "the error names the offsets to skip: {message}"
     );
     assert_eq!(poll_offsets(addr, 20), (20..40).collect::<Vec<_>>());
-    for (offset, segment) in [(40, &message_header_segment), (70, &batch_header_segment)] {
+    for (offset, segment) in [
+        (40, &message_header_segment),
+        (70, &batch_header_segment),
+        (100, &timestamp_segment),
+    ] {
         let message = poll_failure(addr, offset);
         let expected = format!(
             "{}: corrupt entry at byte {ENTRY_SIZE}: entry checksum 0x",
@@ -288,12 +297,15 @@ fn issue12_1_a_flipped_byte_in_a_stored_entry_fails_the_poll_at_it_with_path_and
         );
         assert!(
             message.contains(&expected)
-                && message
-                    .contains(" of the message headers and stamp differs from the header's 0x"),
+                && message.contains(
+                    " of the base timestamp, message headers and stamp differs from the \
+                     header's 0x"
+                ),
             "poll at {offset}: {message}"
         );
     }
     assert_eq!(poll_offsets(addr, 50), (50..70).collect::<Vec<_>>());
-    assert_eq!(poll_offsets(addr, 80), (80..180).collect::<Vec<_>>());
+    assert_eq!(poll_offsets(addr, 80), (80..100).collect::<Vec<_>>());
+    assert_eq!(poll_offsets(addr, 110), (110..200).collect::<Vec<_>>());
     assert_eq!(server.stop(), Some(0));
 }
