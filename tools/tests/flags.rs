@@ -394,6 +394,51 @@ fn serve_flags_refuse_negative_and_out_of_range_values_naming_the_rule() {
     );
 }
 
+/// `-0` is 0 to a reader: refused (unsigned flags take no sign) with a message that says so,
+/// never one that refuses 0 by a range holding it (`--idle-poll-us -0` said "must be between 0
+/// and 10000 µs"). Each exits 2 naming the flag and the value.
+#[test]
+fn minus_zero_is_refused_for_its_sign_not_by_a_range_that_holds_zero() {
+    for (subcommand, before, flag, rule) in [
+        (
+            "serve",
+            &[][..],
+            "--idle-poll-us",
+            "\"-0\" has a minus sign, which no whole number here takes; must be between 0 and \
+             10000 µs",
+        ),
+        (
+            "serve",
+            &[],
+            "--tick-ms",
+            "\"-0\" has a minus sign, which no whole number here takes; must be between 1 and \
+             1000 ms",
+        ),
+        (
+            "serve",
+            &[],
+            "--replica",
+            "\"-0\" is not a replica index: use a whole number from 0 to 4, without a minus sign",
+        ),
+        (
+            "sim",
+            &["--seed", "1"],
+            "--requests",
+            "\"-0\" is not a request count: use a whole number from 0 to 1000000, without a minus \
+             sign",
+        ),
+        (
+            "bench",
+            &[],
+            "--idle-poll-us",
+            "\"-0\" is not an idle poll in microseconds: use a whole number from 0 to 10000, \
+             without a minus sign",
+        ),
+    ] {
+        assert_refused(subcommand, before, flag, "-0", rule);
+    }
+}
+
 /// The rule `-1` meets for `flag`, whose out-of-range value meets `rule`: the same, but for the
 /// durations, whose `-1` is no duration (the message gives the units and both bounds).
 fn rule_of_negative<'a>(flag: &str, rule: &'a str) -> &'a str {
