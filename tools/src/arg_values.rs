@@ -169,14 +169,14 @@ pub fn parse_boolean(text: &str) -> Result<bool, String> {
 /// none): `parse_boolean`, with an empty or blank variable counted as unset (off).
 ///
 /// # Errors
-/// A text naming the variable and its value and listing the accepted values.
+/// A text naming the value and listing the accepted values (`env_values` names the variable
+/// before it).
 pub fn parse_no_pin(text: &str) -> Result<bool, String> {
     if text.trim().is_empty() {
         return Ok(false);
     }
-    parse_boolean(text).map_err(|_| {
-        format!("SHARDLINE_NO_PIN={text:?} is not a boolean; accepted: {BOOLEAN_VALUES}, or empty")
-    })
+    parse_boolean(text)
+        .map_err(|_| format!("{text:?} is not a boolean; accepted: {BOOLEAN_VALUES}, or empty"))
 }
 
 /// Binary suffixes a byte size accepts, with their multipliers (matched in any case).
@@ -503,15 +503,16 @@ mod tests {
     }
 
     #[test]
-    fn issue7_6_empty_no_pin_is_unset_and_a_bad_one_names_the_variable() {
+    fn issue7_6_empty_no_pin_is_unset_and_a_bad_one_lists_the_accepted_values() {
         assert_eq!(parse_no_pin(""), Ok(false));
         assert_eq!(parse_no_pin(" "), Ok(false));
         assert_eq!(parse_no_pin("true"), Ok(true));
+        // `env_values` names the variable before this (tests/flags.rs).
         assert_eq!(
             parse_no_pin("maybe"),
             Err(
-                "SHARDLINE_NO_PIN=\"maybe\" is not a boolean; accepted: 1, 0, true, false, yes, \
-                 no, on, off (any case), or empty"
+                "\"maybe\" is not a boolean; accepted: 1, 0, true, false, yes, no, on, off (any \
+                 case), or empty"
                     .into()
             )
         );

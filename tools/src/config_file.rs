@@ -23,6 +23,8 @@ use std::path::{Path, PathBuf};
 use clap::parser::ValueSource;
 use clap::{ArgAction, CommandFactory, FromArgMatches};
 
+use crate::env_values::{EnvValueError, env_value_error};
+
 /// Largest config file read (bytes): a full one is a few hundred bytes.
 pub const CONFIG_FILE_SIZE_MAX: u64 = 1 << 20;
 
@@ -96,6 +98,17 @@ pub enum ParseFailure {
     Clap(clap::Error),
     /// The config file was refused.
     File(ConfigFileError),
+    /// A `SHARDLINE_*` variable's value was refused by its flag's parser.
+    Env(EnvValueError),
+}
+
+/// `error`, which `command` raised parsing `args`: `Env` when the value it refused came from an
+/// environment variable (`env_values`), else `Clap`.
+fn clap_failure(command: &clap::Command, args: &[OsString], error: clap::Error) -> ParseFailure {
+    match env_value_error(command, args, &error) {
+        Some(env_error) => ParseFailure::Env(env_error),
+        None => ParseFailure::Clap(error),
+    }
 }
 
 /// Parses `args` (program name first) into `P`, reading the config file that the `config_id`
@@ -104,8 +117,9 @@ pub enum ParseFailure {
 ///
 /// # Errors
 /// `Clap` for what `Parser::try_parse_from` refuses (flags, or a value the file set that
-/// a flag's parser refuses after all, which the file check makes unreachable); `File` for the
-/// file's own errors (unreadable, not TOML, unknown key, wrong type, bad value).
+/// a flag's parser refuses after all, which the file check makes unreachable); `Env` for a
+/// value of a `SHARDLINE_*` variable that its flag's parser refuses; `File` for the file's own
+/// errors (unreadable, not TOML, unknown key, wrong type, bad value).
 pub fn parse_with_config_file<P>(
     args: &[OsString],
     subcommand: &str,
@@ -118,7 +132,7 @@ where
     let matches = command
         .clone()
         .try_get_matches_from(args)
-        .map_err(ParseFailure::Clap)?;
+        .map_err(|error| clap_failure(&command, args, error))?;
     let file_path = match matches.subcommand() {
         Some((name, sub)) if name == subcommand => sub.get_one::<PathBuf>(config_id).cloned(),
         _ => None,
@@ -157,8 +171,9 @@ where
         sub
     });
     let matches = command
+        .clone()
         .try_get_matches_from(args)
-        .map_err(ParseFailure::Clap)?;
+        .map_err(|error| clap_failure(&command, args, error))?;
     let parsed = P::from_arg_matches(&matches).map_err(ParseFailure::Clap)?;
     Ok((parsed, Some(ConfigFile { path, applied })))
 }
@@ -303,7 +318,7 @@ fn value_text(
 
 /// The rule a flag parser's error states, without clap's `error: invalid value ... for ...`
 /// framing (the caller names key and value itself).
-fn clap_rule(error: &clap::Error) -> String {
+pub(crate) fn clap_rule(error: &clap::Error) -> String {
     if let Some(source) = std::error::Error::source(error) {
         return source.to_string();
     }

@@ -4,6 +4,7 @@ pub mod arg_values;
 pub mod bench;
 pub mod config_file;
 pub mod doctor;
+pub mod env_values;
 pub mod listing;
 pub mod metrics;
 pub mod names;

@@ -134,6 +134,11 @@ fn main() -> std::process::ExitCode {
                 let _ = writeln!(std::io::stderr(), "error: {error}");
                 return std::process::ExitCode::from(2);
             }
+            Err(shardline::config_file::ParseFailure::Env(error)) => {
+                // Err: as above.
+                let _ = writeln!(std::io::stderr(), "error: {error}");
+                return std::process::ExitCode::from(2);
+            }
         };
     // The simulator's cores log view changes and repairs by the thousand: only warnings and
     // errors unless asked for more.
