@@ -24,6 +24,7 @@ use clap::parser::ValueSource;
 use clap::{ArgAction, CommandFactory, FromArgMatches};
 
 use crate::env_values::{EnvValueError, env_value_error};
+use crate::value_sources::ValueSources;
 
 /// Largest config file read (bytes): a full one is a few hundred bytes.
 pub const CONFIG_FILE_SIZE_MAX: u64 = 1 << 20;
@@ -113,7 +114,8 @@ fn clap_failure(command: &clap::Command, args: &[OsString], error: clap::Error) 
 
 /// Parses `args` (program name first) into `P`, reading the config file that the `config_id`
 /// argument of subcommand `subcommand` names (flag or environment), as the module doc says.
-/// Returns the file with the keys it set, `None` without one.
+/// Returns where each of `subcommand`'s settings came from, with the file and the keys it set
+/// (no file without one; no settings when another subcommand ran).
 ///
 /// # Errors
 /// `Clap` for what `Parser::try_parse_from` refuses (flags, or a value the file set that
@@ -124,7 +126,7 @@ pub fn parse_with_config_file<P>(
     args: &[OsString],
     subcommand: &str,
     config_id: &str,
-) -> Result<(P, Option<ConfigFile>), ParseFailure>
+) -> Result<(P, ValueSources), ParseFailure>
 where
     P: CommandFactory + FromArgMatches,
 {
@@ -138,9 +140,8 @@ where
         _ => None,
     };
     let Some(path) = file_path else {
-        return P::from_arg_matches(&matches)
-            .map(|parsed| (parsed, None))
-            .map_err(ParseFailure::Clap);
+        let parsed = P::from_arg_matches(&matches).map_err(ParseFailure::Clap)?;
+        return Ok((parsed, sources_of(&command, &matches, subcommand, None)));
     };
     let sub_matches = matches
         .subcommand_matches(subcommand)
@@ -175,7 +176,28 @@ where
         .try_get_matches_from(args)
         .map_err(|error| clap_failure(&command, args, error))?;
     let parsed = P::from_arg_matches(&matches).map_err(ParseFailure::Clap)?;
-    Ok((parsed, Some(ConfigFile { path, applied })))
+    let file = ConfigFile { path, applied };
+    Ok((
+        parsed,
+        sources_of(&command, &matches, subcommand, Some(file)),
+    ))
+}
+
+/// The [`ValueSources`] of subcommand `subcommand` in `matches`; empty (and without the file)
+/// when another subcommand ran.
+fn sources_of(
+    command: &clap::Command,
+    matches: &clap::ArgMatches,
+    subcommand: &str,
+    file: Option<ConfigFile>,
+) -> ValueSources {
+    match (
+        command.find_subcommand(subcommand),
+        matches.subcommand_matches(subcommand),
+    ) {
+        (Some(sub_command), Some(sub_matches)) => ValueSources::of(sub_command, sub_matches, file),
+        _ => ValueSources::default(),
+    }
 }
 
 /// Reads and checks the file: every key names a long flag of `sub_command` and every value
@@ -368,9 +390,9 @@ mod tests {
             .chain(args.iter().copied())
             .map(OsString::from)
             .collect();
-        let (cli, file) = parse_with_config_file::<Cli>(&args, "serve", "config")?;
+        let (cli, sources) = parse_with_config_file::<Cli>(&args, "serve", "config")?;
         let Sub::Serve(args) = cli.command;
-        Ok((args, file))
+        Ok((args, sources.file))
     }
 
     fn file_error(args: &[&str]) -> ConfigFileError {

@@ -10,3 +10,4 @@ pub mod metrics;
 pub mod names;
 pub mod output;
 pub mod sim;
+pub mod value_sources;

@@ -125,7 +125,7 @@ fn error_line(error: &anyhow::Error) -> String {
 
 fn main() -> std::process::ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let (cli, config_file) =
+    let (cli, sources) =
         match shardline::config_file::parse_with_config_file::<Cli>(&args, "serve", "config") {
             Ok(parsed) => parsed,
             Err(shardline::config_file::ParseFailure::Clap(error)) => error.exit(),
@@ -148,7 +148,7 @@ fn main() -> std::process::ExitCode {
     };
     init_logging(log);
     let result = match cli.command {
-        Command::Serve(args) => serve::run(&args, config_file.as_ref()),
+        Command::Serve(args) => serve::run(&args, &sources),
         Command::Bench(args) => shardline::bench::run(&args),
         Command::Stream(command) => stream_cmds::stream(command),
         Command::Topic(command) => stream_cmds::topic(command),

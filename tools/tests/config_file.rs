@@ -459,3 +459,113 @@ fn a_shard_count_flag_out_of_range_states_both_bounds_once() {
         );
     }
 }
+
+/// Runs `serve` (a data dir of its own, `extra` args, `env` set) expecting it to refuse with
+/// exit status 1 (a rule between settings, checked at startup); the first line of its stderr.
+fn startup_refusal(env: &[(&str, &str)], extra: &[&str]) -> String {
+    let mut command = Command::new(BIN);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let output = command
+        .args(["serve", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args(extra)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(1), "{extra:?}: {stderr}");
+    stderr
+        .lines()
+        .find(|line| line.starts_with("error: "))
+        .unwrap_or_else(|| panic!("{extra:?}: no error line in {stderr}"))
+        .to_owned()
+}
+
+/// A rule between two settings names where each side came from (the command line, a
+/// `SHARDLINE_*` variable, the config file and its key, or the default): with one side in the
+/// file and the other elsewhere, the file is named even when the refused key is not the file's.
+#[test]
+fn a_rule_between_two_keys_names_the_source_of_each_side() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "shards = 1\nno-pin = true\nheartbeat-ticks = 40\n",
+    );
+    let path = config.to_str().unwrap();
+    let rule = "must be greater than --heartbeat-ticks (40): a backup that starts a view change \
+                before the next heartbeat could arrive deposes a healthy primary";
+    // The heartbeat from the file, the timeout from a flag.
+    assert_eq!(
+        startup_refusal(
+            &[],
+            &["--config", path, "--view-change-timeout-ticks", "35"]
+        ),
+        format!(
+            "error: invalid --view-change-timeout-ticks value \"35\": {rule} \
+             (--view-change-timeout-ticks from the command line; --heartbeat-ticks from config \
+             file {path}, key heartbeat-ticks)"
+        )
+    );
+    // ... from a variable.
+    assert_eq!(
+        startup_refusal(
+            &[("SHARDLINE_VIEW_CHANGE_TIMEOUT_TICKS", "35")],
+            &["--config", path]
+        ),
+        format!(
+            "error: invalid --view-change-timeout-ticks value \"35\": {rule} \
+             (--view-change-timeout-ticks from SHARDLINE_VIEW_CHANGE_TIMEOUT_TICKS; \
+             --heartbeat-ticks from config file {path}, key heartbeat-ticks)"
+        )
+    );
+    // ... its default.
+    assert_eq!(
+        startup_refusal(&[], &["--config", path]),
+        format!(
+            "error: invalid --view-change-timeout-ticks value \"30\": {rule} \
+             (--view-change-timeout-ticks from its default; --heartbeat-ticks from config file \
+             {path}, key heartbeat-ticks)"
+        )
+    );
+    // Both sides in the file: the file frames it, and each side is still named.
+    let config = write_config(
+        dir.path(),
+        "shards = 1\nno-pin = true\nheartbeat-ticks = 40\nview-change-timeout-ticks = 35\n",
+    );
+    let path = config.to_str().unwrap();
+    assert_eq!(
+        startup_refusal(&[], &["--config", path]),
+        format!(
+            "error: config file {path}: invalid view-change-timeout-ticks value \"35\": {rule} \
+             (--view-change-timeout-ticks from config file {path}, key \
+             view-change-timeout-ticks; --heartbeat-ticks from config file {path}, key \
+             heartbeat-ticks)"
+        )
+    );
+    // No file: flags and variables are named all the same; an unset side says so.
+    assert_eq!(
+        startup_refusal(
+            &[("SHARDLINE_HEARTBEAT_TICKS", "40")],
+            &[
+                "--shards",
+                "1",
+                "--no-pin",
+                "--view-change-timeout-ticks",
+                "35"
+            ]
+        ),
+        format!(
+            "error: invalid --view-change-timeout-ticks value \"35\": {rule} \
+             (--view-change-timeout-ticks from the command line; --heartbeat-ticks from \
+             SHARDLINE_HEARTBEAT_TICKS)"
+        )
+    );
+    assert_eq!(
+        startup_refusal(&[], &["--shards", "1", "--no-pin", "--replica", "2"]),
+        "error: invalid --replica value \"2\": a replica index needs --addresses (one replica \
+         address per replica, this one's at index --replica); without them the server is a \
+         single replica, index 0 (--replica from the command line; --addresses not set)"
+    );
+}
