@@ -208,6 +208,9 @@ pub fn parse_byte_size(text: &str) -> Result<u64, String> {
             .find(|(name, _)| *name == suffix)
             .map(|(_, multiplier)| *multiplier)
     };
+    if multiplier.is_some() && is_digits(digits) && digits.parse::<u64>().is_err() {
+        return Err(format!("{text:?} is too large a size"));
+    }
     let (Ok(count), Some(multiplier)) = (digits.parse::<u64>(), multiplier) else {
         return Err(format!(
             "{text:?} is not a size: use bytes, an integer (e.g. 67108864), or one with a \
@@ -537,6 +540,11 @@ mod tests {
         assert_eq!(
             parse_byte_size("17179869184GiB"),
             Err("\"17179869184GiB\" is too large a size".into())
+        );
+        // Digits beyond u64 are a size too, only too large (a config file's wide integer).
+        assert_eq!(
+            parse_byte_size("99999999999999999999"),
+            Err("\"99999999999999999999\" is too large a size".into())
         );
         assert_eq!(parse_byte_size_u32("64MiB"), Ok(67_108_864));
         assert_eq!(

@@ -207,31 +207,15 @@ fn read_values(
     sub_command: &clap::Command,
 ) -> Result<Vec<(String, String, String)>, ConfigFileError> {
     let text = read_text(path)?;
-    let table: toml::Table = toml::from_str(&text).map_err(|error| ConfigFileError::Syntax {
-        path: path.to_owned(),
-        reason: error.to_string().trim_end().replace('\n', " "),
-    })?;
-    let file_args: Vec<&clap::Arg> = sub_command
-        .get_arguments()
-        .filter(|arg| {
-            arg.get_long()
-                .is_some_and(|long| !NOT_FILE_KEYS.contains(&long))
+    let table: toml::Table = toml::from_str(&text).map_err(|error| {
+        wide_integer_error(path, &text, sub_command).unwrap_or_else(|| ConfigFileError::Syntax {
+            path: path.to_owned(),
+            reason: error.to_string().trim_end().replace('\n', " "),
         })
-        .collect();
+    })?;
     let mut values = Vec::new();
     for (key, value) in table {
-        let Some(arg) = file_args
-            .iter()
-            .find(|arg| arg.get_long() == Some(key.as_str()))
-        else {
-            let known: Vec<&str> = file_args.iter().filter_map(|arg| arg.get_long()).collect();
-            return Err(ConfigFileError::UnknownKey {
-                path: path.to_owned(),
-                key,
-                subcommand: sub_command.get_name().to_owned(),
-                known: known.join(", "),
-            });
-        };
+        let arg = file_arg(path, &key, sub_command)?;
         let flag = matches!(arg.get_action(), ArgAction::SetTrue);
         let text = value_text(path, &key, &value, flag)?;
         if !flag && let Err(error) = check_value(arg, &text) {
@@ -245,6 +229,96 @@ fn read_values(
         values.push((key, arg.get_id().as_str().to_owned(), text));
     }
     Ok(values)
+}
+
+/// The long flag of `sub_command` that config-file key `key` names.
+///
+/// # Errors
+/// `UnknownKey`, listing the keys there are, for a key that names none.
+fn file_arg<'a>(
+    path: &Path,
+    key: &str,
+    sub_command: &'a clap::Command,
+) -> Result<&'a clap::Arg, ConfigFileError> {
+    let file_args: Vec<&clap::Arg> = sub_command
+        .get_arguments()
+        .filter(|arg| {
+            arg.get_long()
+                .is_some_and(|long| !NOT_FILE_KEYS.contains(&long))
+        })
+        .collect();
+    let known = || {
+        file_args
+            .iter()
+            .filter_map(|arg| arg.get_long())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    file_args
+        .iter()
+        .find(|arg| arg.get_long() == Some(key))
+        .copied()
+        .ok_or_else(|| ConfigFileError::UnknownKey {
+            path: path.to_owned(),
+            key: key.to_owned(),
+            subcommand: sub_command.get_name().to_owned(),
+            known: known(),
+        })
+}
+
+/// The error of a file that TOML refuses only for an integer beyond its 64 bits (`tick-ms =
+/// 99999999999999999999`: TOML's own message names neither the key nor its rule), judged as
+/// `read_values` judges any value: an unknown key first, else the integer (as written, e.g.
+/// `0x1_0000_0000_0000_0000` as `0x10000000000000000`) through its flag's parser, naming key,
+/// value and rule; an integer the flag takes (a 128-bit `cluster`) is refused with how to write
+/// it, as a string. `None` when the file has no such integer at its top level (TOML's message
+/// stands).
+fn wide_integer_error(
+    path: &Path,
+    text: &str,
+    sub_command: &clap::Command,
+) -> Option<ConfigFileError> {
+    let table = toml::de::DeTable::parse(text).ok()?;
+    let mut wide = None;
+    for (key, value) in table.get_ref() {
+        let key = key.get_ref().as_ref();
+        if let Err(error) = file_arg(path, key, sub_command) {
+            return Some(error);
+        }
+        let items = match value.get_ref() {
+            toml::de::DeValue::Array(items) => items.iter().collect(),
+            _ => vec![value],
+        };
+        let beyond_i64 = items.into_iter().find_map(|item| match item.get_ref() {
+            toml::de::DeValue::Integer(integer)
+                if i64::from_str_radix(integer.as_str(), integer.radix()).is_err() =>
+            {
+                Some(integer.to_string())
+            }
+            _ => None,
+        });
+        if wide.is_none()
+            && let Some(integer) = beyond_i64
+        {
+            wide = Some((key.to_owned(), integer));
+        }
+    }
+    let (key, value) = wide?;
+    let arg = file_arg(path, &key, sub_command).ok()?;
+    let rule = match check_value(arg, &value) {
+        Err(error) => clap_rule(&error),
+        Ok(()) => format!(
+            "a TOML integer holds {} to {}; write a larger value as a string: {key} = \"{value}\"",
+            i64::MIN,
+            i64::MAX
+        ),
+    };
+    Some(ConfigFileError::BadValue {
+        path: path.to_owned(),
+        key,
+        value,
+        rule,
+    })
 }
 
 /// Runs `arg`'s value parser on `text` (as the one value of a throwaway command: clap keeps a

@@ -569,3 +569,72 @@ fn a_rule_between_two_keys_names_the_source_of_each_side() {
          single replica, index 0 (--replica from the command line; --addresses not set)"
     );
 }
+
+/// Runs `serve --config FILE` for a file holding `text`, expecting exit status 2; the first
+/// line of stderr, with the file's path written as `FILE`.
+fn file_refusal(text: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), text);
+    let output = Command::new(BIN)
+        .args(["serve", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(2), "{text}: {stderr}");
+    stderr
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .replace(config.to_str().unwrap(), "FILE")
+}
+
+/// An integer beyond TOML's 64 bits got TOML's own "invalid type: integer ... as i128" without
+/// the key's rule; it is judged by its flag's parser like any value, naming the file, the key,
+/// the value and the range, or, for a value the flag takes (a 128-bit cluster id), told to be
+/// written as a string.
+#[test]
+fn an_integer_beyond_64_bits_names_the_file_key_value_and_range() {
+    for (text, expected) in [
+        (
+            "tick-ms = 99999999999999999999\n",
+            "error: config file FILE: invalid tick-ms value \"99999999999999999999\": must be \
+             between 1 and 1000 ms",
+        ),
+        (
+            "shards = 1\nheartbeat-ticks = -99999999999999999999\n",
+            "error: config file FILE: invalid heartbeat-ticks value \"-99999999999999999999\": \
+             must be between 1 and 1000000 ticks",
+        ),
+        (
+            "max-message-size = 99999999999999999999\n",
+            "error: config file FILE: invalid max-message-size value \"99999999999999999999\": \
+             \"99999999999999999999\" is too large a size; must be between 1024 and 67108864 \
+             bytes (the 256-byte header plus at least one batch must fit)",
+        ),
+        (
+            "replica = 0x1_0000_0000_0000_0000\n",
+            "error: config file FILE: invalid replica value \"0x10000000000000000\": \
+             \"0x10000000000000000\" is not a replica index: use a whole number from 0 to 4",
+        ),
+        (
+            "cluster = 99999999999999999999\n",
+            "error: config file FILE: invalid cluster value \"99999999999999999999\": a TOML \
+             integer holds -9223372036854775808 to 9223372036854775807; write a larger value as \
+             a string: cluster = \"99999999999999999999\"",
+        ),
+        (
+            "tick-ms = 99999999999999999999\nticks = 3\n",
+            "error: config file FILE: unknown key \"ticks\"; keys are the long flag names of \
+             `serve` (see `shardline serve --help`): ",
+        ),
+    ] {
+        let line = file_refusal(text);
+        assert!(
+            line.starts_with(expected),
+            "{text}:\n{line}\nexpected:\n{expected}"
+        );
+    }
+}
