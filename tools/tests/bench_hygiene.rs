@@ -286,3 +286,39 @@ fn bad_server_flag_values_are_usage_errors_as_in_serve() {
         );
     }
 }
+
+/// `bench --shards 0` said "a shard count must be at least 1" and exited 1, with no upper
+/// bound; `-1` was taken for a flag. The list is a usage error now, exit 2 through clap like the
+/// other bench flags, each count by `serve --shards`'s own rule (1..=1024), before anything
+/// starts.
+#[test]
+fn a_bad_shard_list_is_a_usage_error_with_the_serve_rule() {
+    for (value, rule) in [
+        ("0", "shard count must be between 1 and 1024"),
+        ("1025", "shard count must be between 1 and 1024"),
+        (
+            "-1",
+            "expected `all` or a whole number of shards from 1 to 1024",
+        ),
+        ("1,0", "\"0\": shard count must be between 1 and 1024"),
+        (
+            "1,x",
+            "\"x\": expected `all` or a whole number of shards from 1 to 1024",
+        ),
+        ("2,2", "a shard count is listed twice"),
+        (
+            "1,sweep",
+            "`sweep` stands alone: it already runs 1, 2, 4, ... up to the allowed CPUs",
+        ),
+    ] {
+        let output = bench(&["--shards", value]);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{value}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "error: invalid value '{value}' for '--shards <LIST>': {rule}\n"
+            )),
+            "{value}: {stderr}"
+        );
+    }
+}
