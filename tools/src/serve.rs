@@ -328,8 +328,26 @@ pub fn validate(config: &ServerConfig, sources: &ValueSources) -> anyhow::Result
     })
 }
 
-/// A rule between settings refused their values: the refusal (flag or file key, value, rule),
-/// then where each setting the rule names came from.
+/// `error` of `RunningServer::start`; a host rule of the shard settings (`--shards` above the
+/// allowed cores without `--no-pin`, `--cpus` outside the affinity mask or with `--no-pin`)
+/// as a [`RuleBetweenSettings`] naming where each setting it names came from, so that a value
+/// from the config file or the environment is looked for there.
+fn start_error(error: shards::ServerError, sources: &ValueSources) -> anyhow::Error {
+    let flag = match &error {
+        shards::ServerError::Topology(runtime::TopologyError::TooManyShards { .. }) => "--shards",
+        shards::ServerError::Topology(
+            runtime::TopologyError::CpuNotAllowed { .. }
+            | runtime::TopologyError::CpusWithoutPin { .. },
+        ) => "--cpus",
+        _ => return error.into(),
+    };
+    let refusal = error.to_string();
+    let sides = sources.sides_of(flag, &refusal);
+    RuleBetweenSettings { refusal, sides }.into()
+}
+
+/// A rule between settings (or between settings and the host) refused their values: the
+/// refusal (flag or file key, value, rule), then where each setting the rule names came from.
 #[derive(Debug, thiserror::Error)]
 #[error("{refusal} ({sides})")]
 pub struct RuleBetweenSettings {
@@ -366,7 +384,7 @@ pub fn run(args: &ServeArgs, sources: &ValueSources) -> anyhow::Result<()> {
         .metrics_listen
         .map(|addr| BoundListener::bind(addr, &metrics_setting(file)))
         .transpose()?;
-    let server = RunningServer::start(config)?;
+    let server = RunningServer::start(config).map_err(|error| start_error(error, sources))?;
     server
         .stop_on_signals()
         .context("cannot install SIGINT/SIGTERM/SIGHUP handlers")?;

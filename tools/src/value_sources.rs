@@ -78,20 +78,27 @@ impl ValueSources {
     /// when `rule` names no other flag (a value's own range: its flag or key says it all).
     pub fn sides(&self, flag: &str, rule: &str) -> Option<String> {
         let flag = flag.trim_start_matches("--");
-        let mut others: Vec<&str> = Vec::new();
+        flags_named(rule)
+            .any(|named| named != flag && self.origins.contains_key(named))
+            .then(|| self.sides_of(flag, rule))
+    }
+
+    /// [`Self::sides`] even when `rule` names no other flag: `flag`'s origin alone then (a host
+    /// rule, such as `--cpus` outside the affinity mask, is about the value wherever it came
+    /// from).
+    pub fn sides_of(&self, flag: &str, rule: &str) -> String {
+        let flag = flag.trim_start_matches("--");
+        let mut names = vec![flag];
         for named in flags_named(rule) {
-            if named != flag && self.origins.contains_key(named) && !others.contains(&named) {
-                others.push(named);
+            if self.origins.contains_key(named) && !names.contains(&named) {
+                names.push(named);
             }
         }
-        if others.is_empty() {
-            return None;
-        }
-        let sides: Vec<String> = std::iter::once(flag)
-            .chain(others)
+        names
+            .into_iter()
             .map(|name| self.side(name))
-            .collect();
-        Some(sides.join("; "))
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 
     /// `--NAME` and where its value came from.
@@ -183,6 +190,11 @@ mod tests {
             sources.sides("--tick-ms", "see --no-such-flag"),
             None,
             "only this subcommand's flags"
+        );
+        assert_eq!(
+            sources.sides_of("--tick-ms", "--tick-ms 0 is not allowed here"),
+            "--tick-ms from its default",
+            "a host rule names its own flag's origin alone"
         );
     }
 }

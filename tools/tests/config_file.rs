@@ -638,3 +638,34 @@ fn an_integer_beyond_64_bits_names_the_file_key_value_and_range() {
         );
     }
 }
+
+/// The host rules of `--shards` and `--cpus` (more pinned shards than allowed cores; `--cpus`
+/// with `--no-pin`), checked as the server starts, name where each setting came from too: a
+/// shard count from the file sends the operator to the file, not to a flag they never typed.
+#[test]
+fn a_host_rule_of_the_shard_settings_names_where_each_came_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let allowed = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let shards = allowed + 1;
+    let config = write_config(dir.path(), &format!("shards = {shards}\n"));
+    let path = config.to_str().unwrap();
+    let line = startup_refusal(&[], &["--config", path]);
+    assert!(
+        line.starts_with(&format!(
+            "error: --shards {shards}: more shards than allowed cores ({allowed}: "
+        )) && line.ends_with(&format!(
+            "); pass --no-pin to overprovision (--shards from config file {path}, key shards; \
+             --no-pin from its default)"
+        )),
+        "{line}"
+    );
+    let config = write_config(dir.path(), "no-pin = true\n");
+    let path = config.to_str().unwrap();
+    assert_eq!(
+        startup_refusal(&[("SHARDLINE_CPUS", "0")], &["--config", path]),
+        format!(
+            "error: --cpus 0 pins shards to CPUs; it cannot be combined with --no-pin (--cpus \
+             from SHARDLINE_CPUS; --no-pin from config file {path}, key no-pin)"
+        )
+    );
+}
