@@ -1,6 +1,7 @@
 //! `shardline serve`: flags (with `SHARDLINE_*` environment equivalents, and `--config FILE`
 //! under both: `shardline::config_file`) to `ServerConfig`, validate it (naming the file when a
-//! refused value came from it), start, print `listening on ADDR` on stdout once every shard
+//! refused value came from it, and where each side of a rule between settings came from:
+//! `shardline::value_sources`), start, print `listening on ADDR` on stdout once every shard
 //! listens, run until SIGINT, SIGTERM or SIGHUP (each drains the connections, fsyncs and
 //! checkpoints, then exits 0).
 
