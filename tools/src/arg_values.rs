@@ -169,14 +169,14 @@ pub fn parse_boolean(text: &str) -> Result<bool, String> {
 /// none): `parse_boolean`, with an empty or blank variable counted as unset (off).
 ///
 /// # Errors
-/// A text naming the variable and its value and listing the accepted values.
+/// A text naming the value and listing the accepted values (`env_values` names the variable
+/// before it).
 pub fn parse_no_pin(text: &str) -> Result<bool, String> {
     if text.trim().is_empty() {
         return Ok(false);
     }
-    parse_boolean(text).map_err(|_| {
-        format!("SHARDLINE_NO_PIN={text:?} is not a boolean; accepted: {BOOLEAN_VALUES}, or empty")
-    })
+    parse_boolean(text)
+        .map_err(|_| format!("{text:?} is not a boolean; accepted: {BOOLEAN_VALUES}, or empty"))
 }
 
 /// Binary suffixes a byte size accepts, with their multipliers (matched in any case).
@@ -208,6 +208,9 @@ pub fn parse_byte_size(text: &str) -> Result<u64, String> {
             .find(|(name, _)| *name == suffix)
             .map(|(_, multiplier)| *multiplier)
     };
+    if multiplier.is_some() && is_digits(digits) && digits.parse::<u64>().is_err() {
+        return Err(format!("{text:?} is too large a size"));
+    }
     let (Ok(count), Some(multiplier)) = (digits.parse::<u64>(), multiplier) else {
         return Err(format!(
             "{text:?} is not a size: use bytes, an integer (e.g. 67108864), or one with a \
@@ -280,7 +283,8 @@ fn duration_max_text(max: Duration) -> String {
 /// taken for a flag (clap's "unexpected argument").
 ///
 /// # Errors
-/// The returned parser fails with `"TEXT" is not WHAT: use a whole number from MIN to MAX`.
+/// The returned parser fails with `"TEXT" is not WHAT: use a whole number from MIN to MAX`,
+/// and `, without a minus sign` after it for `-0` (which is 0, and so may be in the range).
 pub fn whole_number<T>(
     what: &'static str,
     min: T,
@@ -295,7 +299,13 @@ where
             .ok()
             .filter(|value| (min..=max).contains(value))
             .ok_or_else(|| {
-                format!("{text:?} is not {what}: use a whole number from {min} to {max}")
+                // `-0` is 0 to a reader: "not ... from 0 to MAX" alone would contradict itself.
+                let sign = if is_negative_zero(text) {
+                    ", without a minus sign"
+                } else {
+                    ""
+                };
+                format!("{text:?} is not {what}: use a whole number from {min} to {max}{sign}")
             })
     }
 }
@@ -304,7 +314,8 @@ where
 /// names the range and its unit (`must be between 1 and 1000 ms`, as
 /// `shards::RangedKey::rule` words it for `serve`). A number out of range (`-1`, `0`, `2000`)
 /// gets `rule` alone; a text that is no whole number (`1e6`, `10k`, `1.5`) gets `"TEXT" is
-/// not a whole number; RULE`. Pair it with `allow_negative_numbers = true` so that `-1` reaches
+/// not a whole number; RULE`; `-0`, which is 0 to a reader and so may be in the range, gets `"-0" has
+/// a minus sign, which no whole number here takes; RULE`. Pair it with `allow_negative_numbers = true` so that `-1` reaches
 /// it; clap names the flag and the value before the rule, a config file names its key.
 ///
 /// # Errors
@@ -318,11 +329,23 @@ pub fn whole_number_in(
         match trimmed.parse::<u64>() {
             Ok(value) if range.contains(&value) => Ok(value),
             Ok(_) => Err(rule.clone()),
+            // `-0` is 0 to a reader: the rule alone would refuse 0 where the range holds it.
+            Err(_) if is_negative_zero(trimmed) => Err(format!(
+                "{text:?} has a minus sign, which no whole number here takes; {rule}"
+            )),
             // A whole number all the same, below 0 or beyond u64: out of range.
             Err(_) if is_digits(trimmed.strip_prefix('-').unwrap_or(trimmed)) => Err(rule.clone()),
             Err(_) => Err(format!("{text:?} is not a whole number; {rule}")),
         }
     }
+}
+
+/// Whether `text` (trimmed) is a minus sign before one or more zeros (`-0`, `-00`): zero to a
+/// reader, refused by the unsigned parsers for its sign alone.
+fn is_negative_zero(text: &str) -> bool {
+    text.trim()
+        .strip_prefix('-')
+        .is_some_and(|zeros| !zeros.is_empty() && zeros.bytes().all(|byte| byte == b'0'))
 }
 
 /// Whether `text` is one or more ASCII digits (a whole number too long for any integer type).
@@ -483,15 +506,16 @@ mod tests {
     }
 
     #[test]
-    fn issue7_6_empty_no_pin_is_unset_and_a_bad_one_names_the_variable() {
+    fn issue7_6_empty_no_pin_is_unset_and_a_bad_one_lists_the_accepted_values() {
         assert_eq!(parse_no_pin(""), Ok(false));
         assert_eq!(parse_no_pin(" "), Ok(false));
         assert_eq!(parse_no_pin("true"), Ok(true));
+        // `env_values` names the variable before this (tests/flags.rs).
         assert_eq!(
             parse_no_pin("maybe"),
             Err(
-                "SHARDLINE_NO_PIN=\"maybe\" is not a boolean; accepted: 1, 0, true, false, yes, \
-                 no, on, off (any case), or empty"
+                "\"maybe\" is not a boolean; accepted: 1, 0, true, false, yes, no, on, off (any \
+                 case), or empty"
                     .into()
             )
         );
@@ -516,6 +540,11 @@ mod tests {
         assert_eq!(
             parse_byte_size("17179869184GiB"),
             Err("\"17179869184GiB\" is too large a size".into())
+        );
+        // Digits beyond u64 are a size too, only too large (a config file's wide integer).
+        assert_eq!(
+            parse_byte_size("99999999999999999999"),
+            Err("\"99999999999999999999\" is too large a size".into())
         );
         assert_eq!(parse_byte_size_u32("64MiB"), Ok(67_108_864));
         assert_eq!(
@@ -684,6 +713,14 @@ mod tests {
         let offsets = whole_number("an offset", 0u64, u64::MAX);
         assert_eq!(offsets("0"), Ok(0));
         assert_eq!(
+            offsets("-0"),
+            Err(
+                "\"-0\" is not an offset: use a whole number from 0 to 18446744073709551615, \
+                 without a minus sign"
+                    .to_owned()
+            )
+        );
+        assert_eq!(
             offsets("-1"),
             Err(
                 "\"-1\" is not an offset: use a whole number from 0 to 18446744073709551615"
@@ -706,6 +743,24 @@ mod tests {
             "99999999999999999999",
         ] {
             assert_eq!(tick_ms(out_of_range), Err(rule.clone()), "{out_of_range}");
+        }
+        // `-0` is refused for its sign: the rule alone would contradict itself where 0 is in range.
+        let idle_rule = "must be between 0 and 10000 µs".to_owned();
+        let idle_poll_us = whole_number_in(0..=10000, idle_rule.clone());
+        assert_eq!(idle_poll_us("0"), Ok(0));
+        for minus_zero in ["-0", " -000 "] {
+            assert_eq!(
+                idle_poll_us(minus_zero),
+                Err(format!(
+                    "{minus_zero:?} has a minus sign, which no whole number here takes; {idle_rule}"
+                ))
+            );
+            assert_eq!(
+                tick_ms(minus_zero),
+                Err(format!(
+                    "{minus_zero:?} has a minus sign, which no whole number here takes; {rule}"
+                ))
+            );
         }
         for not_a_number in ["1e3", "10k", "1.5", "", "ten", "--1"] {
             assert_eq!(

@@ -23,6 +23,9 @@ use std::path::{Path, PathBuf};
 use clap::parser::ValueSource;
 use clap::{ArgAction, CommandFactory, FromArgMatches};
 
+use crate::env_values::{EnvValueError, env_value_error};
+use crate::value_sources::ValueSources;
+
 /// Largest config file read (bytes): a full one is a few hundred bytes.
 pub const CONFIG_FILE_SIZE_MAX: u64 = 1 << 20;
 
@@ -96,21 +99,34 @@ pub enum ParseFailure {
     Clap(clap::Error),
     /// The config file was refused.
     File(ConfigFileError),
+    /// A `SHARDLINE_*` variable's value was refused by its flag's parser.
+    Env(EnvValueError),
+}
+
+/// `error`, which `command` raised parsing `args`: `Env` when the value it refused came from an
+/// environment variable (`env_values`), else `Clap`.
+fn clap_failure(command: &clap::Command, args: &[OsString], error: clap::Error) -> ParseFailure {
+    match env_value_error(command, args, &error) {
+        Some(env_error) => ParseFailure::Env(env_error),
+        None => ParseFailure::Clap(error),
+    }
 }
 
 /// Parses `args` (program name first) into `P`, reading the config file that the `config_id`
 /// argument of subcommand `subcommand` names (flag or environment), as the module doc says.
-/// Returns the file with the keys it set, `None` without one.
+/// Returns where each of `subcommand`'s settings came from, with the file and the keys it set
+/// (no file without one; no settings when another subcommand ran).
 ///
 /// # Errors
 /// `Clap` for what `Parser::try_parse_from` refuses (flags, or a value the file set that
-/// a flag's parser refuses after all, which the file check makes unreachable); `File` for the
-/// file's own errors (unreadable, not TOML, unknown key, wrong type, bad value).
+/// a flag's parser refuses after all, which the file check makes unreachable); `Env` for a
+/// value of a `SHARDLINE_*` variable that its flag's parser refuses; `File` for the file's own
+/// errors (unreadable, not TOML, unknown key, wrong type, bad value).
 pub fn parse_with_config_file<P>(
     args: &[OsString],
     subcommand: &str,
     config_id: &str,
-) -> Result<(P, Option<ConfigFile>), ParseFailure>
+) -> Result<(P, ValueSources), ParseFailure>
 where
     P: CommandFactory + FromArgMatches,
 {
@@ -118,15 +134,14 @@ where
     let matches = command
         .clone()
         .try_get_matches_from(args)
-        .map_err(ParseFailure::Clap)?;
+        .map_err(|error| clap_failure(&command, args, error))?;
     let file_path = match matches.subcommand() {
         Some((name, sub)) if name == subcommand => sub.get_one::<PathBuf>(config_id).cloned(),
         _ => None,
     };
     let Some(path) = file_path else {
-        return P::from_arg_matches(&matches)
-            .map(|parsed| (parsed, None))
-            .map_err(ParseFailure::Clap);
+        let parsed = P::from_arg_matches(&matches).map_err(ParseFailure::Clap)?;
+        return Ok((parsed, sources_of(&command, &matches, subcommand, None)));
     };
     let sub_matches = matches
         .subcommand_matches(subcommand)
@@ -157,10 +172,32 @@ where
         sub
     });
     let matches = command
+        .clone()
         .try_get_matches_from(args)
-        .map_err(ParseFailure::Clap)?;
+        .map_err(|error| clap_failure(&command, args, error))?;
     let parsed = P::from_arg_matches(&matches).map_err(ParseFailure::Clap)?;
-    Ok((parsed, Some(ConfigFile { path, applied })))
+    let file = ConfigFile { path, applied };
+    Ok((
+        parsed,
+        sources_of(&command, &matches, subcommand, Some(file)),
+    ))
+}
+
+/// The [`ValueSources`] of subcommand `subcommand` in `matches`; empty (and without the file)
+/// when another subcommand ran.
+fn sources_of(
+    command: &clap::Command,
+    matches: &clap::ArgMatches,
+    subcommand: &str,
+    file: Option<ConfigFile>,
+) -> ValueSources {
+    match (
+        command.find_subcommand(subcommand),
+        matches.subcommand_matches(subcommand),
+    ) {
+        (Some(sub_command), Some(sub_matches)) => ValueSources::of(sub_command, sub_matches, file),
+        _ => ValueSources::default(),
+    }
 }
 
 /// Reads and checks the file: every key names a long flag of `sub_command` and every value
@@ -170,31 +207,15 @@ fn read_values(
     sub_command: &clap::Command,
 ) -> Result<Vec<(String, String, String)>, ConfigFileError> {
     let text = read_text(path)?;
-    let table: toml::Table = toml::from_str(&text).map_err(|error| ConfigFileError::Syntax {
-        path: path.to_owned(),
-        reason: error.to_string().trim_end().replace('\n', " "),
-    })?;
-    let file_args: Vec<&clap::Arg> = sub_command
-        .get_arguments()
-        .filter(|arg| {
-            arg.get_long()
-                .is_some_and(|long| !NOT_FILE_KEYS.contains(&long))
+    let table: toml::Table = toml::from_str(&text).map_err(|error| {
+        wide_integer_error(path, &text, sub_command).unwrap_or_else(|| ConfigFileError::Syntax {
+            path: path.to_owned(),
+            reason: error.to_string().trim_end().replace('\n', " "),
         })
-        .collect();
+    })?;
     let mut values = Vec::new();
     for (key, value) in table {
-        let Some(arg) = file_args
-            .iter()
-            .find(|arg| arg.get_long() == Some(key.as_str()))
-        else {
-            let known: Vec<&str> = file_args.iter().filter_map(|arg| arg.get_long()).collect();
-            return Err(ConfigFileError::UnknownKey {
-                path: path.to_owned(),
-                key,
-                subcommand: sub_command.get_name().to_owned(),
-                known: known.join(", "),
-            });
-        };
+        let arg = file_arg(path, &key, sub_command)?;
         let flag = matches!(arg.get_action(), ArgAction::SetTrue);
         let text = value_text(path, &key, &value, flag)?;
         if !flag && let Err(error) = check_value(arg, &text) {
@@ -208,6 +229,96 @@ fn read_values(
         values.push((key, arg.get_id().as_str().to_owned(), text));
     }
     Ok(values)
+}
+
+/// The long flag of `sub_command` that config-file key `key` names.
+///
+/// # Errors
+/// `UnknownKey`, listing the keys there are, for a key that names none.
+fn file_arg<'a>(
+    path: &Path,
+    key: &str,
+    sub_command: &'a clap::Command,
+) -> Result<&'a clap::Arg, ConfigFileError> {
+    let file_args: Vec<&clap::Arg> = sub_command
+        .get_arguments()
+        .filter(|arg| {
+            arg.get_long()
+                .is_some_and(|long| !NOT_FILE_KEYS.contains(&long))
+        })
+        .collect();
+    let known = || {
+        file_args
+            .iter()
+            .filter_map(|arg| arg.get_long())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    file_args
+        .iter()
+        .find(|arg| arg.get_long() == Some(key))
+        .copied()
+        .ok_or_else(|| ConfigFileError::UnknownKey {
+            path: path.to_owned(),
+            key: key.to_owned(),
+            subcommand: sub_command.get_name().to_owned(),
+            known: known(),
+        })
+}
+
+/// The error of a file that TOML refuses only for an integer beyond its 64 bits (`tick-ms =
+/// 99999999999999999999`: TOML's own message names neither the key nor its rule), judged as
+/// `read_values` judges any value: an unknown key first, else the integer (as written, e.g.
+/// `0x1_0000_0000_0000_0000` as `0x10000000000000000`) through its flag's parser, naming key,
+/// value and rule; an integer the flag takes (a 128-bit `cluster`) is refused with how to write
+/// it, as a string. `None` when the file has no such integer at its top level (TOML's message
+/// stands).
+fn wide_integer_error(
+    path: &Path,
+    text: &str,
+    sub_command: &clap::Command,
+) -> Option<ConfigFileError> {
+    let table = toml::de::DeTable::parse(text).ok()?;
+    let mut wide = None;
+    for (key, value) in table.get_ref() {
+        let key = key.get_ref().as_ref();
+        if let Err(error) = file_arg(path, key, sub_command) {
+            return Some(error);
+        }
+        let items = match value.get_ref() {
+            toml::de::DeValue::Array(items) => items.iter().collect(),
+            _ => vec![value],
+        };
+        let beyond_i64 = items.into_iter().find_map(|item| match item.get_ref() {
+            toml::de::DeValue::Integer(integer)
+                if i64::from_str_radix(integer.as_str(), integer.radix()).is_err() =>
+            {
+                Some(integer.to_string())
+            }
+            _ => None,
+        });
+        if wide.is_none()
+            && let Some(integer) = beyond_i64
+        {
+            wide = Some((key.to_owned(), integer));
+        }
+    }
+    let (key, value) = wide?;
+    let arg = file_arg(path, &key, sub_command).ok()?;
+    let rule = match check_value(arg, &value) {
+        Err(error) => clap_rule(&error),
+        Ok(()) => format!(
+            "a TOML integer holds {} to {}; write a larger value as a string: {key} = \"{value}\"",
+            i64::MIN,
+            i64::MAX
+        ),
+    };
+    Some(ConfigFileError::BadValue {
+        path: path.to_owned(),
+        key,
+        value,
+        rule,
+    })
 }
 
 /// Runs `arg`'s value parser on `text` (as the one value of a throwaway command: clap keeps a
@@ -303,7 +414,7 @@ fn value_text(
 
 /// The rule a flag parser's error states, without clap's `error: invalid value ... for ...`
 /// framing (the caller names key and value itself).
-fn clap_rule(error: &clap::Error) -> String {
+pub(crate) fn clap_rule(error: &clap::Error) -> String {
     if let Some(source) = std::error::Error::source(error) {
         return source.to_string();
     }
@@ -353,9 +464,9 @@ mod tests {
             .chain(args.iter().copied())
             .map(OsString::from)
             .collect();
-        let (cli, file) = parse_with_config_file::<Cli>(&args, "serve", "config")?;
+        let (cli, sources) = parse_with_config_file::<Cli>(&args, "serve", "config")?;
         let Sub::Serve(args) = cli.command;
-        Ok((args, file))
+        Ok((args, sources.file))
     }
 
     fn file_error(args: &[&str]) -> ConfigFileError {

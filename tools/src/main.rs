@@ -125,12 +125,17 @@ fn error_line(error: &anyhow::Error) -> String {
 
 fn main() -> std::process::ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let (cli, config_file) =
+    let (cli, sources) =
         match shardline::config_file::parse_with_config_file::<Cli>(&args, "serve", "config") {
             Ok(parsed) => parsed,
             Err(shardline::config_file::ParseFailure::Clap(error)) => error.exit(),
             Err(shardline::config_file::ParseFailure::File(error)) => {
                 // Err: stderr is gone; the exit code still says it failed.
+                let _ = writeln!(std::io::stderr(), "error: {error}");
+                return std::process::ExitCode::from(2);
+            }
+            Err(shardline::config_file::ParseFailure::Env(error)) => {
+                // Err: as above.
                 let _ = writeln!(std::io::stderr(), "error: {error}");
                 return std::process::ExitCode::from(2);
             }
@@ -143,7 +148,7 @@ fn main() -> std::process::ExitCode {
     };
     init_logging(log);
     let result = match cli.command {
-        Command::Serve(args) => serve::run(&args, config_file.as_ref()),
+        Command::Serve(args) => serve::run(&args, &sources),
         Command::Bench(args) => shardline::bench::run(&args),
         Command::Stream(command) => stream_cmds::stream(command),
         Command::Topic(command) => stream_cmds::topic(command),

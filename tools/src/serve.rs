@@ -1,6 +1,7 @@
 //! `shardline serve`: flags (with `SHARDLINE_*` environment equivalents, and `--config FILE`
 //! under both: `shardline::config_file`) to `ServerConfig`, validate it (naming the file when a
-//! refused value came from it), start, print `listening on ADDR` on stdout once every shard
+//! refused value came from it, and where each side of a rule between settings came from:
+//! `shardline::value_sources`), start, print `listening on ADDR` on stdout once every shard
 //! listens, run until SIGINT, SIGTERM or SIGHUP (each drains the connections, fsyncs and
 //! checkpoints, then exits 0).
 
@@ -14,6 +15,7 @@ use runtime::{CpuList, IoDriver, ShardCountArg, TopologyConfig};
 use shardline::arg_values::AddressList;
 use shardline::config_file::ConfigFile;
 use shardline::metrics::{BoundListener, ListenerLimits, MetricsListener, ScrapeSource, Scraper};
+use shardline::value_sources::ValueSources;
 use shards::{RangedKey, RunningServer, ServerConfig};
 use storage::{FsyncPolicy, WriteMode};
 
@@ -286,30 +288,81 @@ impl ServeArgs {
     }
 }
 
-/// `config.validate()`, naming `file` in the error when the refused value came from it.
+/// `config.validate()`, naming the config file in the error when the refused value came from
+/// it, and, for a rule between settings (one that names another flag, such as
+/// `--view-change-timeout-ticks` above `--heartbeat-ticks`), where each side came from:
+/// `... (--view-change-timeout-ticks from the command line; --heartbeat-ticks from config file
+/// r0.toml, key heartbeat-ticks)`.
 ///
 /// # Errors
 /// The first rule `config` breaks: `ConfigError::Invalid` (flag, value, rule), or
-/// `ConfigFileError::BadValue` (key, value, file, rule) when `file` set that key.
-pub fn validate(config: &ServerConfig, file: Option<&ConfigFile>) -> anyhow::Result<()> {
-    match config.validate() {
-        Ok(()) => Ok(()),
-        Err(shards::ConfigError::Invalid {
-            flag, value, rule, ..
-        }) if file.is_some_and(|file| file.sets(flag)) => Err(file
-            .expect("checked by the guard")
-            .invalid(flag, &value, &rule)
-            .into()),
-        Err(error) => Err(error.into()),
-    }
+/// `ConfigFileError::BadValue` (key, value, file, rule) when the file set that key; either inside
+/// a [`RuleBetweenSettings`] when the rule names another flag.
+pub fn validate(config: &ServerConfig, sources: &ValueSources) -> anyhow::Result<()> {
+    let Err(shards::ConfigError::Invalid {
+        flag,
+        key,
+        value,
+        rule,
+    }) = config.validate()
+    else {
+        return Ok(());
+    };
+    let sides = sources.sides(flag, &rule);
+    let refusal: anyhow::Error = match &sources.file {
+        Some(file) if file.sets(flag) => file.invalid(flag, &value, &rule).into(),
+        _ => shards::ConfigError::Invalid {
+            flag,
+            key,
+            value,
+            rule,
+        }
+        .into(),
+    };
+    Err(match sides {
+        Some(sides) => RuleBetweenSettings {
+            refusal: refusal.to_string(),
+            sides,
+        }
+        .into(),
+        None => refusal,
+    })
 }
 
-pub fn run(args: &ServeArgs, file: Option<&ConfigFile>) -> anyhow::Result<()> {
+/// `error` of `RunningServer::start`; a host rule of the shard settings (`--shards` above the
+/// allowed cores without `--no-pin`, `--cpus` outside the affinity mask or with `--no-pin`)
+/// as a [`RuleBetweenSettings`] naming where each setting it names came from, so that a value
+/// from the config file or the environment is looked for there.
+fn start_error(error: shards::ServerError, sources: &ValueSources) -> anyhow::Error {
+    let flag = match &error {
+        shards::ServerError::Topology(runtime::TopologyError::TooManyShards { .. }) => "--shards",
+        shards::ServerError::Topology(
+            runtime::TopologyError::CpuNotAllowed { .. }
+            | runtime::TopologyError::CpusWithoutPin { .. },
+        ) => "--cpus",
+        _ => return error.into(),
+    };
+    let refusal = error.to_string();
+    let sides = sources.sides_of(flag, &refusal);
+    RuleBetweenSettings { refusal, sides }.into()
+}
+
+/// A rule between settings (or between settings and the host) refused their values: the
+/// refusal (flag or file key, value, rule), then where each setting the rule names came from.
+#[derive(Debug, thiserror::Error)]
+#[error("{refusal} ({sides})")]
+pub struct RuleBetweenSettings {
+    pub refusal: String,
+    pub sides: String,
+}
+
+pub fn run(args: &ServeArgs, sources: &ValueSources) -> anyhow::Result<()> {
     shards::resources::tune_allocator();
     shards::resources::ignore_file_size_signal()
         .context("cannot ignore SIGXFSZ (a file-size limit would kill the server mid-write)")?;
     let config = args.to_config();
-    validate(&config, file)?;
+    validate(&config, sources)?;
+    let file = sources.file.as_ref();
     let addresses = args
         .addresses
         .as_ref()
@@ -332,7 +385,7 @@ pub fn run(args: &ServeArgs, file: Option<&ConfigFile>) -> anyhow::Result<()> {
         .metrics_listen
         .map(|addr| BoundListener::bind(addr, &metrics_setting(file)))
         .transpose()?;
-    let server = RunningServer::start(config)?;
+    let server = RunningServer::start(config).map_err(|error| start_error(error, sources))?;
     server
         .stop_on_signals()
         .context("cannot install SIGINT/SIGTERM/SIGHUP handlers")?;

@@ -286,3 +286,84 @@ fn bad_server_flag_values_are_usage_errors_as_in_serve() {
         );
     }
 }
+
+/// `bench --shards 0` said "a shard count must be at least 1" and exited 1, with no upper
+/// bound; `-1` was taken for a flag. The list is a usage error now, exit 2 through clap like the
+/// other bench flags, each count by `serve --shards`'s own rule (1..=1024), before anything
+/// starts.
+#[test]
+fn a_bad_shard_list_is_a_usage_error_with_the_serve_rule() {
+    for (value, rule) in [
+        ("0", "shard count must be between 1 and 1024"),
+        ("1025", "shard count must be between 1 and 1024"),
+        (
+            "-1",
+            "expected `all` or a whole number of shards from 1 to 1024",
+        ),
+        ("1,0", "\"0\": shard count must be between 1 and 1024"),
+        (
+            "1,x",
+            "\"x\": expected `all` or a whole number of shards from 1 to 1024",
+        ),
+        ("2,2", "a shard count is listed twice"),
+        (
+            "1,sweep",
+            "`sweep` stands alone: it already runs 1, 2, 4, ... up to the allowed CPUs",
+        ),
+    ] {
+        let output = bench(&["--shards", value]);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{value}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "error: invalid value '{value}' for '--shards <LIST>': {rule}\n"
+            )),
+            "{value}: {stderr}"
+        );
+    }
+}
+
+/// The free-space estimate counted the longest `--payload-file` line for every message: a corpus
+/// of one 100 KB line and 99 short ones (1 KB per message on average) was estimated at 100 KB
+/// per message, about 100x what the run writes, and refused runs that fit. It counts the bytes
+/// the run sends now: the lines as each producer cycles through them.
+#[test]
+fn the_disk_estimate_of_a_payload_file_counts_its_lines_not_its_longest_line_each_time() {
+    let root = tempfile::tempdir().unwrap();
+    let corpus = root.path().join("corpus.txt");
+    let mut text_lines = vec!["x".repeat(100_000)];
+    text_lines.extend((0..99).map(|index| format!("short {index:04}")));
+    std::fs::write(&corpus, text_lines.join("\n")).unwrap();
+    let data_root = root.path().join("data");
+    // 10^10 messages still outgrow any test machine's disk: refused before any server starts.
+    let output = bench(&[
+        "--no-pin",
+        "--messages",
+        "10000000000",
+        "--producers",
+        "1",
+        "--consumers",
+        "1",
+        "--batch",
+        "100",
+        "--payload-file",
+        path_arg(&corpus),
+        "--data-root",
+        path_arg(&data_root),
+    ]);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    // 10^8 cycles of the 100 lines (100000 + 99 x 10 bytes), 32 header bytes per message,
+    // 10^8 + 1 batches of 48 bytes (entry header and index row), 64 MiB of server files.
+    let payload_bytes: u64 = 100_000_000 * (100_000 + 99 * 10);
+    let estimate = payload_bytes + 10_000_000_000 * 32 + (100_000_000 + 1) * 48 + (64 << 20);
+    assert!(
+        stderr.contains(&format!(
+            "--messages 10000000000 would write up to {estimate} bytes (9707.98 GiB: \
+             {payload_bytes} payload bytes (1009.9 per message on average) + 10000000000 x 32 \
+             header bytes, batch headers and index rows"
+        )),
+        "{stderr}"
+    );
+    assert_eq!(run_dirs(&data_root), Vec::<PathBuf>::new());
+}

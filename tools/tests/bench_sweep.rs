@@ -179,6 +179,12 @@ fn repeated_counts_run_in_rounds_and_end_with_a_summary_and_every_report_file() 
     let flush_column = column("writeback_flush_seconds");
     let rows: Vec<Vec<&str>> = csv_lines.map(|line| line.split(',').collect()).collect();
     assert_eq!(rows.len(), 8, "{csv_text}");
+    // The write mode is the last column (appended for old readers): the embedded server's
+    // default, as the JSON's config line says.
+    assert_eq!(header.last(), Some(&"write_mode"), "{csv_text}");
+    for row in &rows {
+        assert_eq!(row.last(), Some(&"buffered"), "{csv_text}");
+    }
     for row in &rows {
         for index in [host_column, per_gb_column, own_column] {
             let value: f64 = row[index].parse().unwrap();

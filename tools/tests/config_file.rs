@@ -459,3 +459,213 @@ fn a_shard_count_flag_out_of_range_states_both_bounds_once() {
         );
     }
 }
+
+/// Runs `serve` (a data dir of its own, `extra` args, `env` set) expecting it to refuse with
+/// exit status 1 (a rule between settings, checked at startup); the first line of its stderr.
+fn startup_refusal(env: &[(&str, &str)], extra: &[&str]) -> String {
+    let mut command = Command::new(BIN);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let output = command
+        .args(["serve", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args(extra)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(1), "{extra:?}: {stderr}");
+    stderr
+        .lines()
+        .find(|line| line.starts_with("error: "))
+        .unwrap_or_else(|| panic!("{extra:?}: no error line in {stderr}"))
+        .to_owned()
+}
+
+/// A rule between two settings names where each side came from (the command line, a
+/// `SHARDLINE_*` variable, the config file and its key, or the default): with one side in the
+/// file and the other elsewhere, the file is named even when the refused key is not the file's.
+#[test]
+fn a_rule_between_two_keys_names_the_source_of_each_side() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "shards = 1\nno-pin = true\nheartbeat-ticks = 40\n",
+    );
+    let path = config.to_str().unwrap();
+    let rule = "must be greater than --heartbeat-ticks (40): a backup that starts a view change \
+                before the next heartbeat could arrive deposes a healthy primary";
+    // The heartbeat from the file, the timeout from a flag.
+    assert_eq!(
+        startup_refusal(
+            &[],
+            &["--config", path, "--view-change-timeout-ticks", "35"]
+        ),
+        format!(
+            "error: invalid --view-change-timeout-ticks value \"35\": {rule} \
+             (--view-change-timeout-ticks from the command line; --heartbeat-ticks from config \
+             file {path}, key heartbeat-ticks)"
+        )
+    );
+    // ... from a variable.
+    assert_eq!(
+        startup_refusal(
+            &[("SHARDLINE_VIEW_CHANGE_TIMEOUT_TICKS", "35")],
+            &["--config", path]
+        ),
+        format!(
+            "error: invalid --view-change-timeout-ticks value \"35\": {rule} \
+             (--view-change-timeout-ticks from SHARDLINE_VIEW_CHANGE_TIMEOUT_TICKS; \
+             --heartbeat-ticks from config file {path}, key heartbeat-ticks)"
+        )
+    );
+    // ... its default.
+    assert_eq!(
+        startup_refusal(&[], &["--config", path]),
+        format!(
+            "error: invalid --view-change-timeout-ticks value \"30\": {rule} \
+             (--view-change-timeout-ticks from its default; --heartbeat-ticks from config file \
+             {path}, key heartbeat-ticks)"
+        )
+    );
+    // Both sides in the file: the file frames it, and each side is still named.
+    let config = write_config(
+        dir.path(),
+        "shards = 1\nno-pin = true\nheartbeat-ticks = 40\nview-change-timeout-ticks = 35\n",
+    );
+    let path = config.to_str().unwrap();
+    assert_eq!(
+        startup_refusal(&[], &["--config", path]),
+        format!(
+            "error: config file {path}: invalid view-change-timeout-ticks value \"35\": {rule} \
+             (--view-change-timeout-ticks from config file {path}, key \
+             view-change-timeout-ticks; --heartbeat-ticks from config file {path}, key \
+             heartbeat-ticks)"
+        )
+    );
+    // No file: flags and variables are named all the same; an unset side says so.
+    assert_eq!(
+        startup_refusal(
+            &[("SHARDLINE_HEARTBEAT_TICKS", "40")],
+            &[
+                "--shards",
+                "1",
+                "--no-pin",
+                "--view-change-timeout-ticks",
+                "35"
+            ]
+        ),
+        format!(
+            "error: invalid --view-change-timeout-ticks value \"35\": {rule} \
+             (--view-change-timeout-ticks from the command line; --heartbeat-ticks from \
+             SHARDLINE_HEARTBEAT_TICKS)"
+        )
+    );
+    assert_eq!(
+        startup_refusal(&[], &["--shards", "1", "--no-pin", "--replica", "2"]),
+        "error: invalid --replica value \"2\": a replica index needs --addresses (one replica \
+         address per replica, this one's at index --replica); without them the server is a \
+         single replica, index 0 (--replica from the command line; --addresses not set)"
+    );
+}
+
+/// Runs `serve --config FILE` for a file holding `text`, expecting exit status 2; the first
+/// line of stderr, with the file's path written as `FILE`.
+fn file_refusal(text: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), text);
+    let output = Command::new(BIN)
+        .args(["serve", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(2), "{text}: {stderr}");
+    stderr
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .replace(config.to_str().unwrap(), "FILE")
+}
+
+/// An integer beyond TOML's 64 bits got TOML's own "invalid type: integer ... as i128" without
+/// the key's rule; it is judged by its flag's parser like any value, naming the file, the key,
+/// the value and the range, or, for a value the flag takes (a 128-bit cluster id), told to be
+/// written as a string.
+#[test]
+fn an_integer_beyond_64_bits_names_the_file_key_value_and_range() {
+    for (text, expected) in [
+        (
+            "tick-ms = 99999999999999999999\n",
+            "error: config file FILE: invalid tick-ms value \"99999999999999999999\": must be \
+             between 1 and 1000 ms",
+        ),
+        (
+            "shards = 1\nheartbeat-ticks = -99999999999999999999\n",
+            "error: config file FILE: invalid heartbeat-ticks value \"-99999999999999999999\": \
+             must be between 1 and 1000000 ticks",
+        ),
+        (
+            "max-message-size = 99999999999999999999\n",
+            "error: config file FILE: invalid max-message-size value \"99999999999999999999\": \
+             \"99999999999999999999\" is too large a size; must be between 1024 and 67108864 \
+             bytes (the 256-byte header plus at least one batch must fit)",
+        ),
+        (
+            "replica = 0x1_0000_0000_0000_0000\n",
+            "error: config file FILE: invalid replica value \"0x10000000000000000\": \
+             \"0x10000000000000000\" is not a replica index: use a whole number from 0 to 4",
+        ),
+        (
+            "cluster = 99999999999999999999\n",
+            "error: config file FILE: invalid cluster value \"99999999999999999999\": a TOML \
+             integer holds -9223372036854775808 to 9223372036854775807; write a larger value as \
+             a string: cluster = \"99999999999999999999\"",
+        ),
+        (
+            "tick-ms = 99999999999999999999\nticks = 3\n",
+            "error: config file FILE: unknown key \"ticks\"; keys are the long flag names of \
+             `serve` (see `shardline serve --help`): ",
+        ),
+    ] {
+        let line = file_refusal(text);
+        assert!(
+            line.starts_with(expected),
+            "{text}:\n{line}\nexpected:\n{expected}"
+        );
+    }
+}
+
+/// The host rules of `--shards` and `--cpus` (more pinned shards than allowed cores; `--cpus`
+/// with `--no-pin`), checked as the server starts, name where each setting came from too: a
+/// shard count from the file sends the operator to the file, not to a flag they never typed.
+#[test]
+fn a_host_rule_of_the_shard_settings_names_where_each_came_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let allowed = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let shards = allowed + 1;
+    let config = write_config(dir.path(), &format!("shards = {shards}\n"));
+    let path = config.to_str().unwrap();
+    let line = startup_refusal(&[], &["--config", path]);
+    assert!(
+        line.starts_with(&format!(
+            "error: --shards {shards}: more shards than allowed cores ({allowed}: "
+        )) && line.ends_with(&format!(
+            "); pass --no-pin to overprovision (--shards from config file {path}, key shards; \
+             --no-pin from its default)"
+        )),
+        "{line}"
+    );
+    let config = write_config(dir.path(), "no-pin = true\n");
+    let path = config.to_str().unwrap();
+    assert_eq!(
+        startup_refusal(&[("SHARDLINE_CPUS", "0")], &["--config", path]),
+        format!(
+            "error: --cpus 0 pins shards to CPUs; it cannot be combined with --no-pin (--cpus \
+             from SHARDLINE_CPUS; --no-pin from config file {path}, key no-pin)"
+        )
+    );
+}

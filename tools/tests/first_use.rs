@@ -358,8 +358,9 @@ fn issue7_6_a_bad_no_pin_value_lists_the_accepted_values() {
     let stderr = stderr_of(&output);
     assert!(
         stderr.starts_with(
-            "error: invalid value 'maybe' for '--no-pin': SHARDLINE_NO_PIN=\"maybe\" is not a \
-             boolean; accepted: 1, 0, true, false, yes, no, on, off (any case), or empty"
+            "error: SHARDLINE_NO_PIN=\"maybe\" (the environment variable for --no-pin): \
+             \"maybe\" is not a boolean; accepted: 1, 0, true, false, yes, no, on, off (any \
+             case), or empty"
         ),
         "{stderr}"
     );

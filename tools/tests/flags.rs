@@ -394,6 +394,51 @@ fn serve_flags_refuse_negative_and_out_of_range_values_naming_the_rule() {
     );
 }
 
+/// `-0` is 0 to a reader: refused (unsigned flags take no sign) with a message that says so,
+/// never one that refuses 0 by a range holding it (`--idle-poll-us -0` said "must be between 0
+/// and 10000 µs"). Each exits 2 naming the flag and the value.
+#[test]
+fn minus_zero_is_refused_for_its_sign_not_by_a_range_that_holds_zero() {
+    for (subcommand, before, flag, rule) in [
+        (
+            "serve",
+            &[][..],
+            "--idle-poll-us",
+            "\"-0\" has a minus sign, which no whole number here takes; must be between 0 and \
+             10000 µs",
+        ),
+        (
+            "serve",
+            &[],
+            "--tick-ms",
+            "\"-0\" has a minus sign, which no whole number here takes; must be between 1 and \
+             1000 ms",
+        ),
+        (
+            "serve",
+            &[],
+            "--replica",
+            "\"-0\" is not a replica index: use a whole number from 0 to 4, without a minus sign",
+        ),
+        (
+            "sim",
+            &["--seed", "1"],
+            "--requests",
+            "\"-0\" is not a request count: use a whole number from 0 to 1000000, without a minus \
+             sign",
+        ),
+        (
+            "bench",
+            &[],
+            "--idle-poll-us",
+            "\"-0\" is not an idle poll in microseconds: use a whole number from 0 to 10000, \
+             without a minus sign",
+        ),
+    ] {
+        assert_refused(subcommand, before, flag, "-0", rule);
+    }
+}
+
 /// The rule `-1` meets for `flag`, whose out-of-range value meets `rule`: the same, but for the
 /// durations, whose `-1` is no duration (the message gives the units and both bounds).
 fn rule_of_negative<'a>(flag: &str, rule: &'a str) -> &'a str {
@@ -666,5 +711,81 @@ fn malformed_hyphen_values_of_sim_and_doctor_reach_the_parser() {
         "--partitions",
         "-1k",
         "is not a planned partition count",
+    );
+}
+
+/// Runs `shardline ARGS` with the environment variables `env` set, asserting exit status 2 (a
+/// usage error), and returns the first line of its stderr.
+fn env_usage_error(env: &[(&str, &str)], args: &[&str]) -> String {
+    let mut command = Command::new(BIN);
+    command.args(args);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let output = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(2), "{env:?} {args:?}: {stderr}");
+    stderr.lines().next().unwrap_or_default().to_owned()
+}
+
+/// A bad value from a `SHARDLINE_*` variable names the variable it came from (it was not typed
+/// as the flag), the value and the rule, exit 2; a bad flag value still names the flag, even
+/// where the variable holds the same text, and a variable that a flag overrides is not read.
+#[test]
+fn a_bad_value_from_the_environment_names_the_variable() {
+    for (env, args, expected) in [
+        (
+            ("SHARDLINE_SHARDS", "0"),
+            &["serve"][..],
+            "error: SHARDLINE_SHARDS=\"0\" (the environment variable for --shards): shard count \
+             must be between 1 and 1024",
+        ),
+        (
+            ("SHARDLINE_TICK_MS", "-0"),
+            &["serve"],
+            "error: SHARDLINE_TICK_MS=\"-0\" (the environment variable for --tick-ms): \"-0\" has \
+             a minus sign, which no whole number here takes; must be between 1 and 1000 ms",
+        ),
+        (
+            ("SHARDLINE_IO_DRIVER", "uring2"),
+            &["serve"],
+            "error: SHARDLINE_IO_DRIVER=\"uring2\" (the environment variable for --io-driver): \
+             \"uring2\" is not an I/O driver: expected one of io-uring, io_uring, uring, poll",
+        ),
+        (
+            ("SHARDLINE_NO_PIN", "maybe"),
+            &["serve"],
+            "error: SHARDLINE_NO_PIN=\"maybe\" (the environment variable for --no-pin): \"maybe\" \
+             is not a boolean; accepted: 1, 0, true, false, yes, no, on, off (any case), or empty",
+        ),
+        (
+            ("SHARDLINE_SHARDS", "2000"),
+            &["doctor"],
+            "error: SHARDLINE_SHARDS=\"2000\" (the environment variable for --shards): shard \
+             count must be between 1 and 1024",
+        ),
+        (
+            ("SHARDLINE_TIMEOUT", "-5s"),
+            &["metadata"],
+            "error: SHARDLINE_TIMEOUT=\"-5s\" (the environment variable for --timeout): \"-5s\" \
+             is not a duration: use a whole number of seconds (5, 5s), milliseconds (300ms) or \
+             minutes (2m), no other unit, at most 3600 s (60m) for the request timeout",
+        ),
+    ] {
+        assert_eq!(env_usage_error(&[env], args), expected, "{env:?}");
+    }
+    // Typed: the flag, as clap names it, even with the same text in the variable.
+    assert_eq!(
+        env_usage_error(&[("SHARDLINE_SHARDS", "0")], &["serve", "--shards", "0"]),
+        "error: invalid value '0' for '--shards <N|all>': shard count must be between 1 and 1024"
+    );
+    // Overridden by its flag: not read, so the error is about the other flag.
+    assert_eq!(
+        env_usage_error(
+            &[("SHARDLINE_TICK_MS", "0")],
+            &["serve", "--tick-ms", "5", "--heartbeat-ticks", "0"]
+        ),
+        "error: invalid value '0' for '--heartbeat-ticks <TICKS>': must be between 1 and 1000000 \
+         ticks"
     );
 }

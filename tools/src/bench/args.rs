@@ -70,7 +70,13 @@ pub struct BenchArgs {
     /// doubling up to that count, and that count itself when it is not a power of two (6 CPUs:
     /// 1,2,4,6). With more than one count or `--repeat`, the report ends with the median and
     /// spread per count and a recommended count.
-    #[arg(long, value_name = "LIST", default_value = "all")]
+    #[arg(
+        long,
+        value_name = "LIST",
+        default_value = "all",
+        allow_hyphen_values = true,
+        value_parser = parse_shards_value
+    )]
     pub shards: String,
 
     /// Runs of each shard count, 1..=100, each on a fresh server. The runs go in rounds
@@ -406,7 +412,7 @@ pub enum BenchArgsError {
     )]
     ConsumersAbovePartitions { consumers: u32, partitions: u32 },
     #[error("--shards {value}: {rule}")]
-    Shards { value: String, rule: &'static str },
+    Shards { value: String, rule: String },
     #[error(
         "--{flag} configures the embedded server and cannot be used with --addr; configure the running server instead"
     )]
@@ -447,39 +453,49 @@ enum ShardSpec {
     Sweep,
 }
 
-fn parse_shards(value: &str) -> Result<ShardSpec, BenchArgsError> {
-    let error = |rule| BenchArgsError::Shards {
-        value: value.to_string(),
-        rule,
-    };
+/// Parses `--shards`: `sweep` alone, or a comma-separated list of `all` and counts, each count
+/// by `serve --shards`'s own rule (`runtime::ShardCountArg`: 1 to `SHARD_COUNT_MAX`), none
+/// listed twice.
+///
+/// # Errors
+/// The rule (clap and [`BenchArgsError::Shards`] name the flag and the value): serve's for a
+/// bad count, after the count (`"0": shard count must be between 1 and 1024`) in a list of more
+/// than one; else that `sweep` stands alone or that a count is listed twice.
+fn parse_shards(value: &str) -> Result<ShardSpec, String> {
     if value.trim() == "sweep" {
         return Ok(ShardSpec::Sweep);
     }
-    if value.split(',').any(|item| item.trim() == "sweep") {
-        return Err(error(
-            "`sweep` stands alone: it already runs 1, 2, 4, ... up to the allowed CPUs",
-        ));
+    let items: Vec<&str> = value.split(',').map(str::trim).collect();
+    if items.contains(&"sweep") {
+        return Err(
+            "`sweep` stands alone: it already runs 1, 2, 4, ... up to the allowed CPUs".to_owned(),
+        );
     }
-    let requests = value
-        .split(',')
-        .map(|item| match item.trim() {
-            "all" => Ok(ShardRequest::All),
-            item => match item.parse::<u16>() {
-                Ok(0) => Err(error("a shard count must be at least 1")),
-                Ok(count) => Ok(ShardRequest::Count(count)),
-                Err(_) => Err(error(
-                    "expected a comma-separated list of counts or `all`, e.g. 1,2,4",
-                )),
-            },
+    let requests = items
+        .iter()
+        .map(|item| match crate::arg_values::parse_shard_count(item) {
+            Ok(runtime::ShardCountArg::All) => Ok(ShardRequest::All),
+            Ok(runtime::ShardCountArg::Count(count)) => Ok(ShardRequest::Count(count)),
+            Err(rule) if items.len() == 1 => Err(rule),
+            Err(rule) => Err(format!("{item:?}: {rule}")),
         })
         .collect::<Result<Vec<_>, _>>()?;
     let mut seen = requests.clone();
     seen.sort_by_key(ToString::to_string);
     seen.dedup();
     if seen.len() != requests.len() {
-        return Err(error("a shard count is listed twice"));
+        return Err("a shard count is listed twice".to_owned());
     }
     Ok(ShardSpec::List(requests))
+}
+
+/// clap parser of `--shards`: checks `text` by [`parse_shards`] and keeps it as text (the plan
+/// parses it again), so that a bad list is a usage error (exit 2) as `serve --shards` is.
+///
+/// # Errors
+/// Those of [`parse_shards`].
+fn parse_shards_value(text: &str) -> Result<String, String> {
+    parse_shards(text).map(|_| text.to_owned())
 }
 
 /// The counts of `--shards sweep` when `all` resolves to `all_count` shards: 1, 2, 4, ...
@@ -736,7 +752,10 @@ impl BenchArgs {
                 PayloadChoice::Size(size)
             }
         };
-        let shard_spec = parse_shards(&self.shards)?;
+        let shard_spec = parse_shards(&self.shards).map_err(|rule| BenchArgsError::Shards {
+            value: self.shards.clone(),
+            rule,
+        })?;
         if let Some(value) = &self.fsync {
             check_fsync(value)?;
         }
@@ -934,13 +953,14 @@ impl BenchArgs {
                 return Err(BenchArgsError::Shards {
                     value: self.shards.clone(),
                     rule: "`sweep` starts embedded servers on this host's CPUs; --addr targets \
-                           one running server, so list at most one count",
+                           one running server, so list at most one count"
+                        .to_owned(),
                 });
             }
             ShardSpec::List(requests) if requests.len() > 1 => {
                 return Err(BenchArgsError::Shards {
                     value: self.shards.clone(),
-                    rule: "--addr targets one running server, so list at most one count",
+                    rule: "--addr targets one running server, so list at most one count".to_owned(),
                 });
             }
             ShardSpec::List(_) => {}
@@ -1218,18 +1238,27 @@ mod tests {
                 ShardRequest::All
             ])
         );
-        assert_eq!(
-            error(&["--shards", "0"]),
-            "--shards 0: a shard count must be at least 1"
-        );
-        assert_eq!(
-            error(&["--shards", "1,x"]),
-            "--shards 1,x: expected a comma-separated list of counts or `all`, e.g. 1,2,4"
-        );
-        assert_eq!(
-            error(&["--shards", "2,2"]),
-            "--shards 2,2: a shard count is listed twice"
-        );
+        // Refused by clap (exit 2), each count by serve's rule.
+        for (value, rule) in [
+            ("0", "shard count must be between 1 and 1024"),
+            ("1025", "shard count must be between 1 and 1024"),
+            (
+                "-1",
+                "expected `all` or a whole number of shards from 1 to 1024",
+            ),
+            ("1,0", "\"0\": shard count must be between 1 and 1024"),
+            (
+                "1,x",
+                "\"x\": expected `all` or a whole number of shards from 1 to 1024",
+            ),
+            ("2,2", "a shard count is listed twice"),
+        ] {
+            assert_eq!(
+                parse_error(&["--shards", value]),
+                format!("error: invalid value '{value}' for '--shards <LIST>': {rule}")
+            );
+        }
+        assert_eq!(parse(&["--shards", "1024"]).shards, "1024");
     }
 
     #[test]
@@ -1296,9 +1325,9 @@ mod tests {
     #[test]
     fn sweep_stands_alone_and_needs_the_embedded_server() {
         assert_eq!(
-            error(&["--shards", "1,sweep"]),
-            "--shards 1,sweep: `sweep` stands alone: it already runs 1, 2, 4, ... up to the \
-             allowed CPUs"
+            parse_error(&["--shards", "1,sweep"]),
+            "error: invalid value '1,sweep' for '--shards <LIST>': `sweep` stands alone: it \
+             already runs 1, 2, 4, ... up to the allowed CPUs"
         );
         assert_eq!(
             error(&["--shards", "sweep", "--addr", "127.0.0.1:9000"]),

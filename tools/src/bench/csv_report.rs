@@ -7,11 +7,12 @@ use std::path::Path;
 
 use anyhow::Context as _;
 
-use super::report::{PhaseFigures, RunReport};
+use super::report::{PhaseFigures, RunConfig, RunReport};
 
 /// The CSV columns, in order. Units are in the names (`_us`, `_seconds`, `mb` = 10^6 payload
-/// bytes); `messages` is the phase's acknowledged (produce) or verified (consume) count.
-pub const CSV_COLUMNS: [&str; 35] = [
+/// bytes); `messages` is the phase's acknowledged (produce) or verified (consume) count. New
+/// columns go at the end, so that readers of the older ones by position keep working.
+pub const CSV_COLUMNS: [&str; 36] = [
     "sequence",
     "repeat",
     "shards",
@@ -47,6 +48,7 @@ pub const CSV_COLUMNS: [&str; 35] = [
     "batch_messages",
     "concurrent",
     "server",
+    "write_mode",
 ];
 
 fn optional(value: Option<f64>) -> String {
@@ -93,7 +95,19 @@ fn phase_row(run: &RunReport, phase: &str, figures: &PhaseFigures, messages: u64
         config.batch_messages.to_string(),
         config.concurrent.to_string(),
         config.server.clone(),
+        write_mode_cell(config),
     ]
+}
+
+/// The `write_mode` cell, as the report's config line states it: `--write-mode` as given, the
+/// server default (`buffered`) for an embedded server without it, empty for a running server
+/// (`--addr`, whose mode is its own and unknown here).
+fn write_mode_cell(config: &RunConfig) -> String {
+    match (&config.write_mode, config.data_dir.is_some()) {
+        (Some(mode), _) => mode.clone(),
+        (None, true) => storage::WriteMode::default().to_string(),
+        (None, false) => String::new(),
+    }
 }
 
 /// The CSV text: the [`CSV_COLUMNS`] header, then one row per (run, phase): each run's produce
@@ -201,6 +215,27 @@ mod tests {
         assert_eq!(
             cells(0, &["page_cache_note", "fsync", "payload"]),
             ["first run of the sequence, cold cache", "never", "1000 B"]
+        );
+    }
+
+    /// The write mode, as JSON and `--compare` carry it, is the last column (appended so that
+    /// readers of the older columns by position keep working): `--write-mode` as given, the
+    /// server default `buffered` for an embedded server without it, empty for a running server
+    /// (`--addr`: its mode is its own, unknown here).
+    #[test]
+    fn csv_ends_with_the_write_mode() {
+        assert_eq!(CSV_COLUMNS.last(), Some(&"write_mode"));
+        let mut reports = runs(&[(1, &[(1.0, None)]), (2, &[(1.0, None)])]);
+        reports.extend(runs(&[(4, &[(1.0, None)])]));
+        reports[0].config.write_mode = Some("direct".to_string());
+        reports[1].config.data_dir = Some("/tmp/shardline-bench-x".to_string());
+        reports[2].config.data_dir = None;
+        let (_, rows) = parse(&render_csv(&reports));
+        let last: Vec<&str> = rows.iter().map(|row| &row[row.len() - 1]).collect();
+        assert_eq!(
+            last,
+            ["direct", "direct", "buffered", "buffered", "", ""],
+            "produce and consume rows of each run"
         );
     }
 

@@ -19,16 +19,17 @@ const INDEX_ROW_BYTES: u64 = 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunSize {
     pub message_count: u64,
-    /// The largest payload of one message, bytes (`--message-size`, or the longest
-    /// `--payload-file` line).
-    pub payload_len_max: u64,
+    /// Payload bytes of all `message_count` messages as the producers send them (`--message-size`
+    /// each, or a `--payload-file`'s lines as each producer cycles through them: the corpus's own
+    /// mix, not its longest line for every message).
+    pub payload_bytes: u64,
     pub batch_message_count: u32,
     pub producer_count: u32,
 }
 
 impl RunSize {
     /// Upper bound of the bytes one run leaves on disk, saturating at `u64::MAX`: every message
-    /// as a 32-byte message header and its payload (storage/FORMAT.md section 3, entry payload),
+    /// as a 32-byte message header, plus `payload_bytes` (storage/FORMAT.md section 3, entry payload),
     /// every batch as a 32-byte entry header and a 16-byte index row (section 4), with each
     /// producer's last batch possibly partial (so up to `producer_count` batches more than
     /// `message_count / batch`), plus [`SERVER_FIXED_FILES_BYTES_MAX`] for the server's own
@@ -36,7 +37,8 @@ impl RunSize {
     pub fn estimate_bytes(&self) -> u64 {
         let message_bytes = self
             .message_count
-            .saturating_mul(MESSAGE_HEADER_SIZE as u64 + self.payload_len_max);
+            .saturating_mul(MESSAGE_HEADER_SIZE as u64)
+            .saturating_add(self.payload_bytes);
         let batch_count = self
             .message_count
             .div_ceil(u64::from(self.batch_message_count.max(1)))
@@ -54,17 +56,18 @@ pub enum DiskSpaceError {
     /// `--data-root`.
     #[error(
         "--messages {message_count} would write up to {estimate_bytes} bytes ({estimate_gib:.2} \
-         GiB: {message_count} x ({payload_len_max} payload + {MESSAGE_HEADER_SIZE} header bytes), \
-         batch headers and index rows, and {SERVER_FIXED_FILES_BYTES_MAX} bytes for the server's \
-         own files) under {path}, but its filesystem has {available_bytes} bytes \
-         ({available_gib:.2} GiB) free for this user; pass a smaller --messages or a --data-root \
-         on a filesystem with more free space",
+         GiB: {payload_bytes} payload bytes ({payload_mean:.1} per message on average) + \
+         {message_count} x {MESSAGE_HEADER_SIZE} header bytes, batch headers and index rows, and \
+         {SERVER_FIXED_FILES_BYTES_MAX} bytes for the server's own files) under {path}, but its \
+         filesystem has {available_bytes} bytes ({available_gib:.2} GiB) free for this user; pass \
+         a smaller --messages or a --data-root on a filesystem with more free space",
         estimate_gib = *estimate_bytes as f64 / GIB,
-        available_gib = *available_bytes as f64 / GIB
+        available_gib = *available_bytes as f64 / GIB,
+        payload_mean = *payload_bytes as f64 / (*message_count).max(1) as f64
     )]
     WouldNotFit {
         message_count: u64,
-        payload_len_max: u64,
+        payload_bytes: u64,
         estimate_bytes: u64,
         available_bytes: u64,
         path: PathBuf,
@@ -89,7 +92,7 @@ pub fn check_fits(size: &RunSize, available_bytes: u64, path: &Path) -> Result<(
     if estimate_bytes > available_bytes {
         return Err(DiskSpaceError::WouldNotFit {
             message_count: size.message_count,
-            payload_len_max: size.payload_len_max,
+            payload_bytes: size.payload_bytes,
             estimate_bytes,
             available_bytes,
             path: path.to_path_buf(),
@@ -128,7 +131,7 @@ mod tests {
 
     const SIZE: RunSize = RunSize {
         message_count: 1_000_000,
-        payload_len_max: 1000,
+        payload_bytes: 1_000_000_000,
         batch_message_count: 1000,
         producer_count: 2,
     };
@@ -145,6 +148,11 @@ mod tests {
             ..SIZE
         };
         assert_eq!(huge.estimate_bytes(), u64::MAX);
+        let huge_payload = RunSize {
+            payload_bytes: u64::MAX,
+            ..SIZE
+        };
+        assert_eq!(huge_payload.estimate_bytes(), u64::MAX);
     }
 
     #[test]
@@ -156,9 +164,10 @@ mod tests {
         assert_eq!(
             error.to_string(),
             format!(
-                "--messages 1000000 would write up to {estimate} bytes (1.02 GiB: 1000000 x (1000 \
-                 payload + 32 header bytes), batch headers and index rows, and 67108864 bytes for \
-                 the server's own files) under /srv/bench, but its filesystem has {} bytes (1.02 \
+                "--messages 1000000 would write up to {estimate} bytes (1.02 GiB: 1000000000 \
+                 payload bytes (1000.0 per message on average) + 1000000 x 32 header bytes, batch \
+                 headers and index rows, and 67108864 bytes for the server's own files) under \
+                 /srv/bench, but its filesystem has {} bytes (1.02 \
                  GiB) free for this user; pass a smaller --messages or a --data-root on a \
                  filesystem with more free space",
                 estimate - 1

@@ -140,9 +140,19 @@ fn check_free_space(plan: &BenchPlan, payload: &PayloadSource) -> anyhow::Result
         return Ok(());
     };
     let root = data_root.clone().unwrap_or_else(std::env::temp_dir);
+    // Each producer sends its share, cycling through the payloads from its own message 0.
+    let payload_bytes = (0..plan.producer_count)
+        .map(|producer_index| {
+            payload.payload_bytes(workload::producer_share(
+                message_count,
+                plan.producer_count,
+                producer_index,
+            ))
+        })
+        .fold(0_u64, u64::saturating_add);
     let size = disk_space::RunSize {
         message_count,
-        payload_len_max: payload.payload_len_max() as u64,
+        payload_bytes,
         batch_message_count: plan.batch_message_count,
         producer_count: plan.producer_count,
     };

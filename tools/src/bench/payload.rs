@@ -89,6 +89,25 @@ impl PayloadSource {
         self.payload_for(sequence_of(id)) == payload
     }
 
+    /// Payload bytes of messages `0..message_count` of one producer (what [`Self::payload_for`]
+    /// hands out over them: a file's lines as they cycle), saturating at `u64::MAX`.
+    pub fn payload_bytes(&self, message_count: u64) -> u64 {
+        match self {
+            PayloadSource::Fixed(payload) => message_count.saturating_mul(payload.len() as u64),
+            PayloadSource::Lines { lines, .. } => {
+                let line_count = lines.len() as u64;
+                let cycle_bytes: u64 = lines.iter().map(|line| line.len() as u64).sum();
+                let rest_bytes: u64 = lines[..(message_count % line_count) as usize]
+                    .iter()
+                    .map(|line| line.len() as u64)
+                    .sum();
+                (message_count / line_count)
+                    .saturating_mul(cycle_bytes)
+                    .saturating_add(rest_bytes)
+            }
+        }
+    }
+
     pub fn payload_len_max(&self) -> usize {
         match self {
             PayloadSource::Fixed(payload) => payload.len(),
@@ -150,6 +169,29 @@ mod tests {
         assert!(payload.matches(message_id(2, 4), b"second line"));
         assert!(!payload.matches(message_id(2, 4), b"first"));
         assert_eq!(payload.describe(), format!("{} (3 lines)", path.display()));
+    }
+
+    /// What `payload_bytes` counts is what `payload_for` hands out, message after message.
+    #[test]
+    fn payload_bytes_sum_the_lines_as_they_cycle() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("corpus.log");
+        std::fs::write(&path, format!("{}\nab\ncd\n", "x".repeat(1000))).unwrap();
+        let payload = PayloadSource::from_file(&path).unwrap();
+        for message_count in [0, 1, 2, 3, 4, 5, 7, 300] {
+            let sent: u64 = (0..message_count)
+                .map(|sequence| payload.payload_for(sequence).len() as u64)
+                .sum();
+            assert_eq!(
+                payload.payload_bytes(message_count),
+                sent,
+                "{message_count}"
+            );
+        }
+        // 3 cycles and one more line: not 10 x the longest line.
+        assert_eq!(payload.payload_bytes(10), 3 * 1004 + 1000);
+        assert_eq!(PayloadSource::fixed(30).payload_bytes(7), 210);
+        assert_eq!(PayloadSource::fixed(30).payload_bytes(u64::MAX), u64::MAX);
     }
 
     #[test]
