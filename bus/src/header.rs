@@ -299,7 +299,7 @@ mod tests {
         header.request = 0x1122_3344_5566_7788;
         let bytes = bytemuck::bytes_of(&header);
         assert_eq!(&bytes[48..52], &[0x04, 0x03, 0x02, 0x01]);
-        assert_eq!(&bytes[56..58], &[2, 0]);
+        assert_eq!(&bytes[56..58], &[3, 0]);
         assert_eq!(bytes[58], 2);
         assert_eq!(bytes[60], 8);
         assert_eq!(&bytes[80..88], &0x1122_3344_5566_7788_u64.to_le_bytes());
@@ -309,7 +309,7 @@ mod tests {
     fn new_is_zeroed_but_version_command_operation() {
         let header = Header::new(Command::Request, Operation::CreateTopic);
         let mut expected: Header = bytemuck::Zeroable::zeroed();
-        expected.protocol_version = 2;
+        expected.protocol_version = 3;
         expected.command = 1;
         expected.operation = 4;
         assert_eq!(header, expected);
@@ -377,7 +377,7 @@ mod tests {
         let header = resealed(|h| h.protocol_version = PROTOCOL_VERSION + 1);
         assert!(matches!(
             header.validate_prefix(MAX),
-            Err(FrameError::ProtocolVersion { version: 3 })
+            Err(FrameError::ProtocolVersion { version: 4 })
         ));
         let header = resealed(|h| h.command = 18);
         assert!(matches!(
