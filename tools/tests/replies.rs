@@ -327,11 +327,13 @@ fn issue7_4_inspect_segment_reports_exactly_the_flipped_entry_with_opens_index_v
     assert_eq!(damage[0]["position"], 1352);
     assert_eq!(damage[0]["torn_tail"], false);
     let reason = damage[0]["reason"].as_str().unwrap();
-    // Byte 7 of the first message header (its offset_delta): under the issue-12 rule the entry
-    // checksum, over the message headers and stamp, is what fails.
+    // Byte 7 of the first message header (its offset_delta): under the issue-12 rules the entry
+    // checksum, over the base timestamp, message headers and stamp, is what fails.
     assert!(
         reason.starts_with("entry checksum")
-            && reason.contains(" of the message headers and stamp differs from the header's")
+            && reason.contains(
+                " of the base timestamp, message headers and stamp differs from the header's"
+            )
             && reason.contains("(offsets 40 to 49; in a closed segment whose index open uses"),
         "{reason}"
     );

@@ -1472,7 +1472,9 @@ mod tests {
                 CLUSTER,
                 3
             ),
-            Err(WireError::ProtocolVersion { version: 3 })
+            Err(WireError::ProtocolVersion {
+                version: PROTOCOL_VERSION + 1
+            })
         );
         let mut bytes = reseal(|_| {});
         let mut header = header_of(&bytes);

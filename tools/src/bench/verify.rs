@@ -410,10 +410,13 @@ mod tests {
 
     #[test]
     fn section_rule_batches_have_each_payload_hashed_here() {
-        // The rule before issue 12: flag bit 1 clear, the batch checksum over the whole section,
-        // and one message checksum that does not match its payload (parse cannot see it).
+        // The rule before issue 12: flag bits 1 and 2 clear, the batch checksum over the whole
+        // section, and one message checksum that does not match its payload (parse cannot see
+        // it).
         let mut bytes = batch();
-        bytes[message_header_at(0) + 12] &= !(bus::MESSAGE_FLAG_CHECKSUM_OF_HEADERS as u8);
+        bytes[message_header_at(0) + 12] &= !((bus::MESSAGE_FLAG_CHECKSUM_OF_HEADERS
+            | bus::MESSAGE_FLAG_CHECKSUM_OF_TIMESTAMP)
+            as u8);
         bytes[message_header_at(2) + 24] ^= 1;
         let section_checksum = twox_hash::XxHash3_64::oneshot(&bytes[bus::BATCH_HEADER_SIZE..]);
         bytes[24..32].copy_from_slice(&section_checksum.to_le_bytes());
