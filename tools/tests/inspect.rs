@@ -262,6 +262,20 @@ fn issue12_downgrade_inspect_superblock_shows_each_copy_version() {
     );
 }
 
+/// The end of `inspect superblock`'s output for a clean file whose four copies are all at
+/// `version` (below 3): the summary, the upgrade note, the result.
+fn upgrade_note_of_all_copies_at(version: u16) -> String {
+    format!(
+        "summary: 4 current, 0 stale, 0 invalid\n\
+         note: valid copies at version {version} (copy 0, 1, 2, 3): the next `shardline serve` on \
+         this data directory upgrades every copy to version 3 before it opens any partition, and \
+         from then on shardline releases that read superblock versions only up to 2 (from before \
+         the timestamp entry checksum rule, flag bit 2) refuse it; only a copy of the data \
+         directory made before that serve can go back to them\n\
+         result: clean\n"
+    )
+}
+
 #[test]
 fn issue12_downgrade_inspect_superblock_notes_the_upgrade_of_an_all_version_1_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -272,15 +286,7 @@ fn issue12_downgrade_inspect_superblock_notes_the_upgrade_of_an_all_version_1_fi
     let (code, stdout, stderr) = inspect_path("superblock", &path);
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(
-        stdout.ends_with(
-            "summary: 4 current, 0 stale, 0 invalid\n\
-             note: valid copies at version 1 (copy 0, 1, 2, 3): the next `shardline serve` on \
-             this data directory upgrades every copy to version 3 before it opens any partition, \
-             and from then on shardline releases that read superblock versions only up to 2 \
-             (from before the timestamp entry checksum rule, flag bit 2) refuse it; only a copy \
-             of the data directory made before that serve can go back to them\n\
-             result: clean\n"
-        ),
+        stdout.ends_with(&upgrade_note_of_all_copies_at(1)),
         "{stdout}"
     );
     let (code, json) = inspect_json("superblock", &path);
@@ -305,15 +311,7 @@ fn issue12_timestamp_rule_inspect_superblock_shows_version_2_copies_and_notes_th
         "{stdout}"
     );
     assert!(
-        stdout.ends_with(
-            "summary: 4 current, 0 stale, 0 invalid\n\
-             note: valid copies at version 2 (copy 0, 1, 2, 3): the next `shardline serve` on \
-             this data directory upgrades every copy to version 3 before it opens any partition, \
-             and from then on shardline releases that read superblock versions only up to 2 \
-             (from before the timestamp entry checksum rule, flag bit 2) refuse it; only a copy \
-             of the data directory made before that serve can go back to them\n\
-             result: clean\n"
-        ),
+        stdout.ends_with(&upgrade_note_of_all_copies_at(2)),
         "{stdout}"
     );
     let (code, json) = inspect_json("superblock", &path);
