@@ -24,6 +24,22 @@
 //! the frame and counts it; the protocol retries on its own timers); inbound messages go to the
 //! driver through a bounded channel (full: dropped and counted). Runs on shard 0's compio
 //! runtime; `!Send`.
+//!
+//! A link that is down drops its frames, as a network would: the queue holds frames only while
+//! the outbound link is connected (a live but slow link keeps the bounded-queue rule above).
+//! `send` to a peer whose link is not connected drops the frame and counts it, and the frames
+//! still queued when a write fails are dropped with it, so a restarted replica never receives a
+//! burst of traffic from before its restart and a dead peer pins no memory. VSR tolerates the
+//! loss: every message it needs is retransmitted on its own timers (DESIGN section 10, and
+//! Viewstamped Replication Revisited section 4, which assumes a network that may drop messages).
+//! The drops are counted (`BusCounters::link_down_dropped`) and logged at debug with the peer's
+//! address, once per reconnect attempt.
+//!
+//! A peer's Hello ends the wait before reconnecting to it: when the accept side accepts a Hello
+//! from replica `i`, the connect loop to `i` resets its backoff and connects at once instead of
+//! sleeping out up to `RECONNECT_BACKOFF_MAX`. A restarted replica is thus reachable as soon as it
+//! can reach us, so its first heartbeat from the primary is not held back by our backoff (without
+//! this a restarted backup could time out on the primary and start a needless view change).
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
@@ -51,8 +67,9 @@ use crate::vsr::wire::{HELLO_ADDRESS_BYTES_MAX, addresses_checksum, addresses_te
 /// Frames a peer's outbound queue holds before further sends to it are dropped.
 pub const PEER_QUEUE_FRAMES_MAX: usize = 1024;
 /// First wait before reconnecting to a peer; doubles per failed attempt up to
-/// [`RECONNECT_BACKOFF_MAX`].
+/// [`RECONNECT_BACKOFF_MAX`]. A Hello from that peer ends any wait at once (module docs).
 pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(50);
+/// Longest wait between reconnect attempts to a peer that is down or refuses our Hello.
 pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// How long the listener retries binding an address in use (a replica restarted a moment ago).
 const BIND_RETRY_MAX: Duration = Duration::from_secs(10);
@@ -236,6 +253,10 @@ pub struct BusConfig {
     /// Most inbound links held at once, Hello pending or established
     /// (`limits::replica_inbound_links_max`); one more is closed on accept.
     pub inbound_links_max: usize,
+    /// First wait before reconnecting to a peer ([`RECONNECT_BACKOFF_MIN`]; tests pass more).
+    pub reconnect_backoff_min: Duration,
+    /// Longest wait between reconnect attempts ([`RECONNECT_BACKOFF_MAX`]; tests pass more).
+    pub reconnect_backoff_max: Duration,
 }
 
 impl BusConfig {
@@ -256,6 +277,8 @@ impl BusConfig {
             frame_size_max: crate::limits::REPLICA_MESSAGE_SIZE_MAX,
             frame_rest_timeout: crate::limits::REPLICA_FRAME_REST_TIMEOUT,
             inbound_links_max,
+            reconnect_backoff_min: RECONNECT_BACKOFF_MIN,
+            reconnect_backoff_max: RECONNECT_BACKOFF_MAX,
         }
     }
 }
@@ -265,6 +288,13 @@ impl BusConfig {
 pub struct BusCounters {
     /// Frames dropped because a peer's outbound queue was full.
     pub send_dropped: Cell<u64>,
+    /// Frames dropped because their peer's outbound link was down: refused by `send` while the
+    /// link was not connected, or still queued when a write to it failed.
+    pub link_down_dropped: Cell<u64>,
+    /// Outbound connect attempts that failed (the peer was unreachable).
+    pub connects_failed: Cell<u64>,
+    /// Reconnect backoff waits ended early because the peer's Hello arrived on its inbound link.
+    pub backoffs_ended_by_hello: Cell<u64>,
     /// Inbound messages dropped because the driver's channel was full.
     pub receive_dropped: Cell<u64>,
     /// Connections closed for a refused Hello, a malformed or stalled frame, or over the cap.
@@ -295,6 +325,34 @@ struct Shared<M: 'static> {
     peer_links: RefCell<Vec<Option<(u64, AbortHandle)>>>,
     /// Id of the next established inbound link.
     next_link_id: Cell<u64>,
+    /// Per peer index (`None` for our own): the state its connect loop shares with `send` and
+    /// the accept side.
+    outbound: Vec<Option<Outbound>>,
+}
+
+/// One peer's outbound link as `ReplicaBus::send`, its connect loop and the accept side see it.
+struct Outbound {
+    /// The frames to write, at most `PEER_QUEUE_FRAMES_MAX`; filled only while `connected`.
+    queue: MAsyncTx<Array<Vec<u8>>>,
+    /// Set once a connect succeeded (before our Hello is written, so a peer that read our Hello
+    /// sees it set), cleared when a write fails.
+    connected: Cell<bool>,
+    /// Frames dropped while the link was down since the connect loop last logged them.
+    dropped_unlogged: Cell<u64>,
+    /// Holds one pending signal once the peer's Hello was accepted on its inbound link: the
+    /// connect loop's next (or current) backoff wait ends at once.
+    peer_hello: MAsyncTx<Array<()>>,
+}
+
+impl Outbound {
+    /// Counts `count` frames dropped because the link was down.
+    fn count_dropped(&self, counters: &BusCounters, count: u64) {
+        self.dropped_unlogged
+            .set(self.dropped_unlogged.get() + count);
+        counters
+            .link_down_dropped
+            .set(counters.link_down_dropped.get() + count);
+    }
 }
 
 impl<M: 'static> Shared<M> {
@@ -325,8 +383,6 @@ impl<M: 'static> Shared<M> {
 /// Shard 0's replica links. Dropping it stops every link task.
 pub struct ReplicaBus<M: 'static> {
     shared: Rc<Shared<M>>,
-    /// Outbound queue per replica index (`None` for our own index).
-    peers: Vec<Option<MAsyncTx<Array<Vec<u8>>>>>,
     tasks: Vec<compio::runtime::JoinHandle<()>>,
     local_addr: SocketAddr,
 }
@@ -359,6 +415,24 @@ impl<M: 'static> ReplicaBus<M> {
         let listener = bind_retrying(config.addresses[replica]).await?;
         let local_addr = listener.local_addr()?;
         let replica_count = config.addresses.len();
+        let mut outbound = Vec::with_capacity(replica_count);
+        let mut connector_ends = Vec::with_capacity(replica_count);
+        for index in 0..replica_count {
+            if index == replica {
+                outbound.push(None);
+                continue;
+            }
+            let (queue, queue_rx) =
+                crossfire::mpsc::bounded_async::<Vec<u8>>(PEER_QUEUE_FRAMES_MAX);
+            let (peer_hello, peer_hello_rx) = crossfire::mpsc::bounded_async::<()>(1);
+            outbound.push(Some(Outbound {
+                queue,
+                connected: Cell::new(false),
+                dropped_unlogged: Cell::new(0),
+                peer_hello,
+            }));
+            connector_ends.push((index, queue_rx, peer_hello_rx));
+        }
         let shared = Rc::new(Shared {
             decode,
             inbound,
@@ -368,30 +442,23 @@ impl<M: 'static> ReplicaBus<M> {
             inbound_links: Cell::new(0),
             peer_links: RefCell::new((0..replica_count).map(|_| None).collect()),
             next_link_id: Cell::new(0),
+            outbound,
             config,
         });
         let mut tasks = vec![compio::runtime::spawn(accept_loop(
             Rc::clone(&shared),
             listener,
         ))];
-        let mut peers = Vec::with_capacity(replica_count);
-        for index in 0..replica_count {
-            if index == replica {
-                peers.push(None);
-                continue;
-            }
-            let (tx, rx) = crossfire::mpsc::bounded_async::<Vec<u8>>(PEER_QUEUE_FRAMES_MAX);
-            let address = shared.config.addresses[index];
+        for (index, queue, peer_hello) in connector_ends {
             tasks.push(compio::runtime::spawn(connect_loop(
                 Rc::clone(&shared),
-                address,
-                rx,
+                index,
+                queue,
+                peer_hello,
             )));
-            peers.push(Some(tx));
         }
         Ok(ReplicaBus {
             shared,
-            peers,
             tasks,
             local_addr,
         })
@@ -402,16 +469,22 @@ impl<M: 'static> ReplicaBus<M> {
         self.local_addr
     }
 
-    /// Queues one encoded frame for replica `to`; never waits. Returns false (and counts it) if
-    /// the frame was dropped: the peer's queue is full, `to` is our own index or out of range.
+    /// Queues one encoded frame for replica `to`; never waits. Returns false if the frame was
+    /// dropped: the link to `to` is not connected (counted in `link_down_dropped`: a down link
+    /// drops, module docs), the peer's queue is full (counted in `send_dropped`), or `to` is our
+    /// own index or out of range.
     pub fn send(&self, to: ReplicaIndex, frame: Vec<u8>) -> bool {
-        let Some(Some(queue)) = self.peers.get(usize::from(to)) else {
+        let Some(Some(outbound)) = self.shared.outbound.get(usize::from(to)) else {
             return false;
         };
-        if queue.try_send(frame).is_ok() {
+        let counters = &self.shared.counters;
+        if !outbound.connected.get() {
+            outbound.count_dropped(counters, 1);
+            return false;
+        }
+        if outbound.queue.try_send(frame).is_ok() {
             return true;
         }
-        let counters = &self.shared.counters;
         counters.send_dropped.set(counters.send_dropped.get() + 1);
         false
     }
@@ -424,6 +497,16 @@ impl<M: 'static> ReplicaBus<M> {
             .get(usize::from(replica))
             .cloned()
             .flatten()
+    }
+
+    /// Whether the outbound link to replica `to` is connected now, i.e. whether `send` to it
+    /// queues (false for our own index or one out of range).
+    pub fn connected(&self, to: ReplicaIndex) -> bool {
+        self.shared
+            .outbound
+            .get(usize::from(to))
+            .and_then(Option::as_ref)
+            .is_some_and(|outbound| outbound.connected.get())
     }
 
     pub fn counters(&self) -> &BusCounters {
@@ -634,6 +717,10 @@ async fn serve_inbound<M: 'static>(shared: Rc<Shared<M>>, mut stream: TcpStream,
     }
     tracing::info!(%peer, from, client_address = %hello.client_address, "replica link up (inbound)");
     shared.client_addresses.borrow_mut()[slot] = Some(hello.client_address);
+    if let Some(Some(outbound)) = shared.outbound.get(slot) {
+        // Full: a signal is pending already, which is all the connect loop needs.
+        let _ = outbound.peer_hello.try_send(());
+    }
     let served = Abortable::new(read_frames(&shared, &mut stream, peer, from), registration).await;
     let mut links = shared.peer_links.borrow_mut();
     if links[slot]
@@ -745,17 +832,24 @@ impl LogThrottle {
     }
 }
 
-/// Keeps one outbound link to `address` up: connect (backoff 50 ms doubling to 1 s), send our
-/// Hello, then write queued frames until a write fails; then reconnect. Frames queued while the
-/// link is down wait in the bounded queue (the oldest are not replaced: the queue drops new
-/// ones when full). A link that goes down within `REPLICA_LINK_REFUSED_WINDOW` of its Hello was
-/// most likely refused by the peer: it keeps the backoff growing and is logged as such. The
-/// up/down lines are rate-limited per peer (`LogThrottle`).
+/// Keeps one outbound link to replica `index` up: connect (backoff from
+/// `config.reconnect_backoff_min` doubling to `config.reconnect_backoff_max`, ended early by the
+/// peer's Hello on its inbound link), send our Hello, then write queued frames until a write
+/// fails; then reconnect. While the link is not connected its frames are dropped and counted
+/// (module docs: a down link drops, as a network would); a live but slow link keeps up to
+/// `PEER_QUEUE_FRAMES_MAX` queued. A link that goes down within `REPLICA_LINK_REFUSED_WINDOW`
+/// of its Hello was most likely refused by the peer: it keeps the backoff growing and is logged
+/// as such. The up/down lines are rate-limited per peer (`LogThrottle`).
 async fn connect_loop<M: 'static>(
     shared: Rc<Shared<M>>,
-    address: SocketAddr,
+    index: usize,
     queue: AsyncRx<Array<Vec<u8>>>,
+    peer_hello: AsyncRx<Array<()>>,
 ) {
+    let address = shared.config.addresses[index];
+    let Some(outbound) = shared.outbound[index].as_ref() else {
+        unreachable!("no connect loop runs for our own index");
+    };
     let hello = Hello {
         cluster: shared.config.cluster,
         replica: shared.config.replica,
@@ -763,34 +857,43 @@ async fn connect_loop<M: 'static>(
         addresses_checksum: addresses_checksum(&shared.config.addresses),
     }
     .encode();
-    let mut backoff = RECONNECT_BACKOFF_MIN;
+    let mut backoff = Backoff::new(&shared.config);
     let mut logged_down = false;
     let mut up_log = LogThrottle::default();
     let mut down_log = LogThrottle::default();
     let mut refused_log = LogThrottle::default();
     loop {
+        log_dropped_while_down(outbound, address);
         let mut stream = match TcpStream::connect(address).await {
             Ok(stream) => stream,
             Err(error) => {
+                let counters = &shared.counters;
+                counters
+                    .connects_failed
+                    .set(counters.connects_failed.get() + 1);
                 if !logged_down {
                     tracing::info!(%address, %error, "replica unreachable; reconnecting with backoff");
                     logged_down = true;
                 }
-                compio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(RECONNECT_BACKOFF_MAX);
+                backoff.wait(&peer_hello, counters).await;
                 continue;
             }
         };
         let _ = stream.set_nodelay(true);
+        // Connected before the Hello goes out: a peer that read our Hello may send to us and
+        // rely on our replies being queued, not dropped.
+        outbound.connected.set(true);
         if bus::write_frame(&mut stream, hello.clone())
             .await
             .0
             .is_err()
         {
-            compio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(RECONNECT_BACKOFF_MAX);
+            link_down(outbound, &queue, &shared.counters);
+            backoff.wait(&peer_hello, &shared.counters).await;
             continue;
         }
+        // A Hello accepted before our link came up has done its job.
+        while peer_hello.try_recv().is_ok() {}
         let up_at = std::time::Instant::now();
         if let Some(suppressed) = up_log.due(up_at) {
             tracing::info!(%address, not_logged_since_last = suppressed, "replica link up (outbound)");
@@ -811,6 +914,7 @@ async fn connect_loop<M: 'static>(
                 break error;
             }
         };
+        link_down(outbound, &queue, &shared.counters);
         let _ = stream.shutdown().await;
         let now = std::time::Instant::now();
         if now.duration_since(up_at) < REPLICA_LINK_REFUSED_WINDOW {
@@ -822,13 +926,82 @@ async fn connect_loop<M: 'static>(
                      reason); retrying"
                 );
             }
-            compio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(RECONNECT_BACKOFF_MAX);
+            backoff.wait(&peer_hello, &shared.counters).await;
         } else {
             if let Some(suppressed) = down_log.due(now) {
                 tracing::info!(%address, %error, not_logged_since_last = suppressed, "replica link down; reconnecting");
             }
-            backoff = RECONNECT_BACKOFF_MIN;
+            backoff.reset();
+        }
+    }
+}
+
+/// Marks the link down and drops (counting them) the frames still queued for it: they were
+/// meant for a connection that is gone (module docs: a down link drops).
+fn link_down(outbound: &Outbound, queue: &AsyncRx<Array<Vec<u8>>>, counters: &BusCounters) {
+    outbound.connected.set(false);
+    let mut dropped = 0;
+    while queue.try_recv().is_ok() {
+        dropped += 1;
+    }
+    outbound.count_dropped(counters, dropped);
+}
+
+/// Logs, at debug, the frames dropped since the last line because the link to `address` was
+/// down; nothing when there were none.
+fn log_dropped_while_down(outbound: &Outbound, address: SocketAddr) {
+    let dropped = outbound.dropped_unlogged.replace(0);
+    if dropped > 0 {
+        tracing::debug!(%address, dropped, "frames for a replica whose link was down were dropped");
+    }
+}
+
+/// The wait before the next connect attempt to one peer.
+#[derive(Debug)]
+struct Backoff {
+    next: Duration,
+    min: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    fn new(config: &BusConfig) -> Backoff {
+        Backoff {
+            next: config.reconnect_backoff_min,
+            min: config.reconnect_backoff_min,
+            max: config.reconnect_backoff_max,
+        }
+    }
+
+    /// Back to the shortest wait (the link was up long enough to count as working).
+    fn reset(&mut self) {
+        self.next = self.min;
+    }
+
+    /// Sleeps the current wait, then doubles it up to the maximum; a Hello from the peer
+    /// (`peer_hello` signalled by the accept side) ends the sleep at once and resets the wait,
+    /// since the peer is evidently up again (counted in `backoffs_ended_by_hello`).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a signal is consumed only when it ends the wait.
+    async fn wait(&mut self, peer_hello: &AsyncRx<Array<()>>, counters: &BusCounters) {
+        let hello = std::pin::pin!(async {
+            if peer_hello.recv().await.is_err() {
+                // The bus holds the sender as long as this loop runs; never end the wait on it.
+                std::future::pending::<()>().await;
+            }
+        });
+        let sleep = std::pin::pin!(compio::time::sleep(self.next));
+        match futures_util::future::select(hello, sleep).await {
+            futures_util::future::Either::Left(((), _)) => {
+                counters
+                    .backoffs_ended_by_hello
+                    .set(counters.backoffs_ended_by_hello.get() + 1);
+                self.reset();
+            }
+            futures_util::future::Either::Right(((), _)) => {
+                self.next = (self.next * 2).min(self.max);
+            }
         }
     }
 }
@@ -947,6 +1120,8 @@ mod tests {
             frame_size_max: 1 << 20,
             frame_rest_timeout: crate::limits::REPLICA_FRAME_REST_TIMEOUT,
             inbound_links_max: crate::limits::replica_inbound_links_max(3),
+            reconnect_backoff_min: RECONNECT_BACKOFF_MIN,
+            reconnect_backoff_max: RECONNECT_BACKOFF_MAX,
         }
     }
 
@@ -1079,6 +1254,7 @@ mod tests {
             let bus1 = ReplicaBus::start(config(1, ports.clone()), test_decoder(), tx1)
                 .await
                 .unwrap();
+            until(|| bus0.connected(1) && bus1.connected(0)).await;
             assert!(bus0.send(1, message_frame(CLUSTER, 0, Command::Commit, 5)));
             assert!(bus1.send(0, message_frame(CLUSTER, 1, Command::Commit, 6)));
             assert!(!bus0.send(0, Vec::new()), "no link to itself");
@@ -1255,6 +1431,120 @@ mod tests {
                 "nothing from the refused links"
             );
             assert_eq!(bus.client_address(2), None);
+        });
+    }
+
+    /// Accepts the bus's next outbound connection on `listener` and reads its Hello, which must
+    /// come from replica 0.
+    async fn accept_link_from_0(listener: &TcpListener) -> TcpStream {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let frame = read_frame_within(
+            &mut stream,
+            HELLO_FRAME_SIZE_MAX,
+            crate::limits::REPLICA_FRAME_REST_TIMEOUT,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        let hello = Hello::decode(&frame.header, &frame.body).unwrap();
+        assert_eq!(hello.replica, 0);
+        stream
+    }
+
+    /// The `view` of the next frame the bus wrote on `stream`.
+    async fn next_view(stream: &mut TcpStream) -> u32 {
+        let frame = read_frame_within(stream, 1 << 20, crate::limits::REPLICA_FRAME_REST_TIMEOUT)
+            .await
+            .unwrap()
+            .unwrap();
+        frame.header.view
+    }
+
+    #[test]
+    fn frames_sent_while_the_peer_is_down_are_dropped_not_replayed() {
+        compio::runtime::Runtime::new().unwrap().block_on(async {
+            let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+            let peer = crate::test_support::unused_addr();
+            let (inbound_tx, _inbound_rx) = crossfire::mpsc::bounded_async::<Inbound<u32>>(16);
+            let bus = ReplicaBus::start(config(0, vec![any, peer]), test_decoder(), inbound_tx)
+                .await
+                .unwrap();
+            let frame = |view| message_frame(CLUSTER, 0, Command::Commit, view);
+
+            // Replica 1 is not up yet: its frames are dropped, not queued for later.
+            until(|| bus.counters().connects_failed.get() >= 1).await;
+            for view in 1..=3 {
+                assert!(!bus.send(1, frame(view)), "dropped while the link is down");
+            }
+            assert_eq!(bus.counters().link_down_dropped.get(), 3);
+            assert_eq!(bus.counters().send_dropped.get(), 0);
+
+            let listener = bind_listener(peer).unwrap();
+            let mut stream = accept_link_from_0(&listener).await;
+            assert!(
+                bus.connected(1),
+                "connected is set before the Hello is written"
+            );
+            assert!(bus.send(1, frame(10)));
+            assert_eq!(
+                next_view(&mut stream).await,
+                10,
+                "nothing from before it was up"
+            );
+
+            // Replica 1 restarts: what is sent once the link is seen down is not replayed
+            // either (frames written into the dead connection are lost with it).
+            drop(stream);
+            drop(listener);
+            let dropped_before = bus.counters().link_down_dropped.get();
+            until(|| {
+                bus.send(1, frame(20));
+                bus.counters().link_down_dropped.get() > dropped_before
+            })
+            .await;
+            assert!(!bus.connected(1));
+            assert!(!bus.send(1, frame(30)));
+            let listener = bind_listener(peer).unwrap();
+            let mut stream = accept_link_from_0(&listener).await;
+            assert!(bus.send(1, frame(40)));
+            assert_eq!(
+                next_view(&mut stream).await,
+                40,
+                "nothing from before the restart"
+            );
+        });
+    }
+
+    #[test]
+    fn a_peer_hello_ends_the_reconnect_backoff_at_once() {
+        compio::runtime::Runtime::new().unwrap().block_on(async {
+            let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+            let peer = crate::test_support::unused_addr();
+            let addresses = vec![any, peer];
+            let (inbound_tx, _inbound_rx) = crossfire::mpsc::bounded_async::<Inbound<u32>>(16);
+            let mut config = config(0, addresses.clone());
+            // A backoff no test outlives: any reconnect below comes from the peer's Hello.
+            config.reconnect_backoff_min = Duration::from_hours(24);
+            config.reconnect_backoff_max = config.reconnect_backoff_min;
+            let bus = ReplicaBus::start(config, test_decoder(), inbound_tx)
+                .await
+                .unwrap();
+            // The first attempt failed; the connect loop now waits out its backoff.
+            until(|| bus.counters().connects_failed.get() == 1).await;
+            let listener = bind_listener(peer).unwrap();
+
+            // Replica 1 (restarted) connects to us and says Hello: our link to it comes up now
+            // (a hang in the accept below is the failure).
+            let _from_1 = write_raw(
+                bus.local_addr(),
+                &[hello_with(CLUSTER, 1, &addresses).encode()],
+            )
+            .await;
+            let mut stream = accept_link_from_0(&listener).await;
+            assert_eq!(bus.counters().backoffs_ended_by_hello.get(), 1);
+            assert_eq!(bus.counters().connects_failed.get(), 1);
+            assert!(bus.send(1, message_frame(CLUSTER, 0, Command::Commit, 5)));
+            assert_eq!(next_view(&mut stream).await, 5);
         });
     }
 }
