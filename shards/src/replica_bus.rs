@@ -24,6 +24,23 @@
 //! the frame and counts it; the protocol retries on its own timers); inbound messages go to the
 //! driver through a bounded channel (full: dropped and counted). Runs on shard 0's compio
 //! runtime; `!Send`.
+//!
+//! A link that is down drops its frames, as a network would: the queue holds frames only while
+//! the outbound link is connected (a live but slow link keeps the bounded-queue rule above).
+//! `send` to a peer whose link is not connected drops the frame and counts it, and the frames
+//! still queued when a write fails are dropped with it, so a restarted replica never receives a
+//! burst of traffic from before its restart and a dead peer pins no memory. VSR tolerates the
+//! loss: every message it needs is retransmitted on its own timers (DESIGN section 4: "consensus
+//! frames may be dropped because VSR retransmits"; Viewstamped Replication Revisited, Liskov and
+//! Cowling 2012, assumes a network that may lose, delay or reorder messages).
+//! The drops are counted (`BusCounters::link_down_dropped`) and logged at debug with the peer's
+//! address, once per reconnect attempt.
+//!
+//! A peer's Hello ends the wait before reconnecting to it: when the accept side accepts a Hello
+//! from replica `i`, the connect loop to `i` resets its backoff and connects at once instead of
+//! sleeping out up to `RECONNECT_BACKOFF_MAX`. A restarted replica is thus reachable as soon as it
+//! can reach us, so its first heartbeat from the primary is not held back by our backoff (without
+//! this a restarted backup could time out on the primary and start a needless view change).
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
@@ -51,8 +68,9 @@ use crate::vsr::wire::{HELLO_ADDRESS_BYTES_MAX, addresses_checksum, addresses_te
 /// Frames a peer's outbound queue holds before further sends to it are dropped.
 pub const PEER_QUEUE_FRAMES_MAX: usize = 1024;
 /// First wait before reconnecting to a peer; doubles per failed attempt up to
-/// [`RECONNECT_BACKOFF_MAX`].
+/// [`RECONNECT_BACKOFF_MAX`]. A Hello from that peer ends any wait at once (module docs).
 pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(50);
+/// Longest wait between reconnect attempts to a peer that is down or refuses our Hello.
 pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// How long the listener retries binding an address in use (a replica restarted a moment ago).
 const BIND_RETRY_MAX: Duration = Duration::from_secs(10);
@@ -236,6 +254,10 @@ pub struct BusConfig {
     /// Most inbound links held at once, Hello pending or established
     /// (`limits::replica_inbound_links_max`); one more is closed on accept.
     pub inbound_links_max: usize,
+    /// First wait before reconnecting to a peer ([`RECONNECT_BACKOFF_MIN`]; tests pass more).
+    pub reconnect_backoff_min: Duration,
+    /// Longest wait between reconnect attempts ([`RECONNECT_BACKOFF_MAX`]; tests pass more).
+    pub reconnect_backoff_max: Duration,
 }
 
 impl BusConfig {
@@ -256,6 +278,8 @@ impl BusConfig {
             frame_size_max: crate::limits::REPLICA_MESSAGE_SIZE_MAX,
             frame_rest_timeout: crate::limits::REPLICA_FRAME_REST_TIMEOUT,
             inbound_links_max,
+            reconnect_backoff_min: RECONNECT_BACKOFF_MIN,
+            reconnect_backoff_max: RECONNECT_BACKOFF_MAX,
         }
     }
 }
@@ -265,6 +289,13 @@ impl BusConfig {
 pub struct BusCounters {
     /// Frames dropped because a peer's outbound queue was full.
     pub send_dropped: Cell<u64>,
+    /// Frames dropped because their peer's outbound link was down: refused by `send` while the
+    /// link was not connected, or still queued when a write to it failed.
+    pub link_down_dropped: Cell<u64>,
+    /// Outbound connect attempts that failed (the peer was unreachable).
+    pub connects_failed: Cell<u64>,
+    /// Reconnect backoff waits ended early because the peer's Hello arrived on its inbound link.
+    pub backoffs_ended_by_hello: Cell<u64>,
     /// Inbound messages dropped because the driver's channel was full.
     pub receive_dropped: Cell<u64>,
     /// Connections closed for a refused Hello, a malformed or stalled frame, or over the cap.
@@ -295,6 +326,34 @@ struct Shared<M: 'static> {
     peer_links: RefCell<Vec<Option<(u64, AbortHandle)>>>,
     /// Id of the next established inbound link.
     next_link_id: Cell<u64>,
+    /// Per peer index (`None` for our own): the state its connect loop shares with `send` and
+    /// the accept side.
+    outbound: Vec<Option<Outbound>>,
+}
+
+/// One peer's outbound link as `ReplicaBus::send`, its connect loop and the accept side see it.
+struct Outbound {
+    /// The frames to write, at most `PEER_QUEUE_FRAMES_MAX`; filled only while `connected`.
+    queue: MAsyncTx<Array<Vec<u8>>>,
+    /// Set once a connect succeeded (before our Hello is written, so a peer that read our Hello
+    /// sees it set), cleared when a write fails.
+    connected: Cell<bool>,
+    /// Frames dropped while the link was down since the connect loop last logged them.
+    dropped_unlogged: Cell<u64>,
+    /// Holds one pending signal once the peer's Hello was accepted on its inbound link: the
+    /// connect loop's next (or current) backoff wait ends at once.
+    peer_hello: MAsyncTx<Array<()>>,
+}
+
+impl Outbound {
+    /// Counts `count` frames dropped because the link was down.
+    fn count_dropped(&self, counters: &BusCounters, count: u64) {
+        self.dropped_unlogged
+            .set(self.dropped_unlogged.get() + count);
+        counters
+            .link_down_dropped
+            .set(counters.link_down_dropped.get() + count);
+    }
 }
 
 impl<M: 'static> Shared<M> {
@@ -325,8 +384,6 @@ impl<M: 'static> Shared<M> {
 /// Shard 0's replica links. Dropping it stops every link task.
 pub struct ReplicaBus<M: 'static> {
     shared: Rc<Shared<M>>,
-    /// Outbound queue per replica index (`None` for our own index).
-    peers: Vec<Option<MAsyncTx<Array<Vec<u8>>>>>,
     tasks: Vec<compio::runtime::JoinHandle<()>>,
     local_addr: SocketAddr,
 }
@@ -359,6 +416,24 @@ impl<M: 'static> ReplicaBus<M> {
         let listener = bind_retrying(config.addresses[replica]).await?;
         let local_addr = listener.local_addr()?;
         let replica_count = config.addresses.len();
+        let mut outbound = Vec::with_capacity(replica_count);
+        let mut connector_ends = Vec::with_capacity(replica_count);
+        for index in 0..replica_count {
+            if index == replica {
+                outbound.push(None);
+                continue;
+            }
+            let (queue, queue_rx) =
+                crossfire::mpsc::bounded_async::<Vec<u8>>(PEER_QUEUE_FRAMES_MAX);
+            let (peer_hello, peer_hello_rx) = crossfire::mpsc::bounded_async::<()>(1);
+            outbound.push(Some(Outbound {
+                queue,
+                connected: Cell::new(false),
+                dropped_unlogged: Cell::new(0),
+                peer_hello,
+            }));
+            connector_ends.push((index, queue_rx, peer_hello_rx));
+        }
         let shared = Rc::new(Shared {
             decode,
             inbound,
@@ -368,30 +443,23 @@ impl<M: 'static> ReplicaBus<M> {
             inbound_links: Cell::new(0),
             peer_links: RefCell::new((0..replica_count).map(|_| None).collect()),
             next_link_id: Cell::new(0),
+            outbound,
             config,
         });
         let mut tasks = vec![compio::runtime::spawn(accept_loop(
             Rc::clone(&shared),
             listener,
         ))];
-        let mut peers = Vec::with_capacity(replica_count);
-        for index in 0..replica_count {
-            if index == replica {
-                peers.push(None);
-                continue;
-            }
-            let (tx, rx) = crossfire::mpsc::bounded_async::<Vec<u8>>(PEER_QUEUE_FRAMES_MAX);
-            let address = shared.config.addresses[index];
+        for (index, queue, peer_hello) in connector_ends {
             tasks.push(compio::runtime::spawn(connect_loop(
                 Rc::clone(&shared),
-                address,
-                rx,
+                index,
+                queue,
+                peer_hello,
             )));
-            peers.push(Some(tx));
         }
         Ok(ReplicaBus {
             shared,
-            peers,
             tasks,
             local_addr,
         })
@@ -402,16 +470,22 @@ impl<M: 'static> ReplicaBus<M> {
         self.local_addr
     }
 
-    /// Queues one encoded frame for replica `to`; never waits. Returns false (and counts it) if
-    /// the frame was dropped: the peer's queue is full, `to` is our own index or out of range.
+    /// Queues one encoded frame for replica `to`; never waits. Returns false if the frame was
+    /// dropped: the link to `to` is not connected (counted in `link_down_dropped`: a down link
+    /// drops, module docs), the peer's queue is full (counted in `send_dropped`), or `to` is our
+    /// own index or out of range.
     pub fn send(&self, to: ReplicaIndex, frame: Vec<u8>) -> bool {
-        let Some(Some(queue)) = self.peers.get(usize::from(to)) else {
+        let Some(Some(outbound)) = self.shared.outbound.get(usize::from(to)) else {
             return false;
         };
-        if queue.try_send(frame).is_ok() {
+        let counters = &self.shared.counters;
+        if !outbound.connected.get() {
+            outbound.count_dropped(counters, 1);
+            return false;
+        }
+        if outbound.queue.try_send(frame).is_ok() {
             return true;
         }
-        let counters = &self.shared.counters;
         counters.send_dropped.set(counters.send_dropped.get() + 1);
         false
     }
@@ -424,6 +498,16 @@ impl<M: 'static> ReplicaBus<M> {
             .get(usize::from(replica))
             .cloned()
             .flatten()
+    }
+
+    /// Whether the outbound link to replica `to` is connected now, i.e. whether `send` to it
+    /// queues (false for our own index or one out of range).
+    pub fn connected(&self, to: ReplicaIndex) -> bool {
+        self.shared
+            .outbound
+            .get(usize::from(to))
+            .and_then(Option::as_ref)
+            .is_some_and(|outbound| outbound.connected.get())
     }
 
     pub fn counters(&self) -> &BusCounters {
@@ -634,6 +718,10 @@ async fn serve_inbound<M: 'static>(shared: Rc<Shared<M>>, mut stream: TcpStream,
     }
     tracing::info!(%peer, from, client_address = %hello.client_address, "replica link up (inbound)");
     shared.client_addresses.borrow_mut()[slot] = Some(hello.client_address);
+    if let Some(Some(outbound)) = shared.outbound.get(slot) {
+        // Full: a signal is pending already, which is all the connect loop needs.
+        let _ = outbound.peer_hello.try_send(());
+    }
     let served = Abortable::new(read_frames(&shared, &mut stream, peer, from), registration).await;
     let mut links = shared.peer_links.borrow_mut();
     if links[slot]
@@ -745,17 +833,24 @@ impl LogThrottle {
     }
 }
 
-/// Keeps one outbound link to `address` up: connect (backoff 50 ms doubling to 1 s), send our
-/// Hello, then write queued frames until a write fails; then reconnect. Frames queued while the
-/// link is down wait in the bounded queue (the oldest are not replaced: the queue drops new
-/// ones when full). A link that goes down within `REPLICA_LINK_REFUSED_WINDOW` of its Hello was
-/// most likely refused by the peer: it keeps the backoff growing and is logged as such. The
-/// up/down lines are rate-limited per peer (`LogThrottle`).
+/// Keeps one outbound link to replica `index` up: connect (backoff from
+/// `config.reconnect_backoff_min` doubling to `config.reconnect_backoff_max`, ended early by the
+/// peer's Hello on its inbound link), send our Hello, then write queued frames until a write
+/// fails; then reconnect. While the link is not connected its frames are dropped and counted
+/// (module docs: a down link drops, as a network would); a live but slow link keeps up to
+/// `PEER_QUEUE_FRAMES_MAX` queued. A link that goes down within `REPLICA_LINK_REFUSED_WINDOW`
+/// of its Hello was most likely refused by the peer: it keeps the backoff growing and is logged
+/// as such. The up/down lines are rate-limited per peer (`LogThrottle`).
 async fn connect_loop<M: 'static>(
     shared: Rc<Shared<M>>,
-    address: SocketAddr,
+    index: usize,
     queue: AsyncRx<Array<Vec<u8>>>,
+    peer_hello: AsyncRx<Array<()>>,
 ) {
+    let address = shared.config.addresses[index];
+    let Some(outbound) = shared.outbound[index].as_ref() else {
+        unreachable!("no connect loop runs for our own index");
+    };
     let hello = Hello {
         cluster: shared.config.cluster,
         replica: shared.config.replica,
@@ -763,34 +858,43 @@ async fn connect_loop<M: 'static>(
         addresses_checksum: addresses_checksum(&shared.config.addresses),
     }
     .encode();
-    let mut backoff = RECONNECT_BACKOFF_MIN;
+    let mut backoff = Backoff::new(&shared.config);
     let mut logged_down = false;
     let mut up_log = LogThrottle::default();
     let mut down_log = LogThrottle::default();
     let mut refused_log = LogThrottle::default();
     loop {
+        log_dropped_while_down(outbound, address);
         let mut stream = match TcpStream::connect(address).await {
             Ok(stream) => stream,
             Err(error) => {
+                let counters = &shared.counters;
+                counters
+                    .connects_failed
+                    .set(counters.connects_failed.get() + 1);
                 if !logged_down {
                     tracing::info!(%address, %error, "replica unreachable; reconnecting with backoff");
                     logged_down = true;
                 }
-                compio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(RECONNECT_BACKOFF_MAX);
+                backoff.wait(&peer_hello, counters).await;
                 continue;
             }
         };
         let _ = stream.set_nodelay(true);
+        // Connected before the Hello goes out: a peer that read our Hello may send to us and
+        // rely on our replies being queued, not dropped.
+        outbound.connected.set(true);
         if bus::write_frame(&mut stream, hello.clone())
             .await
             .0
             .is_err()
         {
-            compio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(RECONNECT_BACKOFF_MAX);
+            link_down(outbound, &queue, &shared.counters);
+            backoff.wait(&peer_hello, &shared.counters).await;
             continue;
         }
+        // A Hello accepted before our link came up has done its job.
+        while peer_hello.try_recv().is_ok() {}
         let up_at = std::time::Instant::now();
         if let Some(suppressed) = up_log.due(up_at) {
             tracing::info!(%address, not_logged_since_last = suppressed, "replica link up (outbound)");
@@ -811,6 +915,7 @@ async fn connect_loop<M: 'static>(
                 break error;
             }
         };
+        link_down(outbound, &queue, &shared.counters);
         let _ = stream.shutdown().await;
         let now = std::time::Instant::now();
         if now.duration_since(up_at) < REPLICA_LINK_REFUSED_WINDOW {
@@ -822,439 +927,85 @@ async fn connect_loop<M: 'static>(
                      reason); retrying"
                 );
             }
-            compio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(RECONNECT_BACKOFF_MAX);
+            backoff.wait(&peer_hello, &shared.counters).await;
         } else {
             if let Some(suppressed) = down_log.due(now) {
                 tracing::info!(%address, %error, not_logged_since_last = suppressed, "replica link down; reconnecting");
             }
-            backoff = RECONNECT_BACKOFF_MIN;
+            backoff.reset();
+        }
+    }
+}
+
+/// Marks the link down and drops (counting them) the frames still queued for it: they were
+/// meant for a connection that is gone (module docs: a down link drops).
+fn link_down(outbound: &Outbound, queue: &AsyncRx<Array<Vec<u8>>>, counters: &BusCounters) {
+    outbound.connected.set(false);
+    let mut dropped = 0;
+    while queue.try_recv().is_ok() {
+        dropped += 1;
+    }
+    outbound.count_dropped(counters, dropped);
+}
+
+/// Logs, at debug, the frames dropped since the last line because the link to `address` was
+/// down; nothing when there were none.
+fn log_dropped_while_down(outbound: &Outbound, address: SocketAddr) {
+    let dropped = outbound.dropped_unlogged.replace(0);
+    if dropped > 0 {
+        tracing::debug!(%address, dropped, "frames for a replica whose link was down were dropped");
+    }
+}
+
+/// The wait before the next connect attempt to one peer.
+#[derive(Debug)]
+struct Backoff {
+    next: Duration,
+    min: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    fn new(config: &BusConfig) -> Backoff {
+        Backoff {
+            next: config.reconnect_backoff_min,
+            min: config.reconnect_backoff_min,
+            max: config.reconnect_backoff_max,
+        }
+    }
+
+    /// Back to the shortest wait (the link was up long enough to count as working).
+    fn reset(&mut self) {
+        self.next = self.min;
+    }
+
+    /// Sleeps the current wait, then doubles it up to the maximum; a Hello from the peer
+    /// (`peer_hello` signalled by the accept side) ends the sleep at once and resets the wait,
+    /// since the peer is evidently up again (counted in `backoffs_ended_by_hello`).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a signal is consumed only when it ends the wait.
+    async fn wait(&mut self, peer_hello: &AsyncRx<Array<()>>, counters: &BusCounters) {
+        let hello = std::pin::pin!(async {
+            if peer_hello.recv().await.is_err() {
+                // The bus holds the sender as long as this loop runs; never end the wait on it.
+                std::future::pending::<()>().await;
+            }
+        });
+        let sleep = std::pin::pin!(compio::time::sleep(self.next));
+        match futures_util::future::select(hello, sleep).await {
+            futures_util::future::Either::Left(((), _)) => {
+                counters
+                    .backoffs_ended_by_hello
+                    .set(counters.backoffs_ended_by_hello.get() + 1);
+                self.reset();
+            }
+            futures_util::future::Either::Right(((), _)) => {
+                self.next = (self.next * 2).min(self.max);
+            }
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use compio::io::AsyncWriteExt;
-
-    const CLUSTER: u128 = 7;
-
-    /// A Hello from `replica` of `cluster` whose sender was configured with `addresses`.
-    fn hello_with(cluster: u128, replica: u8, addresses: &[SocketAddr]) -> Hello {
-        Hello {
-            cluster,
-            replica,
-            client_address: "127.0.0.1:9000".to_owned(),
-            addresses_checksum: addresses_checksum(addresses),
-        }
-    }
-
-    /// Three replica addresses (never listened on).
-    fn three() -> Vec<SocketAddr> {
-        ["127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103"]
-            .iter()
-            .map(|a| a.parse().unwrap())
-            .collect()
-    }
-
-    fn hello(cluster: u128, replica: u8) -> Hello {
-        hello_with(cluster, replica, &three())
-    }
-
-    #[test]
-    fn hello_round_trips_and_is_checked() {
-        let frame = hello(CLUSTER, 2).encode();
-        let header: Header = bytemuck::pod_read_unaligned(&frame[..bus::HEADER_SIZE]);
-        assert!(header.validate_prefix(1 << 20).is_ok());
-        let decoded = Hello::decode(&header, &frame[bus::HEADER_SIZE..]).unwrap();
-        assert_eq!(decoded, hello(CLUSTER, 2));
-        assert_eq!(check_hello(&decoded, CLUSTER, 0, &three()), Ok(()));
-        assert_eq!(
-            check_hello(&hello(8, 1), CLUSTER, 0, &three()),
-            Err(LinkRefusal::WrongCluster {
-                ours: CLUSTER,
-                theirs: 8
-            })
-        );
-        assert_eq!(
-            check_hello(&hello(CLUSTER, 3), CLUSTER, 0, &three()),
-            Err(LinkRefusal::UnknownReplica {
-                index: 3,
-                replica_count: 3
-            })
-        );
-        assert_eq!(
-            check_hello(&hello(CLUSTER, 0), CLUSTER, 0, &three()),
-            Err(LinkRefusal::OwnIndex { index: 0 })
-        );
-        // A typo in the sender's list: its 127.0.0.1:7102 is 127.0.0.1:7103.
-        let mut typo = three();
-        typo[1] = "127.0.0.1:7103".parse().unwrap();
-        let refusal = check_hello(&hello_with(CLUSTER, 2, &typo), CLUSTER, 0, &three());
-        assert_eq!(
-            refusal,
-            Err(LinkRefusal::AddressesDiffer {
-                index: 2,
-                ours: "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103".to_owned()
-            })
-        );
-        assert_eq!(
-            refusal.unwrap_err().to_string(),
-            "replica 2's --addresses differ from this replica's: every replica must be started \
-             with the same --addresses list in the same order (this replica's list: \
-             127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103)"
-        );
-    }
-
-    #[test]
-    fn log_throttle_logs_the_first_then_once_per_interval_with_a_count() {
-        let mut throttle = LogThrottle::default();
-        let now = std::time::Instant::now();
-        assert_eq!(throttle.due(now), Some(0));
-        assert_eq!(throttle.due(now), None);
-        assert_eq!(throttle.due(now + REPLICA_LINK_LOG_INTERVAL / 2), None);
-        assert_eq!(throttle.due(now + REPLICA_LINK_LOG_INTERVAL), Some(2));
-        assert_eq!(throttle.due(now + REPLICA_LINK_LOG_INTERVAL), None);
-    }
-
-    /// A test message: the frame's `view` field, decoded only for command Commit.
-    fn test_decoder() -> Decoder<u32> {
-        Rc::new(|header: &Header, _body: &[u8]| {
-            if header.command == Command::Commit as u8 {
-                Ok(header.view)
-            } else {
-                Err(format!("command {} does not decode", header.command))
-            }
-        })
-    }
-
-    fn message_frame(cluster: u128, replica: u8, command: Command, view: u32) -> Vec<u8> {
-        let mut header = Header::new(command, bus::Operation::Ping);
-        header.operation = 0;
-        header.cluster = cluster;
-        header.replica = replica;
-        header.view = view;
-        bus::encode_frame(&mut header, b"")
-    }
-
-    fn config(replica: u8, addresses: Vec<SocketAddr>) -> BusConfig {
-        BusConfig {
-            cluster: CLUSTER,
-            replica,
-            addresses,
-            client_address: format!("client-of-{replica}"),
-            frame_size_max: 1 << 20,
-            frame_rest_timeout: crate::limits::REPLICA_FRAME_REST_TIMEOUT,
-            inbound_links_max: crate::limits::replica_inbound_links_max(3),
-        }
-    }
-
-    /// A bus of replica 0 of three whose peers are never listened on (their connectors retry
-    /// in the background, which must not disturb anything), with `edit` applied to its config.
-    /// Returns the bus, its inbound channel, and the address list its peers must announce.
-    async fn lone_bus(
-        edit: impl FnOnce(&mut BusConfig),
-    ) -> (
-        ReplicaBus<u32>,
-        AsyncRx<Array<Inbound<u32>>>,
-        Vec<SocketAddr>,
-    ) {
-        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let closed_port: SocketAddr = "127.0.0.1:9".parse().unwrap();
-        let addresses = vec![any, closed_port, closed_port];
-        let (inbound_tx, inbound_rx) = crossfire::mpsc::bounded_async::<Inbound<u32>>(16);
-        let mut config = config(0, addresses.clone());
-        edit(&mut config);
-        let bus = ReplicaBus::start(config, test_decoder(), inbound_tx)
-            .await
-            .unwrap();
-        (bus, inbound_rx, addresses)
-    }
-
-    /// Yields to the bus's tasks until `done` holds (no deadline: a hang is the failure).
-    async fn until(mut done: impl FnMut() -> bool) {
-        while !done() {
-            compio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-
-    /// Connects to `address`, writes `frames` and waits until the server closes the link (a
-    /// refused link) or, with `expect_open`, returns the still-open stream.
-    async fn write_raw(address: SocketAddr, frames: &[Vec<u8>]) -> TcpStream {
-        let mut stream = TcpStream::connect(address).await.unwrap();
-        for frame in frames {
-            stream.write_all(frame.clone()).await.0.unwrap();
-        }
-        stream
-    }
-
-    /// Reads until the peer closes the connection.
-    async fn wait_closed(stream: &mut TcpStream) {
-        use compio::io::AsyncRead;
-        loop {
-            let compio::BufResult(result, _) = stream.read(Vec::with_capacity(64)).await;
-            match result {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-        }
-    }
-
-    #[test]
-    fn refused_hellos_and_a_malformed_frame_close_only_their_link() {
-        compio::runtime::Runtime::new().unwrap().block_on(async {
-            let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-            let (inbound_tx, inbound_rx) = crossfire::mpsc::bounded_async::<Inbound<u32>>(16);
-            // Replica 0 of 3; the peers' addresses are never listened on (their connectors
-            // retry in the background, which must not disturb anything).
-            let closed_port: SocketAddr = "127.0.0.1:9".parse().unwrap();
-            let bus = ReplicaBus::start(
-                config(0, vec![any, closed_port, closed_port]),
-                test_decoder(),
-                inbound_tx,
-            )
-            .await
-            .unwrap();
-            let address = bus.local_addr();
-
-            let addresses = vec![any, closed_port, closed_port];
-            let hello = |cluster, replica| hello_with(cluster, replica, &addresses);
-            // Wrong cluster, unknown index, own index: each closed.
-            for bad in [hello(8, 1), hello(CLUSTER, 3), hello(CLUSTER, 0)] {
-                let mut stream = write_raw(address, &[bad.encode()]).await;
-                wait_closed(&mut stream).await;
-            }
-            assert_eq!(bus.counters().links_refused.get(), 3);
-            assert_eq!(bus.client_address(1), None);
-
-            // A good link from replica 1 stays up across another link's malformed frame.
-            let mut good = write_raw(
-                address,
-                &[
-                    hello(CLUSTER, 1).encode(),
-                    message_frame(CLUSTER, 1, Command::Commit, 11),
-                ],
-            )
-            .await;
-            let first = inbound_rx.recv().await.unwrap();
-            assert_eq!((first.from, first.message), (1, 11));
-            assert_eq!(bus.client_address(1).as_deref(), Some("127.0.0.1:9000"));
-
-            let mut corrupt = message_frame(CLUSTER, 2, Command::Commit, 12);
-            corrupt[bus::HEADER_SIZE - 1] ^= 1; // header checksum no longer matches
-            let malformed_frames = [
-                corrupt,
-                message_frame(CLUSTER, 2, Command::Prepare, 13), // does not decode
-                message_frame(9, 2, Command::Commit, 14),        // wrong cluster
-                message_frame(CLUSTER, 2, Command::Request, 15), // not a replica command
-            ];
-            for (index, frame) in malformed_frames.into_iter().enumerate() {
-                let mut bad = write_raw(address, &[hello(CLUSTER, 2).encode(), frame]).await;
-                wait_closed(&mut bad).await;
-                assert_eq!(bus.counters().links_refused.get(), 4 + index as u64);
-            }
-
-            good.write_all(message_frame(CLUSTER, 1, Command::Commit, 21))
-                .await
-                .0
-                .unwrap();
-            let next = inbound_rx.recv().await.unwrap();
-            assert_eq!((next.from, next.message), (1, 21));
-            assert!(inbound_rx.try_recv().is_err(), "nothing from refused links");
-        });
-    }
-
-    #[test]
-    fn two_buses_exchange_frames_and_learn_client_addresses() {
-        compio::runtime::Runtime::new().unwrap().block_on(async {
-            // Reserve two ports, then free them for the buses.
-            let ports: Vec<SocketAddr> =
-                (0..2).map(|_| crate::test_support::unused_addr()).collect();
-            let (tx0, rx0) = crossfire::mpsc::bounded_async::<Inbound<u32>>(16);
-            let (tx1, rx1) = crossfire::mpsc::bounded_async::<Inbound<u32>>(16);
-            let bus0 = ReplicaBus::start(config(0, ports.clone()), test_decoder(), tx0)
-                .await
-                .unwrap();
-            let bus1 = ReplicaBus::start(config(1, ports.clone()), test_decoder(), tx1)
-                .await
-                .unwrap();
-            assert!(bus0.send(1, message_frame(CLUSTER, 0, Command::Commit, 5)));
-            assert!(bus1.send(0, message_frame(CLUSTER, 1, Command::Commit, 6)));
-            assert!(!bus0.send(0, Vec::new()), "no link to itself");
-            let at1 = rx1.recv().await.unwrap();
-            let at0 = rx0.recv().await.unwrap();
-            assert_eq!((at1.from, at1.message), (0, 5));
-            assert_eq!((at0.from, at0.message), (1, 6));
-            assert_eq!(bus1.client_address(0).as_deref(), Some("client-of-0"));
-            assert_eq!(bus0.client_address(1).as_deref(), Some("client-of-1"));
-        });
-    }
-
-    #[test]
-    fn a_stalled_body_closes_the_link_after_the_deadline() {
-        compio::runtime::Runtime::new().unwrap().block_on(async {
-            let (bus, inbound_rx, addresses) = lone_bus(|config| {
-                config.frame_rest_timeout = Duration::from_millis(50);
-            })
-            .await;
-            // A valid header announcing a 100 KiB body, then 10 bytes of it, then nothing.
-            let mut header = Header::new(Command::Commit, bus::Operation::Ping);
-            header.operation = 0;
-            header.cluster = CLUSTER;
-            header.replica = 1;
-            let frame = bus::encode_frame(&mut header, &vec![0u8; 100 * 1024]);
-            let mut stream = write_raw(
-                bus.local_addr(),
-                &[
-                    hello_with(CLUSTER, 1, &addresses).encode(),
-                    frame[..bus::HEADER_SIZE + 10].to_vec(),
-                ],
-            )
-            .await;
-            wait_closed(&mut stream).await;
-            assert_eq!(bus.counters().links_refused.get(), 1);
-            let logged = bus.counters().last_logged_refusal.borrow().clone().unwrap();
-            assert!(
-                logged.starts_with("frame stalled: ")
-                    && logged.contains("of its 102400 body bytes"),
-                "{logged}"
-            );
-            assert!(inbound_rx.try_recv().is_err());
-            until(|| bus.inbound_links() == 0).await;
-        });
-    }
-
-    #[test]
-    fn links_beyond_the_cap_are_refused_on_accept() {
-        compio::runtime::Runtime::new().unwrap().block_on(async {
-            let (bus, inbound_rx, addresses) = lone_bus(|config| {
-                config.inbound_links_max = 2;
-            })
-            .await;
-            let address = bus.local_addr();
-            let mut from_1 =
-                write_raw(address, &[hello_with(CLUSTER, 1, &addresses).encode()]).await;
-            let _from_2 = write_raw(address, &[hello_with(CLUSTER, 2, &addresses).encode()]).await;
-            until(|| bus.inbound_links() == 2).await;
-
-            let mut third = write_raw(address, &[]).await;
-            wait_closed(&mut third).await;
-            assert_eq!(bus.counters().links_refused.get(), 1);
-            let logged = bus.counters().last_logged_refusal.borrow().clone().unwrap();
-            assert!(
-                logged.contains("2 inbound replica links are open"),
-                "{logged}"
-            );
-            assert_eq!(bus.inbound_links(), 2);
-
-            // The links held stay up.
-            from_1
-                .write_all(message_frame(CLUSTER, 1, Command::Commit, 3))
-                .await
-                .0
-                .unwrap();
-            let got = inbound_rx.recv().await.unwrap();
-            assert_eq!((got.from, got.message), (1, 3));
-
-            // One closes; its slot is free again for a new link.
-            drop(from_1);
-            until(|| bus.inbound_links() == 1).await;
-            let _again = write_raw(
-                address,
-                &[
-                    hello_with(CLUSTER, 1, &addresses).encode(),
-                    message_frame(CLUSTER, 1, Command::Commit, 4),
-                ],
-            )
-            .await;
-            let got = inbound_rx.recv().await.unwrap();
-            assert_eq!((got.from, got.message), (1, 4));
-        });
-    }
-
-    #[test]
-    fn a_second_hello_from_the_same_index_replaces_the_first_link() {
-        compio::runtime::Runtime::new().unwrap().block_on(async {
-            let (bus, inbound_rx, addresses) = lone_bus(|_| {}).await;
-            let address = bus.local_addr();
-            let mut first = write_raw(
-                address,
-                &[
-                    hello_with(CLUSTER, 1, &addresses).encode(),
-                    message_frame(CLUSTER, 1, Command::Commit, 1),
-                ],
-            )
-            .await;
-            let got = inbound_rx.recv().await.unwrap();
-            assert_eq!((got.from, got.message), (1, 1));
-
-            let mut second = write_raw(
-                address,
-                &[
-                    hello_with(CLUSTER, 1, &addresses).encode(),
-                    message_frame(CLUSTER, 1, Command::Commit, 2),
-                ],
-            )
-            .await;
-            let got = inbound_rx.recv().await.unwrap();
-            assert_eq!((got.from, got.message), (1, 2));
-            wait_closed(&mut first).await;
-            assert_eq!(bus.counters().links_replaced.get(), 1);
-            assert_eq!(bus.counters().links_refused.get(), 0);
-            until(|| bus.inbound_links() == 1).await;
-
-            second
-                .write_all(message_frame(CLUSTER, 1, Command::Commit, 3))
-                .await
-                .0
-                .unwrap();
-            let got = inbound_rx.recv().await.unwrap();
-            assert_eq!((got.from, got.message), (1, 3));
-
-            // A link from another index does not replace it.
-            let _other = write_raw(address, &[hello_with(CLUSTER, 2, &addresses).encode()]).await;
-            until(|| bus.inbound_links() == 2).await;
-            assert_eq!(bus.counters().links_replaced.get(), 1);
-        });
-    }
-
-    #[test]
-    fn a_hello_with_another_address_list_is_refused_and_logged_once() {
-        compio::runtime::Runtime::new().unwrap().block_on(async {
-            let (bus, inbound_rx, addresses) = lone_bus(|_| {}).await;
-            let address = bus.local_addr();
-            // Replica 2 started with a typo in its list.
-            let mut typo = addresses.clone();
-            typo[2] = "127.0.0.1:10".parse().unwrap();
-            for attempt in 1..=2u64 {
-                let mut stream = write_raw(
-                    address,
-                    &[
-                        hello_with(CLUSTER, 2, &typo).encode(),
-                        message_frame(CLUSTER, 2, Command::Commit, 9),
-                    ],
-                )
-                .await;
-                wait_closed(&mut stream).await;
-                assert_eq!(bus.counters().links_refused.get(), attempt);
-            }
-            assert_eq!(bus.counters().refusals_logged.get(), 1, "rate-limited");
-            let logged = bus.counters().last_logged_refusal.borrow().clone().unwrap();
-            assert_eq!(
-                logged,
-                format!(
-                    "replica 2's --addresses differ from this replica's: every replica must be \
-                     started with the same --addresses list in the same order (this replica's \
-                     list: {})",
-                    addresses_text(&addresses)
-                )
-            );
-            assert!(
-                inbound_rx.try_recv().is_err(),
-                "nothing from the refused links"
-            );
-            assert_eq!(bus.client_address(2), None);
-        });
-    }
-}
+mod tests;
