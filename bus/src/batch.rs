@@ -66,6 +66,13 @@ pub const MESSAGE_FLAG_CHECKSUM_OF_HEADERS: u32 = 2;
 /// batch header's `base_timestamp_us` (8 bytes, little-endian), before the bytes its
 /// [`ChecksumRule`] names (module docs, "Timestamp rule"; `storage/FORMAT.md` section 3).
 pub const MESSAGE_FLAG_CHECKSUM_OF_TIMESTAMP: u32 = 4;
+/// Every bit of the first message's `reserved` field this release gives a meaning (bits 0..=2). A
+/// batch setting another is refused by [`BatchView::parse_for_append`]: a later release may give
+/// the bit a meaning (as bit 1 and 2 changed the checksum), and must never meet stored entries
+/// where it meant nothing.
+pub const MESSAGE_FLAGS_KNOWN: u32 = MESSAGE_FLAG_PRODUCER_STAMP
+    | MESSAGE_FLAG_CHECKSUM_OF_HEADERS
+    | MESSAGE_FLAG_CHECKSUM_OF_TIMESTAMP;
 /// Message-header bytes gathered on the stack before they are fed to the streaming XXH3-64 of
 /// [`ChecksumRule::MessageHeaders`] (32 headers): one hasher call per 1 KiB instead of one per
 /// 32-byte header. Measured (`benches/benches/codec.rs`, group `message_headers_checksum`, 1000
@@ -517,6 +524,24 @@ pub enum BatchError {
          hold a message and the 16-byte stamp"
     )]
     StampTruncated { section_len: usize },
+    /// A `SendMessages` batch whose checksum does not cover its `base_timestamp_us` (bit 2 of the
+    /// first message's `reserved` clear): stored, its timestamp would be covered by nothing on
+    /// disk (`parse_for_append`).
+    #[error(
+        "the batch checksum does not cover its base timestamp (flag bit 2, \
+         MESSAGE_FLAG_CHECKSUM_OF_TIMESTAMP, of the first message's reserved field is clear): \
+         protocol version 3 stores only batches whose timestamp a checksum protects; build \
+         batches with bus::BatchBuilder, or see storage/FORMAT.md section 3, \"Timestamp rule\""
+    )]
+    TimestampNotCovered,
+    /// A `SendMessages` batch whose first message sets `reserved` bits this release gives no
+    /// meaning (`parse_for_append`).
+    #[error(
+        "the first message's reserved flags {flags:#x} set bits {unknown:#x} that this release \
+         gives no meaning (known: {MESSAGE_FLAGS_KNOWN:#x}: producer stamp, message-headers \
+         checksum, timestamp checksum)"
+    )]
+    UnknownFlags { flags: u32, unknown: u32 },
     #[error("the producer stamp names producer 0, which means \"not idempotent\"")]
     StampProducerZero,
     #[error(
@@ -715,6 +740,32 @@ impl<'a> BatchView<'a> {
         let view = BatchView::parse(bytes)?;
         if view.checksum_rule() == ChecksumRule::Section {
             view.verify_messages()?;
+        }
+        Ok(view)
+    }
+
+    /// `parse_verified`, then what the server requires before it stores a `SendMessages` batch
+    /// (protocol version 3; `storage/FORMAT.md` section 3, "Timestamp rule"): the checksum covers
+    /// the base timestamp (flag bit 2), and the first message sets no flag bit outside
+    /// [`MESSAGE_FLAGS_KNOWN`]. Every batch `BatchBuilder` builds passes. Batches without bit 2
+    /// still parse (`parse`, polls of entries stored before the rule) but are never stored again.
+    ///
+    /// # Errors
+    /// As `parse_verified`; then `UnknownFlags`, then `TimestampNotCovered`.
+    pub fn parse_for_append(bytes: &'a [u8]) -> Result<BatchView<'a>, BatchError> {
+        let view = BatchView::parse_verified(bytes)?;
+        let section = view.bytes.get(BATCH_HEADER_SIZE..).unwrap_or_default();
+        let flags = section
+            .get(FIRST_RESERVED_AT..FIRST_RESERVED_AT + 4)
+            .map_or(0, |flags| {
+                u32::from_le_bytes(flags.try_into().expect("4 bytes"))
+            });
+        let unknown = flags & !MESSAGE_FLAGS_KNOWN;
+        if unknown != 0 {
+            return Err(BatchError::UnknownFlags { flags, unknown });
+        }
+        if !checksum_covers_timestamp(section) {
+            return Err(BatchError::TimestampNotCovered);
         }
         Ok(view)
     }
@@ -1099,6 +1150,66 @@ mod tests {
             !(MESSAGE_FLAG_CHECKSUM_OF_TIMESTAMP as u8);
         assert_eq!(
             BatchView::parse(&cleared).unwrap_err(),
+            BatchError::Checksum
+        );
+    }
+
+    /// Issue 12, timestamp rule (review finding: a server of protocol 3 stored batches without
+    /// bit 2, whose timestamp then had no cover on disk): `parse_for_append` accepts what the
+    /// builder builds, stamped or not, and refuses a batch without bit 2 or with a flag bit this
+    /// release does not know, each resealed so that only the rule objects.
+    #[test]
+    fn issue12_timestamp_rule_parse_for_append_requires_bit_2_and_known_flags() {
+        let batch = build(&[(1, 5_000, b"ab"), (2, 5_001, b"cd")]);
+        assert!(BatchView::parse_for_append(&batch).is_ok());
+        let mut stamped = BatchBuilder::default();
+        stamped.push(1, 5, b"x");
+        let stamped = stamped.finish_stamped(ProducerStamp {
+            producer: 3,
+            sequence: 0,
+        });
+        assert!(BatchView::parse_for_append(&stamped).is_ok());
+        let flags_at = BATCH_HEADER_SIZE + FIRST_RESERVED_AT;
+
+        let mut without_timestamp = batch.clone();
+        without_timestamp[flags_at] &= !(MESSAGE_FLAG_CHECKSUM_OF_TIMESTAMP as u8);
+        reseal(&mut without_timestamp);
+        assert!(BatchView::parse_verified(&without_timestamp).is_ok());
+        assert_eq!(
+            BatchView::parse_for_append(&without_timestamp).unwrap_err(),
+            BatchError::TimestampNotCovered
+        );
+        let mut old = batch.clone();
+        to_section_rule(&mut old);
+        assert_eq!(
+            BatchView::parse_for_append(&old).unwrap_err(),
+            BatchError::TimestampNotCovered
+        );
+
+        let mut unknown = batch.clone();
+        unknown[flags_at] |= 8;
+        unknown[flags_at + 3] |= 0x80;
+        reseal(&mut unknown);
+        assert!(BatchView::parse_verified(&unknown).is_ok());
+        let error = BatchView::parse_for_append(&unknown).unwrap_err();
+        assert_eq!(
+            error,
+            BatchError::UnknownFlags {
+                flags: 0x8000_000e,
+                unknown: 0x8000_0008
+            }
+        );
+        assert_eq!(
+            error.to_string(),
+            "the first message's reserved flags 0x8000000e set bits 0x80000008 that this release \
+             gives no meaning (known: 0x7: producer stamp, message-headers checksum, timestamp \
+             checksum)"
+        );
+        // A damaged batch fails as parse_verified says, before any flag rule.
+        let mut damaged = batch.clone();
+        damaged[24] ^= 1;
+        assert_eq!(
+            BatchView::parse_for_append(&damaged).unwrap_err(),
             BatchError::Checksum
         );
     }

@@ -513,12 +513,13 @@ async fn handle_request(shard: &Rc<Shard>, frame: Frame) -> Answer {
             reply
         }
         Operation::SendMessages => {
-            // `parse_verified` checks the batch and every message checksum (issue 12 item 1: one
+            // `parse_for_append` checks the batch and every message checksum (issue 12 item 1: one
             // pass over the payloads under the message-headers rule, two for a batch of the
-            // older section rule); the frame's checksum_body covered only the batch header.
+            // older section rule; the frame's checksum_body covered only the batch header), and
+            // that the checksum covers the timestamp, with no unknown flag (the timestamp rule).
             if !shard.partition_exists(namespace) {
                 shard.missing_partition(namespace)
-            } else if let Err(e) = bus::BatchView::parse_verified(&body)
+            } else if let Err(e) = bus::BatchView::parse_for_append(&body)
                 .and_then(|batch| batch.check_producer(header.producer, header.sequence))
             {
                 // The owner answers, so the refusal carries the partition's ends.

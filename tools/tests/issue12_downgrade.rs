@@ -172,9 +172,17 @@ fn older_data_dir(data_dir: &Path, version: u16) {
         ),
         _ => panic!("no older data directory of version {version}"),
     };
+    // This release stores only batches under the timestamp rule (`parse_for_append`), so the
+    // older entry is written as this release stores the same messages, then rewritten in place
+    // under the older rule: same length and offset, so the index and everything else still hold.
     let server = Server::start(data_dir, &SHARDS);
-    assert_eq!(create_and_send(server.addr, batch), 0);
+    assert_eq!(create_and_send(server.addr, built_batch(&payloads)), 0);
     assert_eq!(server.stop(), Some(0));
+    let segment = data_dir.join("partitions/1/1/0/00000000000000000000.log");
+    let mut stored = std::fs::read(&segment).unwrap();
+    assert_eq!(stored.len(), batch.len(), "one entry of the same messages");
+    stored.copy_from_slice(&batch);
+    std::fs::write(&segment, stored).unwrap();
     set_superblock_version(data_dir, version);
     assert_eq!(
         first_entry_flags(data_dir)
