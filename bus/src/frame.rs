@@ -43,6 +43,12 @@ pub enum FrameError {
         size: u32,
         max: u32,
     },
+    /// A request header that verifies but names another protocol version; returned by
+    /// `read_request_header` only, with the header, so that a server can answer a client of an
+    /// older release in that release's own version (`reply::older_protocol_error_reply`) before
+    /// closing. Worded as `ProtocolVersion`.
+    #[error("unsupported protocol version {version}")]
+    RequestOfOtherVersion { request: Box<Header>, version: u16 },
     #[error("unknown command {command}")]
     UnknownCommand { command: u8 },
     #[error("unknown operation {operation}")]
@@ -116,8 +122,12 @@ pub async fn read_header<R: AsyncRead + ?Sized>(
 /// `max_message_size` comes back as `RequestTooLarge` with the header, so the server can answer
 /// that request (`ErrorCode::MessageTooLarge`) before closing.
 ///
+/// A header that verifies but names another protocol version comes back as
+/// `RequestOfOtherVersion` with the header, so the server can tell an older client why.
+///
 /// # Errors
-/// As `read_header`, with `RequestTooLarge` in place of `SizeTooLarge`.
+/// As `read_header`, with `RequestTooLarge` in place of `SizeTooLarge` and
+/// `RequestOfOtherVersion` in place of `ProtocolVersion`.
 ///
 /// # Cancel safety
 /// Not cancel safe: close the connection if the future is dropped.
@@ -132,6 +142,10 @@ pub async fn read_request_header<R: AsyncRead + ?Sized>(
             request: Box::new(header),
             size,
             max,
+        }),
+        Err(FrameError::ProtocolVersion { version }) => Err(FrameError::RequestOfOtherVersion {
+            request: Box::new(header),
+            version,
         }),
         Err(error) => Err(error),
     }
@@ -253,6 +267,38 @@ mod tests {
         let frame = read_bytes(&bytes, u32::MAX).unwrap();
         assert_eq!(frame.body, body);
         assert_eq!(frame.body.capacity(), body.len());
+    }
+
+    /// A request of another protocol version comes back with its header from
+    /// `read_request_header` (so the server can answer an older client), worded as
+    /// `ProtocolVersion`; `read_header` keeps the plain error.
+    #[test]
+    fn other_protocol_version_request_header_comes_back_with_the_error() {
+        let mut header = Header::new(Command::Request, Operation::Ping);
+        header.protocol_version = crate::PROTOCOL_VERSION - 1;
+        let bytes = encode_frame(&mut header, b"");
+        let mut reader = &bytes[..];
+        match poll_once(read_request_header(&mut reader, 1024)) {
+            Err(error @ FrameError::RequestOfOtherVersion { .. }) => {
+                assert_eq!(
+                    error.to_string(),
+                    format!(
+                        "unsupported protocol version {}",
+                        crate::PROTOCOL_VERSION - 1
+                    )
+                );
+                let FrameError::RequestOfOtherVersion { request, version } = error else {
+                    unreachable!()
+                };
+                assert_eq!((*request, version), (header, crate::PROTOCOL_VERSION - 1));
+            }
+            other => panic!("expected RequestOfOtherVersion, got {other:?}"),
+        }
+        let mut reader = &bytes[..];
+        assert!(matches!(
+            poll_once(read_header(&mut reader, 1024)),
+            Err(FrameError::ProtocolVersion { .. })
+        ));
     }
 
     #[test]

@@ -32,6 +32,31 @@ pub fn error_reply(request: &Header, code: ErrorCode, message: &str) -> Vec<u8> 
     encode_frame(&mut header, error_text(code, message))
 }
 
+/// The answer to a request whose header verifies but names an older protocol version
+/// (1..`PROTOCOL_VERSION`: releases whose header layout and error replies are this one's): an
+/// `InvalidArgument` error reply written in the request's own version, so that the older client
+/// accepts it and shows its text instead of seeing a closed connection. `None` for a header that
+/// is not a request, or names version 0 or a version at or above this release's (a newer client
+/// must read this server's version in the message it gets from its own library).
+pub fn older_protocol_error_reply(request: &Header) -> Option<Vec<u8>> {
+    let version = request.protocol_version;
+    if version == 0 || version >= PROTOCOL_VERSION || request.command != Command::Request as u8 {
+        return None;
+    }
+    let mut header = reply_header(request);
+    header.protocol_version = version;
+    header.error_code = ErrorCode::InvalidArgument as u32;
+    let message = format!(
+        "this server speaks protocol version {PROTOCOL_VERSION} and this client speaks version \
+         {version}: upgrade the client to the server's release (README, \"Upgrading and \
+         downgrading\"); nothing was applied and the server closes the connection"
+    );
+    Some(encode_frame(
+        &mut header,
+        error_text(ErrorCode::InvalidArgument, &message),
+    ))
+}
+
 /// `error_reply` for a request about an existing partition: the header also carries the
 /// partition's `next_offset` and `first_offset` as of the refusal, as every send and poll reply
 /// does.
@@ -123,6 +148,54 @@ mod tests {
         expected.namespace = 0x0000_0001_0002_0000;
         expected.cluster = 9;
         assert_eq!(reply, expected);
+    }
+
+    /// Review finding (an older client against this server waited out its retries and printed
+    /// only "connection closed"): a request of an older version gets an error reply in that
+    /// version, which a reader of that version accepts; newer, zero or non-request headers get
+    /// none.
+    #[test]
+    fn older_protocol_error_reply_is_written_in_the_requests_version() {
+        let mut old = request();
+        old.protocol_version = PROTOCOL_VERSION - 1;
+        let bytes = older_protocol_error_reply(&old).unwrap();
+        let mut header: Header = bytemuck::pod_read_unaligned(&bytes[..256]);
+        assert_eq!(header.protocol_version, PROTOCOL_VERSION - 1);
+        assert_eq!(header.error_code, ErrorCode::InvalidArgument as u32);
+        assert_eq!((header.request, header.client), (42, 0xabcd));
+        assert!(header.valid_checksum());
+        assert!(header.valid_checksum_body(&bytes[256..]));
+        assert_eq!(header.size as usize, bytes.len());
+        assert_eq!(
+            String::from_utf8_lossy(&bytes[256..]),
+            format!(
+                "this server speaks protocol version {PROTOCOL_VERSION} and this client speaks \
+                 version {}: upgrade the client to the server's release (README, \"Upgrading \
+                 and downgrading\"); nothing was applied and the server closes the connection",
+                PROTOCOL_VERSION - 1
+            )
+        );
+        // Read as this release reads, it is refused only for its version.
+        assert!(matches!(
+            header.validate_prefix(MESSAGE_SIZE_MAX_DEFAULT),
+            Err(crate::FrameError::ProtocolVersion { .. })
+        ));
+        header.protocol_version = PROTOCOL_VERSION;
+        header.set_checksums(&bytes[256..]);
+        header.validate_prefix(MESSAGE_SIZE_MAX_DEFAULT).unwrap();
+        for version in [0, PROTOCOL_VERSION, PROTOCOL_VERSION + 1] {
+            let mut other = request();
+            other.protocol_version = version;
+            assert_eq!(
+                older_protocol_error_reply(&other),
+                None,
+                "version {version}"
+            );
+        }
+        let mut reply = request();
+        reply.protocol_version = PROTOCOL_VERSION - 1;
+        reply.command = Command::Reply as u8;
+        assert_eq!(older_protocol_error_reply(&reply), None);
     }
 
     #[test]

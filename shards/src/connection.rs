@@ -52,8 +52,14 @@ pub async fn serve_connection(shard: Rc<Shard>, mut stream: TcpStream, peer: Soc
             }
             Ok(Err(e)) => {
                 log_read_error(&shard, peer, &e);
-                if let bus::FrameError::RequestTooLarge { request, size, max } = e {
-                    refuse_too_large(&shard, stream, peer, &request, size, max).await;
+                match e {
+                    bus::FrameError::RequestTooLarge { request, size, max } => {
+                        refuse_too_large(&shard, stream, peer, &request, size, max).await;
+                    }
+                    bus::FrameError::RequestOfOtherVersion { request, .. } => {
+                        refuse_other_version(&shard, stream, peer, &request).await;
+                    }
+                    _ => {}
                 }
                 return;
             }
@@ -316,13 +322,10 @@ async fn write_polled_reply(
 }
 
 /// Answers a request whose frame exceeds `max_message_size` with `MessageTooLarge` (naming the
-/// size and the limit), then closes: half-close first and discard what the client still sends,
-/// for at most `OVERSIZED_DRAIN_TIMEOUT` and the frame's announced size, so that closing with
-/// unread bytes (which makes the kernel send a reset) cannot destroy the reply before the client
-/// reads it (the "lingering close" of HTTP servers).
+/// size and the limit), then closes (`answer_then_close`).
 async fn refuse_too_large(
     shard: &Shard,
-    mut stream: TcpStream,
+    stream: TcpStream,
     peer: SocketAddr,
     request: &bus::Header,
     size: u32,
@@ -337,6 +340,35 @@ async fn refuse_too_large(
          is closed"
     );
     let reply = bus::reply::error_reply(request, ErrorCode::MessageTooLarge, &message);
+    answer_then_close(shard, stream, peer, reply, size).await;
+}
+
+/// Answers a request of an older protocol version in its own version
+/// (`bus::reply::older_protocol_error_reply`: the client shows "this server speaks protocol
+/// version 3 ..." rather than a closed connection), then closes as `answer_then_close` does. A
+/// header of any other version gets no answer: the connection just closes.
+async fn refuse_other_version(
+    shard: &Shard,
+    stream: TcpStream,
+    peer: SocketAddr,
+    request: &bus::Header,
+) {
+    if let Some(reply) = bus::reply::older_protocol_error_reply(request) {
+        answer_then_close(shard, stream, peer, reply, request.size).await;
+    }
+}
+
+/// Writes `reply`, then closes: half-close first and discard what the client still sends, for
+/// at most `OVERSIZED_DRAIN_TIMEOUT` and the rest of the request's announced `size`, so that
+/// closing with unread bytes (which makes the kernel send a reset) cannot destroy the reply
+/// before the client reads it (the "lingering close" of HTTP servers).
+async fn answer_then_close(
+    shard: &Shard,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    reply: Vec<u8>,
+    size: u32,
+) {
     if !write_reply(shard, &mut stream, peer, reply, Vec::new()).await {
         return;
     }

@@ -332,3 +332,61 @@ fn issue12_downgrade_serve_refuses_a_version_4_superblock_naming_the_file_and_ve
     after.retain(|path, _| before.contains_key(path));
     assert_eq!(after, before, "a refused boot wrote to the data directory");
 }
+
+/// Review finding (a client of the previous release against this server retried for about 30 s,
+/// then printed only "connection closed"): a request of an older protocol version is answered
+/// in that version with `InvalidArgument` naming both versions, which such a client shows, and
+/// the connection is closed; nothing is applied, and a request of this version on a new
+/// connection is served as usual.
+#[test]
+fn issue12_timestamp_rule_a_client_of_an_older_protocol_is_told_which_versions_differ() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &SHARDS);
+    let older = bus::PROTOCOL_VERSION - 1;
+    let mut stream = std::net::TcpStream::connect(server.addr).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_mins(1)))
+        .unwrap();
+    let mut header = bus::Header::new(bus::Command::Request, bus::Operation::CreateStream);
+    header.protocol_version = older;
+    header.client = 0x01d;
+    header.request = 1;
+    stream
+        .write_all(&bus::encode_frame(&mut header, b"old"))
+        .unwrap();
+    let mut head = [0u8; bus::HEADER_SIZE];
+    stream.read_exact(&mut head).unwrap();
+    let reply: bus::Header = bytemuck::pod_read_unaligned(&head);
+    assert_eq!(reply.protocol_version, older);
+    assert!(reply.valid_checksum());
+    assert_eq!(reply.error_code, bus::ErrorCode::InvalidArgument as u32);
+    let mut body = vec![0u8; reply.size as usize - bus::HEADER_SIZE];
+    stream.read_exact(&mut body).unwrap();
+    assert!(reply.valid_checksum_body(&body));
+    assert_eq!(
+        String::from_utf8(body).unwrap(),
+        format!(
+            "this server speaks protocol version {} and this client speaks version {older}: \
+             upgrade the client to the server's release (README, \"Upgrading and downgrading\"); \
+             nothing was applied and the server closes the connection",
+            bus::PROTOCOL_VERSION
+        )
+    );
+    let mut rest = Vec::new();
+    assert_eq!(
+        stream.read_to_end(&mut rest).unwrap(),
+        0,
+        "the server closed"
+    );
+    block_on(async {
+        let mut client = bus::Client::connect(server.addr).await.unwrap();
+        let metadata = client.get_metadata().await.unwrap();
+        assert!(
+            metadata.streams.is_empty(),
+            "nothing was applied: {:?}",
+            metadata.streams
+        );
+    });
+    assert_eq!(server.stop(), Some(0));
+}
