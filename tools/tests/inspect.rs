@@ -551,12 +551,14 @@ fn wal_json_has_records_and_summary() {
 
 /// A 132-byte entry of 3 messages: a 100-byte payload (3 message headers, the first message's
 /// 4 bytes) stamped with timestamp `1_000 + seed`.
+/// Entries of even seeds flag the timestamp rule (their checksum covers the timestamp), those of
+/// odd seeds are written as before the rule.
 fn entry_of_3_messages(seed: u64) -> Vec<u8> {
-    storage::build_entry_raw(
-        1_000 + seed,
-        3,
-        &storage::message_section(3, &[seed as u8; 4]),
-    )
+    let mut section = storage::message_section(3, &[seed as u8; 4]);
+    if seed % 2 == 0 {
+        section[12] |= storage::entry::PAYLOAD_FLAG_CHECKSUM_OF_TIMESTAMP as u8;
+    }
+    storage::build_entry_raw(1_000 + seed, 3, &section)
 }
 
 /// A partition log of 5 entries of 3 messages and 100 payload bytes (132-byte entries) in
@@ -601,9 +603,17 @@ fn segment_clean_walks_entries_and_matches_indexes() {
         "{stdout}"
     );
     assert!(stdout.contains("132 bytes, last; no index)"), "{stdout}");
-    // Entry at offset 9: second in segment 6, at byte 132.
+    // Entry at offset 9: second in segment 6, at byte 132, written as before the timestamp
+    // rule; the entry at offset 6 (seed 2) flags it.
     assert!(
-        stdout.contains("           132            9        3        100               1003  ok"),
+        stdout.contains(
+            "           132            9        3        100               1003  ok (timestamp \
+             not covered: written before the timestamp rule)\n"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("             0            6        3        100               1002  ok\n"),
         "{stdout}"
     );
 }
@@ -811,6 +821,8 @@ fn segment_json_has_entries_and_summary() {
     assert_eq!(entry["message_count"], 3);
     assert_eq!(entry["length_bytes"], 100);
     assert_eq!(entry["checksum_ok"], true);
+    assert_eq!(entry["timestamp_covered"], false);
+    assert_eq!(json["segments"][0]["entries"][0]["timestamp_covered"], true);
     assert_eq!(json["segments"][0]["last"], false);
     assert_eq!(json["segments"][0]["index"]["row_count"], 2);
 }

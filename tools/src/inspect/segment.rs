@@ -17,7 +17,7 @@ use storage::log::verify::{
     check_entry_header, check_entry_payload, closed_segment_index, damage_verdict,
     direct_write_padding_len, is_direct_write_padding, resync_entry_header,
 };
-use storage::{ENTRY_HEADER_SIZE, EntryHeader};
+use storage::{ENTRY_HEADER_SIZE, EntryHeader, checksum_covers_timestamp};
 use twox_hash::XxHash3_64;
 
 use super::{Damage, Report, open_read_only, read_bounded, segments_for};
@@ -74,6 +74,10 @@ struct LogEntry {
     message_count: u64,
     length_bytes: u64,
     base_timestamp_us: u64,
+    /// The entry flags the timestamp rule (`storage/FORMAT.md` section 3): its checksum covers
+    /// `base_timestamp_us`. False for entries written before the rule, whose timestamp retention
+    /// by age takes as stored.
+    timestamp_covered: bool,
     /// The header agrees with the index (when walked along one) and the payload's XXH3-64 equals
     /// the header's.
     checksum_ok: bool,
@@ -172,6 +176,7 @@ fn scan_from(
             message_count: u64::from(header.message_count),
             length_bytes: u64::from(header.length),
             base_timestamp_us: header.base_timestamp_us,
+            timestamp_covered: checksum_covers_timestamp(&payload),
             checksum_ok: true,
             damage: None,
         });
@@ -406,6 +411,7 @@ fn check_indexed_entry(indexed: &IndexedEntry, bytes: &[u8]) -> LogEntry {
         message_count: indexed.message_count,
         length_bytes: indexed.size_bytes - ENTRY_HEADER_SIZE as u64,
         base_timestamp_us: header.base_timestamp_us,
+        timestamp_covered: checksum_covers_timestamp(&bytes[ENTRY_HEADER_SIZE..]),
         checksum_ok: damage.is_none(),
         damage,
     }
@@ -783,7 +789,12 @@ impl Report for SegmentReport {
                     entry.message_count,
                     entry.length_bytes,
                     entry.base_timestamp_us,
-                    if entry.checksum_ok { "ok" } else { "BAD" }
+                    match (entry.checksum_ok, entry.timestamp_covered) {
+                        (false, _) => "BAD",
+                        (true, true) => "ok",
+                        (true, false) =>
+                            "ok (timestamp not covered: written before the timestamp rule)",
+                    }
                 );
             }
         }
