@@ -196,12 +196,7 @@ pub struct UnverifiedAge {
 #[derive(Debug, Clone)]
 pub(super) struct DeletableSegment {
     pub(super) path: PathBuf,
-    pub(super) base_offset: u64,
-    pub(super) end_offset: u64,
-    pub(super) size_bytes: u64,
-    /// Byte position of the segment's last entry (`None` for an empty segment).
-    pub(super) last_entry_position: Option<u64>,
-    /// The log's summary of the segment (to remember a verified timestamp against).
+    /// The log's summary of the segment: offsets, bytes, its last entry's position.
     pub(super) summary: SealedSegment,
     /// The `base_timestamp_us` of its last entry when an earlier pass verified it.
     pub(super) last_timestamp_us: Option<u64>,
@@ -217,10 +212,6 @@ impl State {
             .take_while(|segment| segment.end_offset <= self.acked_offset)
             .map(|segment| DeletableSegment {
                 path: super::recovery::segment_path(dir, segment.base_offset),
-                base_offset: segment.base_offset,
-                end_offset: segment.end_offset,
-                size_bytes: segment.size_bytes,
-                last_entry_position: segment.last_entry_position,
                 summary: *segment,
                 last_timestamp_us: self.sealed.last_timestamp_us(segment),
             })
@@ -346,7 +337,7 @@ impl PartitionLog {
                 ..unchanged
             });
         };
-        let floor = candidates[last_deleted].end_offset;
+        let floor = candidates[last_deleted].summary.end_offset;
         let dir = self.shared.dir.clone();
         write_retention_floor(&dir, floor).await?;
         let dropped = self.shared.state.borrow_mut().drop_segments_below(floor);
@@ -422,7 +413,7 @@ impl PartitionLog {
             if !over_size && !expired {
                 break;
             }
-            remaining_bytes -= candidate.size_bytes;
+            remaining_bytes -= candidate.summary.size_bytes;
             last_deleted = Some(candidate_index);
         }
         let chosen = last_deleted.map(|index| (index, total_bytes - remaining_bytes));
@@ -442,7 +433,7 @@ impl PartitionLog {
         age_max: Duration,
         now: SystemTime,
     ) -> Result<bool, LogError> {
-        let Some(position) = segment.last_entry_position else {
+        let Some(position) = segment.summary.last_entry_position else {
             return Ok(true);
         };
         let timestamp_us = match segment.last_timestamp_us {
@@ -496,22 +487,23 @@ impl PartitionLog {
         segment: &DeletableSegment,
         position: u64,
     ) -> Result<EntryHeader, LogError> {
+        let summary = &segment.summary;
         let corrupt = |reason: String| LogError::Corrupt {
             path: segment.path.clone(),
             position,
             reason,
         };
-        let entry_size = segment.size_bytes.saturating_sub(position);
+        let entry_size = summary.size_bytes.saturating_sub(position);
         if entry_size < ENTRY_HEADER_SIZE as u64 || entry_size > u64::from(ENTRY_SIZE_MAX) {
             return Err(corrupt(format!(
                 "the last entry would span {entry_size} bytes to the segment's end ({} bytes), \
                  outside {ENTRY_HEADER_SIZE}..={ENTRY_SIZE_MAX}",
-                segment.size_bytes
+                summary.size_bytes
             )));
         }
         let span = ReadSpan {
             path: segment.path.clone(),
-            segment_base_offset: segment.base_offset,
+            segment_base_offset: summary.base_offset,
             file: None,
             position,
             size_bytes: entry_size,
@@ -526,10 +518,10 @@ impl PartitionLog {
             ))?;
         let (header_bytes, payload) = bytes.split_at(ENTRY_HEADER_SIZE);
         let header = EntryHeader::decode(header_bytes).expect("read_exact_at returned the entry");
-        if header.base_offset < segment.base_offset || header.base_offset >= segment.end_offset {
+        if header.base_offset < summary.base_offset || header.base_offset >= summary.end_offset {
             return Err(corrupt(format!(
                 "the last entry's header names offset {} outside the segment's offsets {}..{}",
-                header.base_offset, segment.base_offset, segment.end_offset
+                header.base_offset, summary.base_offset, summary.end_offset
             )));
         }
         if u64::from(header.length) != entry_size - ENTRY_HEADER_SIZE as u64 {
