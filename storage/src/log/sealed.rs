@@ -353,6 +353,41 @@ mod tests {
         index
     }
 
+    /// A verified last timestamp is remembered against exactly one segment and forgotten with
+    /// it: a segment rolled back and sealed again at the same base offset starts with none.
+    #[test]
+    fn issue12_a_remembered_last_timestamp_leaves_with_its_segment() {
+        let mut sealed = SealedSegments::default();
+        for segment in 0..3 {
+            sealed.push(index_of(segment * 10, 10));
+        }
+        let segments: Vec<SealedSegment> = sealed.iter().copied().collect();
+        assert_eq!(sealed.last_timestamp_us(&segments[1]), None);
+        sealed.remember_last_timestamp_us(&segments[1], 7);
+        sealed.remember_last_timestamp_us(&segments[2], 9);
+        assert_eq!(
+            segments
+                .iter()
+                .map(|segment| sealed.last_timestamp_us(segment))
+                .collect::<Vec<_>>(),
+            [None, Some(7), Some(9)]
+        );
+        // Not a segment of the log (same base, other shape): nothing remembered or returned.
+        let other = SealedSegment::of(&index_of(10, 4));
+        sealed.remember_last_timestamp_us(&other, 1);
+        assert_eq!(sealed.last_timestamp_us(&other), None);
+        assert_eq!(sealed.last_timestamp_us(&segments[1]), Some(7));
+        // Retention drops the oldest; the others keep theirs.
+        sealed.pop_oldest();
+        assert_eq!(sealed.last_timestamp_us(&segments[0]), None);
+        assert_eq!(sealed.last_timestamp_us(&segments[1]), Some(7));
+        // A rollback drops the newest; sealed again, it has to be verified again.
+        sealed.pop_newest();
+        sealed.push(index_of(20, 10));
+        assert_eq!(sealed.last_timestamp_us(&segments[2]), None);
+        assert_eq!(sealed.last_timestamp_us(&segments[1]), Some(7));
+    }
+
     /// What `PartitionLog::read` must return, computed from the appended entries alone: whole
     /// entries from the one holding `offset`, the first always, then while the next stays within
     /// `max_count` messages and `max_bytes`.
