@@ -17,6 +17,11 @@ pub const MESH_RETRY_SLEEP: Duration = Duration::from_micros(200);
 /// Retries of such a send before the shard gives up and reports the peer as stuck (50k * 200 µs
 /// = 10 s: far beyond any healthy drain time).
 pub const MESH_RETRY_MAX: u32 = 50_000;
+/// How often a shard repeats its warning about one sealed segment whose age retention cannot
+/// verify (its last entry is damaged, `storage/FORMAT.md` section 3c): the condition lasts until
+/// an operator acts, and a warning every `--retention-interval` (10 s by default) would bury
+/// other logs; passes in between log it at debug.
+pub const UNVERIFIED_AGE_WARN_INTERVAL: Duration = Duration::from_mins(10);
 /// Drain deadline at shutdown: after the stop signal, connections finish and answer the requests
 /// they had read (and answer later ones `ShuttingDown`) for at most this long before they are
 /// closed; well inside the launcher's 30 s `SHUTDOWN_DEADLINE`, which also covers the fsyncs.

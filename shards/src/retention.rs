@@ -10,13 +10,16 @@
 //! another shard owns (it only sees the logs of its own shard).
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::future::{Either, select};
-use storage::log::{LogStats, RetentionPolicy};
+use storage::log::{LogStats, RetentionPolicy, UnverifiedAge};
 
+use crate::limits::UNVERIFIED_AGE_WARN_INTERVAL;
 use crate::metadata::Retention;
 use crate::metrics::ShardMetrics;
 use crate::shard::Shard;
@@ -97,33 +100,70 @@ pub fn policy_of(retention: Retention) -> RetentionPolicy {
 pub async fn run(shard: Rc<Shard>) {
     let interval = shard.config.retention_interval;
     let signal = shard.retention_signal();
+    let mut warnings = UnverifiedAgeWarnings::default();
     loop {
         let sleep = std::pin::pin!(compio::time::sleep(interval));
         let notified = std::pin::pin!(signal.notified());
         if let Either::Right(((), _)) = select(sleep, notified).await {
             tracing::debug!(shard = shard.id.0, "retention pass after a segment roll");
         }
-        apply_once(&shard).await;
+        apply_once(&shard, &mut warnings).await;
+    }
+}
+
+/// When each damaged segment retention met was last warned about, so that one is warned about
+/// at most every [`UNVERIFIED_AGE_WARN_INTERVAL`]. Holds only the segments the last pass met (at
+/// most one per partition the shard owns).
+#[derive(Debug, Default)]
+struct UnverifiedAgeWarnings {
+    /// (segment path, entry position) -> when it was last warned about.
+    warned_at: HashMap<(PathBuf, u64), Instant>,
+    /// The segments met by the pass running now.
+    met: HashMap<(PathBuf, u64), Instant>,
+}
+
+impl UnverifiedAgeWarnings {
+    /// Records that the pass running at `now` met `unverified`; whether to warn about it (the
+    /// first time, or once [`UNVERIFIED_AGE_WARN_INTERVAL`] has passed since the last warning).
+    fn met(&mut self, unverified: &UnverifiedAge, now: Instant) -> bool {
+        let key = (unverified.path.clone(), unverified.position);
+        let last = self.warned_at.get(&key).copied();
+        let warn = last.is_none_or(|last| now.duration_since(last) >= UNVERIFIED_AGE_WARN_INTERVAL);
+        self.met
+            .insert(key, if warn { now } else { last.unwrap_or(now) });
+        warn
+    }
+
+    /// Ends a pass: forgets the segments it did not meet (deleted by size, or repaired), so a
+    /// segment damaged again later is warned about at once.
+    fn end_pass(&mut self) {
+        self.warned_at = std::mem::take(&mut self.met);
     }
 }
 
 /// One pass over every partition the shard owns whose topic has a retention limit.
-async fn apply_once(shard: &Shard) {
+async fn apply_once(shard: &Shard, warnings: &mut UnverifiedAgeWarnings) {
     for (namespace, log, retention) in shard.logs_with_retention() {
         let policy = policy_of(retention);
         if policy.is_unlimited() {
             continue;
         }
         match log.apply_retention(policy, SystemTime::now()).await {
-            Ok(outcome) if outcome.deleted_segment_count > 0 => tracing::info!(
-                shard = shard.id.0,
-                %namespace,
-                first_offset = outcome.first_offset,
-                segment_count = outcome.deleted_segment_count,
-                deleted_bytes = outcome.deleted_bytes,
-                "retention moved the partition's first offset"
-            ),
-            Ok(_) => {}
+            Ok(outcome) => {
+                if outcome.deleted_segment_count > 0 {
+                    tracing::info!(
+                        shard = shard.id.0,
+                        %namespace,
+                        first_offset = outcome.first_offset,
+                        segment_count = outcome.deleted_segment_count,
+                        deleted_bytes = outcome.deleted_bytes,
+                        "retention moved the partition's first offset"
+                    );
+                }
+                if let Some(unverified) = &outcome.age_unverified {
+                    log_unverified_age(shard, namespace, unverified, warnings);
+                }
+            }
             Err(error) => tracing::warn!(
                 shard = shard.id.0,
                 %namespace,
@@ -131,6 +171,38 @@ async fn apply_once(shard: &Shard) {
                 "retention pass failed; retried at the next pass"
             ),
         }
+    }
+    warnings.end_pass();
+}
+
+/// Logs that retention by age kept `unverified`'s segment (and those after it) because its last
+/// entry is damaged: at warn when `warnings` says so, else at debug.
+fn log_unverified_age(
+    shard: &Shard,
+    namespace: bus::Namespace,
+    unverified: &UnverifiedAge,
+    warnings: &mut UnverifiedAgeWarnings,
+) {
+    let message = "retention by age keeps this segment and every later one: the timestamp of its \
+                   last entry cannot be verified (see `shardline inspect segment`); a size limit \
+                   still applies";
+    if warnings.met(unverified, Instant::now()) {
+        tracing::warn!(
+            shard = shard.id.0,
+            %namespace,
+            path = %unverified.path.display(),
+            position = unverified.position,
+            reason = %unverified.reason,
+            "{message}"
+        );
+    } else {
+        tracing::debug!(
+            shard = shard.id.0,
+            %namespace,
+            path = %unverified.path.display(),
+            position = unverified.position,
+            "{message}"
+        );
     }
 }
 
@@ -149,6 +221,32 @@ mod tests {
         );
         config.retention_interval = Duration::from_millis(10);
         assert!(config.validate().is_ok());
+    }
+
+    #[test]
+    fn issue12_unverified_age_is_warned_about_once_per_interval() {
+        let unverified = |position| UnverifiedAge {
+            path: PathBuf::from("/data/partitions/1/1/0/00000000000000000000.log"),
+            position,
+            reason: "payload checksum differs".to_owned(),
+        };
+        let mut warnings = UnverifiedAgeWarnings::default();
+        let start = Instant::now();
+        assert!(warnings.met(&unverified(0), start));
+        warnings.end_pass();
+        let pass = start + Duration::from_secs(10);
+        assert!(
+            !warnings.met(&unverified(0), pass),
+            "repeated within the interval"
+        );
+        assert!(warnings.met(&unverified(64), pass), "another entry is new");
+        warnings.end_pass();
+        let pass = start + UNVERIFIED_AGE_WARN_INTERVAL;
+        assert!(warnings.met(&unverified(0), pass), "the interval passed");
+        warnings.end_pass();
+        // A pass that did not meet it (deleted by size, or repaired) forgets it.
+        warnings.end_pass();
+        assert!(warnings.met(&unverified(0), pass + Duration::from_secs(10)));
     }
 
     #[test]

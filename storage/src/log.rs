@@ -47,7 +47,7 @@ use closed_files::{ClosedFiles, ReadFile, Reserve, SlotReservation};
 use completion::Completion;
 use index::SegmentIndex;
 pub use read::{VerifiedSpan, VerifiedSpans};
-pub use retention::{RetentionOutcome, RetentionPolicy};
+pub use retention::{RetentionOutcome, RetentionPolicy, UnverifiedAge};
 use sealed::{SealedSegment, SealedSegments, load_sealed_index};
 pub use stats::LogStats;
 

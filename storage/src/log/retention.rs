@@ -22,6 +22,7 @@ use std::time::{Duration, SystemTime};
 
 use super::producer_state::producer_snapshot_path;
 use super::recovery::{index_path, io_error};
+use super::sealed::SealedSegment;
 use super::verify::check_entry_payload;
 use super::{LogError, PartitionLog, ReadSpan, State};
 use crate::durable::{DurableError, durable_replace, read_exact_at, read_verified, sync_dir};
@@ -164,7 +165,7 @@ impl RetentionPolicy {
 }
 
 /// What one retention pass did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RetentionOutcome {
     /// Sealed segments deleted.
     pub deleted_segment_count: u32,
@@ -172,17 +173,33 @@ pub struct RetentionOutcome {
     pub deleted_bytes: u64,
     /// The log's first offset after the pass (unchanged when nothing was deleted).
     pub first_offset: u64,
+    /// The segment the age check stopped at because its last entry did not verify (so its age
+    /// is unknown and it was kept, with every segment after it), or `None`. The segments before
+    /// it that had expired were still deleted (`storage/FORMAT.md` section 3c).
+    pub age_unverified: Option<UnverifiedAge>,
+}
+
+/// A sealed segment whose last entry, the one retention by age reads the timestamp of, failed
+/// its checks (`storage/FORMAT.md` section 3c): the segment is kept, since a timestamp no
+/// checksum vouches for must not expire it (issue 12).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnverifiedAge {
+    /// The segment file.
+    pub path: PathBuf,
+    /// Byte position of its last entry in the file.
+    pub position: u64,
+    /// Which check the entry fails, a sentence.
+    pub reason: String,
 }
 
 /// A sealed, wholly acknowledged segment that retention may delete.
 #[derive(Debug, Clone)]
 pub(super) struct DeletableSegment {
     pub(super) path: PathBuf,
-    pub(super) base_offset: u64,
-    pub(super) end_offset: u64,
-    pub(super) size_bytes: u64,
-    /// Byte position of the segment's last entry (`None` for an empty segment).
-    pub(super) last_entry_position: Option<u64>,
+    /// The log's summary of the segment: offsets, bytes, its last entry's position.
+    pub(super) summary: SealedSegment,
+    /// The `base_timestamp_us` of its last entry when an earlier pass verified it.
+    pub(super) last_timestamp_us: Option<u64>,
 }
 
 impl State {
@@ -195,10 +212,8 @@ impl State {
             .take_while(|segment| segment.end_offset <= self.acked_offset)
             .map(|segment| DeletableSegment {
                 path: super::recovery::segment_path(dir, segment.base_offset),
-                base_offset: segment.base_offset,
-                end_offset: segment.end_offset,
-                size_bytes: segment.size_bytes,
-                last_entry_position: segment.last_entry_position,
+                summary: *segment,
+                last_timestamp_us: self.sealed.last_timestamp_us(segment),
             })
             .collect()
     }
@@ -266,7 +281,10 @@ impl PartitionLog {
     /// One retention pass (issue 11 section 4): deletes the oldest sealed, wholly acknowledged
     /// segments while the log holds more than `policy.bytes_max` segment bytes, or while the
     /// oldest one's newest batch is older than `policy.age_max` at `now`; never the active
-    /// segment and never a segment after one that is kept. Order: the new floor is written
+    /// segment and never a segment after one that is kept. A segment whose last entry fails its
+    /// checks is kept by age (its age is unknown, issue 12) and named in
+    /// [`RetentionOutcome::age_unverified`]; the expired segments before it are still deleted,
+    /// and a size limit still deletes it by size. Order: the new floor is written
     /// durably (`retention-floor`), then the segments leave the log (a read below the floor now
     /// gets [`LogError::OffsetRetained`]), then their files are deleted and the directory
     /// fsynced. A pass that finds another one running on this log, or the log closing or
@@ -275,9 +293,7 @@ impl PartitionLog {
     /// # Errors
     /// `Io` or `DescriptorsExhausted` naming the segment whose last entry could not be read for
     /// the age check (nothing deleted); `Io` naming the floor file when it could not be written
-    /// (nothing deleted); `Corrupt` naming the segment and position when its last entry does not
-    /// match its index or fails its checksum (the age check trusts only a verified timestamp;
-    /// nothing deleted); `Io` naming a file that could not be deleted, or
+    /// (nothing deleted); `Io` naming a file that could not be deleted, or
     /// the directory that could not be fsynced, after the floor moved: the log already starts
     /// at the new floor, and the next open deletes what is left below it.
     ///
@@ -294,6 +310,7 @@ impl PartitionLog {
             deleted_segment_count: 0,
             deleted_bytes: 0,
             first_offset,
+            age_unverified: None,
         };
         // A closing log (its partition may be being deleted) or a poisoned one is left alone.
         let idle = {
@@ -311,13 +328,16 @@ impl PartitionLog {
                 state.segments_size_bytes(),
             )
         };
-        let Some((last_deleted, deleted_bytes)) = self
+        let (chosen, age_unverified) = self
             .segments_past_retention(&candidates, total_bytes, policy, now)
-            .await?
-        else {
-            return Ok(unchanged);
+            .await?;
+        let Some((last_deleted, deleted_bytes)) = chosen else {
+            return Ok(RetentionOutcome {
+                age_unverified,
+                ..unchanged
+            });
         };
-        let floor = candidates[last_deleted].end_offset;
+        let floor = candidates[last_deleted].summary.end_offset;
         let dir = self.shared.dir.clone();
         write_retention_floor(&dir, floor).await?;
         let dropped = self.shared.state.borrow_mut().drop_segments_below(floor);
@@ -344,58 +364,109 @@ impl PartitionLog {
             deleted_segment_count: u32::try_from(dropped.len()).unwrap_or(u32::MAX),
             deleted_bytes,
             first_offset: floor,
+            age_unverified,
         })
     }
 
     /// The index in `candidates` of the last segment to delete and the bytes deleted, or
-    /// `None`: walks them oldest first, deleting while the log is over `bytes_max` or the
-    /// segment's newest batch is older than `age_max`, and stops at the first one kept.
+    /// `None`, and the segment whose age could not be verified, if the walk stopped at one:
+    /// walks them oldest first, deleting while the log is over `bytes_max` (whatever the
+    /// timestamps) or the segment's newest batch is older than `age_max`, and stops at the first
+    /// one kept. A segment whose last entry fails its checks is kept by age: its age is unknown.
+    ///
+    /// # Errors
+    /// `Io`/`DescriptorsExhausted` when a last entry cannot be read (nothing is deleted; the
+    /// next pass retries).
     async fn segments_past_retention(
         &self,
         candidates: &[DeletableSegment],
         total_bytes: u64,
         policy: RetentionPolicy,
         now: SystemTime,
-    ) -> Result<Option<(usize, u64)>, LogError> {
+    ) -> Result<(Option<(usize, u64)>, Option<UnverifiedAge>), LogError> {
         let mut remaining_bytes = total_bytes;
         let mut last_deleted = None;
+        let mut age_unverified = None;
         for (candidate_index, candidate) in candidates.iter().enumerate() {
             let over_size = policy
                 .bytes_max
                 .is_some_and(|bytes_max| remaining_bytes > bytes_max);
             let expired = match (over_size, policy.age_max) {
-                (false, Some(age_max)) => self.is_expired(candidate, age_max, now).await?,
+                (false, Some(age_max)) => match self.is_expired(candidate, age_max, now).await {
+                    Ok(expired) => expired,
+                    Err(LogError::Corrupt {
+                        path,
+                        position,
+                        reason,
+                    }) => {
+                        age_unverified = Some(UnverifiedAge {
+                            path,
+                            position,
+                            reason,
+                        });
+                        false
+                    }
+                    Err(error) => return Err(error),
+                },
                 _ => false,
             };
             if !over_size && !expired {
                 break;
             }
-            remaining_bytes -= candidate.size_bytes;
+            remaining_bytes -= candidate.summary.size_bytes;
             last_deleted = Some(candidate_index);
         }
-        Ok(last_deleted.map(|index| (index, total_bytes - remaining_bytes)))
+        let chosen = last_deleted.map(|index| (index, total_bytes - remaining_bytes));
+        Ok((chosen, age_unverified))
     }
 
     /// Whether `segment`'s newest batch (its last entry) is older than `age_max` at `now`. An
     /// empty segment has no batch to keep it and counts as expired; a timestamp after `now` is
-    /// never expired.
+    /// never expired. The timestamp is the one an earlier pass verified and the log remembers,
+    /// else the last entry is read and verified now and its timestamp remembered.
+    ///
+    /// # Errors
+    /// As [`Self::last_entry_header`].
     async fn is_expired(
         &self,
         segment: &DeletableSegment,
         age_max: Duration,
         now: SystemTime,
     ) -> Result<bool, LogError> {
-        let Some(position) = segment.last_entry_position else {
+        let Some(position) = segment.summary.last_entry_position else {
             return Ok(true);
         };
-        let header = self.last_entry_header(segment, position).await?;
+        let timestamp_us = match segment.last_timestamp_us {
+            Some(timestamp_us) => timestamp_us,
+            None => self.verify_last_timestamp_us(segment, position).await?,
+        };
         let now_us = now
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |since| {
                 u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
             });
-        let age_us = now_us.saturating_sub(header.base_timestamp_us);
+        let age_us = now_us.saturating_sub(timestamp_us);
         Ok(u128::from(age_us) > age_max.as_micros())
+    }
+
+    /// The `base_timestamp_us` of `segment`'s last entry, at `position`, read and verified
+    /// ([`Self::last_entry_header`]) and remembered with the segment's summary, so later passes
+    /// do not read it again.
+    ///
+    /// # Errors
+    /// As [`Self::last_entry_header`] (nothing is remembered).
+    async fn verify_last_timestamp_us(
+        &self,
+        segment: &DeletableSegment,
+        position: u64,
+    ) -> Result<u64, LogError> {
+        let header = self.last_entry_header(segment, position).await?;
+        self.shared
+            .state
+            .borrow_mut()
+            .sealed
+            .remember_last_timestamp_us(&segment.summary, header.base_timestamp_us);
+        Ok(header.base_timestamp_us)
     }
 
     /// The header of the entry at `position` of `segment` (its last), read whole through the
@@ -409,28 +480,30 @@ impl PartitionLog {
     ///
     /// # Errors
     /// `Io`/`DescriptorsExhausted` when the entry cannot be read; `Corrupt` naming the segment
-    /// and the position when the entry is not as above (the pass then deletes nothing).
+    /// and the position when the entry is not as above (the pass then keeps the segment and
+    /// reports it in [`RetentionOutcome::age_unverified`]).
     async fn last_entry_header(
         &self,
         segment: &DeletableSegment,
         position: u64,
     ) -> Result<EntryHeader, LogError> {
+        let summary = &segment.summary;
         let corrupt = |reason: String| LogError::Corrupt {
             path: segment.path.clone(),
             position,
             reason,
         };
-        let entry_size = segment.size_bytes.saturating_sub(position);
+        let entry_size = summary.size_bytes.saturating_sub(position);
         if entry_size < ENTRY_HEADER_SIZE as u64 || entry_size > u64::from(ENTRY_SIZE_MAX) {
             return Err(corrupt(format!(
                 "the last entry would span {entry_size} bytes to the segment's end ({} bytes), \
                  outside {ENTRY_HEADER_SIZE}..={ENTRY_SIZE_MAX}",
-                segment.size_bytes
+                summary.size_bytes
             )));
         }
         let span = ReadSpan {
             path: segment.path.clone(),
-            segment_base_offset: segment.base_offset,
+            segment_base_offset: summary.base_offset,
             file: None,
             position,
             size_bytes: entry_size,
@@ -445,10 +518,10 @@ impl PartitionLog {
             ))?;
         let (header_bytes, payload) = bytes.split_at(ENTRY_HEADER_SIZE);
         let header = EntryHeader::decode(header_bytes).expect("read_exact_at returned the entry");
-        if header.base_offset < segment.base_offset || header.base_offset >= segment.end_offset {
+        if header.base_offset < summary.base_offset || header.base_offset >= summary.end_offset {
             return Err(corrupt(format!(
                 "the last entry's header names offset {} outside the segment's offsets {}..{}",
-                header.base_offset, segment.base_offset, segment.end_offset
+                header.base_offset, summary.base_offset, summary.end_offset
             )));
         }
         if u64::from(header.length) != entry_size - ENTRY_HEADER_SIZE as u64 {
@@ -600,6 +673,7 @@ mod tests {
                     deleted_segment_count: 7,
                     deleted_bytes: 7 * size,
                     first_offset: 7,
+                    age_unverified: None,
                 }
             );
             assert_eq!(log.first_offset(), 7);
@@ -668,8 +742,8 @@ mod tests {
 
     /// Issue 12 ("checksums still catch every flipped byte ... in a batch header ... on disk"):
     /// a flipped bit that makes a sealed segment's newest timestamp look 30 years old is caught
-    /// by the timestamp rule's checksum, so the age check deletes nothing and names the segment
-    /// and position; the same flip in an entry written before the rule (timestamp covered by
+    /// by the timestamp rule's checksum, so the age check keeps the segment (and those after
+    /// it) and names it and the position; the same flip in an entry written before the rule (timestamp covered by
     /// nothing) still expires its segment, which is what the rule is for.
     #[test]
     fn issue12_retention_by_age_trusts_only_a_verified_timestamp() {
@@ -709,16 +783,17 @@ mod tests {
                 (result, first_offset)
             });
             if timestamp_rule {
-                let error = result.unwrap_err();
-                let LogError::Corrupt {
+                let outcome = result.unwrap();
+                assert_eq!(
+                    (outcome.deleted_segment_count, outcome.first_offset),
+                    (0, 0)
+                );
+                let UnverifiedAge {
                     path,
                     position,
                     reason,
-                } = &error
-                else {
-                    panic!("expected Corrupt, got {error:?}");
-                };
-                assert_eq!((path, *position), (&segment, 0));
+                } = outcome.age_unverified.expect("the damage is reported");
+                assert_eq!((&path, position), (&segment, 0));
                 assert!(
                     reason.starts_with("the last entry, whose timestamp retention by age reads")
                         && reason.contains("base timestamp"),
@@ -727,11 +802,166 @@ mod tests {
                 assert_eq!(segment_bases(dir.path()), vec![0, 1, 2]);
                 assert_eq!(first_offset, 0);
             } else {
-                assert_eq!(result.unwrap().first_offset, 1);
+                let outcome = result.unwrap();
+                assert_eq!((outcome.first_offset, outcome.age_unverified), (1, None));
                 assert_eq!(segment_bases(dir.path()), vec![1, 2]);
                 assert_eq!(first_offset, 1);
             }
         }
+    }
+
+    /// Appends one-message entries under the timestamp rule (the entry checksum covers
+    /// `base_timestamp_us`), one per timestamp.
+    async fn append_under_timestamp_rule(log: &PartitionLog, timestamps_us: &[u64]) {
+        for (seed, &timestamp_us) in timestamps_us.iter().enumerate() {
+            let mut section = crate::entry::message_section(1, &[seed as u8; 5]);
+            section[12] |= crate::entry::PAYLOAD_FLAG_CHECKSUM_OF_TIMESTAMP as u8;
+            log.append(crate::entry::build_entry_raw(timestamp_us, 1, &section))
+                .await
+                .unwrap();
+        }
+    }
+
+    /// Flips bit 50 of the `base_timestamp_us` of the entry at byte 0 of `path` in place (the
+    /// file keeps its inode, so a descriptor the log holds sees the change).
+    fn flip_first_timestamp_bit(path: &Path) {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        let mut byte = [0u8; 1];
+        file.read_exact_at(&mut byte, 8 + 6).unwrap();
+        byte[0] ^= 1 << 2;
+        file.write_all_at(&byte, 8 + 6).unwrap();
+        file.sync_all().unwrap();
+    }
+
+    /// Review of issue 12's fix, finding 2: a segment whose last entry fails its checks is kept
+    /// by age (with every one after it) and reported, but the expired segments before it are
+    /// still deleted, and a size limit still deletes it.
+    #[test]
+    fn issue12_unverified_age_keeps_that_segment_but_not_the_expired_ones_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = now_us() - 2 * 3_600_000_000;
+        let damaged = segment_path(dir.path(), 1);
+        block_on(async {
+            let (log, _) = PartitionLog::open(dir.path(), one_entry_segments())
+                .await
+                .unwrap();
+            append_under_timestamp_rule(&log, &[old; 4]).await;
+            flip_first_timestamp_bit(&damaged);
+            let by_age = RetentionPolicy {
+                bytes_max: None,
+                age_max: Some(Duration::from_hours(1)),
+            };
+            let outcome = log
+                .apply_retention(by_age, SystemTime::now())
+                .await
+                .unwrap();
+            assert_eq!(
+                (outcome.deleted_segment_count, outcome.first_offset),
+                (1, 1)
+            );
+            let unverified = outcome.age_unverified.expect("the damage is reported");
+            assert_eq!((&unverified.path, unverified.position), (&damaged, 0));
+            assert!(
+                unverified.reason.contains("base timestamp"),
+                "{}",
+                unverified.reason
+            );
+            assert_eq!(segment_bases(dir.path()), vec![1, 2, 3]);
+            assert_eq!(floor_on_disk(dir.path()), 1);
+            // Every later pass stops there again, and reports it again.
+            let again = log
+                .apply_retention(by_age, SystemTime::now())
+                .await
+                .unwrap();
+            assert_eq!(again.deleted_segment_count, 0);
+            assert_eq!(again.age_unverified, Some(unverified));
+            // Size does not depend on the timestamp: a size limit deletes the damaged segment.
+            let by_size = RetentionPolicy {
+                bytes_max: Some(1),
+                age_max: Some(Duration::from_hours(1)),
+            };
+            let outcome = log
+                .apply_retention(by_size, SystemTime::now())
+                .await
+                .unwrap();
+            assert_eq!(
+                outcome,
+                RetentionOutcome {
+                    deleted_segment_count: 2,
+                    deleted_bytes: outcome.deleted_bytes,
+                    first_offset: 3,
+                    age_unverified: None,
+                }
+            );
+            assert_eq!(segment_bases(dir.path()), vec![3]);
+        });
+    }
+
+    /// Review of issue 12's fix, finding 1: the age check verifies a sealed segment's last entry
+    /// once and remembers its timestamp, instead of rereading and rehashing it (up to 64 MiB)
+    /// every pass until it expires. Observable: once verified, damage to the timestamp on disk
+    /// is never read again, so a later pass expires the segment by the remembered, verified
+    /// value; a log opened afresh has nothing remembered and finds the damage.
+    #[test]
+    fn issue12_age_check_remembers_a_verified_timestamp() {
+        let dir = tempfile::tempdir().unwrap();
+        let recent = now_us();
+        let segment = segment_path(dir.path(), 0);
+        let policy = RetentionPolicy {
+            bytes_max: None,
+            age_max: Some(Duration::from_hours(1)),
+        };
+        block_on(async {
+            let (log, _) = PartitionLog::open(dir.path(), one_entry_segments())
+                .await
+                .unwrap();
+            append_under_timestamp_rule(&log, &[recent; 3]).await;
+            // Not expired: kept, its timestamp verified and remembered.
+            let outcome = log
+                .apply_retention(policy, SystemTime::now())
+                .await
+                .unwrap();
+            assert_eq!(
+                (outcome.deleted_segment_count, outcome.age_unverified),
+                (0, None)
+            );
+            flip_first_timestamp_bit(&segment);
+            // Three hours on: expired by the remembered timestamp, without rereading the entry.
+            let later = SystemTime::now() + Duration::from_hours(3);
+            let outcome = log.apply_retention(policy, later).await.unwrap();
+            assert_eq!(
+                (outcome.first_offset, outcome.age_unverified),
+                (2, None),
+                "segment 1 was verified now, segment 0 by its remembered timestamp"
+            );
+            assert_eq!(segment_bases(dir.path()), vec![2]);
+            log.close().await.unwrap();
+        });
+        // The same damage in a log that never verified the segment: found, segment kept.
+        let dir = tempfile::tempdir().unwrap();
+        let segment = segment_path(dir.path(), 0);
+        block_on(async {
+            let (log, _) = PartitionLog::open(dir.path(), one_entry_segments())
+                .await
+                .unwrap();
+            append_under_timestamp_rule(&log, &[recent; 3]).await;
+            flip_first_timestamp_bit(&segment);
+            let later = SystemTime::now() + Duration::from_hours(3);
+            let outcome = log.apply_retention(policy, later).await.unwrap();
+            assert_eq!(outcome.first_offset, 0);
+            assert_eq!(
+                outcome
+                    .age_unverified
+                    .map(|unverified| (unverified.path, unverified.position)),
+                Some((segment, 0))
+            );
+            log.close().await.unwrap();
+        });
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The sealed (closed) segments of one partition log, oldest first: a fixed-size summary of each
-//! (offsets, bytes, entry count) and a bounded least-recently-used cache of their indexes. A
+//! (offsets, bytes, entry count, and its last entry's timestamp once retention verified it) and a
+//! bounded least-recently-used cache of their indexes. A
 //! sealed segment's index is not kept in memory for the life of the log: a read that needs it
 //! loads it from the segment's index file (checked as open checks it, rebuilt from the segment
 //! when that file is missing or damaged) and caches it. So a log's memory grows with its segment
@@ -20,7 +21,8 @@ use super::recovery::{load_closed_index, segment_path};
 use crate::limits::{SEALED_INDEX_CACHE_BYTES_MAX, SEALED_INDEX_CACHE_COUNT_MAX};
 use crate::space::is_descriptors_exhausted;
 
-/// What a log remembers of a sealed segment without its index: 48 bytes per segment.
+/// What a log remembers of a sealed segment without its index: 48 bytes per segment (plus the 16
+/// bytes of its verified last timestamp, kept beside it in [`SealedSegments`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SealedSegment {
     pub(crate) base_offset: u64,
@@ -58,6 +60,11 @@ impl SealedSegment {
 #[derive(Debug, Default)]
 pub(crate) struct SealedSegments {
     segments: VecDeque<SealedSegment>,
+    /// For each of `segments` (same order), its last entry's `base_timestamp_us` once retention
+    /// by age verified that entry (`retention.rs`, `last_entry_header`): a sealed segment never
+    /// changes, so the verified value stays true, and a pass need not reread and rehash the
+    /// entry (up to `ENTRY_SIZE_MAX` bytes) every `--retention-interval` until it expires.
+    last_timestamps_us: VecDeque<Option<u64>>,
     /// Sum of the segments' `size_bytes`.
     size_bytes: u64,
     cache: IndexCache,
@@ -120,12 +127,44 @@ impl SealedSegments {
         }
         self.size_bytes += segment.size_bytes;
         self.segments.push_back(segment);
+        self.last_timestamps_us.push_back(None);
+    }
+
+    /// The verified `base_timestamp_us` of `segment`'s last entry, if retention remembered one
+    /// for it ([`Self::remember_last_timestamp_us`]); `None` when never verified or when
+    /// `segment` is no longer one of the log's sealed segments.
+    pub(crate) fn last_timestamp_us(&self, segment: &SealedSegment) -> Option<u64> {
+        let index = self.position_of(segment)?;
+        self.last_timestamps_us[index]
+    }
+
+    /// Remembers `timestamp_us`, the `base_timestamp_us` of `segment`'s last entry, which the
+    /// caller verified (`storage/FORMAT.md` section 3c). Forgotten with the segment. Does
+    /// nothing when `segment` is no longer one of the log's sealed segments (retention or a
+    /// rollback removed it meanwhile).
+    pub(crate) fn remember_last_timestamp_us(
+        &mut self,
+        segment: &SealedSegment,
+        timestamp_us: u64,
+    ) {
+        if let Some(index) = self.position_of(segment) {
+            self.last_timestamps_us[index] = Some(timestamp_us);
+        }
+    }
+
+    /// Where `segment` is in `segments`, if it is exactly one of them.
+    fn position_of(&self, segment: &SealedSegment) -> Option<usize> {
+        let index = self
+            .segments
+            .partition_point(|held| held.base_offset < segment.base_offset);
+        (self.segments.get(index) == Some(segment)).then_some(index)
     }
 
     /// Forgets the oldest sealed segment and its cached index (retention deleted its files, or
     /// is about to). Constant time.
     pub(crate) fn pop_oldest(&mut self) -> Option<SealedSegment> {
         let segment = self.segments.pop_front()?;
+        self.last_timestamps_us.pop_front();
         self.size_bytes -= segment.size_bytes;
         self.cache.remove(segment.base_offset);
         Some(segment)
@@ -135,6 +174,7 @@ impl SealedSegments {
     /// segment again).
     pub(crate) fn pop_newest(&mut self) -> Option<SealedSegment> {
         let segment = self.segments.pop_back()?;
+        self.last_timestamps_us.pop_back();
         self.size_bytes -= segment.size_bytes;
         self.cache.remove(segment.base_offset);
         Some(segment)
@@ -311,6 +351,41 @@ mod tests {
             index.push(base_offset + entry, 1, 100);
         }
         index
+    }
+
+    /// A verified last timestamp is remembered against exactly one segment and forgotten with
+    /// it: a segment rolled back and sealed again at the same base offset starts with none.
+    #[test]
+    fn issue12_a_remembered_last_timestamp_leaves_with_its_segment() {
+        let mut sealed = SealedSegments::default();
+        for segment in 0..3 {
+            sealed.push(index_of(segment * 10, 10));
+        }
+        let segments: Vec<SealedSegment> = sealed.iter().copied().collect();
+        assert_eq!(sealed.last_timestamp_us(&segments[1]), None);
+        sealed.remember_last_timestamp_us(&segments[1], 7);
+        sealed.remember_last_timestamp_us(&segments[2], 9);
+        assert_eq!(
+            segments
+                .iter()
+                .map(|segment| sealed.last_timestamp_us(segment))
+                .collect::<Vec<_>>(),
+            [None, Some(7), Some(9)]
+        );
+        // Not a segment of the log (same base, other shape): nothing remembered or returned.
+        let other = SealedSegment::of(&index_of(10, 4));
+        sealed.remember_last_timestamp_us(&other, 1);
+        assert_eq!(sealed.last_timestamp_us(&other), None);
+        assert_eq!(sealed.last_timestamp_us(&segments[1]), Some(7));
+        // Retention drops the oldest; the others keep theirs.
+        sealed.pop_oldest();
+        assert_eq!(sealed.last_timestamp_us(&segments[0]), None);
+        assert_eq!(sealed.last_timestamp_us(&segments[1]), Some(7));
+        // A rollback drops the newest; sealed again, it has to be verified again.
+        sealed.pop_newest();
+        sealed.push(index_of(20, 10));
+        assert_eq!(sealed.last_timestamp_us(&segments[2]), None);
+        assert_eq!(sealed.last_timestamp_us(&segments[1]), Some(7));
     }
 
     /// What `PartitionLog::read` must return, computed from the appended entries alone: whole
