@@ -555,7 +555,7 @@ fn wal_json_has_records_and_summary() {
 /// odd seeds are written as before the rule.
 fn entry_of_3_messages(seed: u64) -> Vec<u8> {
     let mut section = storage::message_section(3, &[seed as u8; 4]);
-    if seed % 2 == 0 {
+    if seed.is_multiple_of(2) {
         section[12] |= storage::entry::PAYLOAD_FLAG_CHECKSUM_OF_TIMESTAMP as u8;
     }
     storage::build_entry_raw(1_000 + seed, 3, &section)
