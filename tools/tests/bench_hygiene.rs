@@ -367,3 +367,54 @@ fn the_disk_estimate_of_a_payload_file_counts_its_lines_not_its_longest_line_eac
     );
     assert_eq!(run_dirs(&data_root), Vec::<PathBuf>::new());
 }
+
+#[test]
+fn the_embedded_server_ignores_shardline_variables_and_the_report_says_what_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_root = dir.path().join("data");
+    let json = dir.path().join("run.json");
+    // `bogus` would kill a server that read it: the run succeeding shows it never got it.
+    let output = Command::new(BIN)
+        .arg("bench")
+        .args([
+            "--no-pin",
+            "--shards",
+            "1",
+            "--messages",
+            "2000",
+            "--message-size",
+            "100",
+            "--batch",
+            "100",
+            "--partitions=2",
+            "--data-root",
+            path_arg(&data_root),
+            "--json",
+            path_arg(&json),
+        ])
+        .env("SHARDLINE_FSYNC", "never")
+        .env("SHARDLINE_WRITE_MODE", "bogus")
+        .output()
+        .unwrap();
+    let stdout = text(&output.stdout);
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(
+            "bench: the embedded server ignores SHARDLINE_FSYNC=never (pass --fsync never), \
+             SHARDLINE_WRITE_MODE=bogus (pass --write-mode bogus); the bench passes its \
+             settings as flags, so the report shows what the server runs\n"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("fsync=always (server default) write-mode=buffered (server default)"),
+        "{stdout}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let config = &report["runs"][0]["config"];
+    assert_eq!(config["fsync"], "always (server default)", "{config}");
+    assert_eq!(config["write_mode"], serde_json::Value::Null, "{config}");
+    assert_eq!(run_dirs(&data_root), Vec::<PathBuf>::new());
+}
