@@ -305,7 +305,15 @@ fn a_bad_shard_list_is_a_usage_error_with_the_serve_rule() {
             "1,x",
             "\"x\": expected `all` or a whole number of shards from 1 to 1024",
         ),
-        ("2,2", "a shard count is listed twice"),
+        (
+            "2,2",
+            "count 2 is listed twice (entries 1 and 2): each count runs once per round; list it \
+             once (--repeat runs rounds)",
+        ),
+        (
+            "1,,2",
+            "entry 2 of the list is empty: separate the counts with single commas (e.g. 1,2,4)",
+        ),
         (
             "1,sweep",
             "`sweep` stands alone: it already runs 1, 2, 4, ... up to the allowed CPUs",
@@ -321,6 +329,25 @@ fn a_bad_shard_list_is_a_usage_error_with_the_serve_rule() {
             "{value}: {stderr}"
         );
     }
+    // `all` with the count it resolves to is the same repeat; resolving it needs --cpus and
+    // --no-pin, so it is refused after parsing (exit 1), still before anything starts.
+    let root = tempfile::tempdir().unwrap();
+    let first = runtime::topology::allowed_cpus().unwrap()[0].to_string();
+    let output = bench(&[
+        "--shards",
+        "all,1",
+        "--cpus",
+        &first,
+        "--data-root",
+        path_arg(root.path()),
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        text(&output.stderr),
+        "error: --shards all,1: entries 1 and 2 are the same count: `all` resolves to 1 shard \
+         here (one per allowed core, or per --cpus entry); list the count once\n"
+    );
+    assert_eq!(run_dirs(root.path()), Vec::<PathBuf>::new());
 }
 
 /// The free-space estimate counted the longest `--payload-file` line for every message: a corpus
