@@ -99,14 +99,15 @@ pub struct IgnoredVariable {
 }
 
 impl IgnoredVariable {
-    /// What sets the same thing for a bench: `pass --fsync never`, `pass --no-pin` (a switch),
+    /// What sets the same thing for a bench: `pass --fsync never`, `pass --no-pin to unpin`,
     /// or, for a variable without a bench flag, that the server's default is used.
     pub fn advice(&self) -> String {
         match SERVER_VARIABLE_FLAGS
             .iter()
             .find(|(name, _)| *name == self.name)
         {
-            Some((_, "--no-pin")) => "pass --no-pin".to_string(),
+            // A switch: a false value (`0`, `off`) already is the bench's default.
+            Some((_, "--no-pin")) => "pass --no-pin to unpin".to_string(),
             Some((_, flag)) => format!("pass {flag} {}", self.value),
             None if self.name == "SHARDLINE_CONFIG" => {
                 "the bench reads no config file; pass its settings as bench flags".to_string()
@@ -550,7 +551,7 @@ mod tests {
             "bench: the embedded server ignores \
              SHARDLINE_CONFIG=/etc/shardline.toml (the bench reads no config file; pass its \
              settings as bench flags), SHARDLINE_FSYNC=never (pass --fsync never), \
-             SHARDLINE_NO_PIN=true (pass --no-pin), SHARDLINE_SEGMENT_SIZE=1048576 (no bench \
+             SHARDLINE_NO_PIN=true (pass --no-pin to unpin), SHARDLINE_SEGMENT_SIZE=1048576 (no bench \
              flag sets it; the server's default is used), SHARDLINE_WRITE_MODE=direct (pass \
              --write-mode direct); the bench passes its settings as flags, so the report shows \
              what the server runs"
