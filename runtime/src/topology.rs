@@ -269,6 +269,7 @@ impl Topology {
                         requested,
                         allowed_count: candidates.len(),
                         allowed: compact_cpu_list(&candidates),
+                        from_cpus: config.cpus.is_some(),
                     });
                 }
                 requested
@@ -387,14 +388,18 @@ pub enum TopologyError {
         cpu: usize,
         allowed: String,
     },
-    /// More pinned shards than usable cores: lower `--shards` or pass `--no-pin`.
-    #[error(
-        "--shards {requested}: more shards than allowed cores ({allowed_count}: {allowed}); pass --no-pin to overprovision"
-    )]
+    /// More pinned shards than usable cores. The cores are `--cpus`'s list when `from_cpus`
+    /// (widen or drop it, or lower `--shards`: `--no-pin` cannot be combined with `--cpus`),
+    /// else the affinity mask (lower `--shards`, or pass `--no-pin`).
+    #[error("{}", too_many_shards_message(*requested, *allowed_count, allowed, *from_cpus))]
     TooManyShards {
         requested: usize,
+        /// How many cores the shards may be pinned to.
         allowed_count: usize,
+        /// Those cores, in compact form (`0-3,8`).
         allowed: String,
+        /// Whether the cores are `--cpus`'s list rather than the whole affinity mask.
+        from_cpus: bool,
     },
     /// `--cpus` together with `--no-pin`: drop one of them.
     #[error("--cpus {value} pins shards to CPUs; it cannot be combined with --no-pin")]
@@ -402,6 +407,29 @@ pub enum TopologyError {
     /// `sched_getaffinity` failed.
     #[error("cannot read the process affinity mask: {0}")]
     Affinity(std::io::Error),
+}
+
+/// [`TopologyError::TooManyShards`] in words: the count, the cores and where they came from, then
+/// what works: only remedies the flags allow (`--no-pin` is refused with `--cpus`).
+fn too_many_shards_message(
+    requested: usize,
+    allowed_count: usize,
+    allowed: &str,
+    from_cpus: bool,
+) -> String {
+    let cores = if allowed_count == 1 { "core" } else { "cores" };
+    if from_cpus {
+        format!(
+            "--shards {requested}: more shards than the cores --cpus lists ({allowed_count} \
+             allowed {cores}: {allowed}); lower --shards, or widen or drop --cpus (--no-pin \
+             is refused with it)"
+        )
+    } else {
+        format!(
+            "--shards {requested}: more shards than allowed cores ({allowed_count} allowed \
+             {cores}: {allowed}); lower --shards, or pass --no-pin to overprovision"
+        )
+    }
 }
 
 #[cfg(test)]
@@ -541,8 +569,14 @@ mod tests {
     #[test]
     fn too_many_shards_names_both_numbers() {
         assert_eq!(
+            error_text("2", None, true, &[5]),
+            "--shards 2: more shards than allowed cores (1 allowed core: 5); lower --shards, or \
+             pass --no-pin to overprovision"
+        );
+        assert_eq!(
             error_text("3", None, true, &[0, 1]),
-            "--shards 3: more shards than allowed cores (2: 0-1); pass --no-pin to overprovision"
+            "--shards 3: more shards than allowed cores (2 allowed cores: 0-1); lower --shards, \
+             or pass --no-pin to overprovision"
         );
     }
 
@@ -605,7 +639,13 @@ mod tests {
     fn cpus_list_shorter_than_count_is_too_many_shards() {
         assert_eq!(
             error_text("3", Some("0,2"), true, &[0, 1, 2, 3]),
-            "--shards 3: more shards than allowed cores (2: 0,2); pass --no-pin to overprovision"
+            "--shards 3: more shards than the cores --cpus lists (2 allowed cores: 0,2); lower \
+             --shards, or widen or drop --cpus (--no-pin is refused with it)"
+        );
+        assert_eq!(
+            error_text("2", Some("0"), true, &[0, 1, 2, 3]),
+            "--shards 2: more shards than the cores --cpus lists (1 allowed core: 0); lower \
+             --shards, or widen or drop --cpus (--no-pin is refused with it)"
         );
     }
 

@@ -333,17 +333,27 @@ pub fn validate(config: &ServerConfig, sources: &ValueSources) -> anyhow::Result
 /// allowed cores without `--no-pin`, `--cpus` outside the affinity mask or with `--no-pin`)
 /// as a [`RuleBetweenSettings`] naming where each setting it names came from, so that a value
 /// from the config file or the environment is looked for there.
+///
+/// Too many shards for a `--cpus` list names the sources of `--shards` and `--cpus` only: its
+/// refusal mentions `--no-pin` just to say it is refused with `--cpus`, so `--no-pin`'s source
+/// would send the operator to a setting that cannot help.
 fn start_error(error: shards::ServerError, sources: &ValueSources) -> anyhow::Error {
-    let flag = match &error {
-        shards::ServerError::Topology(runtime::TopologyError::TooManyShards { .. }) => "--shards",
+    let (flag, settings_named) = match &error {
+        shards::ServerError::Topology(runtime::TopologyError::TooManyShards {
+            from_cpus: true,
+            ..
+        }) => ("--shards", Some("--cpus")),
+        shards::ServerError::Topology(runtime::TopologyError::TooManyShards { .. }) => {
+            ("--shards", None)
+        }
         shards::ServerError::Topology(
             runtime::TopologyError::CpuNotAllowed { .. }
             | runtime::TopologyError::CpusWithoutPin { .. },
-        ) => "--cpus",
+        ) => ("--cpus", None),
         _ => return error.into(),
     };
     let refusal = error.to_string();
-    let sides = sources.sides_of(flag, &refusal);
+    let sides = sources.sides_of(flag, settings_named.unwrap_or(&refusal));
     RuleBetweenSettings { refusal, sides }.into()
 }
 

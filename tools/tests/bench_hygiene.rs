@@ -305,7 +305,15 @@ fn a_bad_shard_list_is_a_usage_error_with_the_serve_rule() {
             "1,x",
             "\"x\": expected `all` or a whole number of shards from 1 to 1024",
         ),
-        ("2,2", "a shard count is listed twice"),
+        (
+            "2,2",
+            "count 2 is listed twice (entries 1 and 2): each count runs once per round; list it \
+             once (--repeat runs rounds)",
+        ),
+        (
+            "1,,2",
+            "entry 2 of the list is empty: separate the counts with single commas (e.g. 1,2,4)",
+        ),
         (
             "1,sweep",
             "`sweep` stands alone: it already runs 1, 2, 4, ... up to the allowed CPUs",
@@ -321,6 +329,25 @@ fn a_bad_shard_list_is_a_usage_error_with_the_serve_rule() {
             "{value}: {stderr}"
         );
     }
+    // `all` with the count it resolves to is the same repeat; resolving it needs --cpus and
+    // --no-pin, so it is refused after parsing (exit 1), still before anything starts.
+    let root = tempfile::tempdir().unwrap();
+    let first = runtime::topology::allowed_cpus().unwrap()[0].to_string();
+    let output = bench(&[
+        "--shards",
+        "all,1",
+        "--cpus",
+        &first,
+        "--data-root",
+        path_arg(root.path()),
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        text(&output.stderr),
+        "error: --shards all,1: entries 1 and 2 are the same count: `all` resolves to 1 shard \
+         here (one per allowed core, or per --cpus entry); list the count once\n"
+    );
+    assert_eq!(run_dirs(root.path()), Vec::<PathBuf>::new());
 }
 
 /// The free-space estimate counted the longest `--payload-file` line for every message: a corpus
@@ -365,5 +392,56 @@ fn the_disk_estimate_of_a_payload_file_counts_its_lines_not_its_longest_line_eac
         )),
         "{stderr}"
     );
+    assert_eq!(run_dirs(&data_root), Vec::<PathBuf>::new());
+}
+
+#[test]
+fn the_embedded_server_ignores_shardline_variables_and_the_report_says_what_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_root = dir.path().join("data");
+    let json = dir.path().join("run.json");
+    // `bogus` would kill a server that read it: the run succeeding shows it never got it.
+    let output = Command::new(BIN)
+        .arg("bench")
+        .args([
+            "--no-pin",
+            "--shards",
+            "1",
+            "--messages",
+            "2000",
+            "--message-size",
+            "100",
+            "--batch",
+            "100",
+            "--partitions=2",
+            "--data-root",
+            path_arg(&data_root),
+            "--json",
+            path_arg(&json),
+        ])
+        .env("SHARDLINE_FSYNC", "never")
+        .env("SHARDLINE_WRITE_MODE", "bogus")
+        .output()
+        .unwrap();
+    let stdout = text(&output.stdout);
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(
+            "bench: the embedded server ignores SHARDLINE_FSYNC=never (pass --fsync never), \
+             SHARDLINE_WRITE_MODE=bogus (pass --write-mode bogus); the bench passes its \
+             settings as flags, so the report shows what the server runs\n"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("fsync=always (server default) write-mode=buffered (server default)"),
+        "{stdout}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let config = &report["runs"][0]["config"];
+    assert_eq!(config["fsync"], "always (server default)", "{config}");
+    assert_eq!(config["write_mode"], serde_json::Value::Null, "{config}");
     assert_eq!(run_dirs(&data_root), Vec::<PathBuf>::new());
 }

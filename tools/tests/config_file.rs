@@ -652,10 +652,11 @@ fn a_host_rule_of_the_shard_settings_names_where_each_came_from() {
     let line = startup_refusal(&[], &["--config", path]);
     assert!(
         line.starts_with(&format!(
-            "error: --shards {shards}: more shards than allowed cores ({allowed}: "
+            "error: --shards {shards}: more shards than allowed cores ({allowed} allowed {}: ",
+            if allowed == 1 { "core" } else { "cores" }
         )) && line.ends_with(&format!(
-            "); pass --no-pin to overprovision (--shards from config file {path}, key shards; \
-             --no-pin from its default)"
+            "); lower --shards, or pass --no-pin to overprovision (--shards from config file \
+             {path}, key shards; --no-pin from its default)"
         )),
         "{line}"
     );
@@ -666,6 +667,21 @@ fn a_host_rule_of_the_shard_settings_names_where_each_came_from() {
         format!(
             "error: --cpus 0 pins shards to CPUs; it cannot be combined with --no-pin (--cpus \
              from SHARDLINE_CPUS; --no-pin from config file {path}, key no-pin)"
+        )
+    );
+    // A --cpus list too short for --shards: the list's source, not --no-pin's default.
+    let first = runtime::topology::allowed_cpus().unwrap()[0];
+    let config = write_config(dir.path(), "shards = 2\n");
+    let path = config.to_str().unwrap();
+    assert_eq!(
+        startup_refusal(
+            &[("SHARDLINE_CPUS", &first.to_string())],
+            &["--config", path]
+        ),
+        format!(
+            "error: --shards 2: more shards than the cores --cpus lists (1 allowed core: \
+             {first}); lower --shards, or widen or drop --cpus (--no-pin is refused with it) \
+             (--shards from config file {path}, key shards; --cpus from SHARDLINE_CPUS)"
         )
     );
 }

@@ -670,9 +670,10 @@ fn issue7_6_bench_refuses_more_shards_than_cores_before_starting_a_server() {
     let stderr = stderr_of(&output);
     assert!(
         stderr.starts_with(&format!(
-            "error: --shards {shards}: more shards than allowed cores ({}: ",
-            allowed.len()
-        )) && stderr.ends_with("); pass --no-pin to overprovision\n"),
+            "error: --shards {shards}: more shards than allowed cores ({} allowed {}: ",
+            allowed.len(),
+            if allowed.len() == 1 { "core" } else { "cores" }
+        )) && stderr.ends_with("); lower --shards, or pass --no-pin to overprovision\n"),
         "{stderr}"
     );
     assert_eq!(

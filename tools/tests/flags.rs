@@ -33,6 +33,14 @@ fn usage_error(args: &[&str]) -> String {
     stderr
 }
 
+/// The `error: ` line of a stderr that also holds log lines.
+fn error_line(stderr: &str) -> &str {
+    stderr
+        .lines()
+        .find(|line| line.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line in {stderr}"))
+}
+
 fn allowed_cpu_count() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
 }
@@ -54,10 +62,73 @@ fn more_shards_than_cores_without_no_pin_is_rejected() {
     let shards = (allowed_cpu_count() + 1).to_string();
     let message = serve_error(&["--shards", &shards]);
     assert!(message.contains(&format!("--shards {shards}")), "{message}");
+    let allowed = allowed_cpu_count();
+    let cores = if allowed == 1 { "core" } else { "cores" };
     assert!(
-        message.contains("more shards than allowed cores") && message.contains("--no-pin"),
+        message.contains(&format!(
+            "more shards than allowed cores ({allowed} allowed {cores}: "
+        )) && message.contains(
+            "); lower --shards, or pass --no-pin to overprovision (--shards from the command \
+                 line; --no-pin from its default)"
+        ),
         "{message}"
     );
+}
+
+/// With `--cpus`, the cores are its list: the refusal says so, names where `--cpus` came from
+/// (not `--no-pin`'s default, which cannot help), and advises only what the flags allow.
+#[test]
+fn more_shards_than_the_cpus_list_names_cpus_and_not_no_pin() {
+    let first = runtime::topology::allowed_cpus().unwrap()[0].to_string();
+    let rule = format!(
+        "--shards 2: more shards than the cores --cpus lists (1 allowed core: {first}); lower \
+         --shards, or widen or drop --cpus (--no-pin is refused with it)"
+    );
+    let message = serve_error(&["--cpus", &first, "--shards", "2"]);
+    assert_eq!(
+        error_line(&message),
+        format!("error: {rule} (--shards from the command line; --cpus from the command line)")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--shards",
+            "2",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .env("SHARDLINE_CPUS", &first)
+        .output()
+        .unwrap();
+    assert_eq!(
+        error_line(&String::from_utf8_lossy(&output.stderr)),
+        format!("error: {rule} (--shards from the command line; --cpus from SHARDLINE_CPUS)")
+    );
+    // The bench checks the same rule before starting a server, with its own flags.
+    let root = tempfile::tempdir().unwrap();
+    let output = Command::new(BIN)
+        .args([
+            "bench",
+            "--cpus",
+            &first,
+            "--shards",
+            "2",
+            "--messages",
+            "10",
+        ])
+        .arg("--data-root")
+        .arg(root.path())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!("error: {rule}\n")
+    );
+    assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
 }
 
 #[test]

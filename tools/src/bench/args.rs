@@ -471,6 +471,14 @@ fn parse_shards(value: &str) -> Result<ShardSpec, String> {
             "`sweep` stands alone: it already runs 1, 2, 4, ... up to the allowed CPUs".to_owned(),
         );
     }
+    if items.len() > 1
+        && let Some(empty_index) = items.iter().position(|item| item.is_empty())
+    {
+        return Err(format!(
+            "entry {} of the list is empty: separate the counts with single commas (e.g. 1,2,4)",
+            empty_index + 1
+        ));
+    }
     let requests = items
         .iter()
         .map(|item| match crate::arg_values::parse_shard_count(item) {
@@ -480,13 +488,96 @@ fn parse_shards(value: &str) -> Result<ShardSpec, String> {
             Err(rule) => Err(format!("{item:?}: {rule}")),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let mut seen = requests.clone();
-    seen.sort_by_key(ToString::to_string);
-    seen.dedup();
-    if seen.len() != requests.len() {
-        return Err("a shard count is listed twice".to_owned());
+    if let Some((first_index, second_index)) = first_repeat(&requests) {
+        let what = match requests[first_index] {
+            ShardRequest::All => "`all`".to_owned(),
+            ShardRequest::Count(count) => format!("count {count}"),
+        };
+        return Err(format!(
+            "{what} is listed twice (entries {} and {}): each count runs once per round; list \
+             it once (--repeat runs rounds)",
+            first_index + 1,
+            second_index + 1
+        ));
     }
     Ok(ShardSpec::List(requests))
+}
+
+/// The 0-based indexes of the first entry of `items` that a later one repeats, and of that
+/// later one; `None` when all differ.
+fn first_repeat<T: PartialEq>(items: &[T]) -> Option<(usize, usize)> {
+    items.iter().enumerate().find_map(|(second_index, item)| {
+        items[..second_index]
+            .iter()
+            .position(|earlier| earlier == item)
+            .map(|first_index| (first_index, second_index))
+    })
+}
+
+/// Refuses a `--shards` list of the embedded server where `all` resolves to the same count as
+/// a number listed with it (`all,2` on a 2-CPU host is `2,2`). `all` resolves by the server's
+/// own rule (`runtime::Topology`: affinity mask, cgroup quota, `--cpus`); when it cannot be
+/// resolved, nothing is refused here: the topology check before the first run names the cause.
+///
+/// # Errors
+/// [`BenchArgsError::Shards`], naming both entries and what `all` resolves to.
+fn check_all_is_not_listed_again(
+    value: &str,
+    requests: &[ShardRequest],
+    options: &ServerOptions,
+) -> Result<(), BenchArgsError> {
+    let Some(all_index) = requests
+        .iter()
+        .position(|request| *request == ShardRequest::All)
+    else {
+        return Ok(());
+    };
+    let Ok(all_count) = all_shard_count(options) else {
+        return Ok(());
+    };
+    let Some(count_index) = requests
+        .iter()
+        .position(|request| *request == ShardRequest::Count(all_count))
+    else {
+        return Ok(());
+    };
+    let (first_index, second_index) = (all_index.min(count_index), all_index.max(count_index));
+    Err(BenchArgsError::Shards {
+        value: value.to_owned(),
+        rule: format!(
+            "entries {} and {} are the same count: `all` resolves to {all_count} {} here (one \
+             per allowed core, or per --cpus entry); list the count once",
+            first_index + 1,
+            second_index + 1,
+            if all_count == 1 { "shard" } else { "shards" },
+        ),
+    })
+}
+
+/// The shard count `--shards all` resolves to for the embedded server `options` describe, by
+/// the server's own rule (`runtime::Topology`: affinity mask, cgroup quota, `--cpus`).
+///
+/// # Errors
+/// [`BenchArgsError::Cpus`] for a `--cpus` that does not parse, [`BenchArgsError::Topology`]
+/// when the server's rule refuses the settings.
+fn all_shard_count(options: &ServerOptions) -> Result<u16, BenchArgsError> {
+    let cpus = options
+        .cpus
+        .as_deref()
+        .map(str::parse::<runtime::CpuList>)
+        .transpose()
+        .map_err(|error| BenchArgsError::Cpus {
+            reason: error.to_string(),
+        })?;
+    let topology = runtime::Topology::resolve(&runtime::TopologyConfig {
+        shards: runtime::ShardCountArg::All,
+        cpus,
+        pin: !options.no_pin,
+    })
+    .map_err(|error| BenchArgsError::Topology {
+        reason: error.to_string(),
+    })?;
+    Ok(topology.shard_count())
 }
 
 /// clap parser of `--shards`: checks `text` by [`parse_shards`] and keeps it as text (the plan
@@ -517,23 +608,7 @@ pub fn sweep_counts(all_count: u16) -> Vec<u16> {
 /// `--shards sweep` for the embedded server `options` describe: the shard count `--shards all`
 /// resolves to by the server's own rule (affinity mask, cgroup quota, `--cpus`), swept.
 fn sweep_requests(options: &ServerOptions) -> Result<Vec<ShardRequest>, BenchArgsError> {
-    let cpus = options
-        .cpus
-        .as_deref()
-        .map(str::parse::<runtime::CpuList>)
-        .transpose()
-        .map_err(|error| BenchArgsError::Cpus {
-            reason: error.to_string(),
-        })?;
-    let topology = runtime::Topology::resolve(&runtime::TopologyConfig {
-        shards: runtime::ShardCountArg::All,
-        cpus,
-        pin: !options.no_pin,
-    })
-    .map_err(|error| BenchArgsError::Topology {
-        reason: error.to_string(),
-    })?;
-    Ok(sweep_counts(topology.shard_count())
+    Ok(sweep_counts(all_shard_count(options)?)
         .into_iter()
         .map(ShardRequest::Count)
         .collect())
@@ -776,7 +851,11 @@ impl BenchArgs {
         }
         let server = self.server_target(&shard_spec)?;
         let shard_requests = match (shard_spec, &server) {
-            (ShardSpec::List(requests), _) => requests,
+            (ShardSpec::List(requests), ServerTarget::Embedded { options, .. }) => {
+                check_all_is_not_listed_again(&self.shards, &requests, options)?;
+                requests
+            }
+            (ShardSpec::List(requests), ServerTarget::External { .. }) => requests,
             (ShardSpec::Sweep, ServerTarget::Embedded { options, .. }) => sweep_requests(options)?,
             (ShardSpec::Sweep, ServerTarget::External { .. }) => {
                 unreachable!("server_target refuses sweep with --addr")
@@ -1251,7 +1330,24 @@ mod tests {
                 "1,x",
                 "\"x\": expected `all` or a whole number of shards from 1 to 1024",
             ),
-            ("2,2", "a shard count is listed twice"),
+            (
+                "2,2",
+                "count 2 is listed twice (entries 1 and 2): each count runs once per round; list \
+                 it once (--repeat runs rounds)",
+            ),
+            (
+                "all,1,all",
+                "`all` is listed twice (entries 1 and 3): each count runs once per round; list \
+                 it once (--repeat runs rounds)",
+            ),
+            (
+                "1,,2",
+                "entry 2 of the list is empty: separate the counts with single commas (e.g. 1,2,4)",
+            ),
+            (
+                "1,2,",
+                "entry 3 of the list is empty: separate the counts with single commas (e.g. 1,2,4)",
+            ),
         ] {
             assert_eq!(
                 parse_error(&["--shards", value]),
@@ -1259,6 +1355,34 @@ mod tests {
             );
         }
         assert_eq!(parse(&["--shards", "1024"]).shards, "1024");
+    }
+
+    #[test]
+    fn all_listed_with_the_count_it_resolves_to_is_refused() {
+        let allowed = runtime::allowed_cpus().unwrap();
+        let one = allowed[0].to_string();
+        assert_eq!(
+            error(&["--shards", "all,1", "--cpus", &one]),
+            "--shards all,1: entries 1 and 2 are the same count: `all` resolves to 1 shard here \
+             (one per allowed core, or per --cpus entry); list the count once"
+        );
+        if let [first, second, ..] = allowed[..] {
+            let two = format!("{first},{second}");
+            assert_eq!(
+                error(&["--shards", "1,2,all", "--cpus", &two]),
+                "--shards 1,2,all: entries 2 and 3 are the same count: `all` resolves to 2 \
+                 shards here (one per allowed core, or per --cpus entry); list the count once"
+            );
+        }
+        // A different count is no repeat (the topology check before the first run refuses 2
+        // shards on one core, not this one).
+        let plan = parse(&["--shards", "all,2", "--cpus", &one])
+            .validate()
+            .unwrap();
+        assert_eq!(
+            plan.shard_requests,
+            vec![ShardRequest::All, ShardRequest::Count(2)]
+        );
     }
 
     #[test]

@@ -147,6 +147,29 @@ mod tests {
     use super::super::sweep::fixtures::runs;
     use super::*;
 
+    /// README's column table (Benchmarking) lists exactly [`CSV_COLUMNS`], in order.
+    #[test]
+    fn the_readme_lists_every_column_in_order() {
+        let readme = include_str!("../../../README.md");
+        let table = readme
+            .split("| # | Column | Meaning |")
+            .nth(1)
+            .expect("README has the CSV column table");
+        let listed: Vec<&str> = table
+            .lines()
+            .skip(2)
+            .take_while(|line| line.starts_with('|'))
+            .flat_map(|line| {
+                let names = line.split('|').nth(2).unwrap_or_default();
+                names
+                    .split(',')
+                    .map(|name| name.trim().trim_matches('`'))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(listed, CSV_COLUMNS);
+    }
+
     fn parse(text: &str) -> (Vec<String>, Vec<csv::StringRecord>) {
         let mut reader = csv::Reader::from_reader(text.as_bytes());
         let header = reader

@@ -35,6 +35,7 @@ pub mod verify;
 pub mod workload;
 pub mod writeback;
 
+use std::io::Write as _;
 use std::net::{SocketAddr, ToSocketAddrs as _};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -79,6 +80,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let plan = args.validate()?;
     interrupt::install()?;
     check_embedded_topology(&plan)?;
+    warn_ignored_server_variables(&plan);
     if let Some(root) = &args.data_root {
         // As `serve --data-dir` does: a missing directory is created, not refused.
         std::fs::create_dir_all(root)
@@ -428,6 +430,20 @@ fn check_embedded_topology(plan: &BenchPlan) -> anyhow::Result<()> {
         })?;
     }
     Ok(())
+}
+
+/// With the embedded server: one line on stderr naming the `SHARDLINE_*` variables its child is
+/// started without (`server::ignored_server_variables`) and the bench flag for each. An `--addr`
+/// server is not the bench's child: nothing is said.
+fn warn_ignored_server_variables(plan: &BenchPlan) {
+    if !matches!(plan.server, ServerTarget::Embedded { .. }) {
+        return;
+    }
+    let ignored = server::ignored_server_variables(std::env::vars_os());
+    if let Some(line) = server::ignored_variables_line(&ignored) {
+        // Err: stderr is gone (a closed pipe); the line is only informative.
+        let _ = writeln!(std::io::stderr(), "{line}");
+    }
 }
 
 /// With `--addr`: fails unless one batch's request frame fits the server's `--max-message-size`

@@ -71,6 +71,100 @@ impl ServerOptions {
     }
 }
 
+/// The one `SHARDLINE_*` variable the embedded server keeps: its log filter changes what it
+/// writes to `server.log`, never what it measures.
+const KEPT_SERVER_VARIABLE: &str = "SHARDLINE_LOG";
+
+/// Each variable of `serve` with the bench flag that sets the same thing; the bench passes its
+/// settings as flags (or leaves the server's default), so the variable would make the server run
+/// with a setting the report does not show.
+const SERVER_VARIABLE_FLAGS: [(&str, &str); 8] = [
+    ("SHARDLINE_FSYNC", "--fsync"),
+    ("SHARDLINE_WRITE_MODE", "--write-mode"),
+    ("SHARDLINE_CPUS", "--cpus"),
+    ("SHARDLINE_NO_PIN", "--no-pin"),
+    ("SHARDLINE_IO_DRIVER", "--io-driver"),
+    ("SHARDLINE_INBOX_CAPACITY", "--inbox-capacity"),
+    ("SHARDLINE_IDLE_POLL_US", "--idle-poll-us"),
+    ("SHARDLINE_SHARDS", "--shards"),
+];
+
+/// A `SHARDLINE_*` variable of the bench's environment that the embedded server does not get.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IgnoredVariable {
+    /// The variable's name, e.g. `SHARDLINE_FSYNC`.
+    pub name: String,
+    /// Its value, lossily decoded for the message.
+    pub value: String,
+}
+
+impl IgnoredVariable {
+    /// What sets the same thing for a bench: `pass --fsync never`, `pass --no-pin to unpin`,
+    /// or, for a variable without a bench flag, that the server's default is used.
+    pub fn advice(&self) -> String {
+        match SERVER_VARIABLE_FLAGS
+            .iter()
+            .find(|(name, _)| *name == self.name)
+        {
+            // A switch: a false value (`0`, `off`) already is the bench's default.
+            Some((_, "--no-pin")) => "pass --no-pin to unpin".to_string(),
+            Some((_, flag)) => format!("pass {flag} {}", self.value),
+            None if self.name == "SHARDLINE_CONFIG" => {
+                "the bench reads no config file; pass its settings as bench flags".to_string()
+            }
+            None => "no bench flag sets it; the server's default is used".to_string(),
+        }
+    }
+}
+
+/// The `SHARDLINE_*` variables among `vars` that the embedded server is started without: all
+/// but [`KEPT_SERVER_VARIABLE`], sorted by name. `serve` reads its settings from such variables
+/// (clap's `env`), so an inherited `SHARDLINE_FSYNC=never` would run the server with `never`
+/// while the report says the bench's setting (the server's default unless `--fsync` is given),
+/// and a bad value would kill the server instead of being a usage error.
+pub fn ignored_server_variables(
+    vars: impl IntoIterator<Item = (OsString, OsString)>,
+) -> Vec<IgnoredVariable> {
+    let mut ignored: Vec<IgnoredVariable> = vars
+        .into_iter()
+        .filter_map(|(name, value)| {
+            let name = name.into_string().ok()?;
+            (name.starts_with("SHARDLINE_") && name != KEPT_SERVER_VARIABLE).then(|| {
+                IgnoredVariable {
+                    name,
+                    value: value.to_string_lossy().into_owned(),
+                }
+            })
+        })
+        .collect();
+    ignored.sort_by(|left, right| left.name.cmp(&right.name));
+    ignored
+}
+
+/// The one line that tells the user which variables the embedded server ignores and what to
+/// pass instead; `None` when `ignored` is empty.
+pub fn ignored_variables_line(ignored: &[IgnoredVariable]) -> Option<String> {
+    if ignored.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = ignored
+        .iter()
+        .map(|variable| {
+            format!(
+                "{}={} ({})",
+                variable.name,
+                variable.value,
+                variable.advice()
+            )
+        })
+        .collect();
+    Some(format!(
+        "bench: the embedded server ignores {}; the bench passes its settings as flags, so the \
+         report shows what the server runs",
+        parts.join(", ")
+    ))
+}
+
 /// The address in a `listening on HOST:PORT` line, or `None` for any other line.
 pub fn parse_listening_line(line: &str) -> Option<SocketAddr> {
     line.trim_end().strip_prefix("listening on ")?.parse().ok()
@@ -153,6 +247,10 @@ impl EmbeddedServer {
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("cannot create {}", log_path.display()))?;
         let mut command = Command::new(exe);
+        // `ignored_server_variables`: the server gets its settings from these flags only.
+        for variable in ignored_server_variables(std::env::vars_os()) {
+            command.env_remove(&variable.name);
+        }
         command
             .args(options.serve_args(&data_dir, shards))
             .stdin(Stdio::null())
@@ -416,6 +514,49 @@ mod tests {
              --write-mode direct --cpus 0-3 --io-driver poll --inbox-capacity 64 \
              --idle-poll-us 50 --no-pin"
         );
+    }
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
+        pairs
+            .iter()
+            .map(|(name, value)| (OsString::from(name), OsString::from(value)))
+            .collect()
+    }
+
+    #[test]
+    fn every_shardline_variable_but_the_log_filter_is_ignored() {
+        let ignored = ignored_server_variables(vars(&[
+            ("SHARDLINE_WRITE_MODE", "direct"),
+            ("PATH", "/bin"),
+            ("SHARDLINE_LOG", "debug"),
+            ("SHARDLINE_FSYNC", "never"),
+            ("RUST_LOG", "info"),
+            ("SHARDLINE_CONFIG", "/etc/shardline.toml"),
+            ("SHARDLINE_SEGMENT_SIZE", "1048576"),
+            ("SHARDLINE_NO_PIN", "true"),
+        ]));
+        let names: Vec<&str> = ignored.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "SHARDLINE_CONFIG",
+                "SHARDLINE_FSYNC",
+                "SHARDLINE_NO_PIN",
+                "SHARDLINE_SEGMENT_SIZE",
+                "SHARDLINE_WRITE_MODE"
+            ]
+        );
+        assert_eq!(
+            ignored_variables_line(&ignored).unwrap(),
+            "bench: the embedded server ignores \
+             SHARDLINE_CONFIG=/etc/shardline.toml (the bench reads no config file; pass its \
+             settings as bench flags), SHARDLINE_FSYNC=never (pass --fsync never), \
+             SHARDLINE_NO_PIN=true (pass --no-pin to unpin), SHARDLINE_SEGMENT_SIZE=1048576 (no bench \
+             flag sets it; the server's default is used), SHARDLINE_WRITE_MODE=direct (pass \
+             --write-mode direct); the bench passes its settings as flags, so the report shows \
+             what the server runs"
+        );
+        assert_eq!(ignored_variables_line(&[]), None);
     }
 
     fn script(dir: &Path, body: &str) -> PathBuf {
