@@ -371,6 +371,24 @@ pub fn check_payload(header: &EntryHeader, payload: &[u8]) -> Result<(), String>
     Ok(())
 }
 
+/// The newest message timestamp of an entry, in microseconds since the Unix epoch: the header's
+/// `base_timestamp_us` plus the largest `timestamp_delta_us` (u32 at bytes 8..12 of each message
+/// header, bus layout) among its messages; the base alone when the payload holds no whole
+/// message. Saturates at `u64::MAX`. Meaningful for a payload that passed [`check_payload`]
+/// (under the timestamp rule every input is then checksummed).
+pub fn newest_message_timestamp_us(header: &EntryHeader, payload: &[u8]) -> u64 {
+    let (mut rest, _stamp) = split_stamp(payload).unwrap_or((payload, &[]));
+    let mut newest_delta: u32 = 0;
+    while let Ok(size) = message_size(rest, 0) {
+        let delta = u32::from_le_bytes([rest[8], rest[9], rest[10], rest[11]]);
+        newest_delta = newest_delta.max(delta);
+        rest = &rest[size..];
+    }
+    header
+        .base_timestamp_us
+        .saturating_add(u64::from(newest_delta))
+}
+
 /// The words a checksum error adds when the checksum covers the entry header's timestamp too, so
 /// that a reader of the error knows a damaged timestamp is one of the candidates.
 fn timestamp_named(payload: &[u8]) -> &'static str {

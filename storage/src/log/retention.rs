@@ -26,7 +26,7 @@ use super::sealed::SealedSegment;
 use super::verify::check_entry_payload;
 use super::{LogError, PartitionLog, ReadSpan, State};
 use crate::durable::{DurableError, durable_replace, read_exact_at, read_verified, sync_dir};
-use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader};
+use crate::entry::{ENTRY_HEADER_SIZE, EntryHeader, newest_message_timestamp_us};
 use crate::limits::ENTRY_SIZE_MAX;
 
 /// Name of the retention floor file in a partition directory.
@@ -153,7 +153,8 @@ pub struct RetentionPolicy {
     /// oldest sealed segments are deleted while the log is still over it.
     pub bytes_max: Option<u64>,
     /// Age past which a sealed segment is deleted, measured from its newest batch's timestamp
-    /// (`EntryHeader::base_timestamp_us` of its last entry, microseconds since the Unix epoch).
+    /// (the newest message timestamp of its last entry: `base_timestamp_us` plus the largest
+    /// message `timestamp_delta_us`, microseconds since the Unix epoch).
     pub age_max: Option<Duration>,
 }
 
@@ -420,13 +421,14 @@ impl PartitionLog {
         Ok((chosen, age_unverified))
     }
 
-    /// Whether `segment`'s newest batch (its last entry) is older than `age_max` at `now`. An
+    /// Whether `segment`'s newest batch (its last entry, judged by its newest message) is older
+    /// than `age_max` at `now`. An
     /// empty segment has no batch to keep it and counts as expired; a timestamp after `now` is
     /// never expired. The timestamp is the one an earlier pass verified and the log remembers,
     /// else the last entry is read and verified now and its timestamp remembered.
     ///
     /// # Errors
-    /// As [`Self::last_entry_header`].
+    /// As [`Self::last_entry_newest_timestamp_us`].
     async fn is_expired(
         &self,
         segment: &DeletableSegment,
@@ -449,28 +451,32 @@ impl PartitionLog {
         Ok(u128::from(age_us) > age_max.as_micros())
     }
 
-    /// The `base_timestamp_us` of `segment`'s last entry, at `position`, read and verified
-    /// ([`Self::last_entry_header`]) and remembered with the segment's summary, so later passes
-    /// do not read it again.
+    /// The newest message timestamp of `segment`'s last entry, at `position`
+    /// (`entry::newest_message_timestamp_us`: its base timestamp plus its largest message delta),
+    /// read and verified ([`Self::last_entry_newest_timestamp_us`]) and remembered with the segment's summary,
+    /// so later passes do not read it again.
     ///
     /// # Errors
-    /// As [`Self::last_entry_header`] (nothing is remembered).
+    /// As [`Self::last_entry_newest_timestamp_us`] (nothing is remembered).
     async fn verify_last_timestamp_us(
         &self,
         segment: &DeletableSegment,
         position: u64,
     ) -> Result<u64, LogError> {
-        let header = self.last_entry_header(segment, position).await?;
+        let newest_us = self
+            .last_entry_newest_timestamp_us(segment, position)
+            .await?;
         self.shared
             .state
             .borrow_mut()
             .sealed
-            .remember_last_timestamp_us(&segment.summary, header.base_timestamp_us);
-        Ok(header.base_timestamp_us)
+            .remember_last_timestamp_us(&segment.summary, newest_us);
+        Ok(newest_us)
     }
 
-    /// The header of the entry at `position` of `segment` (its last), read whole through the
-    /// log's closed-file slots and verified before its `base_timestamp_us` is trusted: it must
+    /// The newest message timestamp (`entry::newest_message_timestamp_us`) of the entry at
+    /// `position` of `segment` (its last), read whole through the log's closed-file slots and
+    /// verified before its timestamps are trusted: it must
     /// fill the segment from `position` to its end, name an offset inside the segment, and pass
     /// its checksum rules (`verify::check_entry_payload`; under the timestamp rule the checksum
     /// covers the timestamp, `storage/FORMAT.md` section 3). Retention never deletes on the
@@ -482,11 +488,11 @@ impl PartitionLog {
     /// `Io`/`DescriptorsExhausted` when the entry cannot be read; `Corrupt` naming the segment
     /// and the position when the entry is not as above (the pass then keeps the segment and
     /// reports it in [`RetentionOutcome::age_unverified`]).
-    async fn last_entry_header(
+    async fn last_entry_newest_timestamp_us(
         &self,
         segment: &DeletableSegment,
         position: u64,
-    ) -> Result<EntryHeader, LogError> {
+    ) -> Result<u64, LogError> {
         let summary = &segment.summary;
         let corrupt = |reason: String| LogError::Corrupt {
             path: segment.path.clone(),
@@ -537,7 +543,7 @@ impl PartitionLog {
                 "the last entry, whose timestamp retention by age reads, fails: {reason}"
             ))
         })?;
-        Ok(header)
+        Ok(newest_message_timestamp_us(&header, payload))
     }
 }
 
@@ -745,6 +751,53 @@ mod tests {
     /// by the timestamp rule's checksum, so the age check keeps the segment (and those after
     /// it) and names it and the position; the same flip in an entry written before the rule (timestamp covered by
     /// nothing) still expires its segment, which is what the rule is for.
+    /// Review finding: a message's timestamp is its batch's base plus its own delta (up to about
+    /// 71 minutes), and retention judged a segment by the base alone, so a batch whose base was
+    /// past the limit but whose last message was not got deleted early. The age check now takes
+    /// the last entry's newest message timestamp.
+    #[test]
+    fn issue12_retention_by_age_judges_the_newest_message_of_the_last_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let minute_us = 60_000_000;
+        let base = now_us() - 70 * minute_us;
+        block_on(async {
+            let (log, _) = PartitionLog::open(dir.path(), one_entry_segments())
+                .await
+                .unwrap();
+            for _ in 0..2 {
+                // Two messages: deltas 0 and 20 minutes (message 1's header at 32 + 5).
+                let mut section = crate::entry::message_section(2, &[7; 5]);
+                section[12] |= crate::entry::PAYLOAD_FLAG_CHECKSUM_OF_TIMESTAMP as u8;
+                let delta = u32::try_from(20 * minute_us).unwrap();
+                section[37 + 8..37 + 12].copy_from_slice(&delta.to_le_bytes());
+                let entry = crate::entry::build_entry_raw(base, 2, &section);
+                let header = EntryHeader::decode(&entry).unwrap();
+                assert_eq!(
+                    newest_message_timestamp_us(&header, &entry[ENTRY_HEADER_SIZE..]),
+                    base + 20 * minute_us
+                );
+                log.append(entry).await.unwrap();
+            }
+            // The batch's base is 70 minutes old, its newest message 50: kept under 1 hour,
+            // deleted under 40 minutes.
+            let policy = |minutes| RetentionPolicy {
+                bytes_max: None,
+                age_max: Some(Duration::from_mins(minutes)),
+            };
+            let outcome = log
+                .apply_retention(policy(60), SystemTime::now())
+                .await
+                .unwrap();
+            assert_eq!(outcome.first_offset, 0);
+            let outcome = log
+                .apply_retention(policy(40), SystemTime::now())
+                .await
+                .unwrap();
+            assert_eq!(outcome.first_offset, 2);
+            log.close().await.unwrap();
+        });
+    }
+
     #[test]
     fn issue12_retention_by_age_trusts_only_a_verified_timestamp() {
         let recent = now_us();

@@ -60,8 +60,9 @@ impl SealedSegment {
 #[derive(Debug, Default)]
 pub(crate) struct SealedSegments {
     segments: VecDeque<SealedSegment>,
-    /// For each of `segments` (same order), its last entry's `base_timestamp_us` once retention
-    /// by age verified that entry (`retention.rs`, `last_entry_header`): a sealed segment never
+    /// For each of `segments` (same order), its last entry's newest message timestamp once
+    /// retention by age verified that entry (`retention.rs`, `last_entry_newest_timestamp_us`):
+    /// a sealed segment never
     /// changes, so the verified value stays true, and a pass need not reread and rehash the
     /// entry (up to `ENTRY_SIZE_MAX` bytes) every `--retention-interval` until it expires.
     last_timestamps_us: VecDeque<Option<u64>>,
