@@ -542,6 +542,13 @@ pub enum BatchError {
          checksum, timestamp checksum)"
     )]
     UnknownFlags { flags: u32, unknown: u32 },
+    /// A `SendMessages` batch with a non-zero `reserved` field in a message after the first
+    /// (`parse_for_append`): no release gives it a meaning yet, so it must be zero when stored.
+    #[error(
+        "message {index} has reserved field {reserved:#x}; only the first message's reserved \
+         field carries flags, the others must be 0"
+    )]
+    ReservedNotZero { index: u32, reserved: u32 },
     #[error("the producer stamp names producer 0, which means \"not idempotent\"")]
     StampProducerZero,
     #[error(
@@ -747,11 +754,14 @@ impl<'a> BatchView<'a> {
     /// `parse_verified`, then what the server requires before it stores a `SendMessages` batch
     /// (protocol version 3; `storage/FORMAT.md` section 3, "Timestamp rule"): the checksum covers
     /// the base timestamp (flag bit 2), and the first message sets no flag bit outside
-    /// [`MESSAGE_FLAGS_KNOWN`]. Every batch `BatchBuilder` builds passes. Batches without bit 2
+    /// [`MESSAGE_FLAGS_KNOWN`], and every later message's `reserved` is 0 (so that a later
+    /// release can give those bits a meaning without meeting stored entries where they meant
+    /// nothing). Every batch `BatchBuilder` builds passes. Batches without bit 2
     /// still parse (`parse`, polls of entries stored before the rule) but are never stored again.
     ///
     /// # Errors
-    /// As `parse_verified`; then `UnknownFlags`, then `TimestampNotCovered`.
+    /// As `parse_verified`; then `UnknownFlags`, then `TimestampNotCovered`, then
+    /// `ReservedNotZero` for the first later message whose `reserved` is not 0.
     pub fn parse_for_append(bytes: &'a [u8]) -> Result<BatchView<'a>, BatchError> {
         let view = BatchView::parse_verified(bytes)?;
         let section = view.bytes.get(BATCH_HEADER_SIZE..).unwrap_or_default();
@@ -766,6 +776,22 @@ impl<'a> BatchView<'a> {
         }
         if !checksum_covers_timestamp(section) {
             return Err(BatchError::TimestampNotCovered);
+        }
+        // `parse_verified` framed every message, so the walk reaches each one.
+        let mut rest = section;
+        let mut index: u32 = 0;
+        while let Some(message) = split_message(rest) {
+            if index > 0 && message.header.reserved != 0 {
+                return Err(BatchError::ReservedNotZero {
+                    index,
+                    reserved: message.header.reserved,
+                });
+            }
+            if index + 1 == view.header.message_count {
+                break;
+            }
+            rest = message.rest;
+            index += 1;
         }
         Ok(view)
     }
@@ -1204,6 +1230,19 @@ mod tests {
             "the first message's reserved flags 0x8000000e set bits 0x80000008 that this release \
              gives no meaning (known: 0x7: producer stamp, message-headers checksum, timestamp \
              checksum)"
+        );
+        // A later message's reserved field must be 0 (second review's finding).
+        let mut later = batch.clone();
+        let second_reserved = BATCH_HEADER_SIZE + MESSAGE_HEADER_SIZE + 2 + 12;
+        later[second_reserved] = 1;
+        reseal(&mut later);
+        assert!(BatchView::parse_verified(&later).is_ok());
+        assert_eq!(
+            BatchView::parse_for_append(&later).unwrap_err(),
+            BatchError::ReservedNotZero {
+                index: 1,
+                reserved: 1
+            }
         );
         // A damaged batch fails as parse_verified says, before any flag rule.
         let mut damaged = batch.clone();

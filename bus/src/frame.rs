@@ -10,7 +10,7 @@ use compio::BufResult;
 use compio::buf::{IntoInner, IoBuf};
 use compio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::header::{HEADER_SIZE, Header};
+use crate::header::{HEADER_SIZE, Header, PROTOCOL_VERSION};
 
 /// One validated message.
 #[derive(Debug)]
@@ -138,6 +138,14 @@ pub async fn read_request_header<R: AsyncRead + ?Sized>(
     let header = read_header_bytes(reader).await?;
     match header.validate_prefix(max_message_size) {
         Ok(()) => Ok(header),
+        // The size is checked before the version; an older client must hear about its version
+        // (in its own version) before anything else, or it cannot read the answer.
+        Err(FrameError::SizeTooLarge { .. }) if header.protocol_version != PROTOCOL_VERSION => {
+            Err(FrameError::RequestOfOtherVersion {
+                version: header.protocol_version,
+                request: Box::new(header),
+            })
+        }
         Err(FrameError::SizeTooLarge { size, max }) => Err(FrameError::RequestTooLarge {
             request: Box::new(header),
             size,
@@ -298,6 +306,16 @@ mod tests {
         assert!(matches!(
             poll_once(read_header(&mut reader, 1024)),
             Err(FrameError::ProtocolVersion { .. })
+        ));
+        // Review finding: an oversized request of an older version was answered
+        // `MessageTooLarge` in this version, which that client cannot read; its version wins.
+        let mut big = Header::new(Command::Request, Operation::SendMessages);
+        big.protocol_version = crate::PROTOCOL_VERSION - 1;
+        let bytes = encode_frame(&mut big, &[0u8; 2000]);
+        let mut reader = &bytes[..];
+        assert!(matches!(
+            poll_once(read_request_header(&mut reader, 1024)),
+            Err(FrameError::RequestOfOtherVersion { .. })
         ));
     }
 

@@ -112,6 +112,15 @@ impl IgnoredVariable {
             None if self.name == "SHARDLINE_CONFIG" => {
                 "the bench reads no config file; pass its settings as bench flags".to_string()
             }
+            None if self.name == "SHARDLINE_DATA_DIR" => {
+                "each run's data directory is under --data-root".to_string()
+            }
+            None if self.name == "SHARDLINE_LISTEN" => {
+                "the bench's server listens on a free loopback port".to_string()
+            }
+            None if self.name == "SHARDLINE_ADDR" => {
+                "a client setting; pass --addr to bench an existing server".to_string()
+            }
             None => "no bench flag sets it; the server's default is used".to_string(),
         }
     }
@@ -557,6 +566,22 @@ mod tests {
              what the server runs"
         );
         assert_eq!(ignored_variables_line(&[]), None);
+        // Settings the bench itself decides (review finding: these were told "no bench flag
+        // sets it; the server's default is used", which is false).
+        let owned = ignored_server_variables(vars(&[
+            ("SHARDLINE_DATA_DIR", "/srv/d"),
+            ("SHARDLINE_LISTEN", "0.0.0.0:8090"),
+            ("SHARDLINE_ADDR", "10.0.0.1:8090"),
+        ]));
+        let advice: Vec<String> = owned.iter().map(IgnoredVariable::advice).collect();
+        assert_eq!(
+            advice,
+            [
+                "a client setting; pass --addr to bench an existing server",
+                "each run's data directory is under --data-root",
+                "the bench's server listens on a free loopback port",
+            ]
+        );
     }
 
     fn script(dir: &Path, body: &str) -> PathBuf {
