@@ -665,6 +665,12 @@ impl<'a> BatchView<'a> {
     /// - `Checksum` (`MessageHeaders` only): XXH3-64 of the message headers and stamp differs
     ///   from `checksum` (a damaged message header, stamp, flag or batch `checksum`).
     pub fn parse(bytes: &'a [u8]) -> Result<BatchView<'a>, BatchError> {
+        BatchView::parse_walk(bytes, false)
+    }
+
+    /// `parse`, and with `later_reserved_zero` also `ReservedNotZero` for the first message after
+    /// the first whose `reserved` is not 0, checked in the same walk over the messages.
+    fn parse_walk(bytes: &'a [u8], later_reserved_zero: bool) -> Result<BatchView<'a>, BatchError> {
         let Some(header_bytes) = bytes.get(..BATCH_HEADER_SIZE) else {
             return Err(BatchError::TooShort { len: bytes.len() });
         };
@@ -711,6 +717,12 @@ impl<'a> BatchView<'a> {
                 return Err(BatchError::OffsetDelta {
                     index: found,
                     offset_delta: message.offset_delta,
+                });
+            }
+            if later_reserved_zero && found > 0 && message.reserved != 0 {
+                return Err(BatchError::ReservedNotZero {
+                    index: found,
+                    reserved: message.reserved,
                 });
             }
             if let Some(checksum) = headers_checksum.as_mut() {
@@ -760,10 +772,14 @@ impl<'a> BatchView<'a> {
     /// still parse (`parse`, polls of entries stored before the rule) but are never stored again.
     ///
     /// # Errors
-    /// As `parse_verified`; then `UnknownFlags`, then `TimestampNotCovered`, then
-    /// `ReservedNotZero` for the first later message whose `reserved` is not 0.
+    /// As `parse_verified`, with `ReservedNotZero` (the first later message whose `reserved` is
+    /// not 0) among the per-message checks of `parse`'s walk; then `UnknownFlags`, then
+    /// `TimestampNotCovered`.
     pub fn parse_for_append(bytes: &'a [u8]) -> Result<BatchView<'a>, BatchError> {
-        let view = BatchView::parse_verified(bytes)?;
+        let view = BatchView::parse_walk(bytes, true)?;
+        if view.checksum_rule() == ChecksumRule::Section {
+            view.verify_messages()?;
+        }
         let section = view.bytes.get(BATCH_HEADER_SIZE..).unwrap_or_default();
         let flags = section
             .get(FIRST_RESERVED_AT..FIRST_RESERVED_AT + 4)
@@ -776,22 +792,6 @@ impl<'a> BatchView<'a> {
         }
         if !checksum_covers_timestamp(section) {
             return Err(BatchError::TimestampNotCovered);
-        }
-        // `parse_verified` framed every message, so the walk reaches each one.
-        let mut rest = section;
-        let mut index: u32 = 0;
-        while let Some(message) = split_message(rest) {
-            if index > 0 && message.header.reserved != 0 {
-                return Err(BatchError::ReservedNotZero {
-                    index,
-                    reserved: message.header.reserved,
-                });
-            }
-            if index + 1 == view.header.message_count {
-                break;
-            }
-            rest = message.rest;
-            index += 1;
         }
         Ok(view)
     }

@@ -379,7 +379,10 @@ pub fn check_payload(header: &EntryHeader, payload: &[u8]) -> Result<(), String>
 pub fn newest_message_timestamp_us(header: &EntryHeader, payload: &[u8]) -> u64 {
     let (mut rest, _stamp) = split_stamp(payload).unwrap_or((payload, &[]));
     let mut newest_delta: u32 = 0;
-    while let Ok(size) = message_size(rest, 0) {
+    while !rest.is_empty() {
+        let Ok(size) = message_size(rest, 0) else {
+            break;
+        };
         let delta = u32::from_le_bytes([rest[8], rest[9], rest[10], rest[11]]);
         newest_delta = newest_delta.max(delta);
         rest = &rest[size..];
